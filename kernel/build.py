@@ -1,0 +1,110 @@
+"""Build a callable kernel for one (problem, config) on the current CUDA device."""
+
+import multiprocessing
+import os
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernel.config import KernelConfig, Problem
+from kernel.scalar_decay import prim_func
+
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ScalarDecayKernel:
+    """``kernel(q, k, v) -> o`` for one compiled (problem, config).
+
+    q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; contiguous CUDA tensors of the problem's
+    dtype. Pass ``out=`` to write into an existing ``[B, S, H, DV]`` tensor.
+    """
+
+    problem: Problem
+    config: KernelConfig
+    compiled: Any  # tilelang.JITKernel
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        p = self.problem
+        qk_shape = (p.batch, p.seqlen, p.heads, p.dk)
+        vo_shape = (p.batch, p.seqlen, p.heads, p.dv)
+        dtype = TORCH_DTYPES[p.dtype]
+        check_tensor("q", q, qk_shape, dtype)
+        if out is None:
+            out = torch.empty(vo_shape, dtype=dtype, device=q.device)
+        for name, tensor, shape in (("k", k, qk_shape), ("v", v, vo_shape), ("out", out, vo_shape)):
+            check_tensor(name, tensor, shape, dtype)
+            if tensor.device != q.device:
+                raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
+        self.compiled(q, k, v, out)
+        return out
+
+    @property
+    def source(self) -> str:
+        """The generated CUDA source."""
+        return self.compiled.get_kernel_source()
+
+
+def check_tensor(name: str, tensor: Any, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` unless ``tensor`` is a contiguous CUDA tensor of this shape and dtype."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tuple(tensor.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)} [B, S, H, D], got {list(tensor.shape)}")
+    if tensor.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {tensor.dtype}")
+    if tensor.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got {tensor.device}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def cuda_arch() -> str:
+    """The current device's architecture as TileLang names it (``sm_90a`` on H100/H200)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device is visible to torch")
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}" + ("a" if major == 9 else "")
+
+
+def compile_kernel(problem: Problem, config: KernelConfig, arch: str) -> Any:
+    """TileLang-compile for an explicit ``arch``: needs nvcc, not a GPU. Cached on disk."""
+    import tilelang
+
+    config.check_fits(problem)
+    return tilelang.compile(prim_func(problem, config), target={"kind": "cuda", "arch": arch})
+
+
+def build(problem: Problem, config: KernelConfig) -> ScalarDecayKernel:
+    """Compile the kernel for the current CUDA device and return it ready to call.
+
+    Raises ``ValueError`` for a config that cannot tile the problem and ``RuntimeError``
+    when there is no CUDA device. Compiler failures propagate from TileLang; use
+    :func:`kernel.probe` first to get them as values.
+    """
+    return ScalarDecayKernel(problem, config, compile_kernel(problem, config, cuda_arch()))
+
+
+def _warm(job: tuple[Problem, KernelConfig, str]) -> str | None:
+    try:
+        compile_kernel(*job)
+    except Exception as exc:  # reported to the caller, which decides what a failure means
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def precompile(
+    jobs: Iterable[tuple[Problem, KernelConfig]], *, arch: str, workers: int | None = None
+) -> list[str | None]:
+    """Compile many kernels in parallel processes so later ``build`` calls hit TileLang's
+    disk cache. Returns, per job, ``None`` or the compile error."""
+    work = [(p, c, arch) for p, c in jobs]
+    workers = workers or min(len(work), os.cpu_count() or 1) or 1
+    # spawn: the parent may hold a CUDA context, which a forked child must not inherit
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_warm, work))

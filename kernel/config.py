@@ -1,0 +1,134 @@
+"""The two frozen value types everything else is keyed by: a problem and a kernel config.
+
+Both validate on construction and raise ``ValueError`` naming the expected and the actual
+value, so a user mistake never reaches the compiler. Both round-trip through plain dicts
+(``to_dict`` / ``from_dict``) for Optuna, caches and the JSON export.
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Self
+
+DTYPES = ("float16", "bfloat16")
+SCORES = ("smem", "regs")
+# Q/K/V/O rows are moved by TMA and fed to wgmma: 16-element granularity, and a head
+# wider than 256 would not leave shared memory for even one chunk.
+MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 16, 256, 16
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One attention call: Q, K ``[batch, seqlen, heads, dk]``; V, O ``[batch, seqlen, heads, dv]``.
+
+    ``alpha`` is the constant per-step decay in (0, 1]; the kernel is compiled for it.
+    """
+
+    batch: int
+    heads: int
+    seqlen: int
+    dk: int
+    dv: int
+    alpha: float
+    dtype: str = "float16"
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "heads", "seqlen"):
+            _positive_int(name, getattr(self, name))
+        for name in ("dk", "dv"):
+            value = getattr(self, name)
+            _positive_int(name, value)
+            if not (MIN_HEAD_DIM <= value <= MAX_HEAD_DIM and value % HEAD_DIM_MULTIPLE == 0):
+                raise ValueError(
+                    f"{name} must be a multiple of {HEAD_DIM_MULTIPLE} in "
+                    f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {value}"
+                )
+        alpha = self.alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+            raise ValueError(f"alpha must be a number in (0, 1], got {alpha!r}")
+        if not (math.isfinite(alpha) and 0.0 < alpha <= 1.0):
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        object.__setattr__(self, "alpha", float(alpha))
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        return cls(**_known_fields(cls, data))
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """The tunable knobs of the single-pass kernel.
+
+    chunk: tokens per chunk C. block_dv: the DV slice one block owns (the grid is
+    ``(dv // block_dv, batch * heads)``). num_stages: depth of the software pipeline over
+    chunks. threads: consumer threads per block (TileLang adds a producer warp group).
+    scores: where the fp16 intra-chunk scores ``A * Gamma`` wait for their MMA, ``"regs"``
+    (the seed) or ``"smem"`` (see ``kernel.scalar_decay``).
+    """
+
+    chunk: int = 64
+    block_dv: int = 32
+    num_stages: int = 2
+    threads: int = 128
+    scores: str = "smem"
+
+    def __post_init__(self) -> None:
+        for name in ("chunk", "block_dv", "num_stages", "threads"):
+            _positive_int(name, getattr(self, name))
+        if self.scores not in SCORES:
+            raise ValueError(f"scores must be one of {SCORES}, got {self.scores!r}")
+        if self.chunk < 16 or self.chunk & (self.chunk - 1):
+            raise ValueError(f"chunk must be a power of two >= 16, got {self.chunk}")
+        if self.block_dv % HEAD_DIM_MULTIPLE:
+            raise ValueError(
+                f"block_dv must be a multiple of {HEAD_DIM_MULTIPLE}, got {self.block_dv}"
+            )
+        if self.threads % 128:
+            raise ValueError(f"threads must be a multiple of 128 (a warp group), got {self.threads}")
+
+    def check_fits(self, problem: Problem) -> None:
+        """Raise ``ValueError`` if this config cannot tile ``problem`` at all."""
+        if problem.dv % self.block_dv:
+            raise ValueError(
+                f"block_dv must divide dv: dv={problem.dv} is not a multiple of "
+                f"block_dv={self.block_dv}"
+            )
+
+    def seed_register_estimate(self, problem: Problem) -> int:
+        """The seed's register arithmetic (section 5): fp32 fragment elements per thread.
+
+        ``S_f [DK, bDV] + acc_o [C, bDV] + Gamma [C, C] + A [C, C]``, divided by the
+        threads. It omits ``A_cast`` and temporaries; ptxas reports more (DESIGN.md 5).
+        """
+        c = self.chunk
+        elements = problem.dk * self.block_dv + c * self.block_dv + 2 * c * c
+        return math.ceil(elements / self.threads)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        return cls(**_known_fields(cls, data))
+
+
+def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}; expected {sorted(names)}")
+    return dict(data)
+
+
+# The seed's default: C = 64, block_DV = 32, 2 stages, 128 threads, scores in registers.
+SEED_CONFIG = KernelConfig(scores="regs")

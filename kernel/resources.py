@@ -1,0 +1,167 @@
+"""What the compiler says about a (problem, config), with no GPU.
+
+TileLang lowers the kernel for ``sm_90a``; nvcc compiles the generated CUDA with ptxas in
+verbose mode; we parse registers, spills and the stack frame, and read the dynamic shared
+memory from the lowered module. ptxas never checks shared memory against the device, so
+the probe does.
+
+Failures are values, not exceptions: a config that TileLang cannot lower (0.1.15 fails
+every ``chunk=32`` and ``threads=256`` config with "Layout infer conflict") or that ptxas
+rejects comes back as a :class:`ProbeFailure` carrying the compiler's message.
+"""
+
+import json
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from kernel.config import KernelConfig, Problem
+from kernel.scalar_decay import prim_func
+
+# Largest shared memory one block may opt into on H100 and H200 (227 KiB).
+SMEM_LIMIT_BYTES = 232_448
+DEFAULT_ARCH = "sm_90a"
+NVCC_TIMEOUT_S = 300
+
+FailureStage = Literal["lower", "nvcc"]
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Per-block resources of one compiled kernel, as ptxas and TileLang report them."""
+
+    registers: int  # per thread; warp-specialised consumers are capped at 240
+    spill_stores: int  # bytes
+    spill_loads: int  # bytes
+    stack_frame: int  # bytes
+    static_smem: int  # bytes, from ptxas
+    dynamic_smem: int  # bytes, from the lowered module
+    threads_launched: int  # consumer threads plus TileLang's producer warp group
+    seed_register_estimate: int  # the seed's fragment arithmetic, for comparison
+    compile_seconds: float
+    smem_limit: int = SMEM_LIMIT_BYTES
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.static_smem + self.dynamic_smem
+
+    @property
+    def spill_bytes(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+    @property
+    def fits_smem(self) -> bool:
+        return self.smem_bytes <= self.smem_limit
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"smem_bytes": self.smem_bytes, "fits_smem": self.fits_smem}
+
+
+@dataclass(frozen=True)
+class ProbeFailure:
+    """The compiler refused the kernel: at which stage, with which error and message."""
+
+    stage: FailureStage
+    error_type: str
+    message: str
+    compile_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+ProbeResult = Resources | ProbeFailure
+
+_PTXAS_PATTERNS = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "stack_frame": re.compile(r"(\d+) bytes stack frame"),
+    "spill_stores": re.compile(r"(\d+) bytes spill stores"),
+    "spill_loads": re.compile(r"(\d+) bytes spill loads"),
+    "static_smem": re.compile(r"(\d+) bytes smem"),
+}
+
+
+def parse_ptxas(log: str) -> dict[str, int]:
+    """Pull the resource figures of the one entry function out of ``ptxas --verbose``."""
+    figures = {}
+    for name, pattern in _PTXAS_PATTERNS.items():
+        match = pattern.search(log)
+        if match is None:
+            raise ValueError(f"ptxas output has no '{name}' figure:\n{log}")
+        figures[name] = int(match.group(1))
+    return figures
+
+
+def lower(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH):
+    """Lower the kernel to CUDA source for ``arch``: TileLang's ``CompiledArtifact``."""
+    import tilelang
+    from tilelang import tvm
+
+    func = prim_func(problem, config)
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    with target:
+        return tilelang.lower(func, target=target)
+
+
+def probe(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH) -> ProbeResult:
+    """Compile ``(problem, config)`` for ``arch`` and report its resources, or the failure.
+
+    Raises ``ValueError`` only for a config that cannot tile the problem at all
+    (``KernelConfig.check_fits``): that is a caller's mistake, not a compiler finding.
+    """
+    config.check_fits(problem)
+    start = time.perf_counter()
+    try:
+        artifact = lower(problem, config, arch=arch)
+    except Exception as exc:  # TVM raises many types; each is recorded, none is swallowed
+        return ProbeFailure("lower", type(exc).__name__, _summary(str(exc)), time.perf_counter() - start)
+
+    dynamic_smem, threads_launched = launch_figures(artifact)
+    ok, log = _ptxas(artifact.kernel_source, arch)
+    elapsed = time.perf_counter() - start
+    if not ok:
+        return ProbeFailure("nvcc", "CompilationError", _summary(log), elapsed)
+    return Resources(
+        **parse_ptxas(log),
+        dynamic_smem=dynamic_smem,
+        threads_launched=threads_launched,
+        seed_register_estimate=config.seed_register_estimate(problem),
+        compile_seconds=elapsed,
+    )
+
+
+def launch_figures(artifact: Any) -> tuple[int, int]:
+    """(dynamic shared memory bytes, threads per block) of a lowered TileLang artifact."""
+    (device_func,) = artifact.device_mod.functions.values()
+    extent = json.loads(str(device_func.attrs["thread_extent"]))
+    return int(device_func.attrs.get("dyn_shared_memory_buf", 0)), int(extent["threadIdx.x"])
+
+
+def _ptxas(source: str, arch: str) -> tuple[bool, str]:
+    """Compile CUDA source to a cubin with TileLang's own flags; return (ok, ptxas log)."""
+    from tilelang.contrib import nvcc
+
+    with tempfile.TemporaryDirectory(prefix="decay-probe-") as tmp:
+        src, cubin = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
+        src.write_text(source)
+        cmd = [
+            nvcc.get_nvcc_compiler(), "--cubin", "-O3", f"-arch={arch}",
+            *nvcc.default_compile_options(), "--ptxas-options=--verbose", "-w",
+            "-o", str(cubin), str(src),
+        ]  # fmt: skip
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return False, f"nvcc timed out after {NVCC_TIMEOUT_S} s"
+        return proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _summary(message: str, limit: int = 2000) -> str:
+    """The compiler's message, trimmed: nvcc's error lines when there are any."""
+    errors = [ln for ln in message.splitlines() if "error" in ln.lower()]
+    return ("\n".join(errors) if errors else message.strip())[:limit]
+

@@ -1,0 +1,138 @@
+"""The single-pass TileLang kernel of the seed (section 5), corrected for the H200.
+
+One block owns one ``[DK, block_DV]`` slice of one (batch, head) state and walks the whole
+sequence chunk by chunk in a ``T.Pipelined`` loop; the state stays in registers.
+
+Two departures from the seed, both measured on the H200 (DESIGN.md section 6):
+
+* The seed scales ``Q_s`` and ``K_s`` in place. TileLang 0.1.15 puts those loops inside a
+  branch only half of the consumer threads take, around a named barrier that waits for all
+  of them: the kernel deadlocks. The weighted rows go to separate buffers (``Qw_s``,
+  ``Kw_s``) instead.
+* The seed reloads Q into the buffer it just scaled; the pipeliner hoists that copy above
+  the scaling, so the intra-chunk term silently used the scaled Q. With separate buffers
+  there is nothing to reload.
+
+The numerical rules of DESIGN.md section 3 hold: every decay weight is ``exp2(log2(alpha)
+* k)`` with ``k >= 0``, so it lies in ``(0, 1]``; ``Gamma`` is evaluated only where
+``j <= i``; weights stay fp32 and only the product ``A * Gamma`` is cast for the MMA.
+"""
+
+import math
+
+import tilelang.language as T
+
+from kernel.config import KernelConfig, Problem
+
+
+def scalar_decay_fwd(
+    *,
+    batch: int,
+    heads: int,
+    seqlen: int,
+    dk: int,
+    dv: int,
+    alpha: float,
+    chunk: int,
+    block_dv: int,
+    num_stages: int,
+    threads: int,
+    dtype: str = "float16",
+    scores: str = "smem",
+):
+    """Return the ``@T.prim_func`` ``main(Q, K, V, O)`` for one problem and config.
+
+    Q, K: ``[B, S, H, DK]``; V, O: ``[B, S, H, DV]``; all of ``dtype``. Accumulation is
+    fp32. ``seqlen`` need not be a multiple of ``chunk``: the tile copies of the last chunk
+    are bounds-checked (TMA zero-fills reads past S and drops writes past S), and the
+    zero-filled rows add nothing to the outputs that are kept.
+
+    ``scores="smem"`` stages the fp16 scores ``A * Gamma`` in shared memory; ``"regs"``
+    keeps them in registers as the seed does. With TileLang 0.1.15 the register version fails layout inference ("Layout
+    infer conflict between A and A_cast") for every ``chunk=32`` and ``threads=256``
+    config; the shared version lowers for them and frees registers (64/128/2/256 does not
+    spill). It costs ``2 * C * C`` bytes of shared memory.
+    """
+    C = chunk
+    num_chunks = T.ceildiv(seqlen, C)
+    accum = "float32"
+    log2_alpha = math.log2(alpha)  # <= 0, so every exp2(log2_alpha * k), k >= 0, is <= 1
+    alpha_pow_c = alpha**C
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([batch, seqlen, heads, dk], dtype),
+        K: T.Tensor([batch, seqlen, heads, dk], dtype),
+        V: T.Tensor([batch, seqlen, heads, dv], dtype),
+        O: T.Tensor([batch, seqlen, heads, dv], dtype),
+    ):
+        with T.Kernel(T.ceildiv(dv, block_dv), batch * heads, threads=threads) as (bv, bbh):
+            bb = bbh // heads
+            bh = bbh % heads
+            v0 = bv * block_dv
+
+            Q_s = T.alloc_shared([C, dk], dtype)
+            K_s = T.alloc_shared([C, dk], dtype)
+            Qw_s = T.alloc_shared([C, dk], dtype)  # Q rows * alpha^(r+1): reads the state
+            Kw_s = T.alloc_shared([C, dk], dtype)  # K rows * alpha^(C-1-r): writes the state
+            V_s = T.alloc_shared([C, block_dv], dtype)
+            S_s = T.alloc_shared([dk, block_dv], dtype)
+            O_s = T.alloc_shared([C, block_dv], dtype)
+
+            S_f = T.alloc_fragment([dk, block_dv], accum)  # carried across chunks
+            acc_o = T.alloc_fragment([C, block_dv], accum)
+            A = T.alloc_fragment([C, C], accum)
+            if scores == "smem":
+                A_cast = T.alloc_shared([C, C], dtype)
+            else:
+                A_cast = T.alloc_fragment([C, C], dtype)
+            Gamma = T.alloc_fragment([C, C], accum)
+
+            # Gamma[i, j] = alpha^(i-j) for j <= i, else 0. Never "compute all, then mask":
+            # alpha^(i-j) for j > i overflows fp16, and inf * 0 = NaN.
+            for i, j in T.Parallel(C, C):
+                Gamma[i, j] = T.if_then_else(
+                    j <= i, T.exp2(log2_alpha * T.Cast(accum, i - j)), T.Cast(accum, 0)
+                )
+            T.clear(S_f)  # once: the state runs over the whole sequence
+
+            for c in T.Pipelined(num_chunks, num_stages=num_stages):
+                T.copy(Q[bb, c * C : (c + 1) * C, bh, :], Q_s)
+                T.copy(K[bb, c * C : (c + 1) * C, bh, :], K_s)
+                T.copy(V[bb, c * C : (c + 1) * C, bh, v0 : v0 + block_dv], V_s)
+                for r, d in T.Parallel(C, dk):
+                    Qw_s[r, d] = Q_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, r + 1))
+                    Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
+
+                # Inter-chunk term; S_f still holds the state before this chunk.
+                T.copy(S_f, S_s)
+                T.gemm(Qw_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
+                # Intra-chunk term with the unweighted Q.
+                T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
+                for i, j in T.Parallel(C, C):
+                    A_cast[i, j] = A[i, j] * Gamma[i, j]
+                T.gemm(A_cast, V_s, acc_o)  # [C, C] @ [C, bDV] -> [C, bDV]
+                T.copy(acc_o, O_s)
+                T.copy(O_s, O[bb, c * C : (c + 1) * C, bh, v0 : v0 + block_dv])
+
+                # State update after the output (the output reads the state before this
+                # chunk), decaying the old state before adding this chunk's keys.
+                for i, j in T.Parallel(dk, block_dv):
+                    S_f[i, j] *= alpha_pow_c
+                T.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV] -> [DK, bDV]
+
+    return main
+
+
+def prim_func(problem: Problem, config: KernelConfig):
+    """``scalar_decay_fwd`` for a validated problem and config."""
+    return scalar_decay_fwd(
+        batch=problem.batch,
+        heads=problem.heads,
+        seqlen=problem.seqlen,
+        dk=problem.dk,
+        dv=problem.dv,
+        alpha=problem.alpha,
+        dtype=problem.dtype,
+        **config.to_dict(),
+    )

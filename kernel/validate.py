@@ -1,0 +1,174 @@
+"""Check the kernel against reference C on the GPU, and time it.
+
+``check`` is what the GPU tests assert on; ``python -m kernel.validate --out DIR`` runs the
+sweep whose raw rows are committed under ``reports/`` (the seed's missing "GPU
+measurements pending" table): error against reference C by alpha, dtype and config, and
+the latency of each config at the headline shape.
+"""
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import refs
+from kernel.build import TORCH_DTYPES, ScalarDecayKernel, build, cuda_arch, precompile
+from kernel.config import SEED_CONFIG, KernelConfig, Problem
+from kernel.resources import SMEM_LIMIT_BYTES, launch_figures
+from kernel.timing import bench
+
+# The grid of the seed design (DESIGN.md 6: TileLang's own autotune used the same 72).
+GRID = {
+    "chunk": (32, 64, 128),
+    "block_dv": (16, 32, 64, 128),
+    "num_stages": (1, 2, 3),
+    "threads": (128, 256),
+    "scores": ("smem", "regs"),
+}
+ALPHAS = (1.0, 0.99, 0.9, 0.8, 0.5)
+HEADLINE = Problem(batch=8, heads=16, seqlen=4096, dk=128, dv=128, alpha=0.99)
+
+
+def config_grid(dv: int) -> list[KernelConfig]:
+    """Every config of ``GRID`` whose block_dv divides ``dv``."""
+    configs = [KernelConfig(*values) for values in itertools.product(*GRID.values())]
+    return [c for c in configs if dv % c.block_dv == 0]
+
+
+def random_qkv(problem: Problem, *, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fresh normal Q, K, V on the GPU; Q scaled by DK^-1/2 as attention does."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    p, dtype = problem, TORCH_DTYPES[problem.dtype]
+
+    def randn(dim: int) -> torch.Tensor:
+        return torch.randn(p.batch, p.seqlen, p.heads, dim, generator=gen, device="cuda")
+
+    return (randn(p.dk) * p.dk**-0.5).to(dtype), randn(p.dk).to(dtype), randn(p.dv).to(dtype)
+
+
+def check(kernel: ScalarDecayKernel, *, seed: int) -> dict[str, Any]:
+    """Run ``kernel`` once on fresh inputs into a NaN-filled output; compare with reference C.
+
+    Returns ``rel_l2`` (fp64, against C computed from the same rounded inputs), the count
+    of output elements still NaN (unwritten, or NaN produced) and whether all are finite.
+    """
+    p = kernel.problem
+    q, k, v = random_qkv(p, seed=seed)
+    out = torch.full((p.batch, p.seqlen, p.heads, p.dv), float("nan"), dtype=q.dtype, device="cuda")
+    kernel(q, k, v, out=out)
+    torch.cuda.synchronize()
+    ref = refs.kernel_mimic(q, k, v, p.alpha, kernel.config.chunk, block_dv=kernel.config.block_dv)
+    return {
+        "rel_l2": refs.rel_l2(out, ref),
+        "nan_count": int(torch.isnan(out).sum()),
+        "finite": bool(torch.isfinite(out).all()),
+    }
+
+
+def smem_bytes(kernel: ScalarDecayKernel) -> int:
+    return launch_figures(kernel.compiled.artifact)[0]
+
+
+def _environment() -> dict[str, Any]:
+    import tilelang
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "capability": ".".join(map(str, torch.cuda.get_device_capability())),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "tilelang": tilelang.__version__,
+    }
+
+
+def sweep(cases: list[tuple[Problem, KernelConfig, bool]], *, log: Path, seed: int = 0) -> list[dict]:
+    """Compile all ``cases`` in parallel, then check (and time, where asked) each in turn.
+
+    Rows are appended to ``log`` (JSON lines) as they are measured, so a crash keeps them.
+    """
+    arch = cuda_arch()
+    t0 = time.perf_counter()
+    errors = precompile([(p, c) for p, c, _ in cases], arch=arch)
+    print(f"compiled {len(cases)} kernels in {time.perf_counter() - t0:.0f} s", flush=True)
+    rows = []
+    for (problem, config, timed), error in zip(cases, errors):
+        row: dict[str, Any] = {**problem.to_dict(), **config.to_dict()}
+        if error is not None:
+            row |= {"status": "compile_failed", "reason": error.splitlines()[0][:300]}
+        else:
+            kernel = build(problem, config)
+            row["smem_bytes"] = smem_bytes(kernel)
+            if row["smem_bytes"] > SMEM_LIMIT_BYTES:
+                row["status"] = "over_smem_limit"
+            else:
+                row |= check(kernel, seed=seed)
+                row["status"] = "ok" if row["rel_l2"] < 2e-2 else "incorrect"
+                if timed:
+                    q, k, v = random_qkv(problem, seed=seed + 1)
+                    out = torch.empty_like(v)
+                    row |= bench(lambda: kernel(q, k, v, out=out)).to_dict()
+        rows.append(row)
+        with log.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def headline_cases() -> list[tuple[Problem, KernelConfig, bool]]:
+    """Every grid config at the headline shape, timed; the notable ones at every alpha and dtype."""
+    cases = [(HEADLINE, c, True) for c in config_grid(HEADLINE.dv)]
+    notable = [SEED_CONFIG, KernelConfig(64, 64, 1, 128), KernelConfig(64, 128, 2, 256)]
+    for config, alpha, dtype in itertools.product(notable, ALPHAS, ("float16", "bfloat16")):
+        if (alpha, dtype) != (HEADLINE.alpha, HEADLINE.dtype):
+            problem = Problem(**(HEADLINE.to_dict() | {"alpha": alpha, "dtype": dtype}))
+            cases.append((problem, config, True))
+    return cases
+
+
+def markdown(rows: list[dict], env: dict[str, Any]) -> str:
+    """The committed table: config, alpha, dtype, error against C, latency."""
+    lines = [
+        f"GPU: {env['gpu']} (sm {env['capability']}), torch {env['torch']}, CUDA {env['cuda']}, "
+        f"tilelang {env['tilelang']}. Shape B={HEADLINE.batch}, H={HEADLINE.heads}, "
+        f"S={HEADLINE.seqlen}, DK=DV={HEADLINE.dk}. Latency: median of CUDA-event timings "
+        "after warm-up, L2 flushed before each repetition.",
+        "",
+        "| C | bDV | stages | threads | scores | alpha | dtype | status | rel L2 vs C | median ms | p20-p80 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r.get("median_ms", float("inf")), -r["alpha"])):
+        err = f"{r['rel_l2']:.2e}" if "rel_l2" in r else "-"
+        lat = f"{r['median_ms']:.3f}" if "median_ms" in r else "-"
+        spread = f"{r['p20_ms']:.3f}-{r['p80_ms']:.3f}" if "median_ms" in r else "-"
+        lines.append(
+            f"| {r['chunk']} | {r['block_dv']} | {r['num_stages']} | {r['threads']} | {r['scores']} | {r['alpha']} "
+            f"| {r['dtype']} | {r['status']} | {err} | {lat} | {spread} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernel.validate", description=__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="directory for the JSON and markdown")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernel.validate needs a CUDA device; none is visible", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "kernel_validation.jsonl"
+    log.unlink(missing_ok=True)
+    env = _environment()
+    rows = sweep(headline_cases(), log=log)
+    (args.out / "kernel_validation.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    (args.out / "kernel_validation.md").write_text(markdown(rows, env))
+    print(markdown(rows, env))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

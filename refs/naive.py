@@ -1,0 +1,84 @@
+"""Reference A and its companions: the definition, its matrix form, and no decay.
+
+Everything is float64 in the kernel's layout ``[B, S, H, D]``. The state is stored
+transposed as the kernel holds it (seed section 4.0): ``S in R^{DK x DV}``,
+``S_t = alpha_t * S_{t-1} + outer(k_t, v_t)``, ``o_t = q_t @ S_t``.
+"""
+
+import torch
+from torch import Tensor
+
+from ._checks import F64, check_alpha, check_alpha_t, check_chunk, check_qkv, from_chunks, to_chunks
+
+
+def _decays(alpha: float | Tensor, q: Tensor) -> Tensor:
+    """A constant or per-token decay as float64 ``[B, S, H]``."""
+    if isinstance(alpha, Tensor):
+        return check_alpha_t(alpha, q)
+    return torch.full(q.shape[:3], check_alpha(alpha), dtype=F64, device=q.device)
+
+
+def recurrent(q: Tensor, k: Tensor, v: Tensor, alpha: float | Tensor) -> Tensor:
+    """Reference A: the recurrence token by token, vectorised over batch and heads.
+
+    q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; alpha: a float in (0, 1] or per-token
+    decays ``alpha_t`` of shape ``[B, S, H]``. Returns float64 ``[B, S, H, DV]``.
+    """
+    check_qkv(q, k, v)
+    decay = _decays(alpha, q)
+    q, k, v = (x.to(F64) for x in (q, k, v))
+    b, s, h, dk = q.shape
+    state = q.new_zeros(b, h, dk, v.shape[-1])
+    out = q.new_empty(b, s, h, v.shape[-1])
+    for t in range(s):
+        # S = alpha_t * S + outer(k_t, v_t): [B, H, DK, DV]
+        state = decay[:, t, :, None, None] * state + k[:, t, :, :, None] * v[:, t, :, None, :]
+        out[:, t] = torch.einsum("bhk,bhkv->bhv", q[:, t], state)  # o_t = q_t @ S_t
+    return out
+
+
+def decay_mask(alpha: Tensor) -> Tensor:
+    """The decay-aware causal mask ``Gamma[i, j] = gamma_i / gamma_j`` (j <= i), else 0.
+
+    alpha: per-token decays ``[B, S, H]`` in (0, 1]. Returns float64 ``[B, H, S, S]``.
+    ``log(gamma_i / gamma_j)`` is the segment sum of ``log alpha_r`` over j < r <= i,
+    summed from j on (Mamba2's ``segsum``): no cumulative product to underflow, and no
+    difference of two long prefix sums to cancel. It is exponentiated only where j <= i
+    (elsewhere the ratio is > 1 and may overflow), so every entry lies in [0, 1].
+    """
+    s = alpha.shape[1]
+    log_alpha = torch.log(alpha.to(F64)).transpose(1, 2)  # [B, H, S]
+    strict = torch.ones(s, s, dtype=torch.bool, device=alpha.device).tril(-1)  # r > j
+    terms = log_alpha[..., :, None].expand(*log_alpha.shape, s).masked_fill(~strict, 0.0)
+    log_ratio = terms.cumsum(dim=-2)  # [B, H, S(i), S(j)]: sum of log alpha_r, j < r <= i
+    causal = torch.ones(s, s, dtype=torch.bool, device=alpha.device).tril()
+    return torch.exp(log_ratio.masked_fill(~causal, float("-inf")))
+
+
+def parallel(q: Tensor, k: Tensor, v: Tensor, alpha: float | Tensor) -> Tensor:
+    """The matrix parallel form ``O = ((Q K^T) * Gamma) V`` over the whole sequence.
+
+    Shapes as in ``recurrent`` (alpha: float or ``[B, S, H]``); returns float64
+    ``[B, S, H, DV]``. O(S^2) memory: for checks, not for long sequences.
+    """
+    check_qkv(q, k, v)
+    gamma = decay_mask(_decays(alpha, q))  # [B, H, S, S]
+    scores = torch.einsum("bihk,bjhk->bhij", q.to(F64), k.to(F64))  # [B, H, S, S]
+    return torch.einsum("bhij,bjhv->bihv", scores * gamma, v.to(F64))
+
+
+def plain_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int) -> Tensor:
+    """Chunked linear attention without decay (the previous article's reference).
+
+    Per chunk: ``O = Q @ S_prev + tril(Q K^T) V`` (diagonal included), where ``S_prev``
+    is the sum of ``K^T V`` over the earlier chunks. Shapes as in ``recurrent``; S need
+    not be a multiple of ``chunk``. Returns float64 ``[B, S, H, DV]``.
+    """
+    check_qkv(q, k, v)
+    chunk = check_chunk(chunk)
+    qc, kc, vc = (to_chunks(x, chunk) for x in (q, k, v))  # [B, H, N, C, D]
+    kv = kc.transpose(-1, -2) @ vc  # [B, H, N, DK, DV]
+    # exclusive prefix sum over chunks: chunk n reads the state left by chunks < n
+    states = torch.cat([torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1]], dim=2).cumsum(dim=2)
+    scores = (qc @ kc.transpose(-1, -2)).tril()  # [B, H, N, C, C]
+    return from_chunks(qc @ states + scores @ vc, q.shape[1])

@@ -1,0 +1,115 @@
+"""The kernel's config types and the GPU-free resource probe (real TileLang and nvcc)."""
+
+import pytest
+
+from kernel import SEED_CONFIG, SMEM_LIMIT_BYTES, KernelConfig, ProbeFailure, Problem, Resources, probe
+from kernel.resources import parse_ptxas
+
+HEADLINE = Problem(batch=8, heads=16, seqlen=4096, dk=128, dv=128, alpha=0.99)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"dk": 0}, "dk must be a positive integer"),
+        ({"dk": 100}, "dk must be a multiple of 16"),
+        ({"dv": 512}, r"dv must be a multiple of 16 in \[16, 256\]"),
+        ({"alpha": 0.0}, r"alpha must be in \(0, 1\]"),
+        ({"alpha": 1.5}, r"alpha must be in \(0, 1\]"),
+        ({"alpha": float("nan")}, "alpha"),
+        ({"dtype": "float32"}, "dtype must be one of"),
+        ({"seqlen": -3}, "seqlen must be a positive integer"),
+        ({"batch": True}, "batch must be a positive integer"),
+    ],
+)
+def test_problem_rejects(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Problem(**(HEADLINE.to_dict() | kwargs))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"chunk": 48}, "power of two"),
+        ({"chunk": 8}, "power of two >= 16"),
+        ({"block_dv": 24}, "multiple of 16"),
+        ({"threads": 96}, "multiple of 128"),
+        ({"num_stages": 0}, "num_stages must be a positive integer"),
+        ({"scores": "l2"}, "scores must be one of"),
+    ],
+)
+def test_config_rejects(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        KernelConfig(**kwargs)
+
+
+def test_config_must_tile_problem():
+    with pytest.raises(ValueError, match="block_dv must divide dv"):
+        probe(Problem(1, 1, 64, 64, 96, 0.9), KernelConfig(block_dv=64))
+
+
+def test_round_trip_and_unknown_fields():
+    config = KernelConfig(128, 64, 3, 256, "regs")
+    assert KernelConfig.from_dict(config.to_dict()) == config
+    assert Problem.from_dict(HEADLINE.to_dict()) == HEADLINE
+    with pytest.raises(ValueError, match="unknown KernelConfig fields"):
+        KernelConfig.from_dict({"chunk": 64, "blockdv": 32})
+
+
+@pytest.mark.parametrize(
+    "chunk,block_dv,estimate", [(64, 16, 88), (64, 32, 112), (64, 64, 160), (64, 128, 256), (128, 32, 320), (128, 128, 512)]
+)
+def test_seed_register_arithmetic(chunk, block_dv, estimate):
+    """The seed's fragment arithmetic, as printed in its section 5 and DESIGN.md 5."""
+    assert KernelConfig(chunk, block_dv).seed_register_estimate(HEADLINE) == estimate
+
+
+def test_parse_ptxas():
+    log = """ptxas info    : Compiling entry function 'main_kernel' for 'sm_90a'
+    424 bytes stack frame, 564 bytes spill stores, 460 bytes spill loads
+ptxas info    : Used 240 registers, used 4 barriers, 1024 bytes smem"""
+    assert parse_ptxas(log) == {"registers": 240, "stack_frame": 424, "spill_stores": 564,
+                                "spill_loads": 460, "static_smem": 1024}
+    with pytest.raises(ValueError, match="registers"):
+        parse_ptxas("nothing here")
+
+
+# The facts of DESIGN.md section 5, re-measured by the real compiler for sm_90a.
+def test_probe_c64_bdv32_does_not_spill():
+    res = probe(HEADLINE, KernelConfig(64, 32, 2, 128))
+    assert isinstance(res, Resources), res
+    assert res.spill_bytes == 0 and res.stack_frame == 0
+    assert res.fits_smem and 0 < res.smem_bytes <= SMEM_LIMIT_BYTES
+    assert res.threads_launched == 256  # 128 consumers + TileLang's producer warp group
+    assert res.registers <= 255 and res.seed_register_estimate == 112
+
+
+def test_probe_c64_bdv128_spills():
+    res = probe(HEADLINE, KernelConfig(64, 128, 2, 128))
+    assert isinstance(res, Resources), res
+    assert res.spill_stores > 0 and res.spill_loads > 0
+    assert res.fits_smem
+
+
+def test_probe_c128_bdv128_exceeds_shared_memory():
+    res = probe(HEADLINE, KernelConfig(128, 128, 2, 128))
+    assert isinstance(res, Resources), res
+    assert not res.fits_smem and res.smem_bytes > SMEM_LIMIT_BYTES
+
+
+@pytest.mark.parametrize("config", [KernelConfig(32, 32, 2, 128, "regs"), KernelConfig(64, 32, 2, 256, "regs")])
+def test_probe_reports_layout_failure_as_value(config):
+    """TileLang 0.1.15 cannot lay out register scores at C = 32 or 256 threads."""
+    res = probe(Problem(1, 2, 256, 64, 64, 0.9), config)
+    assert isinstance(res, ProbeFailure)
+    assert res.stage == "lower"
+    assert "Layout infer conflict" in res.message
+
+
+def test_scores_in_smem_unlock_the_layout_failures():
+    res = probe(Problem(1, 2, 256, 64, 64, 0.9), KernelConfig(32, 32, 2, 256, "smem"))
+    assert isinstance(res, Resources), res
+
+
+def test_seed_config_is_the_seed():
+    assert SEED_CONFIG == KernelConfig(64, 32, 2, 128, "regs")

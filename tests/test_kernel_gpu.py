@@ -1,0 +1,84 @@
+"""The kernel against reference C on a real GPU (marked ``gpu``; skipped without CUDA).
+
+Every case runs on fresh random inputs into an output pre-filled with NaN, so an element
+the kernel skips fails the test as surely as a wrong one.
+"""
+
+import itertools
+import zlib
+
+import pytest
+import torch
+
+from kernel import SEED_CONFIG, KernelConfig, Problem, build
+from kernel.build import cuda_arch, precompile
+from kernel.resources import SMEM_LIMIT_BYTES
+from kernel.validate import ALPHAS, check, config_grid, smem_bytes
+
+pytestmark = pytest.mark.gpu
+
+TOLERANCE = 2e-2
+# (batch, heads, seqlen, dk, dv): one token, S < C, ragged last chunk, DK != DV, S % C != 0.
+SHAPES = [(1, 1, 1, 64, 64), (1, 2, 17, 128, 128), (2, 3, 300, 128, 128), (1, 2, 1000, 64, 128),
+          (3, 1, 129, 64, 64)]
+DTYPES = ["float16", "bfloat16"]
+CONFIG_SWEEP = [(Problem(2, 3, 300, d, d, 0.9), c) for d in (128, 64) for c in config_grid(d)]
+NUMERIC_CASES = [(Problem(*shape, alpha, dtype), SEED_CONFIG)
+                 for shape, alpha, dtype in itertools.product(SHAPES, ALPHAS, DTYPES)]
+NUMERIC_CASES += [(Problem(2, 3, 300, 128, 128, alpha, dtype), KernelConfig(64, 64, 1, 128))
+                  for alpha, dtype in itertools.product(ALPHAS, DTYPES)]
+
+
+@pytest.fixture(scope="session")
+def compile_errors() -> dict[tuple[Problem, KernelConfig], str | None]:
+    """Compile every case once, in parallel; tests then build from TileLang's disk cache."""
+    cases = CONFIG_SWEEP + NUMERIC_CASES
+    return dict(zip(cases, precompile(cases, arch=cuda_arch())))
+
+
+def _build_or_skip(problem: Problem, config: KernelConfig, errors: dict) -> object:
+    if errors[problem, config] is not None:
+        pytest.skip(f"the compiler rejects this config: {errors[problem, config][:200]}")
+    kernel = build(problem, config)
+    if smem_bytes(kernel) > SMEM_LIMIT_BYTES:
+        pytest.skip("over the shared-memory limit; the probe rejects it")
+    return kernel
+
+
+def _assert_matches_c(kernel, seed: int) -> None:
+    result = check(kernel, seed=seed)
+    assert result["nan_count"] == 0, result
+    assert result["rel_l2"] < TOLERANCE, result
+
+
+@pytest.mark.parametrize("problem,config", NUMERIC_CASES, ids=str)
+def test_alphas_dtypes_shapes(problem, config, compile_errors):
+    kernel = _build_or_skip(problem, config, compile_errors)
+    assert compile_errors[problem, config] is None  # these configs must always compile
+    _assert_matches_c(kernel, seed=zlib.crc32(repr((problem, config)).encode()))
+
+
+@pytest.mark.parametrize("problem,config", CONFIG_SWEEP, ids=str)
+def test_every_accepted_config(problem, config, compile_errors):
+    _assert_matches_c(_build_or_skip(problem, config, compile_errors), seed=7)
+
+
+def test_fresh_inputs_each_call_and_reuse_of_output():
+    """Two calls with different inputs into the same output buffer both match C."""
+    kernel = build(Problem(2, 2, 200, 64, 64, 0.95), SEED_CONFIG)
+    _assert_matches_c(kernel, seed=1)
+    _assert_matches_c(kernel, seed=2)
+
+
+def test_rejects_bad_tensors():
+    problem = Problem(1, 2, 64, 64, 64, 0.9)
+    kernel = build(problem, SEED_CONFIG)
+    q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="float16"):
+        kernel(q.float(), q, q)
+    with pytest.raises(ValueError, match="shape"):
+        kernel(q[:, :32], q, q)
+    with pytest.raises(ValueError, match="CUDA"):
+        kernel(q.cpu(), q, q)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernel(q.transpose(1, 2).contiguous().transpose(1, 2), q, q)

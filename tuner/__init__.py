@@ -1,0 +1,1 @@
+"""decay-tuner: Optuna search over the scalar-decay kernel's design space."""
