@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from kernel.config import KernelConfig, Problem
+from kernel.resources import launch_figures, lower
 from kernel.scalar_decay import prim_func
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -90,19 +91,28 @@ def build(problem: Problem, config: KernelConfig) -> ScalarDecayKernel:
     return ScalarDecayKernel(problem, config, compile_kernel(problem, config, cuda_arch()))
 
 
-def _warm(job: tuple[Problem, KernelConfig, str]) -> str | None:
+def dynamic_smem(problem: Problem, config: KernelConfig, compiled: Any = None) -> int:
+    """Dynamic shared memory of the kernel, in bytes: from the compiled kernel's lowered
+    module when it has one (a fresh compile), else by lowering again (a disk-cache hit)."""
+    artifact = getattr(compiled, "artifact", None) or lower(problem, config)
+    return launch_figures(artifact)[0]
+
+
+def _warm(job: tuple[Problem, KernelConfig, str]) -> tuple[str | None, int | None]:
+    problem, config, arch = job
     try:
-        compile_kernel(*job)
+        compiled = compile_kernel(problem, config, arch)
     except Exception as exc:  # reported to the caller, which decides what a failure means
-        return f"{type(exc).__name__}: {exc}"
-    return None
+        return f"{type(exc).__name__}: {exc}", None
+    return None, dynamic_smem(problem, config, compiled)
 
 
 def precompile(
     jobs: Iterable[tuple[Problem, KernelConfig]], *, arch: str, workers: int | None = None
-) -> list[str | None]:
+) -> list[tuple[str | None, int | None]]:
     """Compile many kernels in parallel processes so later ``build`` calls hit TileLang's
-    disk cache. Returns, per job, ``None`` or the compile error."""
+    disk cache. Returns, per job, ``(None, dynamic shared memory bytes)`` or
+    ``(compile error, None)``."""
     work = [(p, c, arch) for p, c in jobs]
     workers = workers or min(len(work), os.cpu_count() or 1) or 1
     # spawn: the parent may hold a CUDA context, which a forked child must not inherit

@@ -19,7 +19,7 @@ import torch
 import refs
 from kernel.build import TORCH_DTYPES, ScalarDecayKernel, build, cuda_arch, precompile
 from kernel.config import SEED_CONFIG, KernelConfig, Problem
-from kernel.resources import SMEM_LIMIT_BYTES, launch_figures
+from kernel.resources import SMEM_LIMIT_BYTES
 from kernel.timing import bench
 
 # The grid of the seed design (DESIGN.md 6: TileLang's own autotune used the same 72).
@@ -70,10 +70,6 @@ def check(kernel: ScalarDecayKernel, *, seed: int) -> dict[str, Any]:
     }
 
 
-def smem_bytes(kernel: ScalarDecayKernel) -> int:
-    return launch_figures(kernel.compiled.artifact)[0]
-
-
 def _environment() -> dict[str, Any]:
     import tilelang
 
@@ -93,25 +89,23 @@ def sweep(cases: list[tuple[Problem, KernelConfig, bool]], *, log: Path, seed: i
     """
     arch = cuda_arch()
     t0 = time.perf_counter()
-    errors = precompile([(p, c) for p, c, _ in cases], arch=arch)
+    compiled = precompile([(p, c) for p, c, _ in cases], arch=arch)
     print(f"compiled {len(cases)} kernels in {time.perf_counter() - t0:.0f} s", flush=True)
     rows = []
-    for (problem, config, timed), error in zip(cases, errors):
-        row: dict[str, Any] = {**problem.to_dict(), **config.to_dict()}
+    for (problem, config, timed), (error, smem) in zip(cases, compiled):
+        row: dict[str, Any] = {**problem.to_dict(), **config.to_dict(), "smem_bytes": smem}
         if error is not None:
             row |= {"status": "compile_failed", "reason": error.splitlines()[0][:300]}
+        elif smem > SMEM_LIMIT_BYTES:
+            row["status"] = "over_smem_limit"
         else:
             kernel = build(problem, config)
-            row["smem_bytes"] = smem_bytes(kernel)
-            if row["smem_bytes"] > SMEM_LIMIT_BYTES:
-                row["status"] = "over_smem_limit"
-            else:
-                row |= check(kernel, seed=seed)
-                row["status"] = "ok" if row["rel_l2"] < 2e-2 else "incorrect"
-                if timed:
-                    q, k, v = random_qkv(problem, seed=seed + 1)
-                    out = torch.empty_like(v)
-                    row |= bench(lambda: kernel(q, k, v, out=out)).to_dict()
+            row |= check(kernel, seed=seed)
+            row["status"] = "ok" if row["rel_l2"] < 2e-2 else "incorrect"
+            if timed:
+                q, k, v = random_qkv(problem, seed=seed + 1)
+                out = torch.empty_like(v)
+                row |= bench(lambda: kernel(q, k, v, out=out)).to_dict()
         rows.append(row)
         with log.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -72,4 +72,4 @@ def to_chunks(x: Tensor, chunk: int) -> Tensor:
 def from_chunks(y: Tensor, seqlen: int) -> Tensor:
     """``[B, H, N, C, D]`` -> ``[B, S, H, D]``, dropping the padded rows."""
     b, h, n, c, d = y.shape
-    return y.permute(0, 2, 3, 1, 4).reshape(b, n * c, h, d)[:, :seqlen]
+    return y.permute(0, 2, 3, 1, 4).reshape(b, n * c, h, d)[:, :seqlen].contiguous()

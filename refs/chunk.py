@@ -34,7 +34,9 @@ def _powers(alpha: float, exponents: Tensor) -> Tensor:
     return torch.exp(math.log(alpha) * exponents)
 
 
-def chunk_weights(alpha: float, chunk: int, *, device: torch.device | str | None = None) -> ChunkWeights:
+def chunk_weights(
+    alpha: float, chunk: int, *, device: torch.device | str | None = None
+) -> ChunkWeights:
     """The float64 decay weights of one chunk (every exponent >= 0, every weight <= 1)."""
     r = torch.arange(chunk, dtype=F64, device=device)
     dist = r[:, None] - r[None, :]  # i - j
@@ -43,7 +45,9 @@ def chunk_weights(alpha: float, chunk: int, *, device: torch.device | str | None
     return ChunkWeights(gamma, _powers(alpha, chunk - 1 - r), _powers(alpha, r + 1), alpha**chunk)
 
 
-def _chunk_forward(q: Tensor, k: Tensor, v: Tensor, alpha: float, chunk: int, *, factorised: bool) -> Tensor:
+def _chunk_forward(
+    q: Tensor, k: Tensor, v: Tensor, alpha: float, chunk: int, *, factorised: bool
+) -> Tensor:
     check_qkv(q, k, v)
     alpha, chunk = check_alpha(alpha), check_chunk(chunk)
     qc, kc, vc = (to_chunks(x, chunk) for x in (q, k, v))  # [B, H, N, C, D]
@@ -98,7 +102,8 @@ def kernel_mimic(
     dv = v.shape[-1]
     block_dv = dv if block_dv is None else check_chunk(block_dv, "block_dv")
     pad = -s % chunk  # zero rows, as the kernel's bounds-checked tile copies read past S
-    q, k, v = (F.pad(x.to(F64), (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v))  # [B, H, S', D]
+    # [B, S, H, D] -> [B, H, S', D], zero-padded to whole chunks
+    q, k, v = (F.pad(x.to(F64), (0, 0, 0, 0, 0, pad)).transpose(1, 2).contiguous() for x in (q, k, v))
     w = chunk_weights(alpha, chunk, device=q.device)
     out = q.new_empty(b, h, s + pad, dv)
     for dv0 in range(0, dv, block_dv):
@@ -111,7 +116,7 @@ def kernel_mimic(
             scores = (qs @ ks.transpose(-1, -2)) * w.gamma  # [C, DK] @ [DK, C] -> [C, C]
             out[:, :, rows, cols] = inter + scores @ vs  # output before the state update
             state = w.state_decay * state + (ks * w.w_decay[:, None]).transpose(-1, -2) @ vs
-    return out[:, :, :s].transpose(1, 2)
+    return out[:, :, :s].transpose(1, 2).contiguous()
 
 
 def intra_chunk(

@@ -13,7 +13,7 @@ import torch
 from kernel import SEED_CONFIG, KernelConfig, Problem, build
 from kernel.build import cuda_arch, precompile
 from kernel.resources import SMEM_LIMIT_BYTES
-from kernel.validate import ALPHAS, check, config_grid, smem_bytes
+from kernel.validate import ALPHAS, check, config_grid
 
 pytestmark = pytest.mark.gpu
 
@@ -30,19 +30,19 @@ NUMERIC_CASES += [(Problem(2, 3, 300, 128, 128, alpha, dtype), KernelConfig(64, 
 
 
 @pytest.fixture(scope="session")
-def compile_errors() -> dict[tuple[Problem, KernelConfig], str | None]:
+def compiled() -> dict[tuple[Problem, KernelConfig], tuple[str | None, int | None]]:
     """Compile every case once, in parallel; tests then build from TileLang's disk cache."""
     cases = CONFIG_SWEEP + NUMERIC_CASES
     return dict(zip(cases, precompile(cases, arch=cuda_arch())))
 
 
-def _build_or_skip(problem: Problem, config: KernelConfig, errors: dict) -> object:
-    if errors[problem, config] is not None:
-        pytest.skip(f"the compiler rejects this config: {errors[problem, config][:200]}")
-    kernel = build(problem, config)
-    if smem_bytes(kernel) > SMEM_LIMIT_BYTES:
-        pytest.skip("over the shared-memory limit; the probe rejects it")
-    return kernel
+def _build_or_skip(problem: Problem, config: KernelConfig, compiled: dict) -> object:
+    error, smem = compiled[problem, config]
+    if error is not None:
+        pytest.skip(f"the compiler rejects this config: {error[:200]}")
+    if smem > SMEM_LIMIT_BYTES:
+        pytest.skip(f"{smem} B of shared memory is over the limit; the probe rejects it")
+    return build(problem, config)
 
 
 def _assert_matches_c(kernel, seed: int) -> None:
@@ -52,15 +52,15 @@ def _assert_matches_c(kernel, seed: int) -> None:
 
 
 @pytest.mark.parametrize("problem,config", NUMERIC_CASES, ids=str)
-def test_alphas_dtypes_shapes(problem, config, compile_errors):
-    kernel = _build_or_skip(problem, config, compile_errors)
-    assert compile_errors[problem, config] is None  # these configs must always compile
+def test_alphas_dtypes_shapes(problem, config, compiled):
+    assert compiled[problem, config][0] is None  # these configs must always compile
+    kernel = _build_or_skip(problem, config, compiled)
     _assert_matches_c(kernel, seed=zlib.crc32(repr((problem, config)).encode()))
 
 
 @pytest.mark.parametrize("problem,config", CONFIG_SWEEP, ids=str)
-def test_every_accepted_config(problem, config, compile_errors):
-    _assert_matches_c(_build_or_skip(problem, config, compile_errors), seed=7)
+def test_every_accepted_config(problem, config, compiled):
+    _assert_matches_c(_build_or_skip(problem, config, compiled), seed=7)
 
 
 def test_fresh_inputs_each_call_and_reuse_of_output():
