@@ -10,8 +10,7 @@ from typing import Any
 import torch
 
 from kernel.config import KernelConfig, Problem
-from kernel.resources import launch_figures, lower
-from kernel.scalar_decay import prim_func
+from kernel.resources import ProbeResult, compile_kernel, probe
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -73,14 +72,6 @@ def cuda_arch() -> str:
     return f"sm_{major}{minor}" + ("a" if major == 9 else "")
 
 
-def compile_kernel(problem: Problem, config: KernelConfig, arch: str) -> Any:
-    """TileLang-compile for an explicit ``arch``: needs nvcc, not a GPU. Cached on disk."""
-    import tilelang
-
-    config.check_fits(problem)
-    return tilelang.compile(prim_func(problem, config), target={"kind": "cuda", "arch": arch})
-
-
 def build(problem: Problem, config: KernelConfig) -> ScalarDecayKernel:
     """Compile the kernel for the current CUDA device and return it ready to call.
 
@@ -91,28 +82,16 @@ def build(problem: Problem, config: KernelConfig) -> ScalarDecayKernel:
     return ScalarDecayKernel(problem, config, compile_kernel(problem, config, cuda_arch()))
 
 
-def dynamic_smem(problem: Problem, config: KernelConfig, compiled: Any = None) -> int:
-    """Dynamic shared memory of the kernel, in bytes: from the compiled kernel's lowered
-    module when it has one (a fresh compile), else by lowering again (a disk-cache hit)."""
-    artifact = getattr(compiled, "artifact", None) or lower(problem, config)
-    return launch_figures(artifact)[0]
-
-
-def _warm(job: tuple[Problem, KernelConfig, str]) -> tuple[str | None, int | None]:
+def _warm(job: tuple[Problem, KernelConfig, str]) -> ProbeResult:
     problem, config, arch = job
-    try:
-        compiled = compile_kernel(problem, config, arch)
-    except Exception as exc:  # reported to the caller, which decides what a failure means
-        return f"{type(exc).__name__}: {exc}", None
-    return None, dynamic_smem(problem, config, compiled)
+    return probe(problem, config, arch=arch)
 
 
 def precompile(
     jobs: Iterable[tuple[Problem, KernelConfig]], *, arch: str, workers: int | None = None
-) -> list[tuple[str | None, int | None]]:
-    """Compile many kernels in parallel processes so later ``build`` calls hit TileLang's
-    disk cache. Returns, per job, ``(None, dynamic shared memory bytes)`` or
-    ``(compile error, None)``."""
+) -> list[ProbeResult]:
+    """Probe many (problem, config) pairs in parallel processes. Each probe compiles through
+    TileLang's disk cache, so a later ``build`` of the same pair is a cache hit."""
     work = [(p, c, arch) for p, c in jobs]
     workers = workers or min(len(work), os.cpu_count() or 1) or 1
     # spawn: the parent may hold a CUDA context, which a forked child must not inherit

@@ -107,21 +107,32 @@ def lower(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH):
         return tilelang.lower(func, target=target)
 
 
+def compile_kernel(problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH) -> Any:
+    """TileLang-compile for an explicit ``arch``: needs nvcc, not a GPU. Cached on disk, so
+    a later ``kernel.build`` of the same (problem, config) on an ``arch`` GPU is a cache hit."""
+    import tilelang
+
+    config.check_fits(problem)
+    return tilelang.compile(prim_func(problem, config), target={"kind": "cuda", "arch": arch})
+
+
 def probe(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH) -> ProbeResult:
     """Compile ``(problem, config)`` for ``arch`` and report its resources, or the failure.
 
-    Raises ``ValueError`` only for a config that cannot tile the problem at all
+    The compile goes through TileLang's disk cache (see ``compile_kernel``). Raises
+    ``ValueError`` only for a config that cannot tile the problem at all
     (``KernelConfig.check_fits``): that is a caller's mistake, not a compiler finding.
     """
     config.check_fits(problem)
     start = time.perf_counter()
     try:
-        artifact = lower(problem, config, arch=arch)
+        compiled = compile_kernel(problem, config, arch)
     except Exception as exc:  # TVM raises many types; each is recorded, none is swallowed
-        return ProbeFailure("lower", type(exc).__name__, _summary(str(exc)), time.perf_counter() - start)
-
-    dynamic_smem, threads_launched = launch_figures(artifact)
-    ok, log = _ptxas(artifact.kernel_source, arch)
+        stage: FailureStage = "nvcc" if "Compilation error" in str(exc) else "lower"
+        return ProbeFailure(stage, type(exc).__name__, _summary(str(exc)), time.perf_counter() - start)
+    # A disk-cache hit carries no lowered module: lower again for the launch figures.
+    dynamic_smem, threads_launched = launch_figures(compiled.artifact or lower(problem, config, arch=arch))
+    ok, log = _ptxas(compiled.get_kernel_source(), arch)
     elapsed = time.perf_counter() - start
     if not ok:
         return ProbeFailure("nvcc", "CompilationError", _summary(log), elapsed)

@@ -19,7 +19,7 @@ import torch
 import refs
 from kernel.build import TORCH_DTYPES, ScalarDecayKernel, build, cuda_arch, precompile
 from kernel.config import SEED_CONFIG, KernelConfig, Problem
-from kernel.resources import SMEM_LIMIT_BYTES
+from kernel.resources import ProbeFailure
 from kernel.timing import bench
 
 # The grid of the seed design (DESIGN.md 6: TileLang's own autotune used the same 72).
@@ -92,11 +92,11 @@ def sweep(cases: list[tuple[Problem, KernelConfig, bool]], *, log: Path, seed: i
     compiled = precompile([(p, c) for p, c, _ in cases], arch=arch)
     print(f"compiled {len(cases)} kernels in {time.perf_counter() - t0:.0f} s", flush=True)
     rows = []
-    for (problem, config, timed), (error, smem) in zip(cases, compiled):
-        row: dict[str, Any] = {**problem.to_dict(), **config.to_dict(), "smem_bytes": smem}
-        if error is not None:
-            row |= {"status": "compile_failed", "reason": error.splitlines()[0][:300]}
-        elif smem > SMEM_LIMIT_BYTES:
+    for (problem, config, timed), res in zip(cases, compiled):
+        row: dict[str, Any] = {**problem.to_dict(), **config.to_dict(), **res.to_dict()}
+        if isinstance(res, ProbeFailure):
+            row["status"] = "compile_failed"
+        elif not res.fits_smem:
             row["status"] = "over_smem_limit"
         else:
             kernel = build(problem, config)

@@ -12,7 +12,7 @@ import torch
 
 from kernel import SEED_CONFIG, KernelConfig, Problem, build
 from kernel.build import cuda_arch, precompile
-from kernel.resources import SMEM_LIMIT_BYTES
+from kernel.resources import ProbeFailure, ProbeResult, Resources
 from kernel.validate import ALPHAS, check, config_grid
 
 pytestmark = pytest.mark.gpu
@@ -30,18 +30,18 @@ NUMERIC_CASES += [(Problem(2, 3, 300, 128, 128, alpha, dtype), KernelConfig(64, 
 
 
 @pytest.fixture(scope="session")
-def compiled() -> dict[tuple[Problem, KernelConfig], tuple[str | None, int | None]]:
+def compiled() -> dict[tuple[Problem, KernelConfig], ProbeResult]:
     """Compile every case once, in parallel; tests then build from TileLang's disk cache."""
     cases = CONFIG_SWEEP + NUMERIC_CASES
     return dict(zip(cases, precompile(cases, arch=cuda_arch())))
 
 
 def _build_or_skip(problem: Problem, config: KernelConfig, compiled: dict) -> object:
-    error, smem = compiled[problem, config]
-    if error is not None:
-        pytest.skip(f"the compiler rejects this config: {error[:200]}")
-    if smem > SMEM_LIMIT_BYTES:
-        pytest.skip(f"{smem} B of shared memory is over the limit; the probe rejects it")
+    res = compiled[problem, config]
+    if isinstance(res, ProbeFailure):
+        pytest.skip(f"the compiler rejects this config: {res.message[:200]}")
+    if not res.fits_smem:
+        pytest.skip(f"{res.smem_bytes} B of shared memory is over the limit; the probe rejects it")
     return build(problem, config)
 
 
@@ -53,7 +53,7 @@ def _assert_matches_c(kernel, seed: int) -> None:
 
 @pytest.mark.parametrize("problem,config", NUMERIC_CASES, ids=str)
 def test_alphas_dtypes_shapes(problem, config, compiled):
-    assert compiled[problem, config][0] is None  # these configs must always compile
+    assert isinstance(compiled[problem, config], Resources)  # these configs always compile
     kernel = _build_or_skip(problem, config, compiled)
     _assert_matches_c(kernel, seed=zlib.crc32(repr((problem, config)).encode()))
 
