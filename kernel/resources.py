@@ -11,6 +11,7 @@ rejects comes back as a :class:`ProbeFailure` carrying the compiler's message.
 """
 
 import json
+import logging
 import re
 import subprocess
 import tempfile
@@ -58,7 +59,7 @@ class Resources:
         return self.smem_bytes <= self.smem_limit
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"smem_bytes": self.smem_bytes, "fits_smem": self.fits_smem}
+        return asdict(self) | {"smem_bytes": self.smem_bytes, "spill_bytes": self.spill_bytes, "fits_smem": self.fits_smem}
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,9 @@ def compile_kernel(problem: Problem, config: KernelConfig, arch: str = DEFAULT_A
     import tilelang
 
     config.check_fits(problem)
+    # Compiler failures come back to the caller as exceptions (and from ``probe`` as
+    # values); TileLang's logger would only repeat them, with pages of generated source.
+    tilelang.set_log_level(logging.CRITICAL + 1)
     return tilelang.compile(prim_func(problem, config), target={"kind": "cuda", "arch": arch})
 
 

@@ -1,15 +1,187 @@
-"""``python -m tuner``: the command line."""
+"""python -m tuner: tune the scalar-decay kernel with Optuna.
+
+Subcommands: run (search), trials (print the trial log), best (the best configs),
+export (write the best-config JSON). A user mistake prints one line and exits with 2.
+"""
 
 import argparse
 import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+
+from kernel import KernelConfig, Problem
+from kernel.deploy import ExportError
+from tuner.study import (
+    SAMPLERS, STUDIES_DIR, Options, Tuner, UsageError, best_trials, default_storage, default_study_name,
+    get_storage,
+)
+
+# The headline problem of DESIGN.md 6: B=8, H=16, S=4096, alpha=0.99, fp16.
+DEFAULTS = {"batch": 8, "heads": 16, "seqlen": 4096, "alpha": 0.99, "dtype": "float16"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own errors: one line, exit 2
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _study_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--study", "--study-name", dest="study", help="study name (default: derived from the problem)")
+    p.add_argument("--storage", default=None, help=f"Optuna storage URL (default: {default_storage()})")
+
+
+def _problem_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dk", type=int, default=128, help="key/query head dim (default 128)")
+    p.add_argument("--dv", type=int, default=128, help="value head dim (default 128)")
+    p.add_argument("--batch", type=int, default=DEFAULTS["batch"])
+    p.add_argument("--heads", type=int, default=DEFAULTS["heads"])
+    p.add_argument("--seqlen", type=int, default=DEFAULTS["seqlen"])
+    p.add_argument("--alpha", type=float, default=DEFAULTS["alpha"], help="decay in (0, 1]")
+    p.add_argument("--dtype", default=DEFAULTS["dtype"], help="float16 or bfloat16")
+
+
+def _problem(args: argparse.Namespace) -> Problem:
+    return Problem(args.batch, args.heads, args.seqlen, args.dk, args.dv, args.alpha, args.dtype)
+
+
+def _config(text: str) -> KernelConfig:
+    """'64/128/2/256/smem' -> KernelConfig (scores optional, default smem)."""
+    parts = text.split("/")
+    if len(parts) not in (4, 5):
+        raise UsageError(f"--enqueue wants C/bDV/stages/threads[/scores], got {text!r}")
+    try:
+        return KernelConfig(*map(int, parts[:4]), *parts[4:])
+    except ValueError as exc:
+        raise UsageError(f"--enqueue {text}: {exc}") from None
+
+
+def _open(args: argparse.Namespace) -> optuna.Study:
+    storage = args.storage or default_storage()
+    name = args.study or default_study_name(_problem(args))
+    try:
+        return optuna.load_study(study_name=name, storage=get_storage(storage))
+    except KeyError:
+        raise UsageError(f"no study {name!r} in {storage}") from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    problem = _problem(args)
+    options = Options(
+        n_trials=args.n_trials, timeout_s=args.timeout, sampler=args.sampler,
+        multi_objective=args.multi_objective, tolerance=args.tolerance,
+        max_spill_bytes=args.max_spill_bytes, max_registers=args.max_registers,
+        trial_timeout_s=args.trial_timeout, workers=args.workers or Options().workers,
+        seed=args.seed, enqueue=tuple(_config(c) for c in args.enqueue), progress=not args.no_progress,
+    )
+    storage = args.storage or default_storage()
+    name = args.study or default_study_name(problem)
+    tuner = Tuner(problem, options, name=name, storage=storage)
+    if not tuner.gpu:
+        print("no CUDA device: compile-only exploration (probe resources, no latency is measured)",
+              file=sys.stderr)
+    if tuner.interrupted:
+        print(f"marked {tuner.interrupted} trial(s) of a killed run as failed", file=sys.stderr)
+    study = tuner.run()
+    from tuner.trials import export_best, save_frame, trials_frame
+
+    out_dir = STUDIES_DIR / name
+    paths = save_frame(trials_frame(study), out_dir / "trials")
+    print(f"study {name!r}: {len(study.trials)} trials, {tuner.gpu_evaluations} GPU evaluations this run; "
+          f"log {', '.join(map(str, paths))}")
+    try:
+        data = export_best(study, out_dir / "best.json")
+    except LookupError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    best = data["configs"][0]
+    label = "median {:.4f} ms".format(best["median_ms"]) if data["mode"] == "gpu" else \
+        f"compile-only: {best['spill_bytes']} B spilled, {best['smem_bytes']} B smem, no latency measured"
+    print(f"best {best['config']} ({label}); exported {out_dir / 'best.json'}")
+    return 0
+
+
+def cmd_trials(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from tuner.trials import trials_frame
+
+    frame = trials_frame(_open(args))
+    cols = ["number", "status", "chunk", "block_dv", "num_stages", "threads", "scores", "median_ms",
+            "rel_l2", "spill_bytes", "smem_bytes", "reason"]
+    with pd.option_context("display.max_rows", None, "display.width", 200, "display.max_colwidth", 60):
+        print(frame if args.all_columns else frame[cols])
+    return 0
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    study = _open(args)
+    best = best_trials(study)
+    if not best:
+        print(f"study {study.study_name!r} has no feasible, correct trial yet", file=sys.stderr)
+        return 1
+    for t in best[: args.top]:
+        print(t.number, KernelConfig(**t.params), dict(zip(study.user_attrs.get("objectives", []), t.values)))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tuner.trials import export_best
+
+    study = _open(args)
+    out = Path(args.out) if args.out else STUDIES_DIR / study.study_name / "best.json"
+    try:
+        export_best(study, out)
+    except LookupError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m tuner", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
+        "run": (cmd_run, "run an Optuna study over the kernel's design space"),
+        "trials": (cmd_trials, "print the trial log of a study"),
+        "best": (cmd_best, "print the best configs of a study"),
+        "export": (cmd_export, "write the best-config JSON of a study"),
+    }
+    for name, (func, help_text) in commands.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        _study_flags(p)
+        _problem_flags(p)
+    run = sub.choices["run"]
+    run.add_argument("--n-trials", type=int, default=40)
+    run.add_argument("--timeout", type=float, default=None, help="stop asking for trials after this many seconds")
+    run.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    run.add_argument("--multi-objective", action="store_true", help="minimise latency and error together")
+    run.add_argument("--tolerance", type=float, default=2e-2, help="relative L2 bound against reference C")
+    run.add_argument("--max-spill-bytes", type=int, default=0)
+    run.add_argument("--max-registers", type=int, default=255)
+    run.add_argument("--trial-timeout", type=float, default=180.0, help="seconds before a GPU trial counts as hung")
+    run.add_argument("--workers", type=int, default=None, help="parallel compile processes (default: CPU count)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--enqueue", action="append", default=[], metavar="C/bDV/stages/threads[/scores]",
+                     help="a config to measure first (repeatable); the seed's default always is")
+    run.add_argument("--no-progress", action="store_true")
+    sub.choices["trials"].add_argument("--all-columns", action="store_true")
+    sub.choices["best"].add_argument("--top", type=int, default=5)
+    sub.choices["export"].add_argument("--out", help="path of the JSON (default: studies/<study>/best.json)")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tuner", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="tune the kernel for one problem")
-    run.add_argument("--dk", type=int, default=128)
-    run.add_argument("--dv", type=int, default=128)
-    args = parser.parse_args(argv)
-    print(f"tuner {args.command}: the Optuna study is not built yet (issue 3).", file=sys.stderr)
-    return 1
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "n_trials", 1) < 1:
+            raise UsageError("--n-trials must be >= 1")
+        return args.func(args)
+    except (UsageError, ExportError, ValueError) as exc:
+        print(f"error: {exc}".splitlines()[0], file=sys.stderr)
+        return 2

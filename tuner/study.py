@@ -1,0 +1,334 @@
+"""The Optuna study over the kernel's design space.
+
+Each round asks the sampler for a batch of configs, probes them across the CPU cores
+(compile for sm_90a: resources or a compiler failure, no GPU), then measures the
+feasible ones one at a time on the GPU in an isolated worker. Every trial is told to the
+storage as soon as it is known, so a killed run loses only the trials in flight; those
+are marked failed ("interrupted") when the study is opened again.
+
+Trial outcomes (Kernel Tuner's "failures are values"):
+- restricted: breaks a named restriction of ``tuner.space``; state FAIL.
+- compile_failed: the compiler refused it; state FAIL with the error class and message.
+- infeasible: compiled, but over a resource budget (constraints > 0); COMPLETE, value inf.
+- runtime_failed: the GPU worker hung, crashed or raised; state FAIL with the reason.
+- incorrect: relative L2 against reference C at or over the tolerance, or NaN; COMPLETE,
+  correctness constraint > 0.
+- ok: feasible and correct; value = median latency in ms (GPU) or spill bytes
+  (compile-only, where nothing is timed).
+"""
+
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import socket
+import time
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from kernel import SEED_CONFIG, KernelConfig, ProbeFailure, Problem, Resources, probe
+from kernel.build import cuda_arch
+from kernel.deploy import environment
+from tuner import space
+from tuner.worker import GpuWorker
+
+STUDIES_DIR = Path(__file__).resolve().parent.parent / "studies"
+SAMPLERS = ("tpe", "nsga2", "gp", "grid")
+
+
+class UsageError(ValueError):
+    """A mistake in what the user asked for: one line on stderr, exit code 2."""
+
+
+@dataclass(frozen=True)
+class Options:
+    n_trials: int = 40
+    timeout_s: float | None = None
+    sampler: str = "tpe"
+    multi_objective: bool = False
+    tolerance: float = 2e-2
+    max_spill_bytes: int = 0
+    max_registers: int = 255
+    trial_timeout_s: float = 180.0
+    workers: int = max(1, os.cpu_count() or 1)
+    seed: int = 0
+    enqueue: tuple[KernelConfig, ...] = field(default_factory=tuple)
+    progress: bool = True
+
+
+def default_storage() -> str:
+    return f"sqlite:///{STUDIES_DIR / 'decay-tuner.db'}"
+
+
+def default_study_name(problem: Problem) -> str:
+    p = problem
+    return f"b{p.batch}-h{p.heads}-s{p.seqlen}-dk{p.dk}-dv{p.dv}-a{p.alpha:g}-{p.dtype}"
+
+
+def env_key(env: dict[str, Any]) -> str:
+    """sha256 of the sorted environment: a changed GPU or library never reuses old timings."""
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def objective_names(gpu: bool, multi: bool) -> list[str]:
+    first = "median_ms" if gpu else "spill_bytes"
+    return [first, "rel_l2" if gpu else "smem_bytes"] if multi else [first]
+
+
+def make_sampler(name: str, problem: Problem, seed: int) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
+    if name == "gp":
+        try:
+            import scipy  # noqa: F401  (GPSampler needs it)
+        except ImportError:
+            raise UsageError("the gp sampler needs scipy: pip install scipy") from None
+        return optuna.samplers.GPSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler({k: list(v) for k, v in space.choices(problem).items()}, seed=seed)
+    raise UsageError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
+
+
+def get_storage(url: str) -> optuna.storages.BaseStorage:
+    """Optuna storage for ``url``; a URL that cannot be opened is a ``UsageError``."""
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return optuna.storages.get_storage(url)
+    except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL
+        raise UsageError(f"cannot open storage {url!r}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+
+
+def open_study(
+    problem: Problem, *, name: str, storage: str, sampler: optuna.samplers.BaseSampler | None = None,
+    directions: list[str] | None = None,
+) -> optuna.Study:
+    """Create the study, or load it when it exists (resuming a killed run)."""
+    storage = get_storage(storage)
+    try:
+        study = optuna.create_study(
+            study_name=name, storage=storage, sampler=sampler, directions=directions or ["minimize"],
+            load_if_exists=True,
+        )
+    except ValueError as exc:  # e.g. the study exists with other directions
+        raise UsageError(f"cannot open study {name!r}: {exc}") from None
+    saved = study.user_attrs.get("problem")
+    if saved is None:
+        study.set_user_attr("problem", problem.to_dict())
+    elif saved != problem.to_dict():
+        raise UsageError(f"study {name!r} was made for {Problem.from_dict(saved)}, not {problem}")
+    return study
+
+
+def _fail_interrupted(study: optuna.Study) -> int:
+    """Mark this host's trials left RUNNING by a dead process as failed; return how many."""
+    host = socket.gethostname()
+    count = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pid, owner = t.user_attrs.get("pid"), t.user_attrs.get("host")
+        if owner == host and pid is not None and not _alive(pid):
+            study._storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
+            study._storage.set_trial_user_attr(t._trial_id, "reason", f"process {pid} died mid-trial")
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            count += 1
+    return count
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _measured(study: optuna.Study, params: dict[str, Any], key: str) -> optuna.trial.FrozenTrial | None:
+    """A finished trial of the same config, measured in the same environment."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.params == params and t.user_attrs.get("env_key") == key and "cached_from" not in t.user_attrs:
+            return t
+    return None
+
+
+def _enqueue(study: optuna.Study, configs: list[KernelConfig]) -> None:
+    seen = [t.params for t in study.get_trials(deepcopy=False)]
+    for config in configs:
+        if config.to_dict() not in seen:
+            study.enqueue_trial(config.to_dict(), user_attrs={"baseline": config == SEED_CONFIG})
+            seen.append(config.to_dict())
+
+
+class Tuner:
+    """One ``run`` process. Several may share a study through its storage."""
+
+    def __init__(self, problem: Problem, options: Options, *, name: str, storage: str) -> None:
+        self.problem, self.options = problem, options
+        self.gpu = _has_cuda()
+        self.arch = cuda_arch() if self.gpu else "sm_90a"
+        self.env = environment()
+        self.env_key = env_key(self.env)
+        self.objectives = objective_names(self.gpu, options.multi_objective)
+        sampler = make_sampler(options.sampler, problem, options.seed)
+        self.study = open_study(problem, name=name, storage=storage, sampler=sampler,
+                                directions=["minimize"] * len(self.objectives))
+        mode = "gpu" if self.gpu else "compile-only"
+        if self.study.user_attrs.get("objectives", self.objectives) != self.objectives:
+            raise UsageError(f"study {name!r} holds {self.study.user_attrs['objectives']} trials; "
+                             f"this run would record {self.objectives} ({mode} mode): use another --study")
+        self.study.set_user_attr("objectives", self.objectives)
+        self.study.set_user_attr("mode", mode)
+        self.interrupted = _fail_interrupted(self.study)
+        _enqueue(self.study, [SEED_CONFIG, *options.enqueue])
+        self.distributions = space.distributions(problem)
+        self.gpu_evaluations = 0
+
+    def run(self) -> optuna.Study:
+        """Ask, probe and measure until ``n_trials`` are done or the timeout passes.
+
+        Up to ``workers`` asked trials compile in the pool while the GPU measures the
+        oldest one, so compiling overlaps measuring.
+        """
+        from tqdm import tqdm
+
+        opts = self.options
+        deadline = time.monotonic() + opts.timeout_s if opts.timeout_s else math.inf
+        bar = tqdm(total=opts.n_trials, disable=not opts.progress, unit="trial", dynamic_ncols=True)
+        worker = GpuWorker(opts.trial_timeout_s) if self.gpu else None
+        pending: deque[tuple[optuna.Trial, KernelConfig, Future | None]] = deque()
+        asked = 0
+        try:
+            with ProcessPoolExecutor(opts.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                while True:
+                    while (asked < opts.n_trials and len(pending) < opts.workers
+                           and time.monotonic() < deadline and not self._grid_exhausted()):
+                        pending.append(self._ask(pool))
+                        asked += 1
+                    if not pending:
+                        break
+                    trial, config, future = pending.popleft()
+                    self._evaluate(trial, config, None if future is None else future.result(), worker)
+                    bar.update()
+                    bar.set_postfix_str(self._best_text(), refresh=True)
+        finally:
+            for trial, _, _ in pending:  # asked but never evaluated: Ctrl-C or an error
+                self._fail(trial, "interrupted", "the run stopped before this trial was measured", time.perf_counter())
+            bar.close()
+            if worker is not None:
+                worker.close()
+        return self.study
+
+    def _ask(self, pool: ProcessPoolExecutor) -> tuple[optuna.Trial, KernelConfig, Future | None]:
+        trial = self.study.ask(self.distributions)
+        trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("pid", os.getpid())
+        config = KernelConfig(**trial.params)
+        restricted = space.violated(self.problem, config)
+        return trial, config, None if restricted else pool.submit(probe, self.problem, config, arch=self.arch)
+
+    def _grid_exhausted(self) -> bool:
+        sampler = self.study.sampler
+        return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(self.study)
+
+    def _evaluate(self, trial: optuna.Trial, config: KernelConfig, res, worker: GpuWorker | None) -> None:
+        start = time.perf_counter()
+        trial.set_user_attr("env_key", self.env_key)
+        trial.set_user_attr("environment", self.env)
+        trial.set_user_attr("mode", "gpu" if self.gpu else "compile-only")
+        if res is None:
+            self._fail(trial, "restricted", "; ".join(space.violated(self.problem, config)), start)
+            return
+        for key, value in res.to_dict().items():
+            trial.set_user_attr(key, value)
+        if isinstance(res, ProbeFailure):
+            self._fail(trial, "compile_failed", f"{res.error_type}: {res.message}", start)
+            return
+        over = self._resource_violations(res)
+        for key, value in over.items():
+            trial.set_constraint(key, value)
+        if any(v > 0 for v in over.values()):
+            trial.set_constraint("correctness", 0.0)
+            self._tell(trial, [math.inf] * len(self.objectives), "infeasible", start)
+            return
+        if not self.gpu:
+            trial.set_constraint("correctness", 0.0)
+            self._tell(trial, [float(res.spill_bytes), float(res.smem_bytes)][: len(self.objectives)], "ok", start)
+            return
+        self._measure(trial, config, worker, start)
+
+    def _resource_violations(self, res: Resources) -> dict[str, float]:
+        return {
+            "spills": float(res.spill_bytes - self.options.max_spill_bytes),
+            "smem": float(res.smem_bytes - res.smem_limit),
+            "registers": float(res.registers - self.options.max_registers),
+        }
+
+    def _measure(self, trial: optuna.Trial, config: KernelConfig, worker: GpuWorker, start: float) -> None:
+        cached = _measured(self.study, trial.params, self.env_key)
+        if cached is not None:
+            result = {k: cached.user_attrs[k] for k in ("rel_l2", "nan_count", "finite", "median_ms", "p20_ms",
+                                                          "p80_ms", "reps") if k in cached.user_attrs}
+            trial.set_user_attr("cached_from", cached.number)
+            result["ok"] = True
+        else:
+            self.gpu_evaluations += 1
+            result = worker.measure({"problem": self.problem.to_dict(), "config": config.to_dict(),
+                                     "seed": self.options.seed + trial.number, "tolerance": self.options.tolerance})
+        if not result.pop("ok"):
+            self._fail(trial, "runtime_failed", f"{result['error_type']}: {result['message']}", start)
+            return
+        for key, value in result.items():
+            trial.set_user_attr(key, value)
+        err = result["rel_l2"]
+        correct = result["finite"] and math.isfinite(err) and err < self.options.tolerance
+        trial.set_constraint("correctness", (err - self.options.tolerance) if math.isfinite(err) else 1.0)
+        if not correct:
+            self._tell(trial, [math.inf] * len(self.objectives), "incorrect", start)
+            return
+        self._tell(trial, [result["median_ms"], err][: len(self.objectives)], "ok", start)
+
+    def _tell(self, trial: optuna.Trial, values: list[float], status: str, start: float) -> None:
+        trial.set_user_attr("status", status)
+        trial.set_user_attr("wall_s", time.perf_counter() - start)
+        self.study.tell(trial, values if len(values) > 1 else values[0])
+
+    def _fail(self, trial: optuna.Trial, status: str, reason: str, start: float) -> None:
+        trial.set_user_attr("status", status)
+        trial.set_user_attr("reason", reason[:2000])
+        trial.set_user_attr("wall_s", time.perf_counter() - start)
+        self.study.tell(trial, state=TrialState.FAIL)
+
+    def _best_text(self) -> str:
+        best = best_trials(self.study)
+        if not best:
+            return "no feasible config yet"
+        t = best[0]
+        unit = "ms" if self.gpu else "B spilled"
+        return f"best {t.values[0]:.4g} {unit} @ {_config_text(t.params)}"
+
+
+def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Feasible, finished trials, best first by the first objective."""
+    feasible = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.user_attrs.get("status") == "ok" and all(v <= 0 for v in t.constraints.values())]
+    return sorted(feasible, key=lambda t: tuple(t.values))
+
+
+def _config_text(params: dict[str, Any]) -> str:
+    return f"C={params['chunk']} bDV={params['block_dv']} st={params['num_stages']} th={params['threads']} {params['scores']}"
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,84 @@
+"""Study -> pandas trial log, and the best-config export. Pure functions of the study."""
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+
+from kernel.config import KernelConfig
+from kernel.deploy import FORMAT, VERSION, write_json
+from tuner.study import best_trials
+
+PARAMS = ("chunk", "block_dv", "num_stages", "threads", "scores")
+MEASURES = ("median_ms", "p20_ms", "p80_ms", "reps", "rel_l2", "nan_count")
+RESOURCES = ("registers", "spill_bytes", "spill_stores", "spill_loads", "stack_frame", "static_smem", "dynamic_smem",
+             "smem_bytes", "threads_launched", "seed_register_estimate", "compile_seconds")
+ENVIRONMENT = ("gpu", "capability", "tilelang", "torch", "cuda")
+COLUMNS = ("number", "state", "status", "reason", *PARAMS, *MEASURES, *RESOURCES, "feasible",
+           "baseline", "cached_from", "mode", "wall_s", "started", *(f"env_{k}" for k in ENVIRONMENT))
+
+
+def trials_frame(study: optuna.Study) -> pd.DataFrame:
+    """One row per trial with ``COLUMNS``: params, latency, error, resources, status, why
+    it failed, wall time and environment. Missing measurements are NaN/None."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        attrs = t.user_attrs
+        env = attrs.get("environment") or {}
+        row: dict[str, Any] = {
+            "number": t.number,
+            "state": t.state.name,
+            "status": attrs.get("status", "running" if t.state.name == "RUNNING" else None),
+            "reason": attrs.get("reason"),
+            **{k: t.params.get(k) for k in PARAMS},
+            **{k: attrs.get(k) for k in (*MEASURES, *RESOURCES)},
+            "feasible": t.state.name == "COMPLETE" and attrs.get("status") == "ok"
+            and all(v <= 0 for v in t.constraints.values()),
+            "baseline": bool(attrs.get("baseline", False)),
+            "cached_from": attrs.get("cached_from"),
+            "mode": attrs.get("mode"),
+            "wall_s": attrs.get("wall_s"),
+            "started": t.datetime_start,
+            **{f"env_{k}": env.get(k) for k in ENVIRONMENT},
+        }
+        rows.append(row)
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def save_frame(frame: pd.DataFrame, stem: Path) -> list[Path]:
+    """Write ``stem``.csv, and ``stem``.parquet where pyarrow is installed; return the paths."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".csv")]
+    frame.to_csv(paths[0], index=False)
+    try:
+        frame.to_parquet(stem.with_suffix(".parquet"), index=False)
+        paths.append(stem.with_suffix(".parquet"))
+    except ImportError:
+        pass  # the CSV holds the same rows
+    return paths
+
+
+def export_best(study: optuna.Study, path: Path, *, top: int = 5) -> dict[str, Any]:
+    """Write the versioned best-config JSON (``kernel.deploy``) for ``study``; return it."""
+    best = best_trials(study)
+    if not best:
+        raise LookupError(f"study {study.study_name!r} has no feasible, correct trial to export")
+    first = best[0].user_attrs
+    data = {
+        "format": FORMAT,
+        "version": VERSION,
+        "study": study.study_name,
+        "problem": study.user_attrs["problem"],
+        "mode": study.user_attrs.get("mode"),
+        "objectives": study.user_attrs.get("objectives"),
+        "environment": first.get("environment"),
+        "configs": [
+            {"config": KernelConfig(**t.params).to_dict(), "trial": t.number,
+             **{k: t.user_attrs.get(k) for k in ("median_ms", "p20_ms", "p80_ms", "rel_l2", "spill_bytes",
+                                                 "smem_bytes", "registers")}}
+            for t in best[:top]
+        ],
+    }
+    write_json(path, data)
+    return data

@@ -1,0 +1,104 @@
+"""GPU measurements in an isolated worker process.
+
+The parent sends one job at a time and waits with a timeout. A hung kernel, an illegal
+memory access or a segfault costs the worker, never the study: the parent records the
+failure, kills what is left and starts a fresh worker for the next trial.
+"""
+
+import multiprocessing
+import os
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+# Fault injection for the tests: "C/bDV/stages/threads/scores=hang|segfault,..." makes the
+# worker misbehave on those configs, so isolation is tested end to end without a GPU bug.
+INJECT_ENV = "DECAY_TUNER_INJECT"
+
+
+def config_key(config: dict[str, Any]) -> str:
+    return "/".join(str(config[k]) for k in ("chunk", "block_dv", "num_stages", "threads", "scores"))
+
+
+def _inject(config: dict[str, Any]) -> None:
+    faults = dict(item.split("=") for item in os.environ.get(INJECT_ENV, "").split(",") if "=" in item)
+    fault = faults.get(config_key(config))
+    if fault == "hang":
+        while True:
+            time.sleep(1)
+    if fault == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)
+
+
+def _measure(job: dict[str, Any]) -> dict[str, Any]:
+    from kernel import KernelConfig, Problem, build
+    from kernel.timing import bench
+    from kernel.validate import check, random_qkv
+
+    import torch
+
+    problem, config = Problem.from_dict(job["problem"]), KernelConfig.from_dict(job["config"])
+    _inject(job["config"])
+    kernel = build(problem, config)
+    result = check(kernel, seed=job["seed"])
+    if result["finite"] and result["rel_l2"] < job["tolerance"]:
+        q, k, v = random_qkv(problem, seed=job["seed"] + 1)
+        out = torch.empty_like(v)
+        result |= bench(lambda: kernel(q, k, v, out=out)).to_dict()
+    return result
+
+
+def _serve(conn: Connection) -> None:
+    while (job := conn.recv()) is not None:
+        try:
+            conn.send({"ok": True, **_measure(job)})
+        except Exception as exc:  # sent to the parent, which records it with the trial
+            conn.send({"ok": False, "error_type": type(exc).__name__, "message": str(exc)[:2000]})
+            return  # a CUDA error poisons the context: the next job gets a fresh worker
+
+
+class GpuWorker:
+    """A persistent worker process; ``measure`` never raises for what happens inside it."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc: Any = None
+        self._conn: Connection | None = None
+
+    def _start(self) -> None:
+        self._conn, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_serve, args=(child,), daemon=True)
+        self._proc.start()
+        child.close()
+
+    def measure(self, job: dict[str, Any]) -> dict[str, Any]:
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        assert self._conn is not None
+        self._conn.send(job)
+        if not self._conn.poll(self.timeout_s):
+            self.close()
+            return {"ok": False, "error_type": "Timeout", "message": f"no result within {self.timeout_s:.0f} s (hung kernel?)"}
+        try:
+            return self._conn.recv()
+        except (EOFError, ConnectionError):
+            self._proc.join(5)
+            code = self._proc.exitcode
+            self.close()
+            return {"ok": False, "error_type": "WorkerCrashed", "message": f"worker died with exit code {code}"}
+
+    def close(self) -> None:
+        if self._proc is not None:
+            if self._proc.is_alive():
+                try:
+                    self._conn.send(None)
+                except (OSError, ValueError):
+                    pass
+                self._proc.join(2)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+        self._proc = self._conn = None
