@@ -95,7 +95,10 @@ def load_config(
         if problem != saved:
             raise ExportError(f"{path} was tuned for {saved}, not {problem}; "
                               "pass allow_mismatch=True to use it anyway")
-    config.check_fits(problem)
+    try:
+        config.check_fits(problem)
+    except ValueError as exc:
+        raise ExportError(f"{path}: the config cannot run this problem: {exc}") from None
     return problem, config
 
 

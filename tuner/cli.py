@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 
 from kernel import KernelConfig, Problem
-from kernel.deploy import ExportError
+from kernel.deploy import ExportError, read_export
 from tuner.study import (
     SAMPLERS, STUDIES_DIR, Options, Tuner, UsageError, best_trials, default_storage, default_study_name,
     get_storage,
@@ -57,6 +57,18 @@ def _config(text: str) -> KernelConfig:
         raise UsageError(f"--enqueue {text}: {exc}") from None
 
 
+def _configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:
+    """The configs of best-config JSON files (``export``), to measure first."""
+    configs = []
+    for path in paths:
+        for entry in read_export(path)["configs"]:
+            try:
+                configs.append(KernelConfig.from_dict(entry["config"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise UsageError(f"{path}: malformed config entry: {exc}") from None
+    return tuple(configs)
+
+
 def _open(args: argparse.Namespace) -> optuna.Study:
     storage = args.storage or default_storage()
     name = args.study or default_study_name(_problem(args))
@@ -72,8 +84,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         n_trials=args.n_trials, timeout_s=args.timeout, sampler=args.sampler,
         multi_objective=args.multi_objective, tolerance=args.tolerance,
         max_spill_bytes=args.max_spill_bytes, max_registers=args.max_registers,
-        trial_timeout_s=args.trial_timeout, workers=args.workers or Options().workers,
-        seed=args.seed, enqueue=tuple(_config(c) for c in args.enqueue), progress=not args.no_progress,
+        trial_timeout_s=args.trial_timeout, workers=args.workers,
+        seed=args.seed, enqueue=tuple(_config(c) for c in args.enqueue) + _configs_from(args.enqueue_from),
+        progress=not args.no_progress,
     )
     storage = args.storage or default_storage()
     name = args.study or default_study_name(problem)
@@ -103,15 +116,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_trials(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     from tuner.trials import trials_frame
 
     frame = trials_frame(_open(args))
     cols = ["number", "status", "chunk", "block_dv", "num_stages", "threads", "scores", "median_ms",
             "rel_l2", "spill_bytes", "smem_bytes", "reason"]
-    with pd.option_context("display.max_rows", None, "display.width", 200, "display.max_colwidth", 60):
-        print(frame if args.all_columns else frame[cols])
+    shown = frame if args.all_columns else frame[cols].assign(reason=frame.reason.str.slice(0, 60))
+    print(shown.to_string(index=False))
     return 0
 
 
@@ -168,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--enqueue", action="append", default=[], metavar="C/bDV/stages/threads[/scores]",
                      help="a config to measure first (repeatable); the seed's default always is")
+    run.add_argument("--enqueue-from", action="append", default=[], metavar="BEST_JSON",
+                     help="measure first the configs of an exported best-config file (repeatable)")
     run.add_argument("--no-progress", action="store_true")
     sub.choices["trials"].add_argument("--all-columns", action="store_true")
     sub.choices["best"].add_argument("--top", type=int, default=5)

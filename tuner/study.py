@@ -39,7 +39,8 @@ from kernel.deploy import environment
 from tuner import space
 from tuner.worker import GpuWorker
 
-STUDIES_DIR = Path(__file__).resolve().parent.parent / "studies"
+# Study storage and exports; DECAY_TUNER_STUDIES moves them (the tests use a temporary one).
+STUDIES_DIR = Path(os.environ.get("DECAY_TUNER_STUDIES", Path(__file__).resolve().parent.parent / "studies"))
 SAMPLERS = ("tpe", "nsga2", "gp", "grid")
 
 
@@ -57,7 +58,7 @@ class Options:
     max_spill_bytes: int = 0
     max_registers: int = 255
     trial_timeout_s: float = 180.0
-    workers: int = max(1, os.cpu_count() or 1)
+    workers: int | None = None  # compile processes; default: every core, less two beside a GPU
     seed: int = 0
     enqueue: tuple[KernelConfig, ...] = field(default_factory=tuple)
     progress: bool = True
@@ -84,7 +85,7 @@ def objective_names(gpu: bool, multi: bool) -> list[str]:
 
 def make_sampler(name: str, problem: Problem, seed: int) -> optuna.samplers.BaseSampler:
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8, constant_liar=True)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
     if name == "gp":
@@ -174,6 +175,12 @@ class Tuner:
 
     def __init__(self, problem: Problem, options: Options, *, name: str, storage: str) -> None:
         self.problem, self.options = problem, options
+        table = space.choices(problem)
+        for config in options.enqueue:
+            outside = {k: v for k, v in config.to_dict().items() if v not in table[k]}
+            if outside:
+                raise UsageError(f"enqueued config {config} is outside the search space: {outside} "
+                                 f"(choices: {table})")
         self.gpu = _has_cuda()
         self.arch = cuda_arch() if self.gpu else "sm_90a"
         self.env = environment()
@@ -191,13 +198,20 @@ class Tuner:
         self.interrupted = _fail_interrupted(self.study)
         _enqueue(self.study, [SEED_CONFIG, *options.enqueue])
         self.distributions = space.distributions(problem)
+        cores = os.cpu_count() or 1
+        # Beside a GPU, leave cores to the process that launches and times the kernels.
+        self.workers = options.workers or (max(1, cores - 2) if self.gpu else cores)
+        # Trials asked ahead of the GPU. A config compiles in ~6 s on one core and measures
+        # in ~1-2 s, so 4 in flight keep the GPU busy; asking more would hand the sampler
+        # less feedback per decision. Compile-only runs have no GPU to wait for.
+        self.depth = min(self.workers, 4) if self.gpu else self.workers
         self.gpu_evaluations = 0
 
     def run(self) -> optuna.Study:
         """Ask, probe and measure until ``n_trials`` are done or the timeout passes.
 
-        Up to ``workers`` asked trials compile in the pool while the GPU measures the
-        oldest one, so compiling overlaps measuring.
+        Up to ``depth`` asked trials compile in the pool while the GPU measures the oldest
+        one, so compiling overlaps measuring.
         """
         from tqdm import tqdm
 
@@ -208,9 +222,9 @@ class Tuner:
         pending: deque[tuple[optuna.Trial, KernelConfig, Future | None]] = deque()
         asked = 0
         try:
-            with ProcessPoolExecutor(opts.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            with ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
                 while True:
-                    while (asked < opts.n_trials and len(pending) < opts.workers
+                    while (asked < opts.n_trials and len(pending) < self.depth
                            and time.monotonic() < deadline and not self._grid_exhausted()):
                         pending.append(self._ask(pool))
                         asked += 1

@@ -11,8 +11,10 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-# Fault injection for the tests: "C/bDV/stages/threads/scores=hang|segfault,..." makes the
-# worker misbehave on those configs, so isolation is tested end to end without a GPU bug.
+# Fault injection for the tests: "C/bDV/stages/threads/scores=FAULT,..." makes the worker
+# misbehave on those configs, so isolation is tested end to end. FAULT is "hang" (never
+# answers), "segfault" (the process dies of SIGSEGV) or "illegal_address" (a real CUDA
+# illegal memory access from a Triton kernel, which poisons the CUDA context).
 INJECT_ENV = "DECAY_TUNER_INJECT"
 
 
@@ -30,6 +32,17 @@ def _inject(config: dict[str, Any]) -> None:
         import ctypes
 
         ctypes.string_at(0)
+    if fault == "illegal_address":
+        import torch
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def poke(ptr):
+            tl.store(ptr + (1 << 40), 1.0)
+
+        poke[(1,)](torch.zeros(1, device="cuda"))
+        torch.cuda.synchronize()
 
 
 def _measure(job: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +90,6 @@ class GpuWorker:
     def measure(self, job: dict[str, Any]) -> dict[str, Any]:
         if self._proc is None or not self._proc.is_alive():
             self._start()
-        assert self._conn is not None
         self._conn.send(job)
         if not self._conn.poll(self.timeout_s):
             self.close()

@@ -1,0 +1,219 @@
+"""The tuner end to end on the CPU: real TileLang compiles, real Optuna, real SQLite.
+
+Without a GPU a run is a compile-only exploration; these tests drive it through the CLI
+and check what it leaves behind: the storage, the pandas trial log and the JSON export.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+from kernel import SEED_CONFIG, KernelConfig, Problem
+from kernel.deploy import ExportError, load_config, read_export, write_json
+from tuner import space
+from tuner.cli import main
+from tuner.study import default_study_name
+from tuner.trials import COLUMNS, trials_frame
+from tuner.worker import INJECT_ENV, GpuWorker, config_key
+
+REPO = Path(__file__).resolve().parent.parent
+# Small enough that one config compiles in a few seconds on one core.
+SMALL = ["--dk", "64", "--dv", "64", "--batch", "1", "--heads", "2", "--seqlen", "256"]
+SMALL_PROBLEM = Problem(1, 2, 256, 64, 64, 0.99)
+LAYOUT_FAILURE = "32/32/2/128/regs"  # TileLang 0.1.15 cannot lay out register scores at C = 32
+
+
+def test_space_table_and_restrictions():
+    table = space.choices(Problem(1, 1, 64, 128, 96, 0.9))
+    assert table["block_dv"] == (16, 32, 48, 96)
+    assert table["scores"] == ("smem", "regs")
+    assert len(list(space.grid(SMALL_PROBLEM))) == 3 * 3 * 4 * 2 * 2
+    short = Problem(1, 1, 40, 64, 64, 0.9)  # one chunk of 64: a 2-stage pipeline has nothing to overlap
+    assert space.violated(short, KernelConfig(64, 32, 2, 128)) == ["stages <= chunks in the sequence"]
+    assert space.violated(short, KernelConfig(32, 32, 2, 128)) == []
+
+
+def _run(storage: str, study: str, *extra: str) -> int:
+    return main(["run", *SMALL, "--storage", storage, "--study", study, "--workers", "2", "--no-progress", *extra])
+
+
+def test_compile_only_study_end_to_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    assert _run(storage, "e2e", "--n-trials", "4", "--enqueue", LAYOUT_FAILURE) == 0
+    out, err = capsys.readouterr()
+    assert "no CUDA device: compile-only exploration" in err
+    assert "no latency measured" in out
+
+    study = optuna.load_study(study_name="e2e", storage=storage)
+    assert len(study.trials) == 4
+    assert study.trials[0].params == SEED_CONFIG.to_dict()  # the baseline goes first
+    assert study.user_attrs["mode"] == "compile-only" and study.user_attrs["objectives"] == ["spill_bytes"]
+
+    frame = pd.read_csv(tmp_path / "e2e" / "trials.csv")
+    assert list(frame.columns) == list(COLUMNS) and len(frame) == 4
+    failed = frame[frame.chunk == 32]
+    assert (failed.status == "compile_failed").all() and failed.reason.str.contains("Layout infer conflict").all()
+    ok = frame[frame.status == "ok"]
+    assert len(ok) >= 1 and ok.median_ms.isna().all()  # compile-only: nothing is timed
+    assert (ok.smem_bytes > 0).all() and (ok.env_tilelang == "0.1.15").all()
+    assert frame.loc[frame.number == 0, "baseline"].item()
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "e2e" / "trials.parquet"),
+                                  trials_frame(study), check_dtype=False)
+
+    exported = read_export(tmp_path / "e2e" / "best.json")
+    assert exported["mode"] == "compile-only" and exported["problem"] == SMALL_PROBLEM.to_dict()
+    best = min(ok.itertuples(), key=lambda r: (r.spill_bytes, r.number))
+    assert exported["configs"][0]["spill_bytes"] == best.spill_bytes
+    problem, config = load_config(tmp_path / "e2e" / "best.json")  # same environment: accepted
+    assert problem == SMALL_PROBLEM and config == KernelConfig.from_dict(exported["configs"][0]["config"])
+
+    # A second run of the same study resumes it; configs already probed are kept.
+    assert main(["trials", *SMALL, "--storage", storage, "--study", "e2e"]) == 0
+    assert "compile_failed" in capsys.readouterr().out
+    assert main(["export", *SMALL, "--storage", storage, "--study", "e2e", "--out", str(tmp_path / "x.json")]) == 0
+    assert read_export(tmp_path / "x.json")["configs"] == exported["configs"]
+
+
+def _count(storage: str, name: str, state: optuna.trial.TrialState) -> int:
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return 0
+    return len(study.get_trials(states=(state,)))
+
+
+def test_kill_9_mid_study_loses_no_finished_trial(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    cmd = [sys.executable, "-m", "tuner", "run", *SMALL, "--storage", storage, "--study", "k9",
+           "--workers", "1", "--n-trials", "12", "--no-progress"]
+    env = os.environ | {"PYTHONPATH": str(REPO), "DECAY_TUNER_STUDIES": str(tmp_path)}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    complete = optuna.trial.TrialState.COMPLETE
+    deadline = time.monotonic() + 240
+    while _count(storage, "k9", complete) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # the run and its compile workers, mid-study
+    proc.wait()
+    before = {t.number: t.values for t in optuna.load_study(study_name="k9", storage=storage).get_trials(states=(complete,))}
+    assert len(before) >= 2, proc.stderr.read().decode()[-2000:]
+
+    done = subprocess.run([*cmd[:-3], "--n-trials", "2", "--no-progress"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "of a killed run as failed" in done.stderr
+    study = optuna.load_study(study_name="k9", storage=storage)
+    after = {t.number: t.values for t in study.get_trials(states=(complete,))}
+    assert all(after[n] == v for n, v in before.items())  # nothing finished was lost or changed
+    assert len(after) >= len(before) + 1
+    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    interrupted = [t for t in study.trials if t.user_attrs.get("status") == "interrupted"]
+    assert interrupted and all(t.state == optuna.trial.TrialState.FAIL for t in interrupted)
+
+
+def test_worker_survives_hang_and_segfault(monkeypatch):
+    hang, crash = KernelConfig(64, 32, 1, 128), KernelConfig(64, 64, 1, 128)
+    monkeypatch.setenv(INJECT_ENV, f"{config_key(hang.to_dict())}=hang,{config_key(crash.to_dict())}=segfault")
+    worker = GpuWorker(timeout_s=20)
+
+    def job(config: KernelConfig) -> dict:
+        return {"problem": SMALL_PROBLEM.to_dict(), "config": config.to_dict(), "seed": 0, "tolerance": 2e-2}
+
+    try:
+        t0 = time.monotonic()
+        hung = worker.measure(job(hang))
+        assert hung["ok"] is False and hung["error_type"] == "Timeout"
+        assert 20 <= time.monotonic() - t0 < 40
+        crashed = worker.measure(job(crash))
+        assert crashed["ok"] is False and crashed["error_type"] == "WorkerCrashed"
+        assert "-11" in crashed["message"]  # SIGSEGV
+        # A fresh worker takes the next job; here without a GPU it reports why it cannot build.
+        plain = worker.measure(job(SEED_CONFIG))
+        assert plain["ok"] is False and plain["error_type"] == "RuntimeError" and "CUDA" in plain["message"]
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["run", "--dk", "0"], "dk must be a positive integer"),
+        (["run", "--dk", "100"], "dk must be a multiple of 16"),
+        (["run", "--alpha", "1.5"], "alpha must be in (0, 1]"),
+        (["run", "--alpha", "0"], "alpha must be in (0, 1]"),
+        (["run", "--storage", "nosuchdb://x"], "cannot open storage"),
+        (["run", "--sampler", "random"], "invalid choice"),
+        (["run", "--enqueue", "64/32"], "--enqueue wants"),
+        (["run", "--enqueue", "64/48/1/128"], "outside the search space"),
+        (["trials", "--study", "nope", "--storage", "sqlite:///:memory:"], "no study 'nope'"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_user_mistakes_exit_2_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unreadable_json_exits_2(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": ')
+    assert main(["run", "--enqueue-from", str(bad)]) == 2
+    assert "cannot read best-config file" in capsys.readouterr().err
+    assert main(["run", "--enqueue-from", str(tmp_path / "missing.json")]) == 2
+
+
+def _export(tmp_path: Path, **changes) -> Path:
+    from kernel.deploy import environment
+
+    data = {"format": "decay-tuner/best-configs", "version": 1, "problem": SMALL_PROBLEM.to_dict(),
+            "environment": environment(), "configs": [{"config": KernelConfig(64, 64, 1, 128).to_dict()}]}
+    path = tmp_path / "best.json"
+    write_json(path, data | changes)
+    return path
+
+
+def test_loader_refuses_other_environment_or_problem(tmp_path):
+    assert load_config(_export(tmp_path))[1] == KernelConfig(64, 64, 1, 128)
+    elsewhere = _export(tmp_path, environment={"gpu": "NVIDIA H200", "capability": "9.0", "tilelang": "0.1.15",
+                                               "torch": "2.11.0", "cuda": "13.0"})
+    with pytest.raises(ExportError, match="another environment"):
+        load_config(elsewhere)
+    assert load_config(elsewhere, allow_mismatch=True)[1] == KernelConfig(64, 64, 1, 128)
+    other = Problem(2, 2, 256, 64, 64, 0.99)
+    with pytest.raises(ExportError, match="was tuned for"):
+        load_config(_export(tmp_path), problem=other)
+    with pytest.raises(ExportError, match="version"):
+        load_config(_export(tmp_path, version=99))
+    with pytest.raises(ExportError, match="block_dv must divide dv"):
+        load_config(_export(tmp_path), problem=Problem(1, 2, 256, 64, 32, 0.99), allow_mismatch=True)
+
+
+def test_trials_frame_from_hand_built_study():
+    study = optuna.create_study()
+    study.set_user_attr("problem", SMALL_PROBLEM.to_dict())
+    dists = space.distributions(SMALL_PROBLEM)
+    ok = optuna.trial.create_trial(params=SEED_CONFIG.to_dict(), distributions=dists, value=0.25,
+                                   user_attrs={"status": "ok", "median_ms": 0.25, "rel_l2": 3e-4, "baseline": True})
+    failed = optuna.trial.create_trial(params=KernelConfig(32, 32, 2, 128, "regs").to_dict(), distributions=dists,
+                                       state=optuna.trial.TrialState.FAIL,
+                                       user_attrs={"status": "compile_failed", "reason": "InternalError: x"})
+    study.add_trials([ok, failed])
+    frame = trials_frame(study)
+    assert frame.status.tolist() == ["ok", "compile_failed"]
+    assert frame.feasible.tolist() == [True, False] and frame.baseline.tolist() == [True, False]
+    assert frame.median_ms[0] == 0.25 and pd.isna(frame.median_ms[1]) and frame.reason[1] == "InternalError: x"
+
+
+def test_default_study_name_is_the_problem():
+    assert default_study_name(SMALL_PROBLEM) == "b1-h2-s256-dk64-dv64-a0.99-float16"
+    assert json.loads(json.dumps(SMALL_PROBLEM.to_dict())) == SMALL_PROBLEM.to_dict()
