@@ -217,3 +217,29 @@ def test_trials_frame_from_hand_built_study():
 def test_default_study_name_is_the_problem():
     assert default_study_name(SMALL_PROBLEM) == "b1-h2-s256-dk64-dv64-a0.99-float16"
     assert json.loads(json.dumps(SMALL_PROBLEM.to_dict())) == SMALL_PROBLEM.to_dict()
+
+
+def _gpu_study(latencies: list[float | None]) -> optuna.Study:
+    """A hand-built GPU study: one trial per latency (None: failed to compile)."""
+    study = optuna.create_study()
+    dists = space.distributions(SMALL_PROBLEM)
+    configs = list(space.grid(SMALL_PROBLEM))
+    for config, ms in zip(configs, latencies):
+        attrs = {"mode": "gpu", "status": "ok" if ms else "compile_failed"}
+        state = optuna.trial.TrialState.COMPLETE if ms else optuna.trial.TrialState.FAIL
+        study.add_trial(optuna.trial.create_trial(params=config.to_dict(), distributions=dists, state=state,
+                                                  value=ms, user_attrs=attrs | ({"median_ms": ms} if ms else {})))
+    return study
+
+
+def test_compare_against_yardstick():
+    from tuner.trials import compare
+
+    grid = trials_frame(_gpu_study([0.5, None, 0.2, 0.3, 0.25, 0.4]))
+    tpe = trials_frame(_gpu_study([0.5, 0.3, None, 0.205]))
+    summary = compare(tpe, grid)
+    assert summary["best_ms"] == 0.205 and summary["yardstick_best_ms"] == 0.2
+    assert summary["gpu_evaluations"] == 3 and summary["yardstick_gpu_evaluations"] == 5
+    assert summary["best_over_yardstick"] == pytest.approx(1.025)
+    assert summary["gpu_evaluations_to_within_0.05"] == 3  # 0.5, 0.3, then 0.205 (the failure cost no GPU)
+    assert summary["yardstick_best_config"] == KernelConfig(**list(space.grid(SMALL_PROBLEM))[2].to_dict()).to_dict()

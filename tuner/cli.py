@@ -5,6 +5,7 @@ export (write the best-config JSON). A user mistake prints one line and exits wi
 """
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -151,6 +152,58 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """The study against a yardstick study (e.g. the exhaustive grid) of the same problem.
+
+    With ``--remeasure`` on a GPU, both best configs are timed again, alternately, in this
+    one process, so the final ratio does not depend on when each study ran.
+    """
+    from kernel.deploy import write_json
+    from tuner.trials import compare, trials_frame
+
+    study = _open(args)
+    try:
+        yardstick = optuna.load_study(study_name=args.against, storage=get_storage(args.storage or default_storage()))
+    except KeyError:
+        raise UsageError(f"no study {args.against!r} to compare against") from None
+    if study.user_attrs.get("problem") != yardstick.user_attrs.get("problem"):
+        raise UsageError(f"{study.study_name!r} and {args.against!r} tuned different problems")
+    try:
+        summary = compare(trials_frame(study), trials_frame(yardstick))
+    except LookupError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    summary |= {"study": study.study_name, "yardstick": args.against}
+    if args.remeasure:
+        summary["remeasured"] = _remeasure(Problem.from_dict(study.user_attrs["problem"]),
+                                           KernelConfig(**summary["best_config"]),
+                                           KernelConfig(**summary["yardstick_best_config"]))
+    if args.out:
+        write_json(Path(args.out), summary)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, rounds: int = 3) -> dict:
+    import torch
+
+    from kernel import build
+    from kernel.timing import bench
+    from kernel.validate import random_qkv
+
+    if not torch.cuda.is_available():
+        raise UsageError("--remeasure needs a CUDA device")
+    q, k, v = random_qkv(problem, seed=12345)
+    out = torch.empty_like(v)
+    kernels = {"study": build(problem, mine), "yardstick": build(problem, theirs)}
+    times: dict[str, list[float]] = {name: [] for name in kernels}
+    for _ in range(rounds):
+        for name, kern in kernels.items():
+            times[name].append(bench(lambda: kern(q, k, v, out=out)).median_ms)
+    med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    return {"median_ms": med, "all_ms": times, "study_over_yardstick": med["study"] / med["yardstick"]}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m tuner", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -160,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         "trials": (cmd_trials, "print the trial log of a study"),
         "best": (cmd_best, "print the best configs of a study"),
         "export": (cmd_export, "write the best-config JSON of a study"),
+        "compare": (cmd_compare, "compare a study with a yardstick study (e.g. the grid)"),
     }
     for name, (func, help_text) in commands.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -185,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["trials"].add_argument("--all-columns", action="store_true")
     sub.choices["best"].add_argument("--top", type=int, default=5)
     sub.choices["export"].add_argument("--out", help="path of the JSON (default: studies/<study>/best.json)")
+    cmp = sub.choices["compare"]
+    cmp.add_argument("--against", required=True, help="the yardstick study, in the same storage")
+    cmp.add_argument("--remeasure", action="store_true", help="time both best configs again, alternately")
+    cmp.add_argument("--out", help="also write the summary JSON here")
     return parser
 
 

@@ -204,7 +204,8 @@ class Tuner:
         # Trials asked ahead of the GPU. A config compiles in ~6 s on one core and measures
         # in ~1-2 s, so 4 in flight keep the GPU busy; asking more would hand the sampler
         # less feedback per decision. Compile-only runs have no GPU to wait for.
-        self.depth = min(self.workers, 4) if self.gpu else self.workers
+        # The grid's order needs no feedback, so it asks as far ahead as there are workers.
+        self.depth = min(self.workers, 4) if self.gpu and options.sampler != "grid" else self.workers
         self.gpu_evaluations = 0
 
     def run(self) -> optuna.Study:

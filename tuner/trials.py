@@ -16,7 +16,10 @@ RESOURCES = ("registers", "spill_bytes", "spill_stores", "spill_loads", "stack_f
              "smem_bytes", "threads_launched", "seed_register_estimate", "compile_seconds")
 ENVIRONMENT = ("gpu", "capability", "tilelang", "torch", "cuda")
 COLUMNS = ("number", "state", "status", "reason", *PARAMS, *MEASURES, *RESOURCES, "feasible",
-           "baseline", "cached_from", "mode", "wall_s", "started", *(f"env_{k}" for k in ENVIRONMENT))
+           "baseline", "gpu_evaluated", "cached_from", "mode", "wall_s", "started",
+           *(f"env_{k}" for k in ENVIRONMENT))
+# Outcomes that cost a GPU launch (a cached trial reuses an earlier launch and costs none).
+GPU_OUTCOMES = ("ok", "incorrect", "runtime_failed")
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
@@ -36,6 +39,8 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
             "feasible": t.state.name == "COMPLETE" and attrs.get("status") == "ok"
             and all(v <= 0 for v in t.constraints.values()),
             "baseline": bool(attrs.get("baseline", False)),
+            "gpu_evaluated": attrs.get("mode") == "gpu" and attrs.get("status") in GPU_OUTCOMES
+            and attrs.get("cached_from") is None,
             "cached_from": attrs.get("cached_from"),
             "mode": attrs.get("mode"),
             "wall_s": attrs.get("wall_s"),
@@ -82,3 +87,35 @@ def export_best(study: optuna.Study, path: Path, *, top: int = 5) -> dict[str, A
     }
     write_json(path, data)
     return data
+
+
+def compare(frame: pd.DataFrame, yardstick: pd.DataFrame, *, within: float = 0.05) -> dict[str, Any]:
+    """How a study did against a yardstick study (the exhaustive grid) of the same problem.
+
+    Both frames come from ``trials_frame`` of GPU studies. Returns each side's best median
+    latency and GPU evaluations, the ratio of the bests, and after how many of its GPU
+    evaluations the study first came within ``within`` of the yardstick's best.
+    """
+    def best(f: pd.DataFrame) -> pd.Series:
+        ok = f[f.feasible & f.median_ms.notna()]
+        if ok.empty:
+            raise LookupError("a study has no feasible, timed trial")
+        return ok.loc[ok.median_ms.idxmin()]
+
+    mine, theirs = best(frame), best(yardstick)
+    evaluated = frame[frame.gpu_evaluated].sort_values("number")
+    close = evaluated.median_ms.le(theirs.median_ms * (1 + within)) & evaluated.feasible
+    return {
+        "best_ms": float(mine.median_ms),
+        "best_config": {k: _plain(mine[k]) for k in PARAMS},
+        "gpu_evaluations": int(frame.gpu_evaluated.sum()),
+        "yardstick_best_ms": float(theirs.median_ms),
+        "yardstick_best_config": {k: _plain(theirs[k]) for k in PARAMS},
+        "yardstick_gpu_evaluations": int(yardstick.gpu_evaluated.sum()),
+        "best_over_yardstick": float(mine.median_ms / theirs.median_ms),
+        f"gpu_evaluations_to_within_{within:g}": int(close.to_numpy().argmax()) + 1 if close.any() else None,
+    }
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
