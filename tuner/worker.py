@@ -95,12 +95,15 @@ class GpuWorker:
             self.close()
             return {"ok": False, "error_type": "Timeout", "message": f"no result within {self.timeout_s:.0f} s (hung kernel?)"}
         try:
-            return self._conn.recv()
+            result = self._conn.recv()
         except (EOFError, ConnectionError):
             self._proc.join(5)
             code = self._proc.exitcode
             self.close()
             return {"ok": False, "error_type": "WorkerCrashed", "message": f"worker died with exit code {code}"}
+        if not result["ok"]:
+            self.close()  # the worker exits after an error; wait for it, the next job gets a fresh one
+        return result
 
     def close(self) -> None:
         if self._proc is not None:
