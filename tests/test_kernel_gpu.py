@@ -82,3 +82,15 @@ def test_rejects_bad_tensors():
         kernel(q.cpu(), q, q)
     with pytest.raises(ValueError, match="contiguous"):
         kernel(q.transpose(1, 2).contiguous().transpose(1, 2), q, q)
+
+
+def test_exported_config_loads_into_a_ready_kernel(tmp_path):
+    from kernel.deploy import FORMAT, VERSION, environment, load_kernel, write_json
+
+    problem = Problem(2, 3, 300, 64, 64, 0.9)
+    path = tmp_path / "best.json"
+    write_json(path, {"format": FORMAT, "version": VERSION, "problem": problem.to_dict(),
+                      "environment": environment(), "configs": [{"config": KernelConfig(64, 64, 1, 128).to_dict()}]})
+    kernel = load_kernel(path)
+    assert kernel.problem == problem and kernel.config == KernelConfig(64, 64, 1, 128)
+    _assert_matches_c(kernel, seed=3)

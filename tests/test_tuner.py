@@ -246,3 +246,21 @@ def test_compare_against_yardstick():
     assert summary["best_over_yardstick"] == pytest.approx(1.025)
     assert summary["gpu_evaluations_to_within_0.05"] == 3  # 0.5, 0.3, then 0.205 (the failure cost no GPU)
     assert summary["yardstick_best_config"] == KernelConfig(**list(space.grid(SMALL_PROBLEM))[2].to_dict()).to_dict()
+
+
+@pytest.mark.gpu
+def test_gpu_study_end_to_end(tmp_path, monkeypatch, capsys):
+    """On a GPU: trials are timed and checked, and the export loads into a kernel that runs."""
+    from kernel.deploy import load_kernel
+    from kernel.validate import check
+
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    assert _run(storage, "gpu", "--n-trials", "3", "--enqueue", "64/64/1/128") == 0
+    assert "median" in capsys.readouterr().out
+    frame = pd.read_csv(tmp_path / "gpu" / "trials.csv")
+    ok = frame[frame.status == "ok"]
+    assert len(ok) >= 2 and (ok.median_ms > 0).all() and (ok.rel_l2 < 2e-2).all() and ok.gpu_evaluated.all()
+    assert (ok.p20_ms <= ok.median_ms).all() and (ok.median_ms <= ok.p80_ms).all()
+    kernel = load_kernel(tmp_path / "gpu" / "best.json")
+    assert check(kernel, seed=5)["rel_l2"] < 2e-2
