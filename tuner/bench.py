@@ -136,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         shapes = [tuple(int(n) for n in item.split("x")) for item in args.shapes.split(",")]
     except ValueError:
-        parser.error(f"--shapes wants BxHxS[,BxHxS...], got {args.shapes!r}")
+        shapes = []
+    if not shapes or any(len(shape) != 3 or min(shape) < 1 for shape in shapes):
+        parser.error(f"--shapes wants BxHxS[,BxHxS...] of positive integers, got {args.shapes!r}")
     if not torch.cuda.is_available():
         print("bench needs a CUDA device; none is visible", file=sys.stderr)
         return 2
