@@ -6,7 +6,8 @@ memory from the lowered module. ptxas never checks shared memory against the dev
 the probe does.
 
 Failures are values, not exceptions: a config that TileLang cannot lower (0.1.15 fails
-every ``chunk=32`` and ``threads=256`` config with "Layout infer conflict") or that ptxas
+every ``chunk=32`` and ``threads=256`` config whose scores stay in registers with "Layout
+infer conflict", and some small tiles with "No valid warp partition") or that ptxas
 rejects comes back as a :class:`ProbeFailure` carrying the compiler's message.
 """
 
