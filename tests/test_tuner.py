@@ -264,3 +264,14 @@ def test_gpu_study_end_to_end(tmp_path, monkeypatch, capsys):
     assert (ok.p20_ms <= ok.median_ms).all() and (ok.median_ms <= ok.p80_ms).all()
     kernel = load_kernel(tmp_path / "gpu" / "best.json")
     assert check(kernel, seed=5)["rel_l2"] < 2e-2
+
+
+@pytest.mark.parametrize("sampler,multi", [("nsga2", True), ("gp", False), ("grid", False), ("tpe", True)])
+def test_every_sampler_and_mode_runs(sampler, multi, tmp_path, monkeypatch):
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    assert _run(storage, sampler, "--n-trials", "2", "--sampler", sampler, *(["--multi-objective"] * multi)) == 0
+    study = optuna.load_study(study_name=sampler, storage=storage)
+    assert len(study.trials) == 2 and len(study.directions) == (2 if multi else 1)
+    assert study.user_attrs["objectives"] == (["spill_bytes", "smem_bytes"] if multi else ["spill_bytes"])
+    assert read_export(tmp_path / sampler / "best.json")["objectives"] == study.user_attrs["objectives"]
