@@ -1,0 +1,332 @@
+"""The report's data: pure functions of a study (``tuner.trials.trials_frame``) and its attrs.
+
+Nothing here draws. Every function returns a pandas frame or a NamedTuple that
+``reports.figures`` turns into a plotly figure, so the numbers are tested exactly and the
+drawing only smoke-tested (Optuna's ``_get_pareto_front_info`` / ``_get_pareto_front_plot``).
+"""
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import optuna
+import pandas as pd
+import torch
+
+from refs import factorised_peak, gamma_table
+from tuner.study import best_trials
+from tuner.trials import PARAMS, trials_frame
+
+FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
+# The resource a constraint of ``tuner.study`` bounds: constraint = column value - limit.
+CONSTRAINT_COLUMNS = {"spills": "spill_bytes", "smem": "smem_bytes", "registers": "registers",
+                      "correctness": "rel_l2"}
+RESOURCES = ("spill_bytes", "smem_bytes", "registers")
+FINISHED = ("COMPLETE", "FAIL", "PRUNED")
+# The seed's tables (section 3): alpha rows and chunk columns of the overflow map.
+OVERFLOW_ALPHAS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
+OVERFLOW_CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+class Summary(NamedTuple):
+    """What the page's header says about the study."""
+
+    study: str
+    mode: str  # "gpu" or "compile-only"
+    timed: bool  # some trial has a latency: the fronts are over latency, else over resources
+    objectives: list[str]
+    problem: dict[str, Any]
+    environment: dict[str, Any]
+    counts: dict[str, int]  # status -> trials
+    n_trials: int
+    best: int | None  # trial number of the best feasible config (as ``export`` picks it)
+    baseline: int | None  # trial number of the seed's default config
+    budgets: dict[str, float]  # frame column -> the limit its constraint used
+
+
+class ParetoInfo(NamedTuple):
+    """Trials on an (x, y) plane, both minimised."""
+
+    x: str
+    y: str
+    feasible: pd.DataFrame  # feasible trials with both coordinates
+    infeasible: pd.DataFrame  # infeasible trials with both coordinates (e.g. incorrect, timed)
+    untimed: pd.DataFrame  # trials with an x but no y (over a budget, never timed)
+    front: pd.DataFrame  # the non-dominated feasible trials, sorted by x
+
+
+class Importance(NamedTuple):
+    values: dict[str, float]  # knob -> fANOVA importance (sums to 1), most important first
+    note: str | None  # why there are none, when there are none
+
+
+class GammaInfo(NamedTuple):
+    alpha: float
+    chunk: int
+    gamma: np.ndarray  # [C, C] alpha^(i-j) for j <= i; NaN above the diagonal (future tokens)
+
+
+class OverflowInfo(NamedTuple):
+    alphas: tuple[float, ...]
+    chunks: tuple[int, ...]
+    peak: np.ndarray  # [alphas, chunks] alpha^-(C-1), the factorised form's largest weight
+    overflow: np.ndarray  # [alphas, chunks] bool: the peak is over the fp16 maximum
+    limit: float
+
+
+class PeerInfo(NamedTuple):
+    bars: pd.DataFrame  # name, median_ms, ours (bool), vs_ours (median_ms / our best)
+    note: str | None
+
+
+def report_frame(study: optuna.Study) -> pd.DataFrame:
+    """``trials_frame`` plus ``config`` (C/bDV/stages/threads/scores, the ``--enqueue`` form),
+    ``over_budget`` (names of the violated constraints), ``alpha`` and ``hover`` (the full
+    config and measurements, one HTML line each)."""
+    frame = trials_frame(study)
+    over = {t.number: ", ".join(k for k, v in sorted(t.constraints.items()) if v > 0)
+            for t in study.get_trials(deepcopy=False)}
+    frame["config"] = [config_label(row) for row in frame[list(PARAMS)].itertuples(index=False)]
+    frame["over_budget"] = frame.number.map(over).fillna("")
+    frame["alpha"] = (study.user_attrs.get("problem") or {}).get("alpha", math.nan)
+    frame["hover"] = [_hover(row) for row in frame.to_dict("records")]
+    return frame
+
+
+def config_label(params: Sequence[Any]) -> str:
+    """(64, 32, 2, 128, 'regs') -> '64/32/2/128/regs'."""
+    return "/".join(_plain_text(v) for v in params)
+
+
+def _plain_text(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "?"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _hover(row: dict[str, Any]) -> str:
+    def num(key: str, fmt: str, unit: str = "") -> str:
+        v = row.get(key)
+        return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:{fmt}}{unit}"
+
+    lines = [
+        f"trial {row['number']} · {row['status'] or row['state'].lower()}"
+        + (" · baseline (seed default)" if row["baseline"] else ""),
+        "C={} bDV={} stages={} threads={} scores={}".format(*(_plain_text(row[k]) for k in PARAMS)),
+        f"median {num('median_ms', '.4f', ' ms')} (p20 {num('p20_ms', '.4f')}, p80 {num('p80_ms', '.4f')})"
+        f" · rel_l2 {num('rel_l2', '.2e')}",
+        f"registers {num('registers', '.0f')} (seed estimate {num('seed_register_estimate', '.0f')})"
+        f" · spills {num('spill_bytes', ',.0f', ' B')} · smem {num('smem_bytes', ',.0f', ' B')}",
+    ]
+    if row.get("over_budget"):
+        lines.append(f"over budget: {row['over_budget']}")
+    if isinstance(row.get("reason"), str) and row["reason"]:
+        lines.append(row["reason"].splitlines()[0][:100])
+    return "<br>".join(lines)
+
+
+def budgets(study: optuna.Study) -> dict[str, float]:
+    """Frame column -> the limit its constraint was measured against (constraint = value -
+    limit), read from the first trial that has both; e.g. ``{"smem_bytes": 232448.0}``."""
+    found: dict[str, float] = {}
+    for t in study.get_trials(deepcopy=False):
+        for name, value in t.constraints.items():
+            column = CONSTRAINT_COLUMNS.get(name)
+            measured = t.user_attrs.get(column) if column else None
+            if column and column not in found and isinstance(measured, (int, float)) and math.isfinite(measured):
+                found[column] = float(measured) - value
+    return found
+
+
+def summary(study: optuna.Study, frame: pd.DataFrame) -> Summary:
+    """The header of the page. ``frame`` is ``report_frame(study)``."""
+    attrs = study.user_attrs
+    best = best_trials(study)
+    baseline = frame[frame.baseline]
+    env = next((t.user_attrs["environment"] for t in study.get_trials(deepcopy=False)
+                if t.user_attrs.get("environment")), {})
+    return Summary(
+        study=study.study_name,
+        mode=attrs.get("mode") or _mode_of(frame),
+        timed=bool(frame.median_ms.notna().any()),
+        objectives=list(attrs.get("objectives") or ["median_ms"]),
+        problem=dict(attrs.get("problem") or {}),
+        environment=dict(env),
+        counts={str(k): int(v) for k, v in frame.status.fillna("unknown").value_counts().items()},
+        n_trials=len(frame),
+        best=best[0].number if best else None,
+        baseline=int(baseline.number.iloc[0]) if len(baseline) else None,
+        budgets=budgets(study),
+    )
+
+
+def _mode_of(frame: pd.DataFrame) -> str:
+    modes = frame["mode"].dropna()
+    return str(modes.iloc[0]) if len(modes) else "unknown"
+
+
+def primary_metric(s: Summary) -> str:
+    """What the fronts and the knob plots are over: latency when timed, else the first objective."""
+    return "median_ms" if s.timed else (s.objectives[0] if s.objectives[0] != "median_ms" else "spill_bytes")
+
+
+def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """True where (x, y) is dominated by no other point (both minimised; ties all stay)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    le = (x[None, :] <= x[:, None]) & (y[None, :] <= y[:, None])  # [i, j]: j is no worse than i
+    lt = (x[None, :] < x[:, None]) | (y[None, :] < y[:, None])
+    return ~(le & lt).any(axis=1)
+
+
+def pareto_info(frame: pd.DataFrame, *, x: str, y: str) -> ParetoInfo:
+    """Split ``frame`` for an (x, y) Pareto plot and find the feasible front."""
+    done = frame[frame.state.isin(FINISHED)]
+    both = done[done[x].notna() & done[y].notna()]
+    feasible = both[both.feasible].sort_values("number")
+    front = feasible[pareto_mask(feasible[x].to_numpy(), feasible[y].to_numpy())]
+    return ParetoInfo(
+        x=x, y=y, feasible=feasible, infeasible=both[~both.feasible].sort_values("number"),
+        untimed=done[done[x].notna() & done[y].isna()].sort_values("number"),
+        front=front.sort_values([x, y, "number"]),
+    )
+
+
+def knob_frame(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Long form of the feasible trials: one row per (trial, knob) with ``knob``, ``choice``
+    (as text, ordered by value), ``value`` (the metric), ``number`` and ``hover``."""
+    ok = frame[frame.feasible & frame[metric].notna()]
+    cols = ["knob", "choice", "value", "number", "hover"]
+    parts = [ok.sort_values([knob, "number"]).assign(knob=knob, choice=lambda f, k=knob: f[k].map(_plain_text),
+                                                      value=lambda f: f[metric])[cols]
+             for knob in PARAMS]
+    return pd.concat(parts, ignore_index=True) if len(ok) else pd.DataFrame(columns=cols)
+
+
+def importance(study: optuna.Study) -> Importance:
+    """Each knob's importance for the first objective, over the feasible trials only
+    (infeasible ones carry an infinite value). A failure becomes the note, with its class.
+
+    The evaluator is Optuna's PED-ANOVA: which knobs it takes to reach the best 10 % of the
+    feasible trials. Optuna's default, fANOVA, would need scikit-learn, which the tool does
+    not otherwise use; PED-ANOVA needs only numpy and is deterministic.
+    """
+    feasible = [t for t in best_trials(study) if all(math.isfinite(v) for v in t.values)]
+    if len(feasible) < 2:
+        return Importance({}, f"needs at least 2 feasible trials, the study has {len(feasible)}")
+    if len({t.values[0] for t in feasible}) < 2:
+        return Importance({}, f"all {len(feasible)} feasible trials have the same objective value")
+    scratch = optuna.create_study(directions=study.directions)
+    scratch.add_trials(feasible)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PED-ANOVA warns when few trials reach the top 10 %
+            values = optuna.importance.get_param_importances(
+                scratch, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), target=lambda t: t.values[0])
+    except (ValueError, RuntimeError, ZeroDivisionError) as exc:
+        return Importance({}, f"not computed: {type(exc).__name__}: {exc}".splitlines()[0])
+    if not values:
+        return Importance({}, "no knob varies among the feasible trials")
+    return Importance(dict(values), None)
+
+
+def history(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Finished trials by number: ``value`` (the metric, NaN unless feasible) and ``best``
+    (the best feasible value so far, NaN before the first)."""
+    done = frame[frame.state.isin(FINISHED)].sort_values("number")
+    value = done[metric].where(done.feasible)
+    return pd.DataFrame({"number": done.number.to_numpy(), "value": value.to_numpy(),
+                         "best": value.cummin().ffill().to_numpy(), "feasible": done.feasible.to_numpy(),
+                         "hover": done.hover.to_numpy()})
+
+
+def top_configs(frame: pd.DataFrame, order: Sequence[str], *, n: int = 10) -> pd.DataFrame:
+    """The ``n`` best feasible configs, each once, sorted by ``order`` (the objectives) then
+    trial number, then the baseline's row when it is not among them (``baseline`` marks it).
+    ``speedup`` is the baseline's median latency over the config's (NaN where untimed)."""
+    keys = [k for k in order if k in frame.columns]
+    ok = frame[frame.feasible & frame[keys[0]].notna()].sort_values([*keys, "number"])
+    top = ok.drop_duplicates("config").head(n)
+    base = frame[frame.baseline].sort_values("number").head(1)
+    if len(base) and not base.config.isin(top.config).all():
+        top = pd.concat([top, base])
+    base_ms = float(base.median_ms.iloc[0]) if len(base) else math.nan
+    cols = ["number", "config", "status", "median_ms", "p20_ms", "p80_ms", "rel_l2", "registers",
+            "seed_register_estimate", "spill_bytes", "smem_bytes", "baseline"]
+    return top[cols].assign(speedup=base_ms / top.median_ms).reset_index(drop=True)
+
+
+def failures(frame: pd.DataFrame) -> pd.DataFrame:
+    """Finished, infeasible trials grouped by status and the first line of their reason (or
+    the budgets they broke): ``status``, ``reason``, ``count``, ``trials`` (numbers)."""
+    bad = frame[frame.state.isin(FINISHED) & ~frame.feasible]
+    first = bad.reason.fillna("").astype(str).str.split("\n").str[0].str.strip().str.slice(0, 160)
+    why = first.where(first != "", bad.over_budget.map(lambda o: f"over budget: {o}" if o else ""))
+    grouped = (pd.DataFrame({"status": bad.status.fillna("unknown"), "reason": why, "number": bad.number})
+               .groupby(["status", "reason"], sort=False)
+               .agg(count=("number", "size"), trials=("number", lambda s: sorted(s.tolist())))
+               .reset_index())
+    return grouped.sort_values(["count", "status", "reason"], ascending=[False, True, True]).reset_index(drop=True)
+
+
+def gamma_info(alpha: float, chunk: int) -> GammaInfo:
+    """The decay mask ``Gamma [C, C]`` of the seed's figure, future tokens as NaN."""
+    table = gamma_table(alpha, chunk, torch.float64).numpy().copy()
+    table[np.triu_indices(chunk, k=1)] = np.nan
+    return GammaInfo(float(alpha), int(chunk), table)
+
+
+def overflow_map(alphas: Sequence[float] = OVERFLOW_ALPHAS, chunks: Sequence[int] = OVERFLOW_CHUNKS,
+                 *, limit: float = FP16_MAX) -> OverflowInfo:
+    """The factorised form's peak weight ``alpha^-(C-1)`` over alpha x C, and where it
+    overflows ``limit`` (fp16: 65504)."""
+    peak = np.array([[factorised_peak(a, c) for c in chunks] for a in alphas])
+    return OverflowInfo(tuple(alphas), tuple(chunks), peak, peak > limit, float(limit))
+
+
+def error_by_alpha(frame: pd.DataFrame) -> pd.DataFrame:
+    """Trials with a measured error: ``alpha``, ``rel_l2``, ``feasible``, ``chunk``, ``number``, ``config``,
+    ``hover``."""
+    has = frame[frame.rel_l2.notna()]
+    return has[["alpha", "rel_l2", "feasible", "chunk", "number", "config", "hover"]].sort_values(
+        ["alpha", "number"]).reset_index(drop=True)
+
+
+def register_budget(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each compiled config once: the seed's fragment arithmetic next to ptxas' registers and
+    spills (``seed_register_estimate``, ``registers``, ``spill_bytes``), plus ``feasible``."""
+    has = frame[frame.registers.notna()].sort_values("number").drop_duplicates("config")
+    cols = ["number", "config", "seed_register_estimate", "registers", "spill_bytes", "feasible", "status", "hover"]
+    return has[cols].reset_index(drop=True)
+
+
+def peers(study: optuna.Study, frame: pd.DataFrame) -> PeerInfo:
+    """Peer timings from the study user attr ``"peers"`` = ``{name: median_ms}`` (measured
+    in the same run as the study), plus our best feasible median latency."""
+    raw = study.user_attrs.get("peers")
+    if not raw:
+        return PeerInfo(_bars([]), 'no peer timings in this study: store them as the study user attr "peers" = '
+                                   '{name: median_ms}, measured in the same run')
+    if not isinstance(raw, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and v > 0 for k, v in raw.items()):
+        raise ValueError(f'study user attr "peers" must map a name to a positive median in ms, got {raw!r}')
+    rows = [(name, float(ms), False) for name, ms in raw.items()]
+    ok = frame[frame.feasible & frame.median_ms.notna()]
+    note = None
+    if len(ok):
+        best = ok.loc[ok.median_ms.idxmin()]
+        rows.append((f"decay-tuner best ({best.config})", float(best.median_ms), True))
+    else:
+        note = "this study timed no feasible config: only the peers are shown"
+    return PeerInfo(_bars(rows), note)
+
+
+def _bars(rows: list[tuple[str, float, bool]]) -> pd.DataFrame:
+    bars = pd.DataFrame(rows, columns=["name", "median_ms", "ours"]).sort_values("median_ms", kind="stable")
+    ours = bars.median_ms[bars.ours]
+    bars["vs_ours"] = bars.median_ms / float(ours.iloc[0]) if len(ours) else math.nan
+    return bars.reset_index(drop=True)

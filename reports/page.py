@@ -1,0 +1,259 @@
+"""Study -> one self-contained HTML page: ``reports.data`` computes, ``reports.figures``
+draws, this module lays the figures and tables out and writes the file.
+
+The page embeds plotly.js once in its head, so it opens offline; each figure is a div and
+a call to ``Plotly.newPlot`` with a fixed id (``fig-...``), so the output is reproducible.
+"""
+
+import html
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from kernel.config import SEED_CONFIG
+from reports import data, figures
+from reports.data import Summary
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0; background: #f4f5f7;
+       color: #1d2430; }
+main { max-width: 1500px; margin: 0 auto; padding: 24px 32px 48px; }
+h1 { font-size: 26px; margin: 0 0 6px; } h2 { font-size: 21px; margin: 0 0 4px; } h3 { font-size: 16px; margin: 18px 0 4px; }
+section { background: white; border-radius: 8px; padding: 18px 22px; margin: 18px 0;
+          box-shadow: 0 1px 3px rgba(0,0,0,.08); }
+.lede { color: #4a5568; margin: 2px 0 10px; max-width: 110ch; }
+.note { color: #6b4f00; background: #fff8e1; border-left: 4px solid #f5b700; padding: 8px 12px; margin: 10px 0; }
+.banner { font-size: 17px; font-weight: 600; color: #7a1f1f; background: #fdecea; border-left: 6px solid #d62728;
+          padding: 10px 14px; margin: 12px 0; }
+.facts { display: flex; flex-wrap: wrap; gap: 8px 28px; margin: 10px 0; }
+.facts div { min-width: 160px; } .facts b { display: block; font-size: 12px; color: #6b7280; font-weight: 600;
+          text-transform: uppercase; letter-spacing: .04em; } .facts span { font-size: 16px; }
+.headline { font-size: 19px; margin: 12px 0 2px; } .headline strong { color: #1a7f37; }
+nav a { margin-right: 14px; color: #1f5fbf; text-decoration: none; }
+.grid2 { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 14px; }
+@media (max-width: 1100px) { .grid2 { grid-template-columns: minmax(0, 1fr); } }
+table { border-collapse: collapse; font-size: 13.5px; margin: 6px 0 4px; }
+th, td { padding: 5px 10px; text-align: right; border-bottom: 1px solid #e5e7eb; white-space: nowrap; }
+th { background: #eef1f5; } td.text, th.text { text-align: left; white-space: normal; max-width: 70ch; }
+tr.baseline td { background: #fff3e0; } tr:hover td { background: #eef6ff; }
+code { font-size: 13px; }
+"""
+
+
+def render_report(study: optuna.Study) -> str:
+    """The whole page for ``study`` (GPU or compile-only), as one HTML string."""
+    frame = data.report_frame(study)
+    if frame.empty:
+        raise ValueError(f"study {study.study_name!r} has no trials: nothing to report")
+    s = data.summary(study, frame)
+    metric = data.primary_metric(s)
+    body = "\n".join([
+        _header(s, frame),
+        _fronts(s, frame, metric),
+        _insight(study, s, frame, metric),
+        _tables(s, frame),
+        _numerics(s, frame),
+        _peers(study, frame),
+    ])
+    title = html.escape(f"decay-tuner report: {s.study}")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{title}</title>'
+            f"<style>{CSS}</style>\n<script>{get_plotlyjs()}</script>\n</head>\n"
+            f"<body><main>\n{body}\n</main></body></html>\n")
+
+
+def write_report(study: optuna.Study, out: Path) -> Path:
+    """Render ``study`` and write it to ``out`` atomically; return ``out``."""
+    text = render_report(study)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; a report is for reading
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+# Sections -----------------------------------------------------------------------------------
+
+def _header(s: Summary, frame: pd.DataFrame) -> str:
+    p = s.problem
+    problem = (f"B={p.get('batch')} H={p.get('heads')} S={p.get('seqlen')} DK={p.get('dk')} DV={p.get('dv')} "
+               f"α={p.get('alpha')} {p.get('dtype')}") if p else "unknown"
+    env = s.environment
+    where = (f"{env.get('gpu') or 'no GPU'} · TileLang {env.get('tilelang')} · torch {env.get('torch')} · "
+             f"CUDA {env.get('cuda')}") if env else "unknown"
+    counts = " · ".join(f"{n} {k}" for k, n in sorted(s.counts.items(), key=lambda kv: -kv[1]))
+    facts = {"problem": problem, "mode": s.mode, "objectives": ", ".join(s.objectives), "trials": f"{s.n_trials}: {counts}",
+             "environment": where}
+    parts = [f"<h1>decay-tuner report · {_e(s.study)}</h1>",
+             '<div class="facts">' + "".join(f"<div><b>{_e(k)}</b><span>{_e(v)}</span></div>" for k, v in facts.items())
+             + "</div>"]
+    if not s.timed:
+        parts.append(f'<div class="banner">Compile-only study: nothing was timed (no GPU). The fronts and knob '
+                     f"plots are over resources ({_e(figures.LABELS[data.primary_metric(s)])}), not latency.</div>")
+    parts.append(f'<p class="headline">{_headline(s, frame)}</p>')
+    parts.append('<nav><a href="#fronts">Pareto fronts</a><a href="#insight">parameters</a>'
+                 '<a href="#tables">tables</a><a href="#numerics">numerics</a><a href="#peers">peers</a></nav>')
+    return "<section>" + "\n".join(parts) + "</section>"
+
+
+def _headline(s: Summary, frame: pd.DataFrame) -> str:
+    rows = frame.set_index("number")
+    if s.best is None:
+        return "No feasible config in this study."
+    best = rows.loc[s.best]
+    text = f"Best feasible: <code>{_e(best.config)}</code> (trial {s.best})"
+    if s.timed and not math.isnan(best.median_ms):
+        text += f", <strong>{best.median_ms:.4f} ms</strong>"
+        if s.baseline is not None and not math.isnan(rows.loc[s.baseline].median_ms):
+            base = rows.loc[s.baseline]
+            text += (f": <strong>{base.median_ms / best.median_ms:.2f}×</strong> the seed default "
+                     f"<code>{_e(base.config)}</code> ({base.median_ms:.4f} ms)")
+    else:
+        text += f", {best.spill_bytes:,.0f} B spilled, {best.smem_bytes:,.0f} B shared memory, no latency measured"
+    return text
+
+
+def _fronts(s: Summary, frame: pd.DataFrame, metric: str) -> str:
+    resources = [r for r in data.RESOURCES if r != metric]
+    parts = ['<h2 id="fronts">Pareto fronts</h2>',
+             '<p class="lede">Blue: feasible (correct and within every budget); red ×: infeasible; the line joins '
+             "the configs no other config beats on both axes. Star: the seed's default config; diamond: the best "
+             "feasible config. Hover a point for its full config and measurements.</p>"]
+    if s.timed:
+        info = data.pareto_info(frame, x="median_ms", y="rel_l2")
+        parts.append(_figure(figures.pareto_figure(info, s), "fig-front-error", "no trial has both a latency and an error"))
+    else:
+        parts.append('<p class="note">Compile-only: no latency or error was measured, so there is no '
+                     "latency-against-error front.</p>")
+    infos = [data.pareto_info(frame, x=r, y=metric) for r in resources]
+    parts.append(_figure(figures.resources_figure(infos, s), "fig-front-resources", "no trial reported resources"))
+    untimed = len(infos[0].untimed)
+    if s.timed and untimed:
+        parts.append(f'<p class="lede">{untimed} trials compiled but were over a budget (dashed lines), so they '
+                     "were never timed: they are drawn in the grey band at the top, at their resource value.</p>")
+    return "<section>" + "\n".join(parts) + "</section>"
+
+
+def _insight(study: optuna.Study, s: Summary, frame: pd.DataFrame, metric: str) -> str:
+    imp = data.importance(study)
+    parts = ['<h2 id="insight">Parameter insight</h2>',
+             _figure(figures.knobs_figure(data.knob_frame(frame, metric), metric), "fig-knobs", "no feasible trial"),
+             '<div class="grid2"><div>',
+             _figure(figures.importance_figure(imp, s.objectives[0]), "fig-importance",
+                     f"parameter importance: {imp.note}"),
+             "</div><div>",
+             _figure(figures.history_figure(data.history(frame, s.objectives[0]), s.objectives[0], s),
+                     "fig-history", "no feasible trial"),
+             "</div></div>"]
+    return "<section>" + "\n".join(parts) + "</section>"
+
+
+def _tables(s: Summary, frame: pd.DataFrame) -> str:
+    top = data.top_configs(frame, s.objectives)
+    fails = data.failures(frame)
+    top_shown = pd.DataFrame({
+        "trial": top.number.astype(str) + top.baseline.map({True: " (seed default)", False: ""}), "config C/bDV/stages/threads/scores": top.config,
+        "median ms": top.median_ms.map(lambda v: _num(v, ".4f")),
+        "p20–p80 ms": [f"{_num(a, '.4f')}–{_num(b, '.4f')}" for a, b in zip(top.p20_ms, top.p80_ms)],
+        "speed-up over seed default": top.speedup.map(lambda v: _num(v, ".2f", "×")),
+        "rel L2": top.rel_l2.map(lambda v: _num(v, ".2e")),
+        "registers": top.registers.map(lambda v: _num(v, ".0f")),
+        "seed estimate": top.seed_register_estimate.map(lambda v: _num(v, ".0f")),
+        "spill B": top.spill_bytes.map(lambda v: _num(v, ",.0f")),
+        "smem B": top.smem_bytes.map(lambda v: _num(v, ",.0f")),
+    })
+    if not s.timed:
+        top_shown = top_shown.drop(columns=["median ms", "p20–p80 ms", "speed-up over seed default", "rel L2"])
+    fails_shown = pd.DataFrame({
+        "status": fails.status, "reason (first line)": fails.reason, "trials": fails["count"],
+        "trial numbers": fails.trials.map(lambda n: ", ".join(map(str, n[:15])) + (" …" if len(n) > 15 else "")),
+    })
+    order = ", ".join(s.objectives)
+    parts = ['<h2 id="tables">Tables</h2>',
+             f"<h3>Top configs (feasible, each config once, by {_e(order)}), and the seed default</h3>",
+             _table(top_shown, text={"trial", "config C/bDV/stages/threads/scores"},
+                    highlight=top.baseline.tolist()) if len(top) else '<p class="note">No feasible config.</p>',
+             "<h3>Failed and infeasible trials, by reason</h3>",
+             _table(fails_shown, text={"status", "reason (first line)", "trial numbers"}) if len(fails)
+             else '<p class="lede">Every finished trial was feasible.</p>']
+    return "<section>" + "\n".join(parts) + "</section>"
+
+
+def _numerics(s: Summary, frame: pd.DataFrame) -> str:
+    alpha = float(s.problem.get("alpha", 0.99))
+    best = frame[frame.number == s.best]
+    chunk = int(best.chunk.iloc[0]) if len(best) else SEED_CONFIG.chunk
+    chunks = tuple(sorted({int(c) for c in frame.chunk.dropna()}))
+    parts = ['<h2 id="numerics">Numerics (from the seed)</h2>',
+             '<p class="lede">The ratio form the kernel uses keeps every weight in (0, 1]; the factorised form '
+             "(Q·α^i)(K·α^-j)ᵀ materialises α^-(C−1) and overflows fp16 where the map is red.</p>",
+             '<div class="grid2"><div>',
+             _figure(figures.gamma_figure(data.gamma_info(alpha, chunk)), "fig-gamma", ""),
+             "</div><div>",
+             _figure(figures.overflow_figure(data.overflow_map(), alpha=alpha, chunks=chunks), "fig-overflow", ""),
+             "</div></div>",
+             _figure(figures.error_figure(data.error_by_alpha(frame), s.budgets.get("rel_l2")), "fig-error-alpha",
+                     "no trial measured an error (compile-only study)"),
+             _figure(figures.registers_figure(data.register_budget(frame), s.budgets.get("registers")), "fig-registers",
+                     "no config compiled, so ptxas reported no registers")]
+    return "<section>" + "\n".join(parts) + "</section>"
+
+
+def _peers(study: optuna.Study, frame: pd.DataFrame) -> str:
+    info = data.peers(study, frame)
+    parts = ['<h2 id="peers">Peer comparison</h2>']
+    if info.note:
+        parts.append(f'<p class="note">{_e(info.note)}</p>')
+    if not info.bars.empty:
+        parts.append(_figure(figures.peers_figure(info), "fig-peers", ""))
+    return "<section>" + "\n".join(parts) + "</section>"
+
+
+# Helpers ------------------------------------------------------------------------------------
+
+def _figure(fig: go.Figure | None, div_id: str, missing: str) -> str:
+    if fig is None:
+        return f'<p class="note">{_e(missing)}</p>'
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG,
+                       default_width="100%", default_height=f"{fig.layout.height}px")
+
+
+def _table(frame: pd.DataFrame, *, text: set[str], highlight: list[bool] | None = None) -> str:
+    head = "".join(f'<th class="{"text" if c in text else ""}">{_e(c)}</th>' for c in frame.columns)
+    rows = []
+    for i, row in enumerate(frame.itertuples(index=False)):
+        cls = ' class="baseline"' if highlight and highlight[i] else ""
+        cells = "".join(f'<td class="{"text" if c in text else ""}">{_e(v)}</td>' for c, v in zip(frame.columns, row))
+        rows.append(f"<tr{cls}>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _num(value: Any, fmt: str, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:{fmt}}{unit}"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
