@@ -17,7 +17,8 @@ import torch
 
 from refs import factorised_peak, gamma_table
 from tuner.study import best_trials
-from tuner.trials import PARAMS, trials_frame
+from tuner.trials import MEASURES, PARAMS, trials_frame
+from tuner.trials import RESOURCES as RESOURCES_ALL
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
 # The resource a constraint of ``tuner.study`` bounds: constraint = column value - limit.
@@ -36,6 +37,7 @@ class Summary(NamedTuple):
     study: str
     mode: str  # "gpu" or "compile-only"
     timed: bool  # some trial has a latency: the fronts are over latency, else over resources
+    metric: str  # what the fronts' y axis, the knob plots and the history are over
     objectives: list[str]
     problem: dict[str, Any]
     environment: dict[str, Any]
@@ -83,13 +85,15 @@ class PeerInfo(NamedTuple):
 
 def report_frame(study: optuna.Study) -> pd.DataFrame:
     """``trials_frame`` plus ``config`` (C/bDV/stages/threads/scores, the ``--enqueue`` form),
-    ``over_budget`` (names of the violated constraints), ``alpha`` and ``hover`` (the full
+    ``violated`` (names of the violated constraints), ``alpha`` and ``hover`` (the full
     config and measurements, one HTML line each)."""
     frame = trials_frame(study)
+    for column in (*MEASURES, *RESOURCES_ALL):  # all-None columns (e.g. no latency) come back as objects
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
     over = {t.number: ", ".join(k for k, v in sorted(t.constraints.items()) if v > 0)
             for t in study.get_trials(deepcopy=False)}
     frame["config"] = [config_label(row) for row in frame[list(PARAMS)].itertuples(index=False)]
-    frame["over_budget"] = frame.number.map(over).fillna("")
+    frame["violated"] = frame.number.map(over).fillna("")
     frame["alpha"] = (study.user_attrs.get("problem") or {}).get("alpha", math.nan)
     frame["hover"] = [_hover(row) for row in frame.to_dict("records")]
     return frame
@@ -122,8 +126,8 @@ def _hover(row: dict[str, Any]) -> str:
         f"registers {num('registers', '.0f')} (seed estimate {num('seed_register_estimate', '.0f')})"
         f" · spills {num('spill_bytes', ',.0f', ' B')} · smem {num('smem_bytes', ',.0f', ' B')}",
     ]
-    if row.get("over_budget"):
-        lines.append(f"over budget: {row['over_budget']}")
+    if row.get("violated"):
+        lines.append(f"constraint violated: {row['violated']}")
     if isinstance(row.get("reason"), str) and row["reason"]:
         lines.append(row["reason"].splitlines()[0][:100])
     return "<br>".join(lines)
@@ -147,13 +151,16 @@ def summary(study: optuna.Study, frame: pd.DataFrame) -> Summary:
     attrs = study.user_attrs
     best = best_trials(study)
     baseline = frame[frame.baseline]
+    timed = bool(frame.median_ms.notna().any())
+    objectives = list(attrs.get("objectives") or ["median_ms"])
     env = next((t.user_attrs["environment"] for t in study.get_trials(deepcopy=False)
                 if t.user_attrs.get("environment")), {})
     return Summary(
         study=study.study_name,
         mode=attrs.get("mode") or _mode_of(frame),
-        timed=bool(frame.median_ms.notna().any()),
-        objectives=list(attrs.get("objectives") or ["median_ms"]),
+        timed=timed,
+        metric="median_ms" if timed else _resource_metric(objectives, frame),
+        objectives=objectives,
         problem=dict(attrs.get("problem") or {}),
         environment=dict(env),
         counts={str(k): int(v) for k, v in frame.status.fillna("unknown").value_counts().items()},
@@ -169,9 +176,15 @@ def _mode_of(frame: pd.DataFrame) -> str:
     return str(modes.iloc[0]) if len(modes) else "unknown"
 
 
-def primary_metric(s: Summary) -> str:
-    """What the fronts and the knob plots are over: latency when timed, else the first objective."""
-    return "median_ms" if s.timed else (s.objectives[0] if s.objectives[0] != "median_ms" else "spill_bytes")
+def _resource_metric(objectives: list[str], frame: pd.DataFrame) -> str:
+    """Without latency: the first objective that varies among the feasible trials, else
+    shared memory. (The default spill budget of 0 B leaves every feasible config at 0 B
+    spilled, so the compile-only objective alone would draw flat lines.)"""
+    ok = frame[frame.feasible]
+    for column in (*(o for o in objectives if o in RESOURCES), "smem_bytes", "registers"):
+        if ok[column].nunique() > 1:
+            return column
+    return next((o for o in objectives if o in RESOURCES), "spill_bytes")
 
 
 def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -206,26 +219,28 @@ def knob_frame(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if len(ok) else pd.DataFrame(columns=cols)
 
 
-def importance(study: optuna.Study) -> Importance:
-    """Each knob's importance for the first objective, over the feasible trials only
-    (infeasible ones carry an infinite value). A failure becomes the note, with its class.
+def importance(study: optuna.Study, metric: str = "median_ms") -> Importance:
+    """Each knob's importance for ``metric`` (a measurement the trials store, e.g. the
+    latency), over the feasible trials only. A failure becomes the note, with its class.
 
     The evaluator is Optuna's PED-ANOVA: which knobs it takes to reach the best 10 % of the
     feasible trials. Optuna's default, fANOVA, would need scikit-learn, which the tool does
     not otherwise use; PED-ANOVA needs only numpy and is deterministic.
     """
-    feasible = [t for t in best_trials(study) if all(math.isfinite(v) for v in t.values)]
+    feasible = [t for t in best_trials(study) if isinstance(t.user_attrs.get(metric), (int, float))
+                and math.isfinite(t.user_attrs[metric])]
     if len(feasible) < 2:
-        return Importance({}, f"needs at least 2 feasible trials, the study has {len(feasible)}")
-    if len({t.values[0] for t in feasible}) < 2:
-        return Importance({}, f"all {len(feasible)} feasible trials have the same objective value")
+        return Importance({}, f"needs at least 2 feasible trials with {metric}, the study has {len(feasible)}")
+    if len({t.user_attrs[metric] for t in feasible}) < 2:
+        return Importance({}, f"all {len(feasible)} feasible trials have the same {metric}")
     scratch = optuna.create_study(directions=study.directions)
     scratch.add_trials(feasible)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PED-ANOVA warns when few trials reach the top 10 %
             values = optuna.importance.get_param_importances(
-                scratch, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), target=lambda t: t.values[0])
+                scratch, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+                target=lambda t: float(t.user_attrs[metric]))
     except (ValueError, RuntimeError, ZeroDivisionError) as exc:
         return Importance({}, f"not computed: {type(exc).__name__}: {exc}".splitlines()[0])
     if not values:
@@ -261,10 +276,10 @@ def top_configs(frame: pd.DataFrame, order: Sequence[str], *, n: int = 10) -> pd
 
 def failures(frame: pd.DataFrame) -> pd.DataFrame:
     """Finished, infeasible trials grouped by status and the first line of their reason (or
-    the budgets they broke): ``status``, ``reason``, ``count``, ``trials`` (numbers)."""
+    the constraints they violated): ``status``, ``reason``, ``count``, ``trials`` (numbers)."""
     bad = frame[frame.state.isin(FINISHED) & ~frame.feasible]
     first = bad.reason.fillna("").astype(str).str.split("\n").str[0].str.strip().str.slice(0, 160)
-    why = first.where(first != "", bad.over_budget.map(lambda o: f"over budget: {o}" if o else ""))
+    why = first.where(first != "", bad.violated.map(lambda o: f"constraint violated: {o}" if o else ""))
     grouped = (pd.DataFrame({"status": bad.status.fillna("unknown"), "reason": why, "number": bad.number})
                .groupby(["status", "reason"], sort=False)
                .agg(count=("number", "size"), trials=("number", lambda s: sorted(s.tolist())))

@@ -38,14 +38,15 @@ def _layout(fig: go.Figure, *, title: str, height: int, **extra: Any) -> go.Figu
 def _marked(fig: go.Figure, rows: pd.DataFrame, s: Summary, x: str, y: str, *, row: int | None = None,
             col: int | None = None, legend: bool = True) -> None:
     """Over-draw the baseline and the best trial where they are among ``rows``."""
-    for number, name, color, symbol in ((s.baseline, "baseline (seed default)", BASELINE, "star"),
-                                        (s.best, "best feasible", BEST, "diamond")):
+    # The best first and larger, so that a baseline that is also the best still shows.
+    for number, name, color, symbol, size in ((s.best, f"best feasible (by {s.objectives[0]})", BEST, "diamond", 18),
+                                              (s.baseline, "baseline (seed default)", BASELINE, "star", 14)):
         hit = rows[rows.number == number]
         if number is None or hit.empty:
             continue
         fig.add_trace(go.Scatter(x=hit[x], y=hit[y], mode="markers", name=name, text=hit.hover, hovertemplate=HOVER,
                                  legendgroup=name, showlegend=legend,
-                                 marker={"symbol": symbol, "size": 16, "color": color,
+                                 marker={"symbol": symbol, "size": size, "color": color,
                                          "line": {"width": 1, "color": "black"}}), row=row, col=col)
 
 
@@ -59,7 +60,7 @@ def _pareto_traces(fig: go.Figure, info: ParetoInfo, s: Summary, *, row: int | N
                                  marker={"symbol": "x", "size": 8, "color": INFEASIBLE}), **rc)
     if untimed_y is not None and not info.untimed.empty:
         fig.add_trace(go.Scatter(x=info.untimed[info.x], y=[untimed_y] * len(info.untimed), mode="markers",
-                                 name=f"not timed (over budget or failed), drawn at the top",
+                                 name="compiled but not timed (drawn at the top)",
                                  legendgroup="untimed", showlegend=legend, text=info.untimed.hover,
                                  hovertemplate=HOVER, marker={"symbol": "x-thin-open", "size": 9, "color": UNTIMED,
                                                               "line": {"width": 1.5, "color": UNTIMED}}), **rc)
@@ -100,6 +101,9 @@ def resources_figure(infos: list[ParetoInfo], s: Summary) -> go.Figure | None:
             fig.add_vline(x=limit, line={"dash": "dash", "color": INFEASIBLE, "width": 1}, row=1, col=k,
                           annotation={"text": f"budget {limit:,.0f}", "font": {"size": 11, "color": INFEASIBLE}})
         fig.update_xaxes(title=LABELS.get(info.x, info.x), row=1, col=k)
+    limit = s.budgets.get(infos[0].y)
+    if limit is not None and math.isfinite(limit):
+        fig.add_hline(y=limit, line={"dash": "dash", "color": INFEASIBLE, "width": 1}, row=1, col="all")
     fig.update_yaxes(title=LABELS.get(infos[0].y, infos[0].y), row=1, col=1)
     return _layout(fig, title=f"{_short(infos[0].y)} against resources", height=500)
 

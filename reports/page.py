@@ -54,7 +54,7 @@ def render_report(study: optuna.Study) -> str:
     if frame.empty:
         raise ValueError(f"study {study.study_name!r} has no trials: nothing to report")
     s = data.summary(study, frame)
-    metric = data.primary_metric(s)
+    metric = s.metric
     body = "\n".join([
         _header(s, frame),
         _fronts(s, frame, metric),
@@ -103,7 +103,7 @@ def _header(s: Summary, frame: pd.DataFrame) -> str:
              + "</div>"]
     if not s.timed:
         parts.append(f'<div class="banner">Compile-only study: nothing was timed (no GPU). The fronts and knob '
-                     f"plots are over resources ({_e(figures.LABELS[data.primary_metric(s)])}), not latency.</div>")
+                     f"plots are over resources ({_e(figures.LABELS[s.metric])}), not latency.</div>")
     parts.append(f'<p class="headline">{_headline(s, frame)}</p>')
     parts.append('<nav><a href="#fronts">Pareto fronts</a><a href="#insight">parameters</a>'
                  '<a href="#tables">tables</a><a href="#numerics">numerics</a><a href="#peers">peers</a></nav>')
@@ -143,20 +143,21 @@ def _fronts(s: Summary, frame: pd.DataFrame, metric: str) -> str:
     parts.append(_figure(figures.resources_figure(infos, s), "fig-front-resources", "no trial reported resources"))
     untimed = len(infos[0].untimed)
     if s.timed and untimed:
-        parts.append(f'<p class="lede">{untimed} trials compiled but were over a budget (dashed lines), so they '
-                     "were never timed: they are drawn in the grey band at the top, at their resource value.</p>")
+        parts.append(f'<p class="lede">{untimed} trials compiled but were never timed (over a budget, the dashed '
+                     "lines, or failed on the GPU): they are drawn in the grey band at the top, at their resource "
+                     "value.</p>")
     return "<section>" + "\n".join(parts) + "</section>"
 
 
 def _insight(study: optuna.Study, s: Summary, frame: pd.DataFrame, metric: str) -> str:
-    imp = data.importance(study)
+    imp = data.importance(study, metric)
     parts = ['<h2 id="insight">Parameter insight</h2>',
              _figure(figures.knobs_figure(data.knob_frame(frame, metric), metric), "fig-knobs", "no feasible trial"),
              '<div class="grid2"><div>',
-             _figure(figures.importance_figure(imp, s.objectives[0]), "fig-importance",
+             _figure(figures.importance_figure(imp, metric), "fig-importance",
                      f"parameter importance: {imp.note}"),
              "</div><div>",
-             _figure(figures.history_figure(data.history(frame, s.objectives[0]), s.objectives[0], s),
+             _figure(figures.history_figure(data.history(frame, metric), metric, s),
                      "fig-history", "no feasible trial"),
              "</div></div>"]
     return "<section>" + "\n".join(parts) + "</section>"

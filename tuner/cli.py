@@ -1,7 +1,8 @@
 """python -m tuner: tune the scalar-decay kernel with Optuna.
 
 Subcommands: run (search), trials (print the trial log), best (the best configs),
-export (write the best-config JSON). A user mistake prints one line and exits with 2.
+export (write the best-config JSON), compare (against a yardstick study), report (one
+offline HTML page). A user mistake prints one line and exits with 2.
 """
 
 import argparse
@@ -184,6 +185,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """One self-contained HTML page of the study's fronts, knobs, failures and numerics."""
+    from reports import write_report
+
+    study = _open(args)
+    out = Path(args.out) if args.out else STUDIES_DIR / study.study_name / "report.html"
+    if out.is_dir() or out.suffix.lower() not in (".html", ".htm"):
+        raise UsageError(f"--out wants an .html file path, got {str(out)!r}")
+    if not study.trials:
+        raise UsageError(f"study {study.study_name!r} has no trials yet: nothing to report")
+    try:
+        write_report(study, out)
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
+    print(out)
+    if args.open:
+        import webbrowser
+
+        if not webbrowser.open(out.resolve().as_uri()):
+            print(f"no browser to open here; the report is {out}", file=sys.stderr)
+    return 0
+
+
 def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, rounds: int = 3) -> dict:
     import torch
 
@@ -214,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         "best": (cmd_best, "print the best configs of a study"),
         "export": (cmd_export, "write the best-config JSON of a study"),
         "compare": (cmd_compare, "compare a study with a yardstick study (e.g. the grid)"),
+        "report": (cmd_report, "write one self-contained HTML report of a study (works offline)"),
     }
     for name, (func, help_text) in commands.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -243,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--against", required=True, help="the yardstick study, in the same storage")
     cmp.add_argument("--remeasure", action="store_true", help="time both best configs again, alternately")
     cmp.add_argument("--out", help="also write the summary JSON here")
+    report = sub.choices["report"]
+    report.add_argument("--out", help="path of the HTML (default: studies/<study>/report.html)")
+    report.add_argument("--open", action="store_true", help="open the report in a web browser")
     return parser
 
 
