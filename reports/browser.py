@@ -101,3 +101,25 @@ def screenshot(html: Path, png: Path, *, width: int = 1400, timeout_s: float = 6
         png.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(png), full_page=True)
         return PageLoad(page.evaluate(GRAPHS_JS), page.evaluate(RENDERED_JS), list(errors), list(blocked), load_ms)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m reports.browser PAGE.html [--screenshot PNG]``: load it offline, report."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m reports.browser", description=main.__doc__)
+    parser.add_argument("html", type=Path)
+    parser.add_argument("--screenshot", type=Path, help="also save a full-page PNG here")
+    parser.add_argument("--width", type=int, default=1400)
+    args = parser.parse_args(argv)
+    why = unavailable()
+    if why:
+        parser.error(why)
+    load_ = screenshot(args.html, args.screenshot, width=args.width) if args.screenshot else load(args.html)
+    print(f"{load_.rendered}/{load_.graphs} plots rendered in {load_.load_ms:.0f} ms; "
+          f"console errors: {load_.console_errors or 'none'}; blocked requests: {load_.blocked or 'none'}")
+    return 0 if load_.rendered == load_.graphs and not load_.console_errors and not load_.blocked else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

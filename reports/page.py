@@ -41,8 +41,9 @@ nav a { margin-right: 14px; color: #1f5fbf; text-decoration: none; }
 .grid2 { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 14px; }
 @media (max-width: 1100px) { .grid2 { grid-template-columns: minmax(0, 1fr); } }
 table { border-collapse: collapse; font-size: 13.5px; margin: 6px 0 4px; }
-th, td { padding: 5px 10px; text-align: right; border-bottom: 1px solid #e5e7eb; white-space: nowrap; }
-th { background: #eef1f5; } td.text, th.text { text-align: left; white-space: normal; max-width: 70ch; }
+.scroll { overflow-x: auto; }
+th, td { padding: 5px 8px; text-align: right; border-bottom: 1px solid #e5e7eb; white-space: nowrap; }
+th { background: #eef1f5; } td.text, th.text { text-align: left; } td.wrap { white-space: normal; max-width: 80ch; }
 tr.baseline td { background: #fff3e0; } tr:hover td { background: #eef6ff; }
 code { font-size: 13px; }
 """
@@ -167,7 +168,8 @@ def _tables(s: Summary, frame: pd.DataFrame) -> str:
     top = data.top_configs(frame, s.objectives)
     fails = data.failures(frame)
     top_shown = pd.DataFrame({
-        "trial": top.number.astype(str) + top.baseline.map({True: " (seed default)", False: ""}), "config C/bDV/stages/threads/scores": top.config,
+        "trial": top.number.astype(str) + top.baseline.map({True: " (seed default)", False: ""}),
+        "config (C/bDV/stages/threads/scores)": top.config,
         "median ms": top.median_ms.map(lambda v: _num(v, ".4f")),
         "p20–p80 ms": [f"{_num(a, '.4f')}–{_num(b, '.4f')}" for a, b in zip(top.p20_ms, top.p80_ms)],
         "speed-up over seed default": top.speedup.map(lambda v: _num(v, ".2f", "×")),
@@ -186,10 +188,10 @@ def _tables(s: Summary, frame: pd.DataFrame) -> str:
     order = ", ".join(s.objectives)
     parts = ['<h2 id="tables">Tables</h2>',
              f"<h3>Top configs (feasible, each config once, by {_e(order)}), and the seed default</h3>",
-             _table(top_shown, text={"trial", "config C/bDV/stages/threads/scores"},
+             _table(top_shown, text={"trial", "config (C/bDV/stages/threads/scores)"},
                     highlight=top.baseline.tolist()) if len(top) else '<p class="note">No feasible config.</p>',
              "<h3>Failed and infeasible trials, by reason</h3>",
-             _table(fails_shown, text={"status", "reason (first line)", "trial numbers"}) if len(fails)
+             _table(fails_shown, text={"status", "reason (first line)", "trial numbers"}, wrap={"reason (first line)"}) if len(fails)
              else '<p class="lede">Every finished trial was feasible.</p>']
     return "<section>" + "\n".join(parts) + "</section>"
 
@@ -233,14 +235,17 @@ def _figure(fig: go.Figure | None, div_id: str, missing: str) -> str:
                        default_width="100%", default_height=f"{fig.layout.height}px")
 
 
-def _table(frame: pd.DataFrame, *, text: set[str], highlight: list[bool] | None = None) -> str:
+def _table(frame: pd.DataFrame, *, text: set[str], wrap: set[str] = frozenset(),
+           highlight: list[bool] | None = None) -> str:
+    """Text columns align left, ``wrap`` ones also wrap; ``highlight`` marks rows (the baseline)."""
     head = "".join(f'<th class="{"text" if c in text else ""}">{_e(c)}</th>' for c in frame.columns)
     rows = []
     for i, row in enumerate(frame.itertuples(index=False)):
         cls = ' class="baseline"' if highlight and highlight[i] else ""
-        cells = "".join(f'<td class="{"text" if c in text else ""}">{_e(v)}</td>' for c, v in zip(frame.columns, row))
+        cells = "".join(f'<td class="{"text" if c in text else ""}{" wrap" if c in wrap else ""}">{_e(v)}</td>'
+                        for c, v in zip(frame.columns, row))
         rows.append(f"<tr{cls}>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
 def _num(value: Any, fmt: str, unit: str = "") -> str:
