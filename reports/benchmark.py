@@ -23,11 +23,13 @@ from tuner import space
 
 HEADLINE = Problem(batch=8, heads=16, seqlen=4096, dk=128, dv=128, alpha=0.99)
 SMEM_LIMIT, MAX_REGISTERS, TOLERANCE = 232448, 255, 2e-2
-ENVIRONMENT = {"gpu": "synthetic", "capability": "9.0", "tilelang": "0.1.15", "torch": "2.13.0", "cuda": "13.0"}
+ENVIRONMENT = {"gpu": "synthetic", "capability": "9.0", "tilelang": "0.1.15", "torch": "2.13.0",
+               "cuda": "13.0"}
 PEERS = {"fla chunk_simple_gla": 0.39, "torch chunked": 6.18}
 
 
-def synthetic_study(n_trials: int = 1000, *, mode: str = "gpu", seed: int = 0, peers: bool = True) -> optuna.Study:
+def synthetic_study(n_trials: int = 1000, *, mode: str = "gpu", seed: int = 0,
+                    peers: bool = True) -> optuna.Study:
     """An in-memory study shaped like a real one: configs drawn from the headline problem's
     space (trial 0 is the seed's default, the baseline), resources and latency from a toy
     model with noise, and every outcome: ok, infeasible (over a budget), incorrect,
@@ -61,11 +63,11 @@ def _trial(c: KernelConfig, gpu: bool, rng: np.random.Generator, *, baseline: bo
                                          user_attrs=attrs | {"status": status, "reason": reason})
 
     if c.chunk == 32 and c.scores == "regs":
-        return fail("compile_failed", "InternalError: Layout infer conflict between A and A_cast in T.Parallel loop:\n"
-                                      "    loop Fragment((32, 32) -> ...)")
+        return fail("compile_failed", "InternalError: Layout infer conflict between A and A_cast in "
+                                      "T.Parallel loop:\n    loop Fragment((32, 32) -> ...)")
     if c.block_dv == 16 and c.threads == 256:
-        return fail("compile_failed", "InternalError: No valid warp partition for T.gemm: M=32, N=16 cannot be "
-                                      "evenly covered by 8 warps")
+        return fail("compile_failed", "InternalError: No valid warp partition for T.gemm: M=32, N=16 cannot "
+                                      "be evenly covered by 8 warps")
     estimate = c.seed_register_estimate(HEADLINE)
     registers = 168 if c.threads == 256 else 240
     spills = max(0, estimate - registers) * 8
@@ -86,15 +88,17 @@ def _trial(c: KernelConfig, gpu: bool, rng: np.random.Generator, *, baseline: bo
                                          constraints=constraints | {"correctness": 0.0})
     if rng.random() < 0.01:
         return fail("runtime_failed", "Timeout: the GPU worker did not answer within 180 s")
-    ms = 0.17 * (128 / c.block_dv) ** 0.8 * (1.6 if c.threads == 128 else 1.0) * (1.0 if c.chunk == 64 else 1.4) \
-        * (1 + 0.03 * c.num_stages) * (1.1 if c.scores == "regs" else 1.0) * float(rng.normal(1.0, 0.02))
+    ms = (0.17 * (128 / c.block_dv) ** 0.8 * (1.6 if c.threads == 128 else 1.0)
+          * (1.0 if c.chunk == 64 else 1.4) * (1 + 0.03 * c.num_stages) * (1.1 if c.scores == "regs" else 1.0)
+          * float(rng.normal(1.0, 0.02)))
     err = {32: 3.84e-4, 64: 3.64e-4, 128: 3.40e-4}[c.chunk] * float(rng.normal(1.0, 0.01))
     if rng.random() < 0.02:
         err = 0.3  # a wrong result: timed, but over the tolerance
     attrs |= {"median_ms": ms, "p20_ms": ms * 0.995, "p80_ms": ms * 1.005, "reps": 150, "rel_l2": err,
               "nan_count": 0}
     correct = err < TOLERANCE
-    return optuna.trial.create_trial(params=c.to_dict(), distributions=dists, value=ms if correct else math.inf,
+    return optuna.trial.create_trial(params=c.to_dict(), distributions=dists,
+                                     value=ms if correct else math.inf,
                                      user_attrs=attrs | {"status": "ok" if correct else "incorrect"},
                                      constraints=constraints | {"correctness": err - TOLERANCE})
 

@@ -16,9 +16,10 @@ from typing import Any, NamedTuple
 
 # Debian's chromium, never a downloaded browser build (`playwright install` is not used).
 CHROMIUM_ENV = "DECAY_TUNER_CHROMIUM"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run"]
-RENDERED_JS = "() => [...document.querySelectorAll('.js-plotly-plot')].filter(d => d.querySelector('svg')).length"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+RENDERED_JS = ("() => [...document.querySelectorAll('.js-plotly-plot')]"
+               ".filter(d => d.querySelector('svg')).length")
 GRAPHS_JS = "() => document.querySelectorAll('.plotly-graph-div').length"
 
 
@@ -91,7 +92,7 @@ def load(html: Path, *, timeout_s: float = 60.0, width: int = 1400, height: int 
     """Open ``html`` offline and wait until every plotly graph has rendered."""
     with _page(width, height) as (page, errors, blocked):
         load_ms = _open(page, html, timeout_s)
-        return PageLoad(page.evaluate(GRAPHS_JS), page.evaluate(RENDERED_JS), list(errors), list(blocked), load_ms)
+        return _result(page, errors, blocked, load_ms)
 
 
 def screenshot(html: Path, png: Path, *, width: int = 1400, timeout_s: float = 60.0) -> PageLoad:
@@ -100,7 +101,12 @@ def screenshot(html: Path, png: Path, *, width: int = 1400, timeout_s: float = 6
         load_ms = _open(page, html, timeout_s)
         png.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(png), full_page=True)
-        return PageLoad(page.evaluate(GRAPHS_JS), page.evaluate(RENDERED_JS), list(errors), list(blocked), load_ms)
+        return _result(page, errors, blocked, load_ms)
+
+
+def _result(page: Any, errors: list[str], blocked: list[str], load_ms: float) -> PageLoad:
+    return PageLoad(graphs=page.evaluate(GRAPHS_JS), rendered=page.evaluate(RENDERED_JS),
+                    console_errors=list(errors), blocked=list(blocked), load_ms=load_ms)
 
 
 def main(argv: list[str] | None = None) -> int:

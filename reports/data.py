@@ -141,9 +141,13 @@ def budgets(study: optuna.Study) -> dict[str, float]:
         for name, value in t.constraints.items():
             column = CONSTRAINT_COLUMNS.get(name)
             measured = t.user_attrs.get(column) if column else None
-            if column and column not in found and isinstance(measured, (int, float)) and math.isfinite(measured):
+            if column and column not in found and _finite(measured):
                 found[column] = float(measured) - value
     return found
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def summary(study: optuna.Study, frame: pd.DataFrame) -> Summary:
@@ -213,9 +217,9 @@ def knob_frame(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     (as text, ordered by value), ``value`` (the metric), ``number`` and ``hover``."""
     ok = frame[frame.feasible & frame[metric].notna()]
     cols = ["knob", "choice", "value", "number", "hover"]
-    parts = [ok.sort_values([knob, "number"]).assign(knob=knob, choice=lambda f, k=knob: f[k].map(_plain_text),
-                                                      value=lambda f: f[metric])[cols]
-             for knob in PARAMS]
+    parts = [ok.sort_values([knob, "number"])
+             .assign(knob=knob, choice=lambda f, k=knob: f[k].map(_plain_text), value=lambda f: f[metric])
+             [cols] for knob in PARAMS]
     return pd.concat(parts, ignore_index=True) if len(ok) else pd.DataFrame(columns=cols)
 
 
@@ -227,10 +231,10 @@ def importance(study: optuna.Study, metric: str = "median_ms") -> Importance:
     feasible trials. Optuna's default, fANOVA, would need scikit-learn, which the tool does
     not otherwise use; PED-ANOVA needs only numpy and is deterministic.
     """
-    feasible = [t for t in best_trials(study) if isinstance(t.user_attrs.get(metric), (int, float))
-                and math.isfinite(t.user_attrs[metric])]
+    feasible = [t for t in best_trials(study) if _finite(t.user_attrs.get(metric))]
     if len(feasible) < 2:
-        return Importance({}, f"needs at least 2 feasible trials with {metric}, the study has {len(feasible)}")
+        return Importance({}, f"needs at least 2 feasible trials with {metric}, the study has "
+                              f"{len(feasible)}")
     if len({t.user_attrs[metric] for t in feasible}) < 2:
         return Importance({}, f"all {len(feasible)} feasible trials have the same {metric}")
     scratch = optuna.create_study(directions=study.directions)
@@ -284,7 +288,8 @@ def failures(frame: pd.DataFrame) -> pd.DataFrame:
                .groupby(["status", "reason"], sort=False)
                .agg(count=("number", "size"), trials=("number", lambda s: sorted(s.tolist())))
                .reset_index())
-    return grouped.sort_values(["count", "status", "reason"], ascending=[False, True, True]).reset_index(drop=True)
+    grouped = grouped.sort_values(["count", "status", "reason"], ascending=[False, True, True])
+    return grouped.reset_index(drop=True)
 
 
 def gamma_info(alpha: float, chunk: int) -> GammaInfo:
@@ -314,7 +319,8 @@ def register_budget(frame: pd.DataFrame) -> pd.DataFrame:
     """Each compiled config once: the seed's fragment arithmetic next to ptxas' registers and
     spills (``seed_register_estimate``, ``registers``, ``spill_bytes``), plus ``feasible``."""
     has = frame[frame.registers.notna()].sort_values("number").drop_duplicates("config")
-    cols = ["number", "config", "seed_register_estimate", "registers", "spill_bytes", "feasible", "status", "hover"]
+    cols = ["number", "config", "seed_register_estimate", "registers", "spill_bytes", "feasible", "status",
+            "hover"]
     return has[cols].reset_index(drop=True)
 
 
@@ -323,11 +329,10 @@ def peers(study: optuna.Study, frame: pd.DataFrame) -> PeerInfo:
     in the same run as the study), plus our best feasible median latency."""
     raw = study.user_attrs.get("peers")
     if not raw:
-        return PeerInfo(_bars([]), 'no peer timings in this study: store them as the study user attr "peers" = '
-                                   '{name: median_ms}, measured in the same run')
-    if not isinstance(raw, dict) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            and v > 0 for k, v in raw.items()):
+        return PeerInfo(_bars([]), 'no peer timings in this study: store them as the study user attr '
+                                   '"peers" = {name: median_ms}, measured in the same run')
+    valid = isinstance(raw, dict) and all(isinstance(k, str) and _finite(v) and v > 0 for k, v in raw.items())
+    if not valid:
         raise ValueError(f'study user attr "peers" must map a name to a positive median in ms, got {raw!r}')
     rows = [(name, float(ms), False) for name, ms in raw.items()]
     ok = frame[frame.feasible & frame.median_ms.notna()]

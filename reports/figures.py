@@ -35,38 +35,41 @@ def _layout(fig: go.Figure, *, title: str, height: int, **extra: Any) -> go.Figu
     return fig
 
 
+def _points(rows: pd.DataFrame, x: str, y: str | list[float], name: str, marker: dict[str, Any], *,
+            legend: bool = True) -> go.Scatter:
+    """Trials as markers that hover with their full config (``hover``)."""
+    return go.Scatter(x=rows[x], y=rows[y] if isinstance(y, str) else y, mode="markers", name=name,
+                      legendgroup=name, showlegend=legend, text=rows.hover, hovertemplate=HOVER,
+                      marker=marker)
+
+
 def _marked(fig: go.Figure, rows: pd.DataFrame, s: Summary, x: str, y: str, *, row: int | None = None,
             col: int | None = None, legend: bool = True) -> None:
     """Over-draw the baseline and the best trial where they are among ``rows``."""
+    outline = {"width": 1, "color": "black"}
     # The best first and larger, so that a baseline that is also the best still shows.
-    for number, name, color, symbol, size in ((s.best, f"best feasible (by {s.objectives[0]})", BEST, "diamond", 18),
-                                              (s.baseline, "baseline (seed default)", BASELINE, "star", 14)):
+    for number, name, marker in (
+            (s.best, f"best feasible (by {s.objectives[0]})",
+             {"symbol": "diamond", "size": 18, "color": BEST, "line": outline}),
+            (s.baseline, "baseline (seed default)",
+             {"symbol": "star", "size": 14, "color": BASELINE, "line": outline})):
         hit = rows[rows.number == number]
-        if number is None or hit.empty:
-            continue
-        fig.add_trace(go.Scatter(x=hit[x], y=hit[y], mode="markers", name=name, text=hit.hover, hovertemplate=HOVER,
-                                 legendgroup=name, showlegend=legend,
-                                 marker={"symbol": symbol, "size": size, "color": color,
-                                         "line": {"width": 1, "color": "black"}}), row=row, col=col)
+        if number is not None and not hit.empty:
+            fig.add_trace(_points(hit, x, y, name, marker, legend=legend), row=row, col=col)
 
 
 def _pareto_traces(fig: go.Figure, info: ParetoInfo, s: Summary, *, row: int | None = None,
                    col: int | None = None, legend: bool = True, untimed_y: float | None = None) -> None:
     rc = {"row": row, "col": col}
     if not info.infeasible.empty:
-        fig.add_trace(go.Scatter(x=info.infeasible[info.x], y=info.infeasible[info.y], mode="markers",
-                                 name="infeasible", legendgroup="infeasible", showlegend=legend,
-                                 text=info.infeasible.hover, hovertemplate=HOVER,
-                                 marker={"symbol": "x", "size": 8, "color": INFEASIBLE}), **rc)
+        marker = {"symbol": "x", "size": 8, "color": INFEASIBLE}
+        fig.add_trace(_points(info.infeasible, info.x, info.y, "infeasible", marker, legend=legend), **rc)
     if untimed_y is not None and not info.untimed.empty:
-        fig.add_trace(go.Scatter(x=info.untimed[info.x], y=[untimed_y] * len(info.untimed), mode="markers",
-                                 name="compiled but not timed (drawn at the top)",
-                                 legendgroup="untimed", showlegend=legend, text=info.untimed.hover,
-                                 hovertemplate=HOVER, marker={"symbol": "x-thin-open", "size": 9, "color": UNTIMED,
-                                                              "line": {"width": 1.5, "color": UNTIMED}}), **rc)
-    fig.add_trace(go.Scatter(x=info.feasible[info.x], y=info.feasible[info.y], mode="markers", name="feasible",
-                             legendgroup="feasible", showlegend=legend, text=info.feasible.hover,
-                             hovertemplate=HOVER, marker={"size": 8, "color": FEASIBLE, "opacity": 0.75}), **rc)
+        marker = {"symbol": "x-thin-open", "size": 9, "line": {"width": 1.5, "color": UNTIMED}}
+        fig.add_trace(_points(info.untimed, info.x, [untimed_y] * len(info.untimed),
+                              "compiled but not timed (drawn at the top)", marker, legend=legend), **rc)
+    marker = {"size": 8, "color": FEASIBLE, "opacity": 0.75}
+    fig.add_trace(_points(info.feasible, info.x, info.y, "feasible", marker, legend=legend), **rc)
     fig.add_trace(go.Scatter(x=info.front[info.x], y=info.front[info.y], mode="lines", name="Pareto front",
                              legendgroup="front", showlegend=legend, hoverinfo="skip",
                              line={"shape": "hv", "color": FEASIBLE, "width": 2}), **rc)
@@ -80,30 +83,31 @@ def pareto_figure(info: ParetoInfo, s: Summary) -> go.Figure | None:
     fig = go.Figure()
     _pareto_traces(fig, info, s)
     fig.update_xaxes(title=LABELS.get(info.x, info.x))
-    fig.update_yaxes(title=LABELS.get(info.y, info.y), **_value_axis(pd.concat([info.feasible[info.y],
-                                                                                 info.infeasible[info.y]])))
+    values = pd.concat([info.feasible[info.y], info.infeasible[info.y]])
+    fig.update_yaxes(title=LABELS.get(info.y, info.y), **_value_axis(values))
     return _layout(fig, title=f"{_short(info.y)} against {_short(info.x)}", height=480)
 
 
 def resources_figure(infos: list[ParetoInfo], s: Summary) -> go.Figure | None:
-    """Panels sharing the y axis (latency, or spills when nothing was timed), one resource each.
-    Trials with a resource but no y (never timed) are drawn in a band at the top."""
+    """Panels sharing the y axis (latency, or a resource when nothing was timed), one resource
+    each. Trials with a resource but no y (never timed) are drawn in a band at the top."""
     if not infos or all(i.feasible.empty and i.infeasible.empty and i.untimed.empty for i in infos):
         return None
     ys = pd.concat([pd.concat([i.feasible[i.y], i.infeasible[i.y]]) for i in infos]).dropna()
     top = float(ys.max()) if len(ys) else 1.0
     untimed_y = top * 1.12 if top > 0 else 1.0
     fig = make_subplots(rows=1, cols=len(infos), shared_yaxes=True, horizontal_spacing=0.03)
+    dashed = {"dash": "dash", "color": INFEASIBLE, "width": 1}
     for k, info in enumerate(infos, start=1):
         _pareto_traces(fig, info, s, row=1, col=k, legend=k == 1, untimed_y=untimed_y)
         limit = s.budgets.get(info.x)
         if limit is not None and math.isfinite(limit):
-            fig.add_vline(x=limit, line={"dash": "dash", "color": INFEASIBLE, "width": 1}, row=1, col=k,
-                          annotation={"text": f"budget {limit:,.0f}", "font": {"size": 11, "color": INFEASIBLE}})
+            fig.add_vline(x=limit, line=dashed, row=1, col=k, annotation={
+                "text": f"budget {limit:,.0f}", "font": {"size": 11, "color": INFEASIBLE}})
         fig.update_xaxes(title=LABELS.get(info.x, info.x), row=1, col=k)
     limit = s.budgets.get(infos[0].y)
     if limit is not None and math.isfinite(limit):
-        fig.add_hline(y=limit, line={"dash": "dash", "color": INFEASIBLE, "width": 1}, row=1, col="all")
+        fig.add_hline(y=limit, line=dashed, row=1, col="all")
     fig.update_yaxes(title=LABELS.get(infos[0].y, infos[0].y), row=1, col=1)
     return _layout(fig, title=f"{_short(infos[0].y)} against resources", height=500)
 
@@ -113,14 +117,16 @@ def knobs_figure(long: pd.DataFrame, metric: str) -> go.Figure | None:
     if long.empty:
         return None
     knobs = list(dict.fromkeys(long.knob))
-    fig = make_subplots(rows=1, cols=len(knobs), shared_yaxes=True, horizontal_spacing=0.02, subplot_titles=knobs)
+    fig = make_subplots(rows=1, cols=len(knobs), shared_yaxes=True, horizontal_spacing=0.02,
+                        subplot_titles=knobs)
     for k, knob in enumerate(knobs, start=1):
         part = long[long.knob == knob]
         fig.add_trace(go.Box(x=part.choice, y=part.value, boxpoints="all", jitter=0.5, pointpos=0, name=knob,
                              text=part.hover, hovertemplate=HOVER, marker={"size": 5, "color": FEASIBLE},
-                             line={"width": 1.5}, fillcolor="rgba(31,119,180,0.12)", showlegend=False), row=1, col=k)
-        fig.update_xaxes(type="category", categoryorder="array", categoryarray=list(dict.fromkeys(part.choice)),
-                         row=1, col=k)
+                             line={"width": 1.5}, fillcolor="rgba(31,119,180,0.12)", showlegend=False),
+                      row=1, col=k)
+        order = list(dict.fromkeys(part.choice))  # knob_frame sorts the choices by value
+        fig.update_xaxes(type="category", categoryorder="array", categoryarray=order, row=1, col=k)
     fig.update_yaxes(title=LABELS.get(metric, metric), row=1, col=1)
     return _layout(fig, title=f"{_short(metric)} per knob (feasible trials)", height=430)
 
@@ -168,13 +174,15 @@ def gamma_figure(info: GammaInfo) -> go.Figure:
                    margin={"l": 70, "r": 30, "t": 80, "b": 60})
 
 
-def overflow_figure(info: OverflowInfo, *, alpha: float | None = None, chunks: tuple[int, ...] = ()) -> go.Figure:
+def overflow_figure(info: OverflowInfo, *, alpha: float | None = None,
+                    chunks: tuple[int, ...] = ()) -> go.Figure:
     """alpha x C cells: green where the factorised form's peak weight fits fp16, red where
     it overflows; the study's alpha and tuned chunks are outlined."""
     text = [[_peak_text(p) for p in row] for row in info.peak]
     fig = go.Figure(go.Heatmap(
         z=info.overflow.astype(float), x=[str(c) for c in info.chunks], y=[f"{a:g}" for a in info.alphas],
-        text=text, texttemplate="%{text}", textfont={"size": 12}, zmin=0, zmax=1, showscale=False, xgap=2, ygap=2,
+        text=text, texttemplate="%{text}", textfont={"size": 12}, zmin=0, zmax=1, showscale=False,
+        xgap=2, ygap=2,
         colorscale=[[0, "#c7e9c0"], [0.5, "#c7e9c0"], [0.5, "#fcbba1"], [1, "#fcbba1"]],
         hovertemplate="α=%{y}, C=%{x}: α^-(C-1) = %{text}<extra></extra>"))
     for ai, a in enumerate(info.alphas):
@@ -184,9 +192,9 @@ def overflow_figure(info: OverflowInfo, *, alpha: float | None = None, chunks: t
                               line={"color": "black", "width": 3})
     fig.update_xaxes(title="chunk C", type="category")
     fig.update_yaxes(title="α", type="category")
-    return _layout(fig, title=f"overflow map of the factorised form: peak weight α^-(C−1)<br><sup>green: fits "
-                              f"fp16 (≤ {info.limit:,.0f}); red: overflows; outlined: this study's α and chunks"
-                              "</sup>", height=540, margin={"l": 70, "r": 30, "t": 80, "b": 60})
+    return _layout(fig, title=f"overflow map of the factorised form: peak weight α^-(C−1)<br><sup>green: "
+                              f"fits fp16 (≤ {info.limit:,.0f}); red: overflows; outlined: this study's α "
+                              "and chunks</sup>", height=540, margin={"l": 70, "r": 30, "t": 80, "b": 60})
 
 
 def _peak_text(p: float) -> str:
@@ -220,7 +228,8 @@ def _strip(part: pd.DataFrame, *, name: str, color: str | None) -> go.Box:
     """A thin box with every trial as a jittered point."""
     return go.Box(x=part.alpha.map(lambda a: f"{a:g}"), y=part.rel_l2, name=name, boxpoints="all", jitter=0.6,
                   pointpos=0, text=part.hover, hovertemplate=HOVER, line={"width": 1},
-                  marker={"size": 6, **({"color": color} if color else {})}, **({"line_color": color} if color else {}))
+                  marker={"size": 6, **({"color": color} if color else {})},
+                  **({"line_color": color} if color else {}))
 
 
 def registers_figure(reg: pd.DataFrame, limit: float | None) -> go.Figure | None:
@@ -234,18 +243,17 @@ def registers_figure(reg: pd.DataFrame, limit: float | None) -> go.Figure | None
     fig.add_trace(go.Bar(x=reg.config, y=reg.registers, name="ptxas registers", marker={"color": FEASIBLE},
                          text=reg.hover, hovertemplate=HOVER))
     spilled = reg[reg.spill_bytes > 0]
-    fig.add_trace(go.Scatter(x=spilled.config, y=spilled.spill_bytes, mode="markers", name="spill bytes (right axis)",
-                             marker={"symbol": "diamond", "size": 8, "color": INFEASIBLE}, text=spilled.hover,
-                             hovertemplate=HOVER), secondary_y=True)
+    fig.add_trace(_points(spilled, "config", "spill_bytes", "spill bytes (right axis)",
+                          {"symbol": "diamond", "size": 8, "color": INFEASIBLE}), secondary_y=True)
     if limit is not None:
         fig.add_hline(y=limit, line={"dash": "dash", "color": "black", "width": 1},
                       annotation={"text": f"register budget {limit:.0f}"})
-    fig.update_xaxes(title="config C/bDV/stages/threads/scores (sorted by the seed's estimate)", type="category",
-                     tickangle=-90, tickfont={"size": 9})
+    fig.update_xaxes(title="config C/bDV/stages/threads/scores (sorted by the seed's estimate)",
+                     type="category", tickangle=-90, tickfont={"size": 9})
     fig.update_yaxes(title="registers / thread", secondary_y=False)
     fig.update_yaxes(title="spill bytes", secondary_y=True, showgrid=False, rangemode="tozero")
-    return _layout(fig, title="register budget per config: the seed's fragment arithmetic against ptxas", height=600,
-                   barmode="group", bargap=0.15, margin={"l": 70, "r": 70, "t": 90, "b": 170},
+    return _layout(fig, title="register budget per config: the seed's fragment arithmetic against ptxas",
+                   height=600, barmode="group", bargap=0.15, margin={"l": 70, "r": 70, "t": 90, "b": 170},
                    legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0})
 
 
@@ -253,7 +261,8 @@ def peers_figure(info: PeerInfo) -> go.Figure | None:
     if info.bars.empty:
         return None
     bars = info.bars.iloc[::-1]  # the fastest at the top
-    labels = [f"{ms:.3f} ms" + ("" if math.isnan(r) else f" ({r:.2f}× ours)") for ms, r in zip(bars.median_ms, bars.vs_ours)]
+    labels = [f"{ms:.3f} ms" + ("" if math.isnan(r) else f" ({r:.2f}× ours)")
+              for ms, r in zip(bars.median_ms, bars.vs_ours)]
     fig = go.Figure(go.Bar(x=bars.median_ms, y=bars.name, orientation="h", text=labels, textposition="auto",
                            marker={"color": [BEST if o else UNTIMED for o in bars.ours]},
                            hovertemplate="%{y}: %{x:.4f} ms<extra></extra>"))

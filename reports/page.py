@@ -9,6 +9,7 @@ import html
 import math
 import os
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -23,27 +24,34 @@ from reports.data import Summary
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0; background: #f4f5f7;
-       color: #1d2430; }
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0;
+       background: #f4f5f7; color: #1d2430; }
 main { max-width: 1500px; margin: 0 auto; padding: 24px 32px 48px; }
-h1 { font-size: 26px; margin: 0 0 6px; } h2 { font-size: 21px; margin: 0 0 4px; } h3 { font-size: 16px; margin: 18px 0 4px; }
+h1 { font-size: 26px; margin: 0 0 6px; }
+h2 { font-size: 21px; margin: 0 0 4px; }
+h3 { font-size: 16px; margin: 18px 0 4px; }
 section { background: white; border-radius: 8px; padding: 18px 22px; margin: 18px 0;
           box-shadow: 0 1px 3px rgba(0,0,0,.08); }
 .lede { color: #4a5568; margin: 2px 0 10px; max-width: 110ch; }
-.note { color: #6b4f00; background: #fff8e1; border-left: 4px solid #f5b700; padding: 8px 12px; margin: 10px 0; }
-.banner { font-size: 17px; font-weight: 600; color: #7a1f1f; background: #fdecea; border-left: 6px solid #d62728;
-          padding: 10px 14px; margin: 12px 0; }
+.note { color: #6b4f00; background: #fff8e1; border-left: 4px solid #f5b700; padding: 8px 12px;
+        margin: 10px 0; }
+.banner { font-size: 17px; font-weight: 600; color: #7a1f1f; background: #fdecea;
+          border-left: 6px solid #d62728; padding: 10px 14px; margin: 12px 0; }
 .facts { display: flex; flex-wrap: wrap; gap: 8px 28px; margin: 10px 0; }
-.facts div { min-width: 160px; } .facts b { display: block; font-size: 12px; color: #6b7280; font-weight: 600;
-          text-transform: uppercase; letter-spacing: .04em; } .facts span { font-size: 16px; }
+.facts div { min-width: 160px; }
+.facts b { display: block; font-size: 12px; color: #6b7280; font-weight: 600; text-transform: uppercase;
+           letter-spacing: .04em; }
+.facts span { font-size: 16px; }
 .headline { font-size: 19px; margin: 12px 0 2px; } .headline strong { color: #1a7f37; }
 nav a { margin-right: 14px; color: #1f5fbf; text-decoration: none; }
 .grid2 { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 14px; }
 @media (max-width: 1100px) { .grid2 { grid-template-columns: minmax(0, 1fr); } }
-table { border-collapse: collapse; font-size: 13.5px; margin: 6px 0 4px; }
 .scroll { overflow-x: auto; }
+table { border-collapse: collapse; font-size: 13.5px; margin: 6px 0 4px; }
 th, td { padding: 5px 8px; text-align: right; border-bottom: 1px solid #e5e7eb; white-space: nowrap; }
-th { background: #eef1f5; } td.text, th.text { text-align: left; } td.wrap { white-space: normal; max-width: 80ch; }
+th { background: #eef1f5; }
+td.text, th.text { text-align: left; }
+td.wrap { white-space: normal; max-width: 80ch; }
 tr.baseline td { background: #fff3e0; } tr:hover td { background: #eef6ff; }
 code { font-size: 13px; }
 """
@@ -90,25 +98,24 @@ def write_report(study: optuna.Study, out: Path) -> Path:
 # Sections -----------------------------------------------------------------------------------
 
 def _header(s: Summary, frame: pd.DataFrame) -> str:
-    p = s.problem
-    problem = (f"B={p.get('batch')} H={p.get('heads')} S={p.get('seqlen')} DK={p.get('dk')} DV={p.get('dv')} "
-               f"α={p.get('alpha')} {p.get('dtype')}") if p else "unknown"
-    env = s.environment
+    p, env = s.problem, s.environment
+    problem = (f"B={p.get('batch')} H={p.get('heads')} S={p.get('seqlen')} DK={p.get('dk')} "
+               f"DV={p.get('dv')} α={p.get('alpha')} {p.get('dtype')}") if p else "unknown"
     where = (f"{env.get('gpu') or 'no GPU'} · TileLang {env.get('tilelang')} · torch {env.get('torch')} · "
              f"CUDA {env.get('cuda')}") if env else "unknown"
     counts = " · ".join(f"{n} {k}" for k, n in sorted(s.counts.items(), key=lambda kv: -kv[1]))
-    facts = {"problem": problem, "mode": s.mode, "objectives": ", ".join(s.objectives), "trials": f"{s.n_trials}: {counts}",
-             "environment": where}
-    parts = [f"<h1>decay-tuner report · {_e(s.study)}</h1>",
-             '<div class="facts">' + "".join(f"<div><b>{_e(k)}</b><span>{_e(v)}</span></div>" for k, v in facts.items())
-             + "</div>"]
+    facts = {"problem": problem, "mode": s.mode, "objectives": ", ".join(s.objectives),
+             "trials": f"{s.n_trials}: {counts}", "environment": where}
+    cells = "".join(f"<div><b>{_e(k)}</b><span>{_e(v)}</span></div>" for k, v in facts.items())
+    parts = [f"<h1>decay-tuner report · {_e(s.study)}</h1>", f'<div class="facts">{cells}</div>']
     if not s.timed:
-        parts.append(f'<div class="banner">Compile-only study: nothing was timed (no GPU). The fronts and knob '
-                     f"plots are over resources ({_e(figures.LABELS[s.metric])}), not latency.</div>")
+        parts.append('<div class="banner">Compile-only study: nothing was timed (no GPU). The fronts and '
+                     f"knob plots are over resources ({_e(figures.LABELS[s.metric])}), not latency.</div>")
     parts.append(f'<p class="headline">{_headline(s, frame)}</p>')
-    parts.append('<nav><a href="#fronts">Pareto fronts</a><a href="#insight">parameters</a>'
-                 '<a href="#tables">tables</a><a href="#numerics">numerics</a><a href="#peers">peers</a></nav>')
-    return "<section>" + "\n".join(parts) + "</section>"
+    links = {"fronts": "Pareto fronts", "insight": "parameters", "tables": "tables", "numerics": "numerics",
+             "peers": "peers"}
+    parts.append("<nav>" + "".join(f'<a href="#{k}">{v}</a>' for k, v in links.items()) + "</nav>")
+    return _section(parts)
 
 
 def _headline(s: Summary, frame: pd.DataFrame) -> str:
@@ -117,59 +124,60 @@ def _headline(s: Summary, frame: pd.DataFrame) -> str:
         return "No feasible config in this study."
     best = rows.loc[s.best]
     text = f"Best feasible: <code>{_e(best.config)}</code> (trial {s.best})"
-    if s.timed and not math.isnan(best.median_ms):
-        text += f", <strong>{best.median_ms:.4f} ms</strong>"
-        if s.baseline is not None and not math.isnan(rows.loc[s.baseline].median_ms):
-            base = rows.loc[s.baseline]
-            text += (f": <strong>{base.median_ms / best.median_ms:.2f}×</strong> the seed default "
-                     f"<code>{_e(base.config)}</code> ({base.median_ms:.4f} ms)")
-    else:
-        text += f", {best.spill_bytes:,.0f} B spilled, {best.smem_bytes:,.0f} B shared memory, no latency measured"
+    if not (s.timed and not math.isnan(best.median_ms)):
+        return text + (f", {best.spill_bytes:,.0f} B spilled, {best.smem_bytes:,.0f} B shared memory, "
+                       "no latency measured")
+    text += f", <strong>{best.median_ms:.4f} ms</strong>"
+    if s.baseline is not None and not math.isnan(rows.loc[s.baseline].median_ms):
+        base = rows.loc[s.baseline]
+        text += (f": <strong>{base.median_ms / best.median_ms:.2f}×</strong> the seed default "
+                 f"<code>{_e(base.config)}</code> ({base.median_ms:.4f} ms)")
     return text
 
 
 def _fronts(s: Summary, frame: pd.DataFrame, metric: str) -> str:
-    resources = [r for r in data.RESOURCES if r != metric]
     parts = ['<h2 id="fronts">Pareto fronts</h2>',
-             '<p class="lede">Blue: feasible (correct and within every budget); red ×: infeasible; the line joins '
-             "the configs no other config beats on both axes. Star: the seed's default config; diamond: the best "
-             "feasible config. Hover a point for its full config and measurements.</p>"]
+             '<p class="lede">Blue: feasible (correct and within every budget); red ×: infeasible; the line '
+             "joins the configs no other config beats on both axes. Star: the seed's default config; "
+             "diamond: the best feasible config. Hover a point for its full config and measurements.</p>"]
     if s.timed:
         info = data.pareto_info(frame, x="median_ms", y="rel_l2")
-        parts.append(_figure(figures.pareto_figure(info, s), "fig-front-error", "no trial has both a latency and an error"))
+        parts.append(_figure(figures.pareto_figure(info, s), "fig-front-error",
+                             "no trial has both a latency and an error"))
     else:
         parts.append('<p class="note">Compile-only: no latency or error was measured, so there is no '
                      "latency-against-error front.</p>")
-    infos = [data.pareto_info(frame, x=r, y=metric) for r in resources]
-    parts.append(_figure(figures.resources_figure(infos, s), "fig-front-resources", "no trial reported resources"))
+    infos = [data.pareto_info(frame, x=r, y=metric) for r in data.RESOURCES if r != metric]
+    parts.append(_figure(figures.resources_figure(infos, s), "fig-front-resources",
+                         "no trial reported resources"))
     untimed = len(infos[0].untimed)
     if s.timed and untimed:
-        parts.append(f'<p class="lede">{untimed} trials compiled but were never timed (over a budget, the dashed '
-                     "lines, or failed on the GPU): they are drawn in the grey band at the top, at their resource "
-                     "value.</p>")
-    return "<section>" + "\n".join(parts) + "</section>"
+        parts.append(f'<p class="lede">{untimed} trials compiled but were never timed (over a budget, the '
+                     "dashed lines, or failed on the GPU): they are drawn in the grey band at the top, at "
+                     "their resource value.</p>")
+    return _section(parts)
 
 
 def _insight(study: optuna.Study, s: Summary, frame: pd.DataFrame, metric: str) -> str:
     imp = data.importance(study, metric)
-    parts = ['<h2 id="insight">Parameter insight</h2>',
-             _figure(figures.knobs_figure(data.knob_frame(frame, metric), metric), "fig-knobs", "no feasible trial"),
-             '<div class="grid2"><div>',
-             _figure(figures.importance_figure(imp, metric), "fig-importance",
-                     f"parameter importance: {imp.note}"),
-             "</div><div>",
-             _figure(figures.history_figure(data.history(frame, metric), metric, s),
-                     "fig-history", "no feasible trial"),
-             "</div></div>"]
-    return "<section>" + "\n".join(parts) + "</section>"
+    knobs = figures.knobs_figure(data.knob_frame(frame, metric), metric)
+    history = figures.history_figure(data.history(frame, metric), metric, s)
+    return _section(['<h2 id="insight">Parameter insight</h2>',
+                     _figure(knobs, "fig-knobs", "no feasible trial"),
+                     '<div class="grid2"><div>',
+                     _figure(figures.importance_figure(imp, metric), "fig-importance",
+                             f"parameter importance: {imp.note}"),
+                     "</div><div>",
+                     _figure(history, "fig-history", "no feasible trial"),
+                     "</div></div>"])
 
 
 def _tables(s: Summary, frame: pd.DataFrame) -> str:
-    top = data.top_configs(frame, s.objectives)
-    fails = data.failures(frame)
+    top, fails = data.top_configs(frame, s.objectives), data.failures(frame)
+    config = "config (C/bDV/stages/threads/scores)"
     top_shown = pd.DataFrame({
         "trial": top.number.astype(str) + top.baseline.map({True: " (seed default)", False: ""}),
-        "config (C/bDV/stages/threads/scores)": top.config,
+        config: top.config,
         "median ms": top.median_ms.map(lambda v: _num(v, ".4f")),
         "p20–p80 ms": [f"{_num(a, '.4f')}–{_num(b, '.4f')}" for a, b in zip(top.p20_ms, top.p80_ms)],
         "speed-up over seed default": top.speedup.map(lambda v: _num(v, ".2f", "×")),
@@ -180,20 +188,22 @@ def _tables(s: Summary, frame: pd.DataFrame) -> str:
         "smem B": top.smem_bytes.map(lambda v: _num(v, ",.0f")),
     })
     if not s.timed:
-        top_shown = top_shown.drop(columns=["median ms", "p20–p80 ms", "speed-up over seed default", "rel L2"])
+        timed = ["median ms", "p20–p80 ms", "speed-up over seed default", "rel L2"]
+        top_shown = top_shown.drop(columns=timed)
+    reason = "reason (first line)"
     fails_shown = pd.DataFrame({
-        "status": fails.status, "reason (first line)": fails.reason, "trials": fails["count"],
-        "trial numbers": fails.trials.map(lambda n: ", ".join(map(str, n[:15])) + (" …" if len(n) > 15 else "")),
+        "status": fails.status, reason: fails.reason, "trials": fails["count"],
+        "trial numbers": fails.trials.map(lambda n: ", ".join(map(str, n[:15])) + (" …" * (len(n) > 15))),
     })
-    order = ", ".join(s.objectives)
-    parts = ['<h2 id="tables">Tables</h2>',
-             f"<h3>Top configs (feasible, each config once, by {_e(order)}), and the seed default</h3>",
-             _table(top_shown, text={"trial", "config (C/bDV/stages/threads/scores)"},
-                    highlight=top.baseline.tolist()) if len(top) else '<p class="note">No feasible config.</p>',
-             "<h3>Failed and infeasible trials, by reason</h3>",
-             _table(fails_shown, text={"status", "reason (first line)", "trial numbers"}, wrap={"reason (first line)"}) if len(fails)
-             else '<p class="lede">Every finished trial was feasible.</p>']
-    return "<section>" + "\n".join(parts) + "</section>"
+    return _section([
+        '<h2 id="tables">Tables</h2>',
+        f"<h3>Top configs (feasible, each config once, by {_e(', '.join(s.objectives))}), and the seed "
+        "default</h3>",
+        _table(top_shown, text={"trial", config}, highlight=top.baseline.tolist()) if len(top)
+        else '<p class="note">No feasible config.</p>',
+        "<h3>Failed and infeasible trials, by reason</h3>",
+        _table(fails_shown, text={"status", reason, "trial numbers"}, wrap={reason}) if len(fails)
+        else '<p class="lede">Every finished trial was feasible.</p>'])
 
 
 def _numerics(s: Summary, frame: pd.DataFrame) -> str:
@@ -201,19 +211,20 @@ def _numerics(s: Summary, frame: pd.DataFrame) -> str:
     best = frame[frame.number == s.best]
     chunk = int(best.chunk.iloc[0]) if len(best) else SEED_CONFIG.chunk
     chunks = tuple(sorted({int(c) for c in frame.chunk.dropna()}))
-    parts = ['<h2 id="numerics">Numerics (from the seed)</h2>',
-             '<p class="lede">The ratio form the kernel uses keeps every weight in (0, 1]; the factorised form '
-             "(Q·α^i)(K·α^-j)ᵀ materialises α^-(C−1) and overflows fp16 where the map is red.</p>",
-             '<div class="grid2"><div>',
-             _figure(figures.gamma_figure(data.gamma_info(alpha, chunk)), "fig-gamma", ""),
-             "</div><div>",
-             _figure(figures.overflow_figure(data.overflow_map(), alpha=alpha, chunks=chunks), "fig-overflow", ""),
-             "</div></div>",
-             _figure(figures.error_figure(data.error_by_alpha(frame), s.budgets.get("rel_l2")), "fig-error-alpha",
-                     "no trial measured an error (compile-only study)"),
-             _figure(figures.registers_figure(data.register_budget(frame), s.budgets.get("registers")), "fig-registers",
-                     "no config compiled, so ptxas reported no registers")]
-    return "<section>" + "\n".join(parts) + "</section>"
+    overflow = figures.overflow_figure(data.overflow_map(), alpha=alpha, chunks=chunks)
+    error = figures.error_figure(data.error_by_alpha(frame), s.budgets.get("rel_l2"))
+    registers = figures.registers_figure(data.register_budget(frame), s.budgets.get("registers"))
+    return _section([
+        '<h2 id="numerics">Numerics (from the seed)</h2>',
+        '<p class="lede">The ratio form the kernel uses keeps every weight in (0, 1]; the factorised form '
+        "(Q·α^i)(K·α^-j)ᵀ materialises α^-(C−1) and overflows fp16 where the map is red.</p>",
+        '<div class="grid2"><div>',
+        _figure(figures.gamma_figure(data.gamma_info(alpha, chunk)), "fig-gamma", ""),
+        "</div><div>",
+        _figure(overflow, "fig-overflow", ""),
+        "</div></div>",
+        _figure(error, "fig-error-alpha", "no trial measured an error (compile-only study)"),
+        _figure(registers, "fig-registers", "no config compiled, so ptxas reported no registers")])
 
 
 def _peers(study: optuna.Study, frame: pd.DataFrame) -> str:
@@ -223,10 +234,14 @@ def _peers(study: optuna.Study, frame: pd.DataFrame) -> str:
         parts.append(f'<p class="note">{_e(info.note)}</p>')
     if not info.bars.empty:
         parts.append(_figure(figures.peers_figure(info), "fig-peers", ""))
-    return "<section>" + "\n".join(parts) + "</section>"
+    return _section(parts)
 
 
 # Helpers ------------------------------------------------------------------------------------
+
+def _section(parts: list[str]) -> str:
+    return "<section>" + "\n".join(parts) + "</section>"
+
 
 def _figure(fig: go.Figure | None, div_id: str, missing: str) -> str:
     if fig is None:
@@ -235,17 +250,18 @@ def _figure(fig: go.Figure | None, div_id: str, missing: str) -> str:
                        default_width="100%", default_height=f"{fig.layout.height}px")
 
 
-def _table(frame: pd.DataFrame, *, text: set[str], wrap: set[str] = frozenset(),
+def _table(frame: pd.DataFrame, *, text: Collection[str], wrap: Collection[str] = (),
            highlight: list[bool] | None = None) -> str:
     """Text columns align left, ``wrap`` ones also wrap; ``highlight`` marks rows (the baseline)."""
     head = "".join(f'<th class="{"text" if c in text else ""}">{_e(c)}</th>' for c in frame.columns)
     rows = []
     for i, row in enumerate(frame.itertuples(index=False)):
         cls = ' class="baseline"' if highlight and highlight[i] else ""
-        cells = "".join(f'<td class="{"text" if c in text else ""}{" wrap" if c in wrap else ""}">{_e(v)}</td>'
-                        for c, v in zip(frame.columns, row))
+        cells = "".join(f'<td class="{"text" if c in text else ""}{" wrap" if c in wrap else ""}">'
+                        f"{_e(v)}</td>" for c, v in zip(frame.columns, row))
         rows.append(f"<tr{cls}>{cells}</tr>")
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
+    body = "".join(rows)
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _num(value: Any, fmt: str, unit: str = "") -> str:

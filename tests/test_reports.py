@@ -7,7 +7,6 @@ CI (CI=true), which installs both: a missing install step must not pass as a ski
 
 import math
 import os
-from pathlib import Path
 
 import numpy as np
 import optuna
@@ -16,7 +15,7 @@ import plotly.graph_objects as go
 import pytest
 from optuna.trial import TrialState
 
-from kernel import SEED_CONFIG, KernelConfig, Problem
+from kernel import KernelConfig, Problem
 from reports import browser, data, figures, render_report, write_report
 from reports.benchmark import PEERS, synthetic_study
 from tuner import space
@@ -27,8 +26,9 @@ BUDGET = {"spills": 0.0, "smem": 232448.0, "registers": 255.0}
 TOLERANCE = 2e-2
 
 
-def _trial(config: str, status: str, *, ms: float | None = None, err: float | None = None, regs: int = 168,
-           spills: int = 0, smem: int = 100_000, reason: str | None = None, **attrs) -> optuna.trial.FrozenTrial:
+def _trial(config: str, status: str, *, ms: float | None = None, err: float | None = None,
+           regs: int = 168, spills: int = 0, smem: int = 100_000, reason: str | None = None,
+           **attrs) -> optuna.trial.FrozenTrial:
     """One hand-built trial of ``config`` ('C/bDV/stages/threads/scores'), as the tuner records it."""
     c, bdv, st, th, sc = config.split("/")
     params = KernelConfig(int(c), int(bdv), int(st), int(th), sc).to_dict()
@@ -90,8 +90,9 @@ def test_report_frame_labels_and_hover(frame):
     assert frame.config.tolist()[:3] == ["64/32/2/128/regs", "64/64/1/256/smem", "32/64/1/256/smem"]
     assert frame.violated.tolist() == ["", "", "", "", "smem, spills", "", "", "correctness", ""]
     assert (frame.alpha == 0.9).all()
-    assert frame.hover[0].startswith("trial 0 · ok · baseline (seed default)<br>C=64 bDV=32 stages=2 threads=128 "
-                                     "scores=regs<br>median 0.5000 ms (p20 0.4950, p80 0.5050) · rel_l2 3.60e-04")
+    assert frame.hover[0].startswith("trial 0 · ok · baseline (seed default)<br>C=64 bDV=32 stages=2 "
+                                     "threads=128 scores=regs<br>median 0.5000 ms (p20 0.4950, p80 0.5050) "
+                                     "· rel_l2 3.60e-04")
     assert "registers 240 (seed estimate" in frame.hover[0] and "smem 110,000 B" in frame.hover[0]
     assert frame.hover[4].endswith("constraint violated: smem, spills")
     assert frame.hover[5].endswith("InternalError: Layout infer conflict between A and A_cast")
@@ -102,7 +103,8 @@ def test_summary_and_budgets(study, frame):
     assert (s.study, s.mode, s.timed, s.objectives) == ("hand", "gpu", True, ["median_ms"])
     assert s.counts == {"ok": 5, "compile_failed": 2, "infeasible": 1, "incorrect": 1} and s.n_trials == 9
     assert (s.best, s.baseline) == (1, 0)  # 1 and its cached repeat 8 tie; the first wins, as in export
-    assert s.budgets == pytest.approx({"spill_bytes": 0, "smem_bytes": 232448, "registers": 255, "rel_l2": TOLERANCE})
+    assert s.budgets == pytest.approx({"spill_bytes": 0, "smem_bytes": 232448, "registers": 255,
+                                       "rel_l2": TOLERANCE})
     assert s.metric == "median_ms"
 
 
@@ -212,14 +214,13 @@ def test_importance_over_feasible_trials_and_its_failures(study):
     assert imp.note is None and sum(imp.values.values()) == pytest.approx(1.0)
     assert list(imp.values)[0] == "block_dv"  # the toy model's strongest knob
     assert set(imp.values) <= set(space.choices(PROBLEM))
+    fast = _trial("64/64/1/256/smem", "ok", ms=0.2, err=3e-4)
     one = optuna.create_study()
-    one.add_trials([_trial("64/64/1/256/smem", "ok", ms=0.2, err=3e-4), _trial("64/16/1/128/smem", "incorrect",
-                                                                                 ms=0.1, err=0.5)])
-    assert data.importance(one) == data.Importance({}, "needs at least 2 feasible trials with median_ms, the study "
-                                                       "has 1")
+    one.add_trials([fast, _trial("64/16/1/128/smem", "incorrect", ms=0.1, err=0.5)])
+    expected = "needs at least 2 feasible trials with median_ms, the study has 1"
+    assert data.importance(one) == data.Importance({}, expected)
     same = optuna.create_study()
-    same.add_trials([_trial("64/64/1/256/smem", "ok", ms=0.2, err=3e-4), _trial("32/64/1/256/smem", "ok", ms=0.2,
-                                                                                  err=3e-4)])
+    same.add_trials([fast, _trial("32/64/1/256/smem", "ok", ms=0.2, err=3e-4)])
     assert data.importance(same).note == "all 2 feasible trials have the same median_ms"
     assert data.importance(same, "smem_bytes").note == "all 2 feasible trials have the same smem_bytes"
 
