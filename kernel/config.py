@@ -90,9 +90,7 @@ class KernelConfig:
         if self.chunk < 16 or self.chunk & (self.chunk - 1):
             raise ValueError(f"chunk must be a power of two >= 16, got {self.chunk}")
         if self.block_dv % HEAD_DIM_MULTIPLE:
-            raise ValueError(
-                f"block_dv must be a multiple of {HEAD_DIM_MULTIPLE}, got {self.block_dv}"
-            )
+            raise ValueError(f"block_dv must be a multiple of {HEAD_DIM_MULTIPLE}, got {self.block_dv}")
         if self.threads % 128:
             raise ValueError(f"threads must be a multiple of 128 (a warp group), got {self.threads}")
 
@@ -100,8 +98,7 @@ class KernelConfig:
         """Raise ``ValueError`` if this config cannot tile ``problem`` at all."""
         if problem.dv % self.block_dv:
             raise ValueError(
-                f"block_dv must divide dv: dv={problem.dv} is not a multiple of "
-                f"block_dv={self.block_dv}"
+                f"block_dv must divide dv: dv={problem.dv} is not a multiple of block_dv={self.block_dv}"
             )
 
     def seed_register_estimate(self, problem: Problem) -> int:

@@ -87,14 +87,20 @@ def load_config(
     problem = problem or saved
     if not allow_mismatch:
         here = environment()
-        diff = [f"{k}: file {data['environment'].get(k)!r}, here {here[k]!r}"
-                for k in ENVIRONMENT_KEYS if data["environment"].get(k) != here[k]]
+        diff = [
+            f"{k}: file {data['environment'].get(k)!r}, here {here[k]!r}"
+            for k in ENVIRONMENT_KEYS
+            if data["environment"].get(k) != here[k]
+        ]
         if diff:
-            raise ExportError(f"{path} was measured in another environment ({'; '.join(diff)}); "
-                              "pass allow_mismatch=True to use it anyway")
+            raise ExportError(
+                f"{path} was measured in another environment ({'; '.join(diff)}); "
+                "pass allow_mismatch=True to use it anyway"
+            )
         if problem != saved:
-            raise ExportError(f"{path} was tuned for {saved}, not {problem}; "
-                              "pass allow_mismatch=True to use it anyway")
+            raise ExportError(
+                f"{path} was tuned for {saved}, not {problem}; pass allow_mismatch=True to use it anyway"
+            )
     try:
         config.check_fits(problem)
     except ValueError as exc:

@@ -24,7 +24,9 @@ def fla_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: flo
     return out
 
 
-def torch_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: float, chunk: int = 64) -> torch.Tensor:
+def torch_chunked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: float, chunk: int = 64
+) -> torch.Tensor:
     """The seed's chunked form in plain torch: operands in the input dtype, state in fp32.
 
     Shapes as ``fla_simple_gla``; S must be a multiple of ``chunk``.

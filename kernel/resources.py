@@ -60,7 +60,11 @@ class Resources:
         return self.smem_bytes <= self.smem_limit
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"smem_bytes": self.smem_bytes, "spill_bytes": self.spill_bytes, "fits_smem": self.fits_smem}
+        return asdict(self) | {
+            "smem_bytes": self.smem_bytes,
+            "spill_bytes": self.spill_bytes,
+            "fits_smem": self.fits_smem,
+        }
 
 
 @dataclass(frozen=True)
@@ -180,4 +184,3 @@ def _summary(message: str, limit: int = 2000) -> str:
     """The compiler's message, trimmed: nvcc's error lines when there are any."""
     errors = [ln for ln in message.splitlines() if "error" in ln.lower()]
     return ("\n".join(errors) if errors else message.strip())[:limit]
-

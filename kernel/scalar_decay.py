@@ -48,10 +48,10 @@ def scalar_decay_fwd(
     zero-filled rows add nothing to the outputs that are kept.
 
     ``scores="smem"`` stages the fp16 scores ``A * Gamma`` in shared memory; ``"regs"``
-    keeps them in registers as the seed does. With TileLang 0.1.15 the register version fails layout inference ("Layout
-    infer conflict between A and A_cast") for every ``chunk=32`` and ``threads=256``
-    config; the shared version lowers for them and frees registers (64/128/2/256 does not
-    spill). It costs ``2 * C * C`` bytes of shared memory.
+    keeps them in registers as the seed does. With TileLang 0.1.15 the register version
+    fails layout inference ("Layout infer conflict between A and A_cast") for every
+    ``chunk=32`` and ``threads=256`` config; the shared version lowers for them and frees
+    registers (64/128/2/256 does not spill). It costs ``2 * C * C`` bytes of shared memory.
     """
     C = chunk
     num_chunks = T.ceildiv(seqlen, C)

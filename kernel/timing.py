@@ -21,8 +21,14 @@ class Timing:
         return asdict(self)
 
 
-def bench(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float = 100.0,
-          min_reps: int = 10, max_reps: int = 1000) -> Timing:
+def bench(
+    fn: Callable[[], object],
+    *,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 100.0,
+    min_reps: int = 10,
+    max_reps: int = 1000,
+) -> Timing:
     """Time ``fn()`` on the current CUDA stream; return median and p20/p80 in milliseconds."""
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     fn()

@@ -57,7 +57,8 @@ def test_round_trip_and_unknown_fields():
 
 
 @pytest.mark.parametrize(
-    "chunk,block_dv,estimate", [(64, 16, 88), (64, 32, 112), (64, 64, 160), (64, 128, 256), (128, 32, 320), (128, 128, 512)]
+    "chunk,block_dv,estimate",
+    [(64, 16, 88), (64, 32, 112), (64, 64, 160), (64, 128, 256), (128, 32, 320), (128, 128, 512)],
 )
 def test_seed_register_arithmetic(chunk, block_dv, estimate):
     """The seed's fragment arithmetic, as printed in its section 5 and DESIGN.md 5."""
@@ -68,8 +69,13 @@ def test_parse_ptxas():
     log = """ptxas info    : Compiling entry function 'main_kernel' for 'sm_90a'
     424 bytes stack frame, 564 bytes spill stores, 460 bytes spill loads
 ptxas info    : Used 240 registers, used 4 barriers, 1024 bytes smem"""
-    assert parse_ptxas(log) == {"registers": 240, "stack_frame": 424, "spill_stores": 564,
-                                "spill_loads": 460, "static_smem": 1024}
+    assert parse_ptxas(log) == {
+        "registers": 240,
+        "stack_frame": 424,
+        "spill_stores": 564,
+        "spill_loads": 460,
+        "static_smem": 1024,
+    }
     with pytest.raises(ValueError, match="registers"):
         parse_ptxas("nothing here")
 
@@ -97,7 +103,9 @@ def test_probe_c128_bdv128_exceeds_shared_memory():
     assert not res.fits_smem and res.smem_bytes > SMEM_LIMIT_BYTES
 
 
-@pytest.mark.parametrize("config", [KernelConfig(32, 32, 2, 128, "regs"), KernelConfig(64, 32, 2, 256, "regs")])
+@pytest.mark.parametrize(
+    "config", [KernelConfig(32, 32, 2, 128, "regs"), KernelConfig(64, 32, 2, 256, "regs")]
+)
 def test_probe_reports_layout_failure_as_value(config):
     """TileLang 0.1.15 cannot lay out register scores at C = 32 or 256 threads."""
     res = probe(Problem(1, 2, 256, 64, 64, 0.9), config)

@@ -19,14 +19,23 @@ pytestmark = pytest.mark.gpu
 
 TOLERANCE = 2e-2
 # (batch, heads, seqlen, dk, dv): one token, S < C, ragged last chunk, DK != DV, S % C != 0.
-SHAPES = [(1, 1, 1, 64, 64), (1, 2, 17, 128, 128), (2, 3, 300, 128, 128), (1, 2, 1000, 64, 128),
-          (3, 1, 129, 64, 64)]
+SHAPES = [
+    (1, 1, 1, 64, 64),
+    (1, 2, 17, 128, 128),
+    (2, 3, 300, 128, 128),
+    (1, 2, 1000, 64, 128),
+    (3, 1, 129, 64, 64),
+]
 DTYPES = ["float16", "bfloat16"]
 CONFIG_SWEEP = [(Problem(2, 3, 300, d, d, 0.9), c) for d in (128, 64) for c in config_grid(d)]
-NUMERIC_CASES = [(Problem(*shape, alpha, dtype), SEED_CONFIG)
-                 for shape, alpha, dtype in itertools.product(SHAPES, ALPHAS, DTYPES)]
-NUMERIC_CASES += [(Problem(2, 3, 300, 128, 128, alpha, dtype), KernelConfig(64, 64, 1, 128))
-                  for alpha, dtype in itertools.product(ALPHAS, DTYPES)]
+NUMERIC_CASES = [
+    (Problem(*shape, alpha, dtype), SEED_CONFIG)
+    for shape, alpha, dtype in itertools.product(SHAPES, ALPHAS, DTYPES)
+]
+NUMERIC_CASES += [
+    (Problem(2, 3, 300, 128, 128, alpha, dtype), KernelConfig(64, 64, 1, 128))
+    for alpha, dtype in itertools.product(ALPHAS, DTYPES)
+]
 
 
 @pytest.fixture(scope="session")
@@ -89,8 +98,16 @@ def test_exported_config_loads_into_a_ready_kernel(tmp_path):
 
     problem = Problem(2, 3, 300, 64, 64, 0.9)
     path = tmp_path / "best.json"
-    write_json(path, {"format": FORMAT, "version": VERSION, "problem": problem.to_dict(),
-                      "environment": environment(), "configs": [{"config": KernelConfig(64, 64, 1, 128).to_dict()}]})
+    write_json(
+        path,
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "problem": problem.to_dict(),
+            "environment": environment(),
+            "configs": [{"config": KernelConfig(64, 64, 1, 128).to_dict()}],
+        },
+    )
     kernel = load_kernel(path)
     assert kernel.problem == problem and kernel.config == KernelConfig(64, 64, 1, 128)
     _assert_matches_c(kernel, seed=3)

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import refs
+from kernel import Problem
 from kernel.peers import torch_chunked
 from tuner.bench import traffic_bytes
-from kernel import Problem
 
 
 @pytest.mark.parametrize("alpha", [1.0, 0.99, 0.9, 0.5])

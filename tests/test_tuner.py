@@ -42,7 +42,9 @@ def test_space_table_and_restrictions():
 
 
 def _run(storage: str, study: str, *extra: str) -> int:
-    return main(["run", *SMALL, "--storage", storage, "--study", study, "--workers", "2", "--no-progress", *extra])
+    return main(
+        ["run", *SMALL, "--storage", storage, "--study", study, "--workers", "2", "--no-progress", *extra]
+    )
 
 
 def test_compile_only_study_end_to_end(tmp_path, capsys, monkeypatch):
@@ -61,13 +63,16 @@ def test_compile_only_study_end_to_end(tmp_path, capsys, monkeypatch):
     frame = pd.read_csv(tmp_path / "e2e" / "trials.csv")
     assert list(frame.columns) == list(COLUMNS) and len(frame) == 4
     failed = frame[frame.chunk == 32]
-    assert (failed.status == "compile_failed").all() and failed.reason.str.contains("Layout infer conflict").all()
+    assert (failed.status == "compile_failed").all() and failed.reason.str.contains(
+        "Layout infer conflict"
+    ).all()
     ok = frame[frame.status == "ok"]
     assert len(ok) >= 1 and ok.median_ms.isna().all()  # compile-only: nothing is timed
     assert (ok.smem_bytes > 0).all() and (ok.env_tilelang == "0.1.15").all()
     assert frame.loc[frame.number == 0, "baseline"].item()
-    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "e2e" / "trials.parquet"),
-                                  trials_frame(study), check_dtype=False)
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(tmp_path / "e2e" / "trials.parquet"), trials_frame(study), check_dtype=False
+    )
 
     exported = read_export(tmp_path / "e2e" / "best.json")
     assert exported["mode"] == "compile-only" and exported["problem"] == SMALL_PROBLEM.to_dict()
@@ -79,7 +84,10 @@ def test_compile_only_study_end_to_end(tmp_path, capsys, monkeypatch):
     # A second run of the same study resumes it; configs already probed are kept.
     assert main(["trials", *SMALL, "--storage", storage, "--study", "e2e"]) == 0
     assert "compile_failed" in capsys.readouterr().out
-    assert main(["export", *SMALL, "--storage", storage, "--study", "e2e", "--out", str(tmp_path / "x.json")]) == 0
+    assert (
+        main(["export", *SMALL, "--storage", storage, "--study", "e2e", "--out", str(tmp_path / "x.json")])
+        == 0
+    )
     assert read_export(tmp_path / "x.json")["configs"] == exported["configs"]
 
 
@@ -93,22 +101,46 @@ def _count(storage: str, name: str, state: optuna.trial.TrialState) -> int:
 
 def test_kill_9_mid_study_loses_no_finished_trial(tmp_path):
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    cmd = [sys.executable, "-m", "tuner", "run", *SMALL, "--storage", storage, "--study", "k9",
-           "--workers", "1", "--n-trials", "12", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "run",
+        *SMALL,
+        "--storage",
+        storage,
+        "--study",
+        "k9",
+        "--workers",
+        "1",
+        "--n-trials",
+        "12",
+        "--no-progress",
+    ]
     env = os.environ | {"PYTHONPATH": str(REPO), "DECAY_TUNER_STUDIES": str(tmp_path)}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     complete = optuna.trial.TrialState.COMPLETE
     deadline = time.monotonic() + 240
     while _count(storage, "k9", complete) < 2 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)  # the run and its compile workers, mid-study
     proc.wait()
-    before = {t.number: t.values for t in optuna.load_study(study_name="k9", storage=storage).get_trials(states=(complete,))}
+    before = {
+        t.number: t.values
+        for t in optuna.load_study(study_name="k9", storage=storage).get_trials(states=(complete,))
+    }
     assert len(before) >= 2, proc.stderr.read().decode()[-2000:]
 
-    done = subprocess.run([*cmd[:-3], "--n-trials", "2", "--no-progress"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [*cmd[:-3], "--n-trials", "2", "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "of a killed run as failed" in done.stderr
     study = optuna.load_study(study_name="k9", storage=storage)
@@ -122,7 +154,9 @@ def test_kill_9_mid_study_loses_no_finished_trial(tmp_path):
 
 def test_worker_survives_hang_and_segfault(monkeypatch):
     hang, crash = KernelConfig(64, 32, 1, 128), KernelConfig(64, 64, 1, 128)
-    monkeypatch.setenv(INJECT_ENV, f"{config_key(hang.to_dict())}=hang,{config_key(crash.to_dict())}=segfault")
+    monkeypatch.setenv(
+        INJECT_ENV, f"{config_key(hang.to_dict())}=hang,{config_key(crash.to_dict())}=segfault"
+    )
     worker = GpuWorker(timeout_s=20)
 
     def job(config: KernelConfig) -> dict:
@@ -141,7 +175,9 @@ def test_worker_survives_hang_and_segfault(monkeypatch):
         # race its exit (on the H200 that once recorded a good config as a crash).
         for _ in range(2):
             plain = worker.measure(job(SEED_CONFIG))
-            assert plain["ok"] is False and plain["error_type"] == "RuntimeError" and "CUDA" in plain["message"]
+            assert (
+                plain["ok"] is False and plain["error_type"] == "RuntimeError" and "CUDA" in plain["message"]
+            )
     finally:
         worker.close()
 
@@ -178,8 +214,13 @@ def test_unreadable_json_exits_2(tmp_path, capsys):
 def _export(tmp_path: Path, **changes) -> Path:
     from kernel.deploy import environment
 
-    data = {"format": "decay-tuner/best-configs", "version": 1, "problem": SMALL_PROBLEM.to_dict(),
-            "environment": environment(), "configs": [{"config": KernelConfig(64, 64, 1, 128).to_dict()}]}
+    data = {
+        "format": "decay-tuner/best-configs",
+        "version": 1,
+        "problem": SMALL_PROBLEM.to_dict(),
+        "environment": environment(),
+        "configs": [{"config": KernelConfig(64, 64, 1, 128).to_dict()}],
+    }
     path = tmp_path / "best.json"
     write_json(path, data | changes)
     return path
@@ -187,8 +228,16 @@ def _export(tmp_path: Path, **changes) -> Path:
 
 def test_loader_refuses_other_environment_or_problem(tmp_path):
     assert load_config(_export(tmp_path))[1] == KernelConfig(64, 64, 1, 128)
-    elsewhere = _export(tmp_path, environment={"gpu": "NVIDIA H200", "capability": "9.0", "tilelang": "0.1.15",
-                                               "torch": "2.11.0", "cuda": "13.0"})
+    elsewhere = _export(
+        tmp_path,
+        environment={
+            "gpu": "NVIDIA H200",
+            "capability": "9.0",
+            "tilelang": "0.1.15",
+            "torch": "2.11.0",
+            "cuda": "13.0",
+        },
+    )
     with pytest.raises(ExportError, match="another environment"):
         load_config(elsewhere)
     assert load_config(elsewhere, allow_mismatch=True)[1] == KernelConfig(64, 64, 1, 128)
@@ -205,16 +254,25 @@ def test_trials_frame_from_hand_built_study():
     study = optuna.create_study()
     study.set_user_attr("problem", SMALL_PROBLEM.to_dict())
     dists = space.distributions(SMALL_PROBLEM)
-    ok = optuna.trial.create_trial(params=SEED_CONFIG.to_dict(), distributions=dists, value=0.25,
-                                   user_attrs={"status": "ok", "median_ms": 0.25, "rel_l2": 3e-4, "baseline": True})
-    failed = optuna.trial.create_trial(params=KernelConfig(32, 32, 2, 128, "regs").to_dict(), distributions=dists,
-                                       state=optuna.trial.TrialState.FAIL,
-                                       user_attrs={"status": "compile_failed", "reason": "InternalError: x"})
+    ok = optuna.trial.create_trial(
+        params=SEED_CONFIG.to_dict(),
+        distributions=dists,
+        value=0.25,
+        user_attrs={"status": "ok", "median_ms": 0.25, "rel_l2": 3e-4, "baseline": True},
+    )
+    failed = optuna.trial.create_trial(
+        params=KernelConfig(32, 32, 2, 128, "regs").to_dict(),
+        distributions=dists,
+        state=optuna.trial.TrialState.FAIL,
+        user_attrs={"status": "compile_failed", "reason": "InternalError: x"},
+    )
     study.add_trials([ok, failed])
     frame = trials_frame(study)
     assert frame.status.tolist() == ["ok", "compile_failed"]
     assert frame.feasible.tolist() == [True, False] and frame.baseline.tolist() == [True, False]
-    assert frame.median_ms[0] == 0.25 and pd.isna(frame.median_ms[1]) and frame.reason[1] == "InternalError: x"
+    assert (
+        frame.median_ms[0] == 0.25 and pd.isna(frame.median_ms[1]) and frame.reason[1] == "InternalError: x"
+    )
 
 
 def test_default_study_name_is_the_problem():
@@ -230,8 +288,15 @@ def _gpu_study(latencies: list[float | None]) -> optuna.Study:
     for config, ms in zip(configs, latencies):
         attrs = {"mode": "gpu", "status": "ok" if ms else "compile_failed"}
         state = optuna.trial.TrialState.COMPLETE if ms else optuna.trial.TrialState.FAIL
-        study.add_trial(optuna.trial.create_trial(params=config.to_dict(), distributions=dists, state=state,
-                                                  value=ms, user_attrs=attrs | ({"median_ms": ms} if ms else {})))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=config.to_dict(),
+                distributions=dists,
+                state=state,
+                value=ms,
+                user_attrs=attrs | ({"median_ms": ms} if ms else {}),
+            )
+        )
     return study
 
 
@@ -245,7 +310,10 @@ def test_compare_against_yardstick():
     assert summary["gpu_evaluations"] == 3 and summary["yardstick_gpu_evaluations"] == 5
     assert summary["best_over_yardstick"] == pytest.approx(1.025)
     assert summary["gpu_evaluations_to_within_0.05"] == 3  # 0.5, 0.3, then 0.205 (the failure cost no GPU)
-    assert summary["yardstick_best_config"] == KernelConfig(**list(space.grid(SMALL_PROBLEM))[2].to_dict()).to_dict()
+    assert (
+        summary["yardstick_best_config"]
+        == KernelConfig(**list(space.grid(SMALL_PROBLEM))[2].to_dict()).to_dict()
+    )
 
 
 @pytest.mark.gpu
@@ -270,7 +338,9 @@ def test_gpu_study_end_to_end(tmp_path, monkeypatch, capsys):
 def test_every_sampler_and_mode_runs(sampler, multi, tmp_path, monkeypatch):
     monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    assert _run(storage, sampler, "--n-trials", "2", "--sampler", sampler, *(["--multi-objective"] * multi)) == 0
+    assert (
+        _run(storage, sampler, "--n-trials", "2", "--sampler", sampler, *(["--multi-objective"] * multi)) == 0
+    )
     study = optuna.load_study(study_name=sampler, storage=storage)
     assert len(study.trials) == 2 and len(study.directions) == (2 if multi else 1)
     assert study.user_attrs["objectives"] == (["spill_bytes", "smem_bytes"] if multi else ["spill_bytes"])

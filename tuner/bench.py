@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 import refs
-from kernel import SEED_CONFIG, KernelConfig, Problem, ProbeFailure, build
+from kernel import SEED_CONFIG, KernelConfig, ProbeFailure, Problem, build
 from kernel.build import cuda_arch, precompile
 from kernel.peers import fla_simple_gla, torch_chunked
 from kernel.timing import bench
@@ -26,10 +26,20 @@ from kernel.validate import random_qkv
 
 # (batch, heads, seqlen): the headline, then fewer and longer sequences.
 SHAPES = [(8, 16, 4096), (16, 16, 2048), (4, 16, 8192), (2, 16, 16384), (1, 8, 32768)]
-CANDIDATES = [KernelConfig(*c) for c in [
-    (64, 128, 2, 256), (64, 128, 1, 256), (64, 64, 1, 256), (64, 64, 2, 256), (64, 32, 1, 256),
-    (64, 32, 2, 128), (64, 16, 1, 128), (32, 32, 1, 128), (128, 64, 1, 256),
-]]
+CANDIDATES = [
+    KernelConfig(*c)
+    for c in [
+        (64, 128, 2, 256),
+        (64, 128, 1, 256),
+        (64, 64, 1, 256),
+        (64, 64, 2, 256),
+        (64, 32, 1, 256),
+        (64, 32, 2, 128),
+        (64, 16, 1, 128),
+        (32, 32, 1, 128),
+        (128, 64, 1, 256),
+    ]
+]
 COPY_BYTES = 1 << 30
 
 
@@ -46,12 +56,27 @@ def copy_bandwidth() -> float:
     return 2 * COPY_BYTES / (bench(lambda: dst.copy_(src)).median_ms * 1e-3)
 
 
-def _row(problem: Problem, impl: str, config: KernelConfig | None, fn: Callable[[], torch.Tensor],
-         ref: torch.Tensor, floor_ms: float, log: Path | None) -> dict[str, Any]:
+def _row(
+    problem: Problem,
+    impl: str,
+    config: KernelConfig | None,
+    fn: Callable[[], torch.Tensor],
+    ref: torch.Tensor,
+    floor_ms: float,
+    log: Path | None,
+) -> dict[str, Any]:
     err = refs.rel_l2(fn(), ref)
-    row = {"batch": problem.batch, "heads": problem.heads, "seqlen": problem.seqlen, "dk": problem.dk,
-           "dv": problem.dv, "alpha": problem.alpha, "impl": impl,
-           "config": "/".join(map(str, config.to_dict().values())) if config else "", "rel_l2": err}
+    row = {
+        "batch": problem.batch,
+        "heads": problem.heads,
+        "seqlen": problem.seqlen,
+        "dk": problem.dk,
+        "dv": problem.dv,
+        "alpha": problem.alpha,
+        "impl": impl,
+        "config": "/".join(map(str, config.to_dict().values())) if config else "",
+        "rel_l2": err,
+    }
     if err < 2e-2:
         row |= bench(fn).to_dict()
         row["x_floor"] = row["median_ms"] / floor_ms
@@ -62,40 +87,86 @@ def _row(problem: Problem, impl: str, config: KernelConfig | None, fn: Callable[
     return row
 
 
-def run(shapes: list[tuple[int, int, int]], *, dk: int = 128, dv: int = 128, alpha: float = 0.99,
-        log: Path | None = None) -> list[dict]:
+def run(
+    shapes: list[tuple[int, int, int]],
+    *,
+    dk: int = 128,
+    dv: int = 128,
+    alpha: float = 0.99,
+    log: Path | None = None,
+) -> list[dict]:
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
     problems = [Problem(b, h, s, dk, dv, alpha) for b, h, s in shapes]
     configs = [SEED_CONFIG, *CANDIDATES]
-    probes = dict(zip([(p, c) for p in problems for c in configs],
-                      precompile([(p, c) for p in problems for c in configs], arch=cuda_arch())))
+    probes = dict(
+        zip(
+            [(p, c) for p in problems for c in configs],
+            precompile([(p, c) for p in problems for c in configs], arch=cuda_arch()),
+        )
+    )
     rows = []
     for problem in problems:
         floor_ms = traffic_bytes(problem) / bandwidth * 1e3
         q, k, v = random_qkv(problem, seed=0)
         ref = refs.kernel_mimic(q, k, v, problem.alpha, 64)
-        rows.append({"batch": problem.batch, "heads": problem.heads, "seqlen": problem.seqlen, "impl": "floor",
-                     "median_ms": floor_ms, "x_floor": 1.0, "bandwidth_tb_s": bandwidth / 1e12})
+        rows.append(
+            {
+                "batch": problem.batch,
+                "heads": problem.heads,
+                "seqlen": problem.seqlen,
+                "impl": "floor",
+                "median_ms": floor_ms,
+                "x_floor": 1.0,
+                "bandwidth_tb_s": bandwidth / 1e12,
+            }
+        )
         out = torch.empty_like(v)
         timed = []
         for config in configs:
             if isinstance(probes[problem, config], ProbeFailure) or not probes[problem, config].fits_smem:
                 continue
             kern = build(problem, config)
-            timed.append(_row(problem, "seed config" if config == SEED_CONFIG else "candidate", config,
-                              lambda: kern(q, k, v, out=out), ref, floor_ms, log))
+            timed.append(
+                _row(
+                    problem,
+                    "seed config" if config == SEED_CONFIG else "candidate",
+                    config,
+                    lambda: kern(q, k, v, out=out),
+                    ref,
+                    floor_ms,
+                    log,
+                )
+            )
         rows += timed
         ok = [r for r in timed if r["impl"] == "candidate" and "median_ms" in r]
         if ok:
             rows.append(min(ok, key=lambda r: r["median_ms"]) | {"impl": "tuned"})
         try:
-            rows.append(_row(problem, "fla chunk_simple_gla", None, lambda: fla_simple_gla(q, k, v, problem.alpha),
-                             ref, floor_ms, log))
+            rows.append(
+                _row(
+                    problem,
+                    "fla chunk_simple_gla",
+                    None,
+                    lambda: fla_simple_gla(q, k, v, problem.alpha),
+                    ref,
+                    floor_ms,
+                    log,
+                )
+            )
         except ImportError:
             print("fla is not installed: no fla column", file=sys.stderr)
-        rows.append(_row(problem, "torch chunked", None, lambda: torch_chunked(q, k, v, problem.alpha), ref,
-                         floor_ms, log))
+        rows.append(
+            _row(
+                problem,
+                "torch chunked",
+                None,
+                lambda: torch_chunked(q, k, v, problem.alpha),
+                ref,
+                floor_ms,
+                log,
+            )
+        )
         del ref
     return rows
 
@@ -117,41 +188,45 @@ def figure(rows: list[dict]):
     shape = lambda r: f"B={r['batch']} H={r['heads']} S={r['seqlen']}"  # noqa: E731
     for impl in ("tuned", "seed config", "fla chunk_simple_gla", "torch chunked"):
         sel = [r for r in rows if r["impl"] == impl and "x_floor" in r]
-        fig.add_bar(name=impl, x=[shape(r) for r in sel], y=[r["x_floor"] for r in sel],
-                    text=[f"{r['median_ms']:.3f} ms" for r in sel], hovertext=[r.get("config", "") for r in sel])
+        fig.add_bar(
+            name=impl,
+            x=[shape(r) for r in sel],
+            y=[r["x_floor"] for r in sel],
+            text=[f"{r['median_ms']:.3f} ms" for r in sel],
+            hovertext=[r.get("config", "") for r in sel],
+        )
     fig.add_hline(y=1.0, line_dash="dash", annotation_text="HBM floor")
-    fig.update_layout(barmode="group", yaxis_type="log", yaxis_title="time / HBM floor",
-                      title="Scalar-decay linear attention forward, one GPU")
+    fig.update_layout(
+        barmode="group",
+        yaxis_type="log",
+        yaxis_title="time / HBM floor",
+        title="Scalar-decay linear attention forward, one GPU",
+    )
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m tuner.bench", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("reports"), help="directory for bench.csv and bench.html")
-    parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES),
-                        help="comma-separated BxHxS (default: %(default)s)")
-    args = parser.parse_args(argv)
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """'8x16x4096,2x16x16384' -> [(8, 16, 4096), (2, 16, 16384)]; ``ValueError`` if malformed."""
     try:
-        shapes = [tuple(int(n) for n in item.split("x")) for item in args.shapes.split(",")]
+        shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
     except ValueError:
         shapes = []
     if not shapes or any(len(shape) != 3 or min(shape) < 1 for shape in shapes):
-        parser.error(f"--shapes wants BxHxS[,BxHxS...] of positive integers, got {args.shapes!r}")
-    if not torch.cuda.is_available():
-        print("bench needs a CUDA device; none is visible", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows = run(shapes, log=args.out / "bench.jsonl")
-    write_csv(rows, args.out / "bench.csv")
-    figure(rows).write_html(args.out / "bench.html", include_plotlyjs=True)
+        raise ValueError(f"--shapes wants BxHxS[,BxHxS...] of positive integers, got {text!r}")
+    return shapes  # type: ignore[return-value]
+
+
+def bench_and_write(shapes: list[tuple[int, int, int]], out: Path, *, dk: int, dv: int, alpha: float) -> None:
+    """Run the bench and write ``out``/bench.csv, bench.jsonl and bench.html; print a table."""
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "bench.jsonl"
+    log.unlink(missing_ok=True)
+    rows = run(shapes, dk=dk, dv=dv, alpha=alpha, log=log)
+    write_csv(rows, out / "bench.csv")
+    figure(rows).write_html(out / "bench.html", include_plotlyjs=True)
     for r in rows:
-        if r["impl"] in ("floor", "tuned", "seed config", "fla chunk_simple_gla", "torch chunked") and "median_ms" in r:
-            print(f"{r['batch']:>3} {r['heads']:>3} {r['seqlen']:>6} {r['impl']:<22} {r.get('config', ''):<18} "
-                  f"{r['median_ms']:8.4f} ms {r['x_floor']:6.2f}x floor")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        if "median_ms" in r and r["impl"] != "candidate":
+            print(
+                f"{r['batch']:>3} {r['heads']:>3} {r['seqlen']:>6} {r['impl']:<22} {r.get('config', ''):<18} "
+                f"{r['median_ms']:8.4f} ms {r['x_floor']:6.2f}x floor"
+            )

@@ -15,8 +15,16 @@ import optuna
 
 from kernel import KernelConfig, Problem
 from kernel.deploy import ExportError, read_export
+from tuner.bench import SHAPES
 from tuner.study import (
-    SAMPLERS, STUDIES_DIR, Options, Tuner, UsageError, best_trials, default_storage, default_study_name,
+    SAMPLERS,
+    STUDIES_DIR,
+    Options,
+    Tuner,
+    UsageError,
+    best_trials,
+    default_storage,
+    default_study_name,
     get_storage,
 )
 
@@ -30,7 +38,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _study_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--study", "--study-name", dest="study", help="study name (default: derived from the problem)")
+    p.add_argument(
+        "--study", "--study-name", dest="study", help="study name (default: derived from the problem)"
+    )
     p.add_argument("--storage", default=None, help=f"Optuna storage URL (default: {default_storage()})")
 
 
@@ -83,19 +93,27 @@ def _open(args: argparse.Namespace) -> optuna.Study:
 def cmd_run(args: argparse.Namespace) -> int:
     problem = _problem(args)
     options = Options(
-        n_trials=args.n_trials, timeout_s=args.timeout, sampler=args.sampler,
-        multi_objective=args.multi_objective, tolerance=args.tolerance,
-        max_spill_bytes=args.max_spill_bytes, max_registers=args.max_registers,
-        trial_timeout_s=args.trial_timeout, workers=args.workers,
-        seed=args.seed, enqueue=tuple(_config(c) for c in args.enqueue) + _configs_from(args.enqueue_from),
+        n_trials=args.n_trials,
+        timeout_s=args.timeout,
+        sampler=args.sampler,
+        multi_objective=args.multi_objective,
+        tolerance=args.tolerance,
+        max_spill_bytes=args.max_spill_bytes,
+        max_registers=args.max_registers,
+        trial_timeout_s=args.trial_timeout,
+        workers=args.workers,
+        seed=args.seed,
+        enqueue=tuple(_config(c) for c in args.enqueue) + _configs_from(args.enqueue_from),
         progress=not args.no_progress,
     )
     storage = args.storage or default_storage()
     name = args.study or default_study_name(problem)
     tuner = Tuner(problem, options, name=name, storage=storage)
     if not tuner.gpu:
-        print("no CUDA device: compile-only exploration (probe resources, no latency is measured)",
-              file=sys.stderr)
+        print(
+            "no CUDA device: compile-only exploration (probe resources, no latency is measured)",
+            file=sys.stderr,
+        )
     if tuner.interrupted:
         print(f"marked {tuner.interrupted} trial(s) of a killed run as failed", file=sys.stderr)
     study = tuner.run()
@@ -103,16 +121,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     out_dir = STUDIES_DIR / name
     paths = save_frame(trials_frame(study), out_dir / "trials")
-    print(f"study {name!r}: {len(study.trials)} trials, {tuner.gpu_evaluations} GPU evaluations this run; "
-          f"log {', '.join(map(str, paths))}")
+    print(
+        f"study {name!r}: {len(study.trials)} trials, {tuner.gpu_evaluations} GPU evaluations this run; "
+        f"log {', '.join(map(str, paths))}"
+    )
     try:
         data = export_best(study, out_dir / "best.json")
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return 1
     best = data["configs"][0]
-    label = "median {:.4f} ms".format(best["median_ms"]) if data["mode"] == "gpu" else \
-        f"compile-only: {best['spill_bytes']} B spilled, {best['smem_bytes']} B smem, no latency measured"
+    label = (
+        "median {:.4f} ms".format(best["median_ms"])
+        if data["mode"] == "gpu"
+        else f"compile-only: {best['spill_bytes']} B spilled, {best['smem_bytes']} B smem, no latency measured"
+    )
     print(f"best {best['config']} ({label}); exported {out_dir / 'best.json'}")
     return 0
 
@@ -120,12 +143,33 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_trials(args: argparse.Namespace) -> int:
     from tuner.trials import trials_frame
 
-    frame = trials_frame(_open(args))
-    cols = ["number", "status", "chunk", "block_dv", "num_stages", "threads", "scores", "median_ms",
-            "rel_l2", "spill_bytes", "smem_bytes", "reason"]
+    study = _open(args)
+    frame = trials_frame(study)
+    cols = [
+        "number",
+        "status",
+        "chunk",
+        "block_dv",
+        "num_stages",
+        "threads",
+        "scores",
+        "median_ms",
+        "rel_l2",
+        "spill_bytes",
+        "smem_bytes",
+        "reason",
+    ]
     shown = frame if args.all_columns else frame[cols].assign(reason=frame.reason.str.slice(0, 60))
+    print(_heading(study))
     print(shown.to_string(index=False))
     return 0
+
+
+def _heading(study: optuna.Study) -> str:
+    """The study's name and mode; a compile-only study says that nothing was timed."""
+    mode = study.user_attrs.get("mode", "unknown mode")
+    note = ": resources from the compiler, no latency measured" if mode == "compile-only" else ""
+    return f"study {study.study_name!r} ({mode}{note})"
 
 
 def cmd_best(args: argparse.Namespace) -> int:
@@ -134,6 +178,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     if not best:
         print(f"study {study.study_name!r} has no feasible, correct trial yet", file=sys.stderr)
         return 1
+    print(_heading(study))
     for t in best[: args.top]:
         print(t.number, KernelConfig(**t.params), dict(zip(study.user_attrs.get("objectives", []), t.values)))
     return 0
@@ -164,7 +209,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     study = _open(args)
     try:
-        yardstick = optuna.load_study(study_name=args.against, storage=get_storage(args.storage or default_storage()))
+        yardstick = optuna.load_study(
+            study_name=args.against, storage=get_storage(args.storage or default_storage())
+        )
     except KeyError:
         raise UsageError(f"no study {args.against!r} to compare against") from None
     if study.user_attrs.get("problem") != yardstick.user_attrs.get("problem"):
@@ -176,9 +223,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 1
     summary |= {"study": study.study_name, "yardstick": args.against}
     if args.remeasure:
-        summary["remeasured"] = _remeasure(Problem.from_dict(study.user_attrs["problem"]),
-                                           KernelConfig(**summary["best_config"]),
-                                           KernelConfig(**summary["yardstick_best_config"]))
+        summary["remeasured"] = _remeasure(
+            Problem.from_dict(study.user_attrs["problem"]),
+            KernelConfig(**summary["best_config"]),
+            KernelConfig(**summary["yardstick_best_config"]),
+        )
     if args.out:
         write_json(Path(args.out), summary)
     print(json.dumps(summary, indent=1))
@@ -208,6 +257,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Tuned kernel, seed config, fla and plain torch over shapes, against the HBM floor."""
+    import torch
+
+    from tuner.bench import bench_and_write, parse_shapes
+
+    shapes = parse_shapes(args.shapes)
+    Problem(1, 1, 1, args.dk, args.dv, args.alpha)  # validates dk, dv and alpha up front
+    if not torch.cuda.is_available():
+        raise UsageError("bench times kernels and needs a CUDA device; none is visible")
+    bench_and_write(shapes, Path(args.out), dk=args.dk, dv=args.dv, alpha=args.alpha)
+    return 0
+
+
 def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, rounds: int = 3) -> dict:
     import torch
 
@@ -229,8 +292,9 @@ def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, round
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m tuner", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog="python -m tuner", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
         "run": (cmd_run, "run an Optuna study over the kernel's design space"),
@@ -247,23 +311,50 @@ def build_parser() -> argparse.ArgumentParser:
         _problem_flags(p)
     run = sub.choices["run"]
     run.add_argument("--n-trials", type=int, default=40)
-    run.add_argument("--timeout", type=float, default=None, help="stop asking for trials after this many seconds")
+    run.add_argument(
+        "--timeout", type=float, default=None, help="stop asking for trials after this many seconds"
+    )
     run.add_argument("--sampler", choices=SAMPLERS, default="tpe")
     run.add_argument("--multi-objective", action="store_true", help="minimise latency and error together")
     run.add_argument("--tolerance", type=float, default=2e-2, help="relative L2 bound against reference C")
     run.add_argument("--max-spill-bytes", type=int, default=0)
     run.add_argument("--max-registers", type=int, default=255)
-    run.add_argument("--trial-timeout", type=float, default=180.0, help="seconds before a GPU trial counts as hung")
-    run.add_argument("--workers", type=int, default=None, help="parallel compile processes (default: CPU count)")
+    run.add_argument(
+        "--trial-timeout", type=float, default=180.0, help="seconds before a GPU trial counts as hung"
+    )
+    run.add_argument(
+        "--workers", type=int, default=None, help="parallel compile processes (default: CPU count)"
+    )
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--enqueue", action="append", default=[], metavar="C/bDV/stages/threads[/scores]",
-                     help="a config to measure first (repeatable); the seed's default always is")
-    run.add_argument("--enqueue-from", action="append", default=[], metavar="BEST_JSON",
-                     help="measure first the configs of an exported best-config file (repeatable)")
+    run.add_argument(
+        "--enqueue",
+        action="append",
+        default=[],
+        metavar="C/bDV/stages/threads[/scores]",
+        help="a config to measure first (repeatable); the seed's default always is",
+    )
+    run.add_argument(
+        "--enqueue-from",
+        action="append",
+        default=[],
+        metavar="BEST_JSON",
+        help="measure first the configs of an exported best-config file (repeatable)",
+    )
     run.add_argument("--no-progress", action="store_true")
     sub.choices["trials"].add_argument("--all-columns", action="store_true")
     sub.choices["best"].add_argument("--top", type=int, default=5)
     sub.choices["export"].add_argument("--out", help="path of the JSON (default: studies/<study>/best.json)")
+    bench = sub.add_parser("bench", help=cmd_bench.__doc__, description=cmd_bench.__doc__)
+    bench.set_defaults(func=cmd_bench)
+    bench.add_argument(
+        "--shapes",
+        default=",".join("x".join(map(str, s)) for s in SHAPES),
+        help="comma-separated BxHxS (default: %(default)s)",
+    )
+    bench.add_argument("--dk", type=int, default=128)
+    bench.add_argument("--dv", type=int, default=128)
+    bench.add_argument("--alpha", type=float, default=DEFAULTS["alpha"])
+    bench.add_argument("--out", default="reports", help="directory for bench.csv and bench.html")
     cmp = sub.choices["compare"]
     cmp.add_argument("--against", required=True, help="the yardstick study, in the same storage")
     cmp.add_argument("--remeasure", action="store_true", help="time both best configs again, alternately")

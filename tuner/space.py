@@ -5,8 +5,8 @@ compiler decides (layout failures, spills, shared memory) is left to the probe, 
 records it as a value.
 """
 
-from collections.abc import Callable, Iterator
 import itertools
+from collections.abc import Callable, Iterator
 
 from optuna.distributions import CategoricalDistribution
 
@@ -20,8 +20,16 @@ THREADS = (128, 256)
 
 def choices(problem: Problem) -> dict[str, tuple]:
     """Knob name -> choices. block_dv runs over the divisors of DV that tile for wgmma."""
-    block_dvs = tuple(d for d in range(HEAD_DIM_MULTIPLE, problem.dv + 1, HEAD_DIM_MULTIPLE) if problem.dv % d == 0)
-    return {"chunk": CHUNKS, "block_dv": block_dvs, "num_stages": STAGES, "threads": THREADS, "scores": SCORES}
+    block_dvs = tuple(
+        d for d in range(HEAD_DIM_MULTIPLE, problem.dv + 1, HEAD_DIM_MULTIPLE) if problem.dv % d == 0
+    )
+    return {
+        "chunk": CHUNKS,
+        "block_dv": block_dvs,
+        "num_stages": STAGES,
+        "threads": THREADS,
+        "scores": SCORES,
+    }
 
 
 def distributions(problem: Problem) -> dict[str, CategoricalDistribution]:

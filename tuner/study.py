@@ -85,7 +85,9 @@ def objective_names(gpu: bool, multi: bool) -> list[str]:
 
 def make_sampler(name: str, problem: Problem, seed: int) -> optuna.samplers.BaseSampler:
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8, constant_liar=True)
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, n_startup_trials=8, constant_liar=True
+        )
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
     if name == "gp":
@@ -106,18 +108,27 @@ def get_storage(url: str) -> optuna.storages.BaseStorage:
     try:
         return optuna.storages.get_storage(url)
     except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL
-        raise UsageError(f"cannot open storage {url!r}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        raise UsageError(
+            f"cannot open storage {url!r}: {type(exc).__name__}: {exc}".splitlines()[0]
+        ) from None
 
 
 def open_study(
-    problem: Problem, *, name: str, storage: str, sampler: optuna.samplers.BaseSampler | None = None,
+    problem: Problem,
+    *,
+    name: str,
+    storage: str,
+    sampler: optuna.samplers.BaseSampler | None = None,
     directions: list[str] | None = None,
 ) -> optuna.Study:
     """Create the study, or load it when it exists (resuming a killed run)."""
     storage = get_storage(storage)
     try:
         study = optuna.create_study(
-            study_name=name, storage=storage, sampler=sampler, directions=directions or ["minimize"],
+            study_name=name,
+            storage=storage,
+            sampler=sampler,
+            directions=directions or ["minimize"],
             load_if_exists=True,
         )
     except ValueError as exc:  # e.g. the study exists with other directions
@@ -179,20 +190,28 @@ class Tuner:
         for config in options.enqueue:
             outside = {k: v for k, v in config.to_dict().items() if v not in table[k]}
             if outside:
-                raise UsageError(f"enqueued config {config} is outside the search space: {outside} "
-                                 f"(choices: {table})")
+                raise UsageError(
+                    f"enqueued config {config} is outside the search space: {outside} (choices: {table})"
+                )
         self.gpu = _has_cuda()
         self.arch = cuda_arch() if self.gpu else "sm_90a"
         self.env = environment()
         self.env_key = env_key(self.env)
         self.objectives = objective_names(self.gpu, options.multi_objective)
         sampler = make_sampler(options.sampler, problem, options.seed)
-        self.study = open_study(problem, name=name, storage=storage, sampler=sampler,
-                                directions=["minimize"] * len(self.objectives))
+        self.study = open_study(
+            problem,
+            name=name,
+            storage=storage,
+            sampler=sampler,
+            directions=["minimize"] * len(self.objectives),
+        )
         mode = "gpu" if self.gpu else "compile-only"
         if self.study.user_attrs.get("objectives", self.objectives) != self.objectives:
-            raise UsageError(f"study {name!r} holds {self.study.user_attrs['objectives']} trials; "
-                             f"this run would record {self.objectives} ({mode} mode): use another --study")
+            raise UsageError(
+                f"study {name!r} holds {self.study.user_attrs['objectives']} trials; "
+                f"this run would record {self.objectives} ({mode} mode): use another --study"
+            )
         self.study.set_user_attr("objectives", self.objectives)
         self.study.set_user_attr("mode", mode)
         self.interrupted = _fail_interrupted(self.study)
@@ -225,8 +244,12 @@ class Tuner:
         try:
             with ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
                 while True:
-                    while (asked < opts.n_trials and len(pending) < self.depth
-                           and time.monotonic() < deadline and not self._grid_exhausted()):
+                    while (
+                        asked < opts.n_trials
+                        and len(pending) < self.depth
+                        and time.monotonic() < deadline
+                        and not self._grid_exhausted()
+                    ):
                         pending.append(self._ask(pool))
                         asked += 1
                     if not pending:
@@ -237,7 +260,12 @@ class Tuner:
                     bar.set_postfix_str(self._best_text(), refresh=True)
         finally:
             for trial, _, _ in pending:  # asked but never evaluated: Ctrl-C or an error
-                self._fail(trial, "interrupted", "the run stopped before this trial was measured", time.perf_counter())
+                self._fail(
+                    trial,
+                    "interrupted",
+                    "the run stopped before this trial was measured",
+                    time.perf_counter(),
+                )
             bar.close()
             if worker is not None:
                 worker.close()
@@ -277,7 +305,9 @@ class Tuner:
             return
         if not self.gpu:
             trial.set_constraint("correctness", 0.0)
-            self._tell(trial, [float(res.spill_bytes), float(res.smem_bytes)][: len(self.objectives)], "ok", start)
+            self._tell(
+                trial, [float(res.spill_bytes), float(res.smem_bytes)][: len(self.objectives)], "ok", start
+            )
             return
         self._measure(trial, config, worker, start)
 
@@ -291,14 +321,23 @@ class Tuner:
     def _measure(self, trial: optuna.Trial, config: KernelConfig, worker: GpuWorker, start: float) -> None:
         cached = _measured(self.study, trial.params, self.env_key)
         if cached is not None:
-            result = {k: cached.user_attrs[k] for k in ("rel_l2", "nan_count", "finite", "median_ms", "p20_ms",
-                                                          "p80_ms", "reps") if k in cached.user_attrs}
+            result = {
+                k: cached.user_attrs[k]
+                for k in ("rel_l2", "nan_count", "finite", "median_ms", "p20_ms", "p80_ms", "reps")
+                if k in cached.user_attrs
+            }
             trial.set_user_attr("cached_from", cached.number)
             result["ok"] = True
         else:
             self.gpu_evaluations += 1
-            result = worker.measure({"problem": self.problem.to_dict(), "config": config.to_dict(),
-                                     "seed": self.options.seed + trial.number, "tolerance": self.options.tolerance})
+            result = worker.measure(
+                {
+                    "problem": self.problem.to_dict(),
+                    "config": config.to_dict(),
+                    "seed": self.options.seed + trial.number,
+                    "tolerance": self.options.tolerance,
+                }
+            )
         if not result.pop("ok"):
             self._fail(trial, "runtime_failed", f"{result['error_type']}: {result['message']}", start)
             return
@@ -334,8 +373,11 @@ class Tuner:
 
 def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Feasible, finished trials, best first by the first objective."""
-    feasible = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.user_attrs.get("status") == "ok" and all(v <= 0 for v in t.constraints.values())]
+    feasible = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.user_attrs.get("status") == "ok" and all(v <= 0 for v in t.constraints.values())
+    ]
     return sorted(feasible, key=lambda t: tuple(t.values))
 
 

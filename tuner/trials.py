@@ -12,12 +12,37 @@ from tuner.study import best_trials
 
 PARAMS = ("chunk", "block_dv", "num_stages", "threads", "scores")
 MEASURES = ("median_ms", "p20_ms", "p80_ms", "reps", "rel_l2", "nan_count")
-RESOURCES = ("registers", "spill_bytes", "spill_stores", "spill_loads", "stack_frame", "static_smem", "dynamic_smem",
-             "smem_bytes", "threads_launched", "seed_register_estimate", "compile_seconds")
+RESOURCES = (
+    "registers",
+    "spill_bytes",
+    "spill_stores",
+    "spill_loads",
+    "stack_frame",
+    "static_smem",
+    "dynamic_smem",
+    "smem_bytes",
+    "threads_launched",
+    "seed_register_estimate",
+    "compile_seconds",
+)
 ENVIRONMENT = ("gpu", "capability", "tilelang", "torch", "cuda")
-COLUMNS = ("number", "state", "status", "reason", *PARAMS, *MEASURES, *RESOURCES, "feasible",
-           "baseline", "gpu_evaluated", "cached_from", "mode", "wall_s", "started",
-           *(f"env_{k}" for k in ENVIRONMENT))
+COLUMNS = (
+    "number",
+    "state",
+    "status",
+    "reason",
+    *PARAMS,
+    *MEASURES,
+    *RESOURCES,
+    "feasible",
+    "baseline",
+    "gpu_evaluated",
+    "cached_from",
+    "mode",
+    "wall_s",
+    "started",
+    *(f"env_{k}" for k in ENVIRONMENT),
+)
 # Outcomes that cost a GPU launch (a cached trial reuses an earlier launch and costs none).
 GPU_OUTCOMES = ("ok", "incorrect", "runtime_failed")
 
@@ -36,10 +61,12 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
             "reason": attrs.get("reason"),
             **{k: t.params.get(k) for k in PARAMS},
             **{k: attrs.get(k) for k in (*MEASURES, *RESOURCES)},
-            "feasible": t.state.name == "COMPLETE" and attrs.get("status") == "ok"
+            "feasible": t.state.name == "COMPLETE"
+            and attrs.get("status") == "ok"
             and all(v <= 0 for v in t.constraints.values()),
             "baseline": bool(attrs.get("baseline", False)),
-            "gpu_evaluated": attrs.get("mode") == "gpu" and attrs.get("status") in GPU_OUTCOMES
+            "gpu_evaluated": attrs.get("mode") == "gpu"
+            and attrs.get("status") in GPU_OUTCOMES
             and attrs.get("cached_from") is None,
             "cached_from": attrs.get("cached_from"),
             "mode": attrs.get("mode"),
@@ -79,9 +106,22 @@ def export_best(study: optuna.Study, path: Path, *, top: int = 5) -> dict[str, A
         "objectives": study.user_attrs.get("objectives"),
         "environment": first.get("environment"),
         "configs": [
-            {"config": KernelConfig(**t.params).to_dict(), "trial": t.number,
-             **{k: t.user_attrs.get(k) for k in ("median_ms", "p20_ms", "p80_ms", "rel_l2", "spill_bytes",
-                                                 "smem_bytes", "registers")}}
+            {
+                "config": KernelConfig(**t.params).to_dict(),
+                "trial": t.number,
+                **{
+                    k: t.user_attrs.get(k)
+                    for k in (
+                        "median_ms",
+                        "p20_ms",
+                        "p80_ms",
+                        "rel_l2",
+                        "spill_bytes",
+                        "smem_bytes",
+                        "registers",
+                    )
+                },
+            }
             for t in best[:top]
         ],
     }
@@ -96,6 +136,7 @@ def compare(frame: pd.DataFrame, yardstick: pd.DataFrame, *, within: float = 0.0
     latency and GPU evaluations, the ratio of the bests, and after how many of its GPU
     evaluations the study first came within ``within`` of the yardstick's best.
     """
+
     def best(f: pd.DataFrame) -> pd.Series:
         ok = f[f.feasible & f.median_ms.notna()]
         if ok.empty:

@@ -46,11 +46,11 @@ def _inject(config: dict[str, Any]) -> None:
 
 
 def _measure(job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
     from kernel import KernelConfig, Problem, build
     from kernel.timing import bench
     from kernel.validate import check, random_qkv
-
-    import torch
 
     problem, config = Problem.from_dict(job["problem"]), KernelConfig.from_dict(job["config"])
     _inject(job["config"])
@@ -93,14 +93,22 @@ class GpuWorker:
         self._conn.send(job)
         if not self._conn.poll(self.timeout_s):
             self.close()
-            return {"ok": False, "error_type": "Timeout", "message": f"no result within {self.timeout_s:.0f} s (hung kernel?)"}
+            return {
+                "ok": False,
+                "error_type": "Timeout",
+                "message": f"no result within {self.timeout_s:.0f} s (hung kernel?)",
+            }
         try:
             result = self._conn.recv()
         except (EOFError, ConnectionError):
             self._proc.join(5)
             code = self._proc.exitcode
             self.close()
-            return {"ok": False, "error_type": "WorkerCrashed", "message": f"worker died with exit code {code}"}
+            return {
+                "ok": False,
+                "error_type": "WorkerCrashed",
+                "message": f"worker died with exit code {code}",
+            }
         if not result["ok"]:
             self.close()  # the worker exits after an error; wait for it, the next job gets a fresh one
         return result
