@@ -25,6 +25,20 @@ import tilelang.language as T
 from kernel.config import KernelConfig, Problem
 
 
+FP32_TINY = 2.0**-126  # smallest normal float32
+
+
+def fp32_constant(x: float) -> float:
+    """``x`` as a compile-time fp32 constant, flushed to 0 below fp32's normal range.
+
+    TileLang prints constants as hex floats, and nvcc turns a literal below fp32's range
+    into +inf in device code (``0x1p-256f`` becomes ``0f7F800000`` in the PTX), so an
+    underflowing ``alpha^C`` would decay the state by inf and fill it with NaN. Seen on
+    the H200 in the sequence-split variant for alpha = 0.5 and a 256-token carry (0.5^256).
+    """
+    return x if x >= FP32_TINY else 0.0
+
+
 def scalar_decay_fwd(
     *,
     batch: int,
@@ -57,7 +71,7 @@ def scalar_decay_fwd(
     num_chunks = T.ceildiv(seqlen, C)
     accum = "float32"
     log2_alpha = math.log2(alpha)  # <= 0, so every exp2(log2_alpha * k), k >= 0, is <= 1
-    alpha_pow_c = alpha**C
+    alpha_pow_c = fp32_constant(alpha**C)
 
     @T.prim_func
     def main(

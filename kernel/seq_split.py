@@ -22,6 +22,7 @@ import torch
 
 from kernel.build import TORCH_DTYPES, check_tensor
 from kernel.config import KernelConfig, Problem
+from kernel.scalar_decay import fp32_constant
 
 
 def segment_length(seqlen: int, chunk: int, segments: int) -> int:
@@ -54,7 +55,7 @@ def split_fwd(
     P = math.ceil(seqlen / L)
     chunks_per_segment = L // C
     log2_alpha = math.log2(alpha)
-    alpha_pow_c, alpha_pow_l = alpha**C, alpha**L
+    alpha_pow_c, alpha_pow_l = fp32_constant(alpha**C), fp32_constant(alpha**L)
 
     @T.prim_func
     def states_func(

@@ -121,3 +121,29 @@ def test_scores_in_smem_unlock_the_layout_failures():
 
 def test_seed_config_is_the_seed():
     assert SEED_CONFIG == KernelConfig(64, 32, 2, 128, "regs")
+
+
+@pytest.mark.parametrize("alpha,chunk", [(0.3, 128), (0.5, 128), (1e-3, 64)])
+def test_tiny_decay_constants_never_become_inf(alpha, chunk, tmp_path):
+    """nvcc reads a hex-float literal below fp32's range as +inf in device code; alpha^C
+    underflows there for these (alpha, C), and the state would turn to NaN on the GPU."""
+    import subprocess
+
+    from tilelang.contrib import nvcc
+
+    from kernel.resources import compile_kernel
+
+    problem = Problem(1, 1, 256, 64, 64, alpha)
+    source = compile_kernel(problem, KernelConfig(chunk, 32, 1, 128)).get_kernel_source()
+    cu, ptx = tmp_path / "k.cu", tmp_path / "k.ptx"
+    cu.write_text(source)
+    cmd = [nvcc.get_nvcc_compiler(), "-ptx", "-arch=sm_90a", *nvcc.default_compile_options(), "-w", "-o", ptx, cu]
+    subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
+    assert "0f7F800000" not in ptx.read_text() and "0fFF800000" not in ptx.read_text()  # +-inf
+
+
+def test_fp32_constant_flushes_below_the_normal_range():
+    from kernel.scalar_decay import fp32_constant
+
+    assert fp32_constant(0.5**64) == 0.5**64
+    assert fp32_constant(0.5**256) == 0.0 and fp32_constant(0.3**128) == 0.0
