@@ -371,13 +371,18 @@ class Tuner:
         return f"best {t.values[0]:.4g} {unit} @ {_config_text(t.params)}"
 
 
+def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
+    """Finished, correct and within every budget: the only trials a best config comes from."""
+    return (
+        trial.state == TrialState.COMPLETE
+        and trial.user_attrs.get("status") == "ok"
+        and all(v <= 0 for v in trial.constraints.values())
+    )
+
+
 def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Feasible, finished trials, best first by the first objective."""
-    feasible = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.user_attrs.get("status") == "ok" and all(v <= 0 for v in t.constraints.values())
-    ]
+    """Feasible trials, best first by the objectives in order."""
+    feasible = filter(is_feasible, study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     return sorted(feasible, key=lambda t: tuple(t.values))
 
 

@@ -8,7 +8,7 @@ import pandas as pd
 
 from kernel.config import KernelConfig
 from kernel.deploy import FORMAT, VERSION, write_json
-from tuner.study import best_trials
+from tuner.study import best_trials, is_feasible
 
 PARAMS = ("chunk", "block_dv", "num_stages", "threads", "scores")
 MEASURES = ("median_ms", "p20_ms", "p80_ms", "reps", "rel_l2", "nan_count")
@@ -61,9 +61,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
             "reason": attrs.get("reason"),
             **{k: t.params.get(k) for k in PARAMS},
             **{k: attrs.get(k) for k in (*MEASURES, *RESOURCES)},
-            "feasible": t.state.name == "COMPLETE"
-            and attrs.get("status") == "ok"
-            and all(v <= 0 for v in t.constraints.values()),
+            "feasible": is_feasible(t),
             "baseline": bool(attrs.get("baseline", False)),
             "gpu_evaluated": attrs.get("mode") == "gpu"
             and attrs.get("status") in GPU_OUTCOMES
