@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
         _study_flags(p)
         _problem_flags(p)
     run = sub.choices["run"]
-    run.add_argument("--n-trials", type=int, default=40)
+    run.add_argument("--n-trials", type=int, default=40, help="trials this run adds to the study (default 40)")
     run.add_argument(
         "--timeout", type=float, default=None, help="stop asking for trials after this many seconds"
     )
