@@ -10,7 +10,9 @@ pieces of ``L`` tokens that run in parallel blocks, with a cheap carry between t
 
 K and V are read twice (once per kernel), so the traffic is 1.5x the single-pass
 kernel's: this pays only where B*H is too small to fill the GPU (reports/h200/README.md).
-Not yet validated on a GPU; ``kernel.scalar_decay`` remains the tuned kernel.
+``kernel.scalar_decay`` remains the tuned kernel. The outputs kernel repeats the
+single-pass chunk loop; once the variant is validated and joins the tuner's space, the two
+should share it as one ``@T.macro``.
 """
 
 import math
