@@ -1,0 +1,71 @@
+"""The sequence-split variant on the CPU: its carry algebra in float64, and that both of
+its kernels lower and compile for sm_90a. The GPU check is in tests/test_kernel_gpu.py."""
+
+import pytest
+import torch
+
+import refs
+from kernel import KernelConfig, Problem
+from kernel.seq_split import build_split, segment_length
+from refs.chunk import chunk_weights
+
+
+def split_reference(q, k, v, alpha: float, chunk: int, segments: int) -> torch.Tensor:
+    """The variant's algorithm in fp64: end states per segment, the carry, then outputs."""
+    b, s, h, _ = q.shape
+    L = segment_length(s, chunk, segments)
+    pad = -s % L
+    q, k, v = (torch.nn.functional.pad(x.double(), (0, 0, 0, 0, 0, pad)).transpose(1, 2) for x in (q, k, v))
+    w = chunk_weights(alpha, chunk)
+    n_seg = q.shape[2] // L
+
+    def run(seg: int, state: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        for s0 in range(seg * L, (seg + 1) * L, chunk):
+            qs, ks, vs = (x[:, :, s0 : s0 + chunk] for x in (q, k, v))
+            if out is not None:
+                out[:, :, s0 : s0 + chunk] = (qs * w.w_query[:, None]) @ state + (
+                    (qs @ ks.transpose(-1, -2)) * w.gamma
+                ) @ vs
+            state = w.state_decay * state + (ks * w.w_decay[:, None]).transpose(-1, -2) @ vs
+        return state
+
+    zero = q.new_zeros(b, h, q.shape[-1], v.shape[-1])
+    ends = [run(p, zero, None) for p in range(n_seg)]  # kernel 1: from a zero state
+    out = torch.empty_like(v)
+    for p in range(n_seg):  # kernel 2: carry in, then the segment's outputs
+        carry = zero
+        for j in range(p):
+            carry = alpha**L * carry + ends[j]
+        run(p, carry, out)
+    return out[:, :, :s].transpose(1, 2)
+
+
+@pytest.mark.parametrize("s,chunk,segments", [(300, 16, 3), (64, 16, 4), (17, 4, 5), (129, 8, 2), (40, 8, 1)])
+@pytest.mark.parametrize("alpha", [1.0, 0.9, 0.5])
+def test_carry_algebra_matches_the_recurrence(s, chunk, segments, alpha):
+    gen = torch.Generator().manual_seed(s + segments)
+    q, k = (torch.randn(2, s, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(2, s, 2, 6, generator=gen, dtype=torch.float64)
+    assert (
+        refs.rel_l2(split_reference(q, k, v, alpha, chunk, segments), refs.recurrent(q, k, v, alpha)) < 1e-13
+    )
+
+
+def test_segments_are_whole_chunks():
+    assert segment_length(32768, 64, 16) == 2048
+    assert segment_length(1000, 64, 4) == 256  # 4 segments, the last one ragged
+    assert segment_length(17, 64, 2) == 64
+
+
+@pytest.mark.parametrize(
+    "problem,config,segments",
+    [
+        (Problem(2, 3, 300, 64, 64, 0.9), KernelConfig(64, 32, 2, 128), 3),
+        (Problem(1, 2, 1000, 128, 128, 0.5, "bfloat16"), KernelConfig(64, 64, 1, 256), 4),
+    ],
+)
+def test_both_kernels_compile_for_sm90a(problem, config, segments):
+    kernel = build_split(problem, config, segments, arch="sm_90a")
+    assert "tma_load" in kernel.outputs_kernel.get_kernel_source()
+    with pytest.raises(ValueError, match="segments must be >= 1"):
+        build_split(problem, config, 0, arch="sm_90a")
