@@ -70,6 +70,17 @@ def check(kernel: ScalarDecayKernel, *, seed: int) -> dict[str, Any]:
     }
 
 
+def check_and_time(kernel: ScalarDecayKernel, *, seed: int, tolerance: float = 2e-2) -> dict[str, Any]:
+    """``check``; then, when the kernel is correct, its latency (``kernel.timing.bench``)
+    on other fresh inputs."""
+    result = check(kernel, seed=seed)
+    if result["finite"] and result["rel_l2"] < tolerance:
+        q, k, v = random_qkv(kernel.problem, seed=seed + 1)
+        out = torch.empty_like(v)
+        result |= bench(lambda: kernel(q, k, v, out=out)).to_dict()
+    return result
+
+
 def _environment() -> dict[str, Any]:
     import tilelang
 
@@ -100,12 +111,8 @@ def sweep(cases: list[tuple[Problem, KernelConfig, bool]], *, log: Path, seed: i
             row["status"] = "over_smem_limit"
         else:
             kernel = build(problem, config)
-            row |= check(kernel, seed=seed)
+            row |= (check_and_time if timed else check)(kernel, seed=seed)
             row["status"] = "ok" if row["rel_l2"] < 2e-2 else "incorrect"
-            if timed:
-                q, k, v = random_qkv(problem, seed=seed + 1)
-                out = torch.empty_like(v)
-                row |= bench(lambda: kernel(q, k, v, out=out)).to_dict()
         rows.append(row)
         with log.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -46,21 +46,12 @@ def _inject(config: dict[str, Any]) -> None:
 
 
 def _measure(job: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
     from kernel import KernelConfig, Problem, build
-    from kernel.timing import bench
-    from kernel.validate import check, random_qkv
+    from kernel.validate import check_and_time
 
     problem, config = Problem.from_dict(job["problem"]), KernelConfig.from_dict(job["config"])
     _inject(job["config"])
-    kernel = build(problem, config)
-    result = check(kernel, seed=job["seed"])
-    if result["finite"] and result["rel_l2"] < job["tolerance"]:
-        q, k, v = random_qkv(problem, seed=job["seed"] + 1)
-        out = torch.empty_like(v)
-        result |= bench(lambda: kernel(q, k, v, out=out)).to_dict()
-    return result
+    return check_and_time(build(problem, config), seed=job["seed"], tolerance=job["tolerance"])
 
 
 def _serve(conn: Connection) -> None:
