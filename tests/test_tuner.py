@@ -117,15 +117,24 @@ def test_kill_9_mid_study_loses_no_finished_trial(tmp_path):
         "12",
         "--no-progress",
     ]
-    env = os.environ | {"PYTHONPATH": str(REPO), "DECAY_TUNER_STUDIES": str(tmp_path)}
+    # A cold TileLang cache keeps every trial compiling for seconds, so the kill below
+    # lands while a trial is in flight, whatever earlier tests or runs left cached.
+    env = os.environ | {
+        "PYTHONPATH": str(REPO),
+        "DECAY_TUNER_STUDIES": str(tmp_path),
+        "TILELANG_CACHE_DIR": str(tmp_path / "tilelang-cache"),
+    }
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
-    complete = optuna.trial.TrialState.COMPLETE
+    complete, running = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
     deadline = time.monotonic() + 240
-    while _count(storage, "k9", complete) < 2 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)  # the run and its compile workers, mid-study
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _count(storage, "k9", complete) >= 2 and _count(storage, "k9", running) >= 1:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it could be killed mid-trial"
+    os.killpg(proc.pid, signal.SIGKILL)  # the run and its compile workers, mid-trial
     proc.wait()
     before = {
         t.number: t.values
