@@ -39,6 +39,46 @@ def fp32_constant(x: float) -> float:
     return x if x >= FP32_TINY else 0.0
 
 
+def chunk_step_macro(*, chunk: int, dk: int, block_dv: int, alpha: float):
+    """The body of the chunk loop, as a ``@T.macro``: one chunk's outputs from the state
+    ``S_f`` carried in, then ``S_f`` carried out. Rows ``s0 : s0 + chunk`` of batch ``bb``,
+    head ``bh``, value columns ``v0 : v0 + block_dv``. Shared by the single-pass kernel and
+    the sequence-split variant (``kernel.seq_split``)."""
+    C, accum = chunk, "float32"
+    log2_alpha = math.log2(alpha)
+    alpha_pow_c = fp32_constant(alpha**C)
+
+    @T.macro
+    def chunk_step(
+        Q, K, V, O, bb, bh, v0, s0, Q_s, K_s, Qw_s, Kw_s, V_s, S_s, O_s, S_f, acc_o, A, A_cast, Gamma
+    ):
+        T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
+        T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
+        T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
+        for r, d in T.Parallel(C, dk):
+            Qw_s[r, d] = Q_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, r + 1))
+            Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
+
+        # Inter-chunk term; S_f still holds the state before this chunk.
+        T.copy(S_f, S_s)
+        T.gemm(Qw_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
+        # Intra-chunk term with the unweighted Q.
+        T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
+        for i, j in T.Parallel(C, C):
+            A_cast[i, j] = A[i, j] * Gamma[i, j]
+        T.gemm(A_cast, V_s, acc_o)  # [C, C] @ [C, bDV] -> [C, bDV]
+        T.copy(acc_o, O_s)
+        T.copy(O_s, O[bb, s0 : s0 + C, bh, v0 : v0 + block_dv])
+
+        # State update after the output (the output reads the state before this chunk),
+        # decaying the old state before adding this chunk's keys.
+        for i, j in T.Parallel(dk, block_dv):
+            S_f[i, j] *= alpha_pow_c
+        T.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV] -> [DK, bDV]
+
+    return chunk_step
+
+
 def scalar_decay_fwd(
     *,
     batch: int,
@@ -71,7 +111,7 @@ def scalar_decay_fwd(
     num_chunks = T.ceildiv(seqlen, C)
     accum = "float32"
     log2_alpha = math.log2(alpha)  # <= 0, so every exp2(log2_alpha * k), k >= 0, is <= 1
-    alpha_pow_c = fp32_constant(alpha**C)
+    chunk_step = chunk_step_macro(chunk=C, dk=dk, block_dv=block_dv, alpha=alpha)
 
     @T.prim_func
     def main(
@@ -111,29 +151,28 @@ def scalar_decay_fwd(
             T.clear(S_f)  # once: the state runs over the whole sequence
 
             for c in T.Pipelined(num_chunks, num_stages=num_stages):
-                T.copy(Q[bb, c * C : (c + 1) * C, bh, :], Q_s)
-                T.copy(K[bb, c * C : (c + 1) * C, bh, :], K_s)
-                T.copy(V[bb, c * C : (c + 1) * C, bh, v0 : v0 + block_dv], V_s)
-                for r, d in T.Parallel(C, dk):
-                    Qw_s[r, d] = Q_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, r + 1))
-                    Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
-
-                # Inter-chunk term; S_f still holds the state before this chunk.
-                T.copy(S_f, S_s)
-                T.gemm(Qw_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
-                # Intra-chunk term with the unweighted Q.
-                T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
-                for i, j in T.Parallel(C, C):
-                    A_cast[i, j] = A[i, j] * Gamma[i, j]
-                T.gemm(A_cast, V_s, acc_o)  # [C, C] @ [C, bDV] -> [C, bDV]
-                T.copy(acc_o, O_s)
-                T.copy(O_s, O[bb, c * C : (c + 1) * C, bh, v0 : v0 + block_dv])
-
-                # State update after the output (the output reads the state before this
-                # chunk), decaying the old state before adding this chunk's keys.
-                for i, j in T.Parallel(dk, block_dv):
-                    S_f[i, j] *= alpha_pow_c
-                T.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV] -> [DK, bDV]
+                chunk_step(
+                    Q,
+                    K,
+                    V,
+                    O,
+                    bb,
+                    bh,
+                    v0,
+                    c * C,
+                    Q_s,
+                    K_s,
+                    Qw_s,
+                    Kw_s,
+                    V_s,
+                    S_s,
+                    O_s,
+                    S_f,
+                    acc_o,
+                    A,
+                    A_cast,
+                    Gamma,
+                )
 
     return main
 

@@ -10,9 +10,8 @@ pieces of ``L`` tokens that run in parallel blocks, with a cheap carry between t
 
 K and V are read twice (once per kernel), so the traffic is 1.5x the single-pass
 kernel's: this pays only where B*H is too small to fill the GPU (reports/h200/README.md).
-``kernel.scalar_decay`` remains the tuned kernel. The outputs kernel repeats the
-single-pass chunk loop; once the variant is validated and joins the tuner's space, the two
-should share it as one ``@T.macro``.
+``kernel.scalar_decay`` remains the tuned kernel; the outputs kernel runs the same chunk
+step (``kernel.scalar_decay.chunk_step_macro``).
 """
 
 import math
@@ -24,7 +23,7 @@ import torch
 
 from kernel.build import TORCH_DTYPES, check_tensor
 from kernel.config import KernelConfig, Problem
-from kernel.scalar_decay import fp32_constant
+from kernel.scalar_decay import chunk_step_macro, fp32_constant
 
 
 def segment_length(seqlen: int, chunk: int, segments: int) -> int:
@@ -58,6 +57,7 @@ def split_fwd(
     chunks_per_segment = L // C
     log2_alpha = math.log2(alpha)
     alpha_pow_c, alpha_pow_l = fp32_constant(alpha**C), fp32_constant(alpha**L)
+    chunk_step = chunk_step_macro(chunk=C, dk=dk, block_dv=block_dv, alpha=alpha)
 
     @T.prim_func
     def states_func(
@@ -119,24 +119,28 @@ def split_fwd(
                 for i, d in T.Parallel(dk, block_dv):
                     S_f[i, d] = S_f[i, d] * alpha_pow_l + States[bbh, j, i, v0 + d]
             for c in T.Pipelined(chunks_per_segment, num_stages=num_stages):
-                s0 = bp * L + c * C
-                T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
-                T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
-                T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
-                for r, d in T.Parallel(C, dk):
-                    Qw_s[r, d] = Q_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, r + 1))
-                    Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
-                T.copy(S_f, S_s)
-                T.gemm(Qw_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
-                T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
-                for i, j in T.Parallel(C, C):
-                    A_cast[i, j] = A[i, j] * Gamma[i, j]
-                T.gemm(A_cast, V_s, acc_o)  # [C, C] @ [C, bDV] -> [C, bDV]
-                T.copy(acc_o, O_s)
-                T.copy(O_s, O[bb, s0 : s0 + C, bh, v0 : v0 + block_dv])
-                for i, j in T.Parallel(dk, block_dv):
-                    S_f[i, j] *= alpha_pow_c
-                T.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV] -> [DK, bDV]
+                chunk_step(
+                    Q,
+                    K,
+                    V,
+                    O,
+                    bb,
+                    bh,
+                    v0,
+                    bp * L + c * C,
+                    Q_s,
+                    K_s,
+                    Qw_s,
+                    Kw_s,
+                    V_s,
+                    S_s,
+                    O_s,
+                    S_f,
+                    acc_o,
+                    A,
+                    A_cast,
+                    Gamma,
+                )
 
     return states_func, outputs_func
 
