@@ -1,8 +1,9 @@
 """Build a callable kernel for one (problem, config) on the current CUDA device."""
 
+import functools
 import multiprocessing
 import os
-from collections.abc import Iterable
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -82,18 +83,13 @@ def build(problem: Problem, config: KernelConfig) -> ScalarDecayKernel:
     return ScalarDecayKernel(problem, config, compile_kernel(problem, config, cuda_arch()))
 
 
-def _warm(job: tuple[Problem, KernelConfig, str]) -> ProbeResult:
-    problem, config, arch = job
-    return probe(problem, config, arch=arch)
-
-
 def precompile(
-    jobs: Iterable[tuple[Problem, KernelConfig]], *, arch: str, workers: int | None = None
+    jobs: Sequence[tuple[Problem, KernelConfig]], *, arch: str, workers: int | None = None
 ) -> list[ProbeResult]:
     """Probe many (problem, config) pairs in parallel processes. Each probe compiles through
     TileLang's disk cache, so a later ``build`` of the same pair is a cache hit."""
-    work = [(p, c, arch) for p, c in jobs]
-    workers = workers or min(len(work), os.cpu_count() or 1) or 1
+    problems, configs = zip(*jobs) if jobs else ((), ())
+    workers = workers or min(len(problems), os.cpu_count() or 1) or 1
     # spawn: the parent may hold a CUDA context, which a forked child must not inherit
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_warm, work))
+        return list(pool.map(functools.partial(probe, arch=arch), problems, configs))

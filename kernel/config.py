@@ -129,3 +129,5 @@ def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
 
 # The seed's default: C = 64, block_DV = 32, 2 stages, 128 threads, scores in registers.
 SEED_CONFIG = KernelConfig(scores="regs")
+# The headline problem of DESIGN.md section 6, and the tuner's default.
+HEADLINE = Problem(batch=8, heads=16, seqlen=4096, dk=128, dv=128, alpha=0.99)

@@ -24,7 +24,6 @@ import tilelang.language as T
 
 from kernel.config import KernelConfig, Problem
 
-
 FP32_TINY = 2.0**-126  # smallest normal float32
 
 
@@ -179,13 +178,4 @@ def scalar_decay_fwd(
 
 def prim_func(problem: Problem, config: KernelConfig):
     """``scalar_decay_fwd`` for a validated problem and config."""
-    return scalar_decay_fwd(
-        batch=problem.batch,
-        heads=problem.heads,
-        seqlen=problem.seqlen,
-        dk=problem.dk,
-        dv=problem.dv,
-        alpha=problem.alpha,
-        dtype=problem.dtype,
-        **config.to_dict(),
-    )
+    return scalar_decay_fwd(**problem.to_dict(), **config.to_dict())

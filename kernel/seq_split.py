@@ -45,12 +45,17 @@ def split_fwd(
     threads: int,
     segments: int,
     dtype: str = "float16",
+    scores: str = "smem",
 ):
     """Return ``(states_func, outputs_func)``: the two ``@T.prim_func`` of the variant.
 
     ``states_func(K, V, States)``: States ``[B*H, P, DK, DV]`` fp32, the end state of each
     segment from a zero start. ``outputs_func(Q, K, V, States, O)``.
     """
+    if scores != "smem":
+        raise ValueError(
+            f"the sequence-split variant keeps its scores in shared memory, got scores={scores!r}"
+        )
     C, accum = chunk, "float32"
     L = segment_length(seqlen, C, segments)
     P = math.ceil(seqlen / L)
@@ -181,20 +186,7 @@ def build_split(
     config.check_fits(problem)
     if segments < 1:
         raise ValueError(f"segments must be >= 1, got {segments}")
-    funcs = split_fwd(
-        batch=problem.batch,
-        heads=problem.heads,
-        seqlen=problem.seqlen,
-        dk=problem.dk,
-        dv=problem.dv,
-        alpha=problem.alpha,
-        chunk=config.chunk,
-        block_dv=config.block_dv,
-        num_stages=config.num_stages,
-        threads=config.threads,
-        segments=segments,
-        dtype=problem.dtype,
-    )
+    funcs = split_fwd(**problem.to_dict(), **config.to_dict(), segments=segments)
     target = {"kind": "cuda", "arch": arch or cuda_arch()}
     states_kernel, outputs_kernel = (tilelang.compile(f, target=target) for f in funcs)
     return SplitKernel(problem, config, segments, states_kernel, outputs_kernel)
@@ -246,6 +238,9 @@ def main() -> int:
     from kernel.timing import bench
     from kernel.validate import random_qkv
 
+    if not torch.cuda.is_available():
+        print("kernel.seq_split's check needs a CUDA device; none is visible", file=sys.stderr)
+        return 2
     arch = cuda_arch()
     singles = {(p, c, 0) for p, _, _ in CHECKS[2:] for c in SINGLE_PASS}
     cases = [*CHECKS, *sorted(singles, key=str)]

@@ -18,7 +18,7 @@ import torch
 
 import refs
 from kernel.build import TORCH_DTYPES, ScalarDecayKernel, build, cuda_arch, precompile
-from kernel.config import SEED_CONFIG, KernelConfig, Problem
+from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem
 from kernel.resources import ProbeFailure
 from kernel.timing import bench
 
@@ -31,7 +31,6 @@ GRID = {
     "scores": ("smem", "regs"),
 }
 ALPHAS = (1.0, 0.99, 0.9, 0.8, 0.5)
-HEADLINE = Problem(batch=8, heads=16, seqlen=4096, dk=128, dv=128, alpha=0.99)
 
 
 def config_grid(dv: int) -> list[KernelConfig]:

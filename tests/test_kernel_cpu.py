@@ -3,9 +3,8 @@
 import pytest
 
 from kernel import SEED_CONFIG, SMEM_LIMIT_BYTES, KernelConfig, ProbeFailure, Problem, Resources, probe
+from kernel.config import HEADLINE
 from kernel.resources import parse_ptxas
-
-HEADLINE = Problem(batch=8, heads=16, seqlen=4096, dk=128, dv=128, alpha=0.99)
 
 
 @pytest.mark.parametrize(
@@ -137,7 +136,16 @@ def test_tiny_decay_constants_never_become_inf(alpha, chunk, tmp_path):
     source = compile_kernel(problem, KernelConfig(chunk, 32, 1, 128)).get_kernel_source()
     cu, ptx = tmp_path / "k.cu", tmp_path / "k.ptx"
     cu.write_text(source)
-    cmd = [nvcc.get_nvcc_compiler(), "-ptx", "-arch=sm_90a", *nvcc.default_compile_options(), "-w", "-o", ptx, cu]
+    cmd = [
+        nvcc.get_nvcc_compiler(),
+        "-ptx",
+        "-arch=sm_90a",
+        *nvcc.default_compile_options(),
+        "-w",
+        "-o",
+        ptx,
+        cu,
+    ]
     subprocess.run([str(c) for c in cmd], check=True, capture_output=True)
     assert "0f7F800000" not in ptx.read_text() and "0fFF800000" not in ptx.read_text()  # +-inf
 

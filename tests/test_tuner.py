@@ -204,6 +204,9 @@ def test_worker_survives_hang_and_segfault(monkeypatch):
         (["run", "--enqueue", "64/48/1/128"], "outside the search space"),
         (["trials", "--study", "nope", "--storage", "sqlite:///:memory:"], "no study 'nope'"),
         (["frobnicate"], "invalid choice"),
+        (["run", "--workers", "0"], "--workers must be positive"),
+        (["run", "--tolerance", "-1"], "--tolerance must be positive"),
+        (["run", "--timeout", "nan"], "--timeout must be positive"),
     ],
 )
 def test_user_mistakes_exit_2_with_one_line(argv, message, capsys):

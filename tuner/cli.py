@@ -14,6 +14,7 @@ from pathlib import Path
 import optuna
 
 from kernel import KernelConfig, Problem
+from kernel.config import HEADLINE
 from kernel.deploy import ExportError, read_export
 from tuner.bench import SHAPES
 from tuner.study import (
@@ -28,8 +29,8 @@ from tuner.study import (
     get_storage,
 )
 
-# The headline problem of DESIGN.md 6: B=8, H=16, S=4096, alpha=0.99, fp16.
-DEFAULTS = {"batch": 8, "heads": 16, "seqlen": 4096, "alpha": 0.99, "dtype": "float16"}
+# Defaults: the headline problem of DESIGN.md 6, B=8, H=16, S=4096, DK=DV=128, alpha=0.99, fp16.
+DEFAULTS = HEADLINE.to_dict()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,8 +46,8 @@ def _study_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _problem_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dk", type=int, default=128, help="key/query head dim (default 128)")
-    p.add_argument("--dv", type=int, default=128, help="value head dim (default 128)")
+    p.add_argument("--dk", type=int, default=DEFAULTS["dk"], help="key/query head dim (default %(default)s)")
+    p.add_argument("--dv", type=int, default=DEFAULTS["dv"], help="value head dim (default %(default)s)")
     p.add_argument("--batch", type=int, default=DEFAULTS["batch"])
     p.add_argument("--heads", type=int, default=DEFAULTS["heads"])
     p.add_argument("--seqlen", type=int, default=DEFAULTS["seqlen"])
@@ -310,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
         _study_flags(p)
         _problem_flags(p)
     run = sub.choices["run"]
-    run.add_argument("--n-trials", type=int, default=40, help="trials this run adds to the study (default 40)")
+    run.add_argument(
+        "--n-trials", type=int, default=40, help="trials this run adds to the study (default 40)"
+    )
     run.add_argument(
         "--timeout", type=float, default=None, help="stop asking for trials after this many seconds"
     )
@@ -351,8 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join("x".join(map(str, s)) for s in SHAPES),
         help="comma-separated BxHxS (default: %(default)s)",
     )
-    bench.add_argument("--dk", type=int, default=128)
-    bench.add_argument("--dv", type=int, default=128)
+    bench.add_argument("--dk", type=int, default=DEFAULTS["dk"])
+    bench.add_argument("--dv", type=int, default=DEFAULTS["dv"])
     bench.add_argument("--alpha", type=float, default=DEFAULTS["alpha"])
     bench.add_argument("--out", default="reports", help="directory for bench.csv and bench.html")
     cmp = sub.choices["compare"]
@@ -369,9 +372,35 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         args = build_parser().parse_args(argv)
-        if getattr(args, "n_trials", 1) < 1:
-            raise UsageError("--n-trials must be >= 1")
+        _check_numbers(args)
         return args.func(args)
     except (UsageError, ExportError, ValueError) as exc:
         print(f"error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            "interrupted: finished trials are kept in the study; run the same command to go on",
+            file=sys.stderr,
+        )
+        return 130
+
+
+# flag -> smallest allowed value (None when unset means "no limit" or "the default")
+_MINIMA = {
+    "n_trials": 1,
+    "workers": 1,
+    "trial_timeout": 1e-3,
+    "timeout": 1e-3,
+    "tolerance": 1e-12,
+    "max_spill_bytes": 0,
+    "max_registers": 1,
+    "top": 1,
+}
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for name, minimum in _MINIMA.items():
+        value = getattr(args, name, None)
+        if value is not None and not value >= minimum:  # `not >=` also rejects NaN
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} must be {'positive' if minimum > 0 else '>= 0'}, got {value}")
