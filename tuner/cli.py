@@ -82,9 +82,14 @@ def _configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:
     return tuple(configs)
 
 
-def _open(args: argparse.Namespace) -> optuna.Study:
-    storage = args.storage or default_storage()
-    name = args.study or default_study_name(_problem(args))
+def _where(args: argparse.Namespace) -> tuple[str, str]:
+    """(study name, storage URL) from the flags, defaulting to the problem's study in studies/."""
+    return args.study or default_study_name(_problem(args)), args.storage or default_storage()
+
+
+def _open(args: argparse.Namespace, name: str | None = None) -> optuna.Study:
+    default_name, storage = _where(args)
+    name = name or default_name
     try:
         return optuna.load_study(study_name=name, storage=get_storage(storage))
     except KeyError:
@@ -107,8 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         enqueue=tuple(_config(c) for c in args.enqueue) + _configs_from(args.enqueue_from),
         progress=not args.no_progress,
     )
-    storage = args.storage or default_storage()
-    name = args.study or default_study_name(problem)
+    name, storage = _where(args)
     tuner = Tuner(problem, options, name=name, storage=storage)
     if not tuner.gpu:
         print(
@@ -208,13 +212,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from kernel.deploy import write_json
     from tuner.trials import compare, trials_frame
 
-    study = _open(args)
-    try:
-        yardstick = optuna.load_study(
-            study_name=args.against, storage=get_storage(args.storage or default_storage())
-        )
-    except KeyError:
-        raise UsageError(f"no study {args.against!r} to compare against") from None
+    study, yardstick = _open(args), _open(args, args.against)
     if study.user_attrs.get("problem") != yardstick.user_attrs.get("problem"):
         raise UsageError(f"{study.study_name!r} and {args.against!r} tuned different problems")
     try:
