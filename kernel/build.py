@@ -1,6 +1,7 @@
 """Build a callable kernel for one (problem, config) on the current CUDA device."""
 
 import functools
+import math
 import multiprocessing
 import os
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 @dataclass(frozen=True)
 class ScalarDecayKernel:
-    """``kernel(q, k, v) -> o`` for one compiled (problem, config).
+    """``kernel(q, k, v) -> o`` for one compiled (problem, config), of either variant.
 
     q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; contiguous CUDA tensors of the problem's
     dtype. Pass ``out=`` to write into an existing ``[B, S, H, DV]`` tensor.
@@ -26,7 +27,7 @@ class ScalarDecayKernel:
 
     problem: Problem
     config: KernelConfig
-    compiled: Any  # tilelang.JITKernel
+    compiled: tuple[Any, ...]  # tilelang.JITKernel per kernel, in launch order
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor | None = None
@@ -42,13 +43,22 @@ class ScalarDecayKernel:
             check_tensor(name, tensor, shape, dtype)
             if tensor.device != q.device:
                 raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
-        self.compiled(q, k, v, out)
+        if self.config.segments == 1:
+            (single,) = self.compiled
+            single(q, k, v, out)
+            return out
+        states_kernel, carry_kernel, outputs_kernel = self.compiled
+        segments = math.ceil(p.seqlen / self.config.segment_length(p.seqlen))
+        states = torch.empty(p.batch * p.heads, segments, p.dk, p.dv, device=q.device)
+        states_kernel(k, v, states)
+        carry_kernel(states)
+        outputs_kernel(q, k, v, states, out)
         return out
 
     @property
     def source(self) -> str:
-        """The generated CUDA source."""
-        return self.compiled.get_kernel_source()
+        """The generated CUDA source of every kernel."""
+        return "\n".join(c.get_kernel_source() for c in self.compiled)
 
 
 def check_tensor(name: str, tensor: Any, shape: tuple[int, ...], dtype: torch.dtype) -> None:

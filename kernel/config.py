@@ -67,8 +67,12 @@ class Problem:
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """The tunable knobs of the single-pass kernel.
+    """The tunable knobs of the kernel.
 
+    segments: the kernel variant. ``1`` is the seed's single-pass design
+    (``kernel.scalar_decay``): one block walks the whole sequence. ``n > 1`` is the
+    sequence-split variant (``kernel.seq_split``): the sequence is cut into ``n`` segments
+    of whole chunks that run in parallel blocks, joined by a carry of their end states.
     chunk: tokens per chunk C. block_dv: the DV slice one block owns (the grid is
     ``(dv // block_dv, batch * heads)``). num_stages: depth of the software pipeline over
     chunks. threads: consumer threads per block (TileLang adds a producer warp group).
@@ -81,9 +85,10 @@ class KernelConfig:
     num_stages: int = 2
     threads: int = 128
     scores: str = "smem"
+    segments: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("chunk", "block_dv", "num_stages", "threads"):
+        for name in ("chunk", "block_dv", "num_stages", "threads", "segments"):
             _positive_int(name, getattr(self, name))
         if self.scores not in SCORES:
             raise ValueError(f"scores must be one of {SCORES}, got {self.scores!r}")
@@ -94,11 +99,23 @@ class KernelConfig:
         if self.threads % 128:
             raise ValueError(f"threads must be a multiple of 128 (a warp group), got {self.threads}")
 
+    @property
+    def variant(self) -> str:
+        return "single-pass" if self.segments == 1 else "seq-split"
+
+    def segment_length(self, seqlen: int) -> int:
+        return segment_length(seqlen, self.chunk, self.segments)
+
     def check_fits(self, problem: Problem) -> None:
         """Raise ``ValueError`` if this config cannot tile ``problem`` at all."""
         if problem.dv % self.block_dv:
             raise ValueError(
                 f"block_dv must divide dv: dv={problem.dv} is not a multiple of block_dv={self.block_dv}"
+            )
+        if self.segments > 1 and self.segment_length(problem.seqlen) >= problem.seqlen:
+            raise ValueError(
+                f"segments={self.segments} of whole {self.chunk}-token chunks leave one segment "
+                f"for seqlen={problem.seqlen}: use segments=1 (the single-pass kernel)"
             )
 
     def seed_register_estimate(self, problem: Problem) -> int:
@@ -117,6 +134,11 @@ class KernelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
         return cls(**_known_fields(cls, data))
+
+
+def segment_length(seqlen: int, chunk: int, segments: int) -> int:
+    """Tokens per segment: whole chunks, so only the last segment is ragged."""
+    return math.ceil(math.ceil(seqlen / segments) / chunk) * chunk
 
 
 def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:

@@ -13,9 +13,12 @@ A file measured elsewhere (another GPU, another TileLang, torch or CUDA) or for 
 problem is refused unless the caller overrides: its ranking may not hold here.
 """
 
+import dataclasses
 import json
+import math
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,17 +89,7 @@ def load_config(
         raise ExportError(f"{path}: malformed entry: {exc}") from None
     problem = problem or saved
     if not allow_mismatch:
-        here = environment()
-        diff = [
-            f"{k}: file {data['environment'].get(k)!r}, here {here[k]!r}"
-            for k in ENVIRONMENT_KEYS
-            if data["environment"].get(k) != here[k]
-        ]
-        if diff:
-            raise ExportError(
-                f"{path} was measured in another environment ({'; '.join(diff)}); "
-                "pass allow_mismatch=True to use it anyway"
-            )
+        _check_environment(path, data["environment"])
         if problem != saved:
             raise ExportError(
                 f"{path} was tuned for {saved}, not {problem}; pass allow_mismatch=True to use it anyway"
@@ -108,8 +101,143 @@ def load_config(
     return problem, config
 
 
+def _check_environment(path: str | Path, saved: dict[str, Any]) -> None:
+    here = environment()
+    diff = [f"{k}: file {saved.get(k)!r}, here {here[k]!r}" for k in ENVIRONMENT_KEYS if saved.get(k) != here[k]]
+    if diff:
+        raise ExportError(
+            f"{path} was measured in another environment ({'; '.join(diff)}); "
+            "pass allow_mismatch=True to use it anyway"
+        )
+
+
 def load_kernel(path: str | Path, *, problem: Problem | None = None, allow_mismatch: bool = False):
     """Load a best-config file into a kernel ready to call (``kernel.build``)."""
     from kernel.build import build
 
     return build(*load_config(path, problem=problem, allow_mismatch=allow_mismatch))
+
+
+# --- Dispatch table: one tuned config per shape bucket -------------------------------
+
+DISPATCH_FORMAT = "decay-tuner/dispatch"
+DISPATCH_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DispatchEntry:
+    """The best config measured at one tuned shape (``problem``)."""
+
+    problem: Problem
+    config: KernelConfig
+    median_ms: float | None = None
+
+    def distance(self, problem: Problem) -> float:
+        """How far ``problem``'s shape is from this entry's, in log2(B*H) plus log2(S)."""
+        bh = lambda p: p.batch * p.heads  # noqa: E731
+        return abs(math.log2(bh(problem) / bh(self.problem))) + abs(
+            math.log2(problem.seqlen / self.problem.seqlen)
+        )
+
+
+@dataclass
+class Dispatch:
+    """Picks a config by shape, and builds (once per problem) the kernel to run it.
+
+    Format ``decay-tuner/dispatch`` version 1::
+
+        {"format": "decay-tuner/dispatch", "version": 1, "environment": {...},
+         "entries": [{"problem": {...}, "config": {...}, "median_ms": .., "study": ..}, ...]}
+
+    Each entry owns a shape bucket: the shapes nearer to its tuned (B*H, S) than to any
+    other entry's, in log2 of each. ``pick`` takes the nearest entry of the same DK, DV and
+    dtype whose config can run the problem; alpha is a compile-time constant of the kernel
+    but does not change its speed, so an entry serves every alpha.
+    """
+
+    entries: list[DispatchEntry]
+    environment: dict[str, Any]
+    _kernels: dict[Problem, Any] = field(default_factory=dict, repr=False)
+
+    def pick(self, problem: Problem) -> DispatchEntry:
+        """The entry whose config runs ``problem``; ``ExportError`` if no entry can."""
+        same = [
+            e
+            for e in self.entries
+            if (e.problem.dk, e.problem.dv, e.problem.dtype) == (problem.dk, problem.dv, problem.dtype)
+        ]
+        if not same:
+            tuned = sorted({(e.problem.dk, e.problem.dv, e.problem.dtype) for e in self.entries})
+            raise ExportError(
+                f"no dispatch entry for dk={problem.dk}, dv={problem.dv}, {problem.dtype}; "
+                f"the table was tuned for (dk, dv, dtype) in {tuned}"
+            )
+        fitting = [e for e in same if _runs(e.config, problem)]
+        if not fitting:  # e.g. a sequence too short to split: fall back to the single-pass kernel
+            nearest = min(same, key=lambda e: e.distance(problem))
+            single = dataclasses.replace(nearest.config, segments=1)
+            return DispatchEntry(nearest.problem, _shorter_pipeline(single, problem), None)
+        return min(fitting, key=lambda e: e.distance(problem))
+
+    def kernel(self, problem: Problem):
+        """The built kernel for ``problem`` (compiled on first use, then cached)."""
+        if problem not in self._kernels:
+            from kernel.build import build
+
+            self._kernels[problem] = build(problem, self.pick(problem).config)
+        return self._kernels[problem]
+
+    def __call__(self, q, k, v, *, alpha: float, out=None):
+        """``o = kernel(q, k, v)`` with the problem read off the tensors ``[B, S, H, D]``."""
+        import torch
+
+        dtypes = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+        if q.dim() != 4 or v.dim() != 4:
+            raise ValueError(f"q and v must be [B, S, H, D], got {list(q.shape)} and {list(v.shape)}")
+        if q.dtype not in dtypes:
+            raise ValueError(f"q must be float16 or bfloat16, got {q.dtype}")
+        b, s, h, dk = q.shape
+        return self.kernel(Problem(b, h, s, dk, v.shape[-1], alpha, dtypes[q.dtype]))(q, k, v, out=out)
+
+
+def _runs(config: KernelConfig, problem: Problem) -> bool:
+    """Whether ``config`` tiles ``problem`` with a pipeline no deeper than a segment."""
+    try:
+        config.check_fits(problem)
+    except ValueError:
+        return False
+    return config.num_stages <= config.segment_length(problem.seqlen) // config.chunk
+
+
+def _shorter_pipeline(config: KernelConfig, problem: Problem) -> KernelConfig:
+    chunks = max(1, config.segment_length(problem.seqlen) // config.chunk)
+    return dataclasses.replace(config, num_stages=min(config.num_stages, chunks))
+
+
+def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch:
+    """Read a dispatch table; ``ExportError`` if it is malformed or, unless
+    ``allow_mismatch``, measured in another environment."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"cannot read dispatch table {path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != DISPATCH_FORMAT:
+        raise ExportError(f"{path} is not a {DISPATCH_FORMAT} file")
+    if data.get("version") != DISPATCH_VERSION:
+        raise ExportError(
+            f"{path} has version {data.get('version')!r}; this tool reads version {DISPATCH_VERSION}"
+        )
+    try:
+        entries = [
+            DispatchEntry(
+                Problem.from_dict(e["problem"]), KernelConfig.from_dict(e["config"]), e.get("median_ms")
+            )
+            for e in data["entries"]
+        ]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ExportError(f"{path}: malformed entry: {exc}") from None
+    if not entries:
+        raise ExportError(f"{path} holds no entries")
+    if not allow_mismatch:
+        _check_environment(path, data.get("environment") or {})
+    return Dispatch(entries, data.get("environment") or {})

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from kernel import scalar_decay, seq_split
 from kernel.config import KernelConfig, Problem
-from kernel.scalar_decay import prim_func
 
 # Largest shared memory one block may opt into on H100 and H200 (227 KiB).
 SMEM_LIMIT_BYTES = 232_448
@@ -34,7 +34,11 @@ FailureStage = Literal["lower", "nvcc"]
 
 @dataclass(frozen=True)
 class Resources:
-    """Per-block resources of one compiled kernel, as ptxas and TileLang report them."""
+    """Per-block resources of one compiled kernel, as ptxas and TileLang report them.
+
+    For a variant of several kernels: spills summed; registers, stack and threads the
+    largest; shared memory that of the kernel that needs the most.
+    """
 
     registers: int  # per thread; warp-specialised consumers are capped at 240
     spill_stores: int  # bytes
@@ -96,33 +100,44 @@ def parse_ptxas(log: str) -> dict[str, int]:
     figures = {}
     for name, pattern in _PTXAS_PATTERNS.items():
         match = pattern.search(log)
-        if match is None:
+        if match is None and name == "static_smem":  # ptxas omits a zero
+            figures[name] = 0
+        elif match is None:
             raise ValueError(f"ptxas output has no '{name}' figure:\n{log}")
-        figures[name] = int(match.group(1))
+        else:
+            figures[name] = int(match.group(1))
     return figures
 
 
-def lower(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH):
-    """Lower the kernel to CUDA source for ``arch``: TileLang's ``CompiledArtifact``."""
+def prim_funcs(problem: Problem, config: KernelConfig) -> list:
+    """The ``@T.prim_func`` kernels of ``config``'s variant, in launch order."""
+    if config.segments == 1:
+        return [scalar_decay.prim_func(problem, config)]
+    return list(seq_split.prim_funcs(problem, config))
+
+
+def lower(func: Any, *, arch: str = DEFAULT_ARCH):
+    """Lower one prim func to CUDA source for ``arch``: TileLang's ``CompiledArtifact``."""
     import tilelang
     from tilelang import tvm
 
-    func = prim_func(problem, config)
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     with target:
         return tilelang.lower(func, target=target)
 
 
-def compile_kernel(problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH) -> Any:
-    """TileLang-compile for an explicit ``arch``: needs nvcc, not a GPU. Cached on disk, so
-    a later ``kernel.build`` of the same (problem, config) on an ``arch`` GPU is a cache hit."""
+def compile_kernel(problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH) -> tuple[Any, ...]:
+    """TileLang-compile every kernel of the config for an explicit ``arch``: needs nvcc, not
+    a GPU. Cached on disk, so a later ``kernel.build`` of the same (problem, config) on an
+    ``arch`` GPU is a cache hit."""
     import tilelang
 
     config.check_fits(problem)
     # Compiler failures come back to the caller as exceptions (and from ``probe`` as
     # values); TileLang's logger would only repeat them, with pages of generated source.
     tilelang.set_log_level(logging.CRITICAL + 1)
-    return tilelang.compile(prim_func(problem, config), target={"kind": "cuda", "arch": arch})
+    target = {"kind": "cuda", "arch": arch}
+    return tuple(tilelang.compile(f, target=target) for f in prim_funcs(problem, config))
 
 
 def probe(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH) -> ProbeResult:
@@ -135,22 +150,29 @@ def probe(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH) -
     config.check_fits(problem)
     start = time.perf_counter()
     try:
-        compiled = compile_kernel(problem, config, arch)
+        kernels = compile_kernel(problem, config, arch)
     except Exception as exc:  # TVM raises many types; each is recorded, none is swallowed
         stage: FailureStage = "nvcc" if "Compilation error" in str(exc) else "lower"
         return ProbeFailure(stage, type(exc).__name__, _summary(str(exc)), time.perf_counter() - start)
-    # A disk-cache hit carries no lowered module: lower again for the launch figures.
-    dynamic_smem, threads_launched = launch_figures(compiled.artifact or lower(problem, config, arch=arch))
-    ok, log = _ptxas(compiled.get_kernel_source(), arch)
-    elapsed = time.perf_counter() - start
-    if not ok:
-        return ProbeFailure("nvcc", "CompilationError", _summary(log), elapsed)
+    figures = []
+    for compiled, func in zip(kernels, prim_funcs(problem, config)):
+        # A disk-cache hit carries no lowered module: lower again for the launch figures.
+        dynamic_smem, threads_launched = launch_figures(compiled.artifact or lower(func, arch=arch))
+        ok, log = _ptxas(compiled.get_kernel_source(), arch)
+        if not ok:
+            return ProbeFailure("nvcc", "CompilationError", _summary(log), time.perf_counter() - start)
+        figures.append(parse_ptxas(log) | {"dynamic_smem": dynamic_smem, "threads_launched": threads_launched})
+    smem = max(figures, key=lambda f: f["static_smem"] + f["dynamic_smem"])
     return Resources(
-        **parse_ptxas(log),
-        dynamic_smem=dynamic_smem,
-        threads_launched=threads_launched,
+        registers=max(f["registers"] for f in figures),
+        spill_stores=sum(f["spill_stores"] for f in figures),
+        spill_loads=sum(f["spill_loads"] for f in figures),
+        stack_frame=max(f["stack_frame"] for f in figures),
+        static_smem=smem["static_smem"],
+        dynamic_smem=smem["dynamic_smem"],
+        threads_launched=max(f["threads_launched"] for f in figures),
         seed_register_estimate=config.seed_register_estimate(problem),
-        compile_seconds=elapsed,
+        compile_seconds=time.perf_counter() - start,
     )
 
 

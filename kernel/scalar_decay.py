@@ -177,5 +177,8 @@ def scalar_decay_fwd(
 
 
 def prim_func(problem: Problem, config: KernelConfig):
-    """``scalar_decay_fwd`` for a validated problem and config."""
-    return scalar_decay_fwd(**problem.to_dict(), **config.to_dict())
+    """``scalar_decay_fwd`` for a validated problem and a single-pass config."""
+    knobs = config.to_dict()
+    if knobs.pop("segments") != 1:
+        raise ValueError(f"the single-pass kernel runs one segment, got segments={config.segments}")
+    return scalar_decay_fwd(**problem.to_dict(), **knobs)

@@ -100,7 +100,7 @@ def report_frame(study: optuna.Study) -> pd.DataFrame:
 
 
 def config_label(params: Sequence[Any]) -> str:
-    """(64, 32, 2, 128, 'regs') -> '64/32/2/128/regs'."""
+    """(64, 32, 2, 128, 'regs', 1) -> '64/32/2/128/regs/1'."""
     return "/".join(_plain_text(v) for v in params)
 
 
@@ -120,7 +120,7 @@ def _hover(row: dict[str, Any]) -> str:
     lines = [
         f"trial {row['number']} · {row['status'] or row['state'].lower()}"
         + (" · baseline (seed default)" if row["baseline"] else ""),
-        "C={} bDV={} stages={} threads={} scores={}".format(*(_plain_text(row[k]) for k in PARAMS)),
+        "C={} bDV={} stages={} threads={} scores={} segments={}".format(*(_plain_text(row[k]) for k in PARAMS)),
         f"median {num('median_ms', '.4f', ' ms')} (p20 {num('p20_ms', '.4f')}, p80 {num('p80_ms', '.4f')})"
         f" · rel_l2 {num('rel_l2', '.2e')}",
         f"registers {num('registers', '.0f')} (seed estimate {num('seed_register_estimate', '.0f')})"

@@ -122,18 +122,20 @@ def test_seed_config_is_the_seed():
     assert SEED_CONFIG == KernelConfig(64, 32, 2, 128, "regs")
 
 
-@pytest.mark.parametrize("alpha,chunk", [(0.3, 128), (0.5, 128), (1e-3, 64)])
-def test_tiny_decay_constants_never_become_inf(alpha, chunk, tmp_path):
+@pytest.mark.parametrize("alpha,chunk,segments", [(0.3, 128, 1), (0.5, 128, 1), (1e-3, 64, 1), (0.5, 64, 4)])
+def test_tiny_decay_constants_never_become_inf(alpha, chunk, segments, tmp_path):
     """nvcc reads a hex-float literal below fp32's range as +inf in device code; alpha^C
-    underflows there for these (alpha, C), and the state would turn to NaN on the GPU."""
+    (and the split's carry alpha^L, 0.5^256 here) underflows there for these cases, and the
+    state would turn to NaN on the GPU."""
     import subprocess
 
     from tilelang.contrib import nvcc
 
     from kernel.resources import compile_kernel
 
-    problem = Problem(1, 1, 256, 64, 64, alpha)
-    source = compile_kernel(problem, KernelConfig(chunk, 32, 1, 128)).get_kernel_source()
+    problem = Problem(1, 1, 1024, 64, 64, alpha)
+    kernels = compile_kernel(problem, KernelConfig(chunk, 32, 1, 128, segments=segments))
+    source = "\n".join(k.get_kernel_source() for k in kernels)
     cu, ptx = tmp_path / "k.cu", tmp_path / "k.ptx"
     cu.write_text(source)
     cmd = [

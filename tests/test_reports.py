@@ -87,11 +87,11 @@ def frame(study) -> pd.DataFrame:
 # Data, exactly ------------------------------------------------------------------------------
 
 def test_report_frame_labels_and_hover(frame):
-    assert frame.config.tolist()[:3] == ["64/32/2/128/regs", "64/64/1/256/smem", "32/64/1/256/smem"]
+    assert frame.config.tolist()[:3] == ["64/32/2/128/regs/1", "64/64/1/256/smem/1", "32/64/1/256/smem/1"]
     assert frame.violated.tolist() == ["", "", "", "", "smem, spills", "", "", "correctness", ""]
     assert (frame.alpha == 0.9).all()
     assert frame.hover[0].startswith("trial 0 · ok · baseline (seed default)<br>C=64 bDV=32 stages=2 "
-                                     "threads=128 scores=regs<br>median 0.5000 ms (p20 0.4950, p80 0.5050) "
+                                     "threads=128 scores=regs segments=1<br>median 0.5000 ms (p20 0.4950, p80 0.5050) "
                                      "· rel_l2 3.60e-04")
     assert "registers 240 (seed estimate" in frame.hover[0] and "smem 110,000 B" in frame.hover[0]
     assert frame.hover[4].endswith("constraint violated: smem, spills")
@@ -140,12 +140,12 @@ def test_pareto_latency_against_resources(frame):
 
 def test_knob_frame(frame):
     long = data.knob_frame(frame, "median_ms")
-    assert len(long) == 5 * 5  # five feasible trials, five knobs
+    assert len(long) == 5 * 6  # five feasible trials, six knobs
     chunk = long[long.knob == "chunk"]
     assert chunk.choice.tolist() == ["32", "64", "64", "64", "64"]
     assert chunk.number.tolist() == [2, 0, 1, 3, 8]
     assert long[long.knob == "scores"].choice.tolist() == ["regs", "smem", "smem", "smem", "smem"]
-    assert list(dict.fromkeys(long.knob)) == ["chunk", "block_dv", "num_stages", "threads", "scores"]
+    assert list(dict.fromkeys(long.knob)) == ["chunk", "block_dv", "num_stages", "threads", "scores", "segments"]
 
 
 def test_history(frame):
@@ -232,7 +232,7 @@ def test_peers(study, frame):
     info = data.peers(with_peers, data.report_frame(with_peers))
     assert info.note is None
     assert info.bars.to_dict("records") == [
-        {"name": "decay-tuner best (64/64/1/256/smem)", "median_ms": 0.2, "ours": True, "vs_ours": 1.0},
+        {"name": "decay-tuner best (64/64/1/256/smem/1)", "median_ms": 0.2, "ours": True, "vs_ours": 1.0},
         {"name": "fla chunk_simple_gla", "median_ms": 0.39, "ours": False, "vs_ours": pytest.approx(1.95)},
         {"name": "torch chunked", "median_ms": 4.0, "ours": False, "vs_ours": pytest.approx(20.0)},
     ]

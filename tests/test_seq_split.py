@@ -1,12 +1,13 @@
-"""The sequence-split variant on the CPU: its carry algebra in float64, and that both of
-its kernels lower and compile for sm_90a. The GPU check is in tests/test_kernel_gpu.py."""
+"""The sequence-split variant on the CPU: its carry algebra in float64, and that its three
+kernels lower and compile for sm_90a. The GPU check is in tests/test_kernel_gpu.py."""
 
 import pytest
 import torch
 
 import refs
-from kernel import KernelConfig, Problem
-from kernel.seq_split import build_split, segment_length
+from kernel import KernelConfig, Problem, Resources, probe
+from kernel.config import segment_length
+from kernel.resources import compile_kernel
 from refs.chunk import chunk_weights
 
 
@@ -58,14 +59,28 @@ def test_segments_are_whole_chunks():
 
 
 @pytest.mark.parametrize(
-    "problem,config,segments",
+    "problem,config",
     [
-        (Problem(2, 3, 300, 64, 64, 0.9), KernelConfig(64, 32, 2, 128), 3),
-        (Problem(1, 2, 1000, 128, 128, 0.5, "bfloat16"), KernelConfig(64, 64, 1, 256), 4),
+        (Problem(2, 3, 300, 64, 64, 0.9), KernelConfig(64, 32, 2, 128, segments=3)),
+        (Problem(1, 2, 1000, 128, 128, 0.5, "bfloat16"), KernelConfig(64, 64, 1, 128, "regs", segments=4)),
     ],
 )
-def test_both_kernels_compile_for_sm90a(problem, config, segments):
-    kernel = build_split(problem, config, segments, arch="sm_90a")
-    assert "tma_load" in kernel.outputs_kernel.get_kernel_source()
-    with pytest.raises(ValueError, match="segments must be >= 1"):
-        build_split(problem, config, 0, arch="sm_90a")
+def test_three_kernels_compile_for_sm90a(problem, config):
+    states, carry, outputs = compile_kernel(problem, config, "sm_90a")
+    assert "tma_load" in outputs.get_kernel_source()
+    res = probe(problem, config)
+    assert isinstance(res, Resources) and res.spill_bytes == 0 and res.fits_smem
+
+
+def test_a_split_that_leaves_one_segment_is_refused():
+    # 64 tokens in 2 segments of whole 64-token chunks: one segment.
+    with pytest.raises(ValueError, match="use segments=1"):
+        KernelConfig(64, 32, 1, 128, segments=2).check_fits(Problem(1, 1, 64, 64, 64, 0.9))
+    KernelConfig(64, 32, 1, 128, segments=2).check_fits(Problem(1, 1, 65, 64, 64, 0.9))
+
+
+def test_single_pass_kernel_refuses_segments():
+    from kernel.scalar_decay import prim_func
+
+    with pytest.raises(ValueError, match="one segment"):
+        prim_func(Problem(1, 1, 300, 64, 64, 0.9), KernelConfig(segments=2))

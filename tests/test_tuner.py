@@ -16,6 +16,7 @@ import optuna
 import pandas as pd
 import pytest
 
+import refs
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.deploy import ExportError, load_config, read_export, write_json
 from tuner import space
@@ -35,10 +36,20 @@ def test_space_table_and_restrictions():
     table = space.choices(Problem(1, 1, 64, 128, 96, 0.9))
     assert table["block_dv"] == (16, 32, 48, 96)
     assert table["scores"] == ("smem", "regs")
-    assert len(list(space.grid(SMALL_PROBLEM))) == 3 * 3 * 4 * 2 * 2
+    assert table["segments"][0] == 1  # the single-pass kernel, then the sequence-split variant
+    assert len(list(space.grid(SMALL_PROBLEM))) == 3 * 3 * 4 * 2 * 2 * len(space.SEGMENTS)
     short = Problem(1, 1, 40, 64, 64, 0.9)  # one chunk of 64: a 2-stage pipeline has nothing to overlap
-    assert space.violated(short, KernelConfig(64, 32, 2, 128)) == ["stages <= chunks in the sequence"]
+    assert space.violated(short, KernelConfig(64, 32, 2, 128)) == ["stages <= chunks per segment"]
     assert space.violated(short, KernelConfig(32, 32, 2, 128)) == []
+    assert space.violated(short, KernelConfig(32, 32, 1, 128, segments=2)) == []  # 32 + 8 tokens
+    assert space.violated(short, KernelConfig(32, 32, 1, 128, segments=4)) == []  # rounds to 2 segments
+    assert space.violated(short, KernelConfig(64, 32, 1, 128, segments=2)) == [
+        "seq-split makes at least two segments"
+    ]
+    # 4096 tokens: 8 segments hold 8 chunks of 64 each; 16 segments, 2 chunks of 128, too few for 4 stages
+    long = Problem(1, 1, 4096, 64, 64, 0.9)
+    assert space.violated(long, KernelConfig(64, 32, 4, 128, segments=8)) == []
+    assert space.violated(long, KernelConfig(128, 32, 4, 128, segments=16)) == ["stages <= chunks per segment"]
 
 
 def _run(storage: str, study: str, *extra: str) -> int:
@@ -62,8 +73,8 @@ def test_compile_only_study_end_to_end(tmp_path, capsys, monkeypatch):
 
     frame = pd.read_csv(tmp_path / "e2e" / "trials.csv")
     assert list(frame.columns) == list(COLUMNS) and len(frame) == 4
-    failed = frame[frame.chunk == 32]
-    assert (failed.status == "compile_failed").all() and failed.reason.str.contains(
+    failed = frame[(frame.chunk == 32) & (frame.scores == "regs")]
+    assert len(failed) >= 1 and (failed.status == "compile_failed").all() and failed.reason.str.contains(
         "Layout infer conflict"
     ).all()
     ok = frame[frame.status == "ok"]
@@ -207,6 +218,10 @@ def test_worker_survives_hang_and_segfault(monkeypatch):
         (["run", "--workers", "0"], "--workers must be positive"),
         (["run", "--tolerance", "-1"], "--tolerance must be positive"),
         (["run", "--timeout", "nan"], "--timeout must be positive"),
+        (["run", "--enqueue", "64/32/1/128/smem/0"], "segments must be a positive integer"),
+        (["dispatch", "--shapes", "1x2"], "--shapes wants BxHxS"),
+        (["dispatch", "--dv", "20"], "dv must be a multiple of 16"),
+        (["bench", "--dispatch", "/nonexistent/table.json"], "cannot read dispatch table"),
     ],
 )
 def test_user_mistakes_exit_2_with_one_line(argv, message, capsys):
@@ -260,6 +275,73 @@ def test_loader_refuses_other_environment_or_problem(tmp_path):
         load_config(_export(tmp_path, version=99))
     with pytest.raises(ExportError, match="block_dv must divide dv"):
         load_config(_export(tmp_path), problem=Problem(1, 2, 256, 64, 32, 0.99), allow_mismatch=True)
+
+
+def _table(tmp_path: Path, pairs: list[tuple[Problem, KernelConfig]], **changes) -> Path:
+    from kernel.deploy import DISPATCH_FORMAT, environment
+
+    data = {
+        "format": DISPATCH_FORMAT,
+        "version": 1,
+        "environment": environment(),
+        "entries": [{"problem": p.to_dict(), "config": c.to_dict(), "median_ms": 0.1} for p, c in pairs],
+    }
+    path = tmp_path / "dispatch.json"
+    write_json(path, data | changes)
+    return path
+
+
+def test_dispatch_picks_the_nearest_shape_that_the_config_runs(tmp_path):
+    from kernel.deploy import load_dispatch
+
+    many = KernelConfig(64, 128, 2, 256)  # tuned at B*H = 128, S = 4096
+    few = KernelConfig(64, 128, 2, 256, segments=16)  # tuned at B*H = 8, S = 32768
+    narrow = KernelConfig(64, 32, 1, 128)  # tuned for DV = 64
+    table = load_dispatch(
+        _table(
+            tmp_path,
+            [
+                (Problem(8, 16, 4096, 128, 128, 0.99), many),
+                (Problem(1, 8, 32768, 128, 128, 0.99), few),
+                (Problem(8, 16, 4096, 128, 64, 0.99), narrow),
+            ],
+        )
+    )
+    pick = lambda *shape, dv=128, alpha=0.9: table.pick(Problem(*shape, 128, dv, alpha)).config  # noqa: E731
+    assert pick(8, 16, 4096) == many and pick(1, 8, 32768) == few
+    assert pick(16, 16, 2048) == many and pick(1, 4, 65536) == few  # inside each bucket
+    assert pick(2, 4, 16384) == few and pick(4, 16, 4096) == many  # nearer in log2(B*H) + log2(S)
+    assert pick(8, 16, 4096, dv=64) == narrow
+    # 16 segments of 512 tokens hold one chunk each, too few for 2 stages: the nearest that runs.
+    assert pick(1, 8, 512) == many
+    # Too short for any entry: the nearest one as a single-pass kernel, pipeline shortened.
+    assert table.pick(Problem(1, 1, 64, 128, 128, 0.9)).config == KernelConfig(64, 128, 1, 256)
+    with pytest.raises(ExportError, match=r"no dispatch entry for dk=128, dv=32"):
+        pick(8, 16, 4096, dv=32)
+    with pytest.raises(ExportError, match="no dispatch entry"):
+        table.pick(Problem(8, 16, 4096, 128, 128, 0.99, "bfloat16"))
+
+
+def test_dispatch_loader_refuses_bad_tables(tmp_path):
+    from kernel.deploy import load_dispatch
+
+    entry = [(SMALL_PROBLEM, KernelConfig(64, 64, 1, 128))]
+    with pytest.raises(ExportError, match="another environment"):
+        load_dispatch(_table(tmp_path, entry, environment={"gpu": "NVIDIA H200"}))
+    assert load_dispatch(_table(tmp_path, entry, environment={"gpu": "x"}), allow_mismatch=True).entries
+    with pytest.raises(ExportError, match="version"):
+        load_dispatch(_table(tmp_path, entry, version=2))
+    with pytest.raises(ExportError, match="holds no entries"):
+        load_dispatch(_table(tmp_path, []))
+    with pytest.raises(ExportError, match="malformed entry"):
+        load_dispatch(_table(tmp_path, entry, entries=[{"problem": {"batch": 1}}]))
+    with pytest.raises(ExportError, match="is not a decay-tuner/dispatch file"):
+        load_dispatch(_export(tmp_path))
+
+
+def test_dispatch_needs_a_gpu(capsys):
+    assert main(["dispatch", "--shapes", "1x2x256", "--dk", "64", "--dv", "64"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
 
 
 def test_trials_frame_from_hand_built_study():
@@ -344,6 +426,26 @@ def test_gpu_study_end_to_end(tmp_path, monkeypatch, capsys):
     assert (ok.p20_ms <= ok.median_ms).all() and (ok.median_ms <= ok.p80_ms).all()
     kernel = load_kernel(tmp_path / "gpu" / "best.json")
     assert check(kernel, seed=5)["rel_l2"] < 2e-2
+
+
+@pytest.mark.gpu
+def test_gpu_dispatch_end_to_end(tmp_path, monkeypatch, capsys):
+    """On a GPU: two shapes tuned, the table written, and a kernel it serves matches C."""
+    from kernel.deploy import load_dispatch
+    from kernel.validate import random_qkv
+
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    argv = ["dispatch", "--dk", "64", "--dv", "64", "--shapes", "4x8x512,1x2x4096", "--storage", storage]
+    argv += ["--n-trials", "3", "--enqueue", "64/64/1/128/smem/8", "--workers", "4", "--no-progress"]
+    assert main(argv) == 0
+    table = load_dispatch(tmp_path / "dispatch.json")
+    assert [e.problem.seqlen for e in table.entries] == [512, 4096]
+    problem = Problem(1, 3, 3000, 64, 64, 0.95)  # an untuned shape, served by the nearest bucket
+    q, k, v = random_qkv(problem, seed=8)
+    out = table(q, k, v, alpha=problem.alpha)
+    ref = refs.kernel_mimic(q, k, v, problem.alpha, table.pick(problem).config.chunk)
+    assert refs.rel_l2(out, ref) < 2e-2
 
 
 @pytest.mark.parametrize("sampler,multi", [("nsga2", True), ("gp", False), ("grid", False), ("tpe", True)])

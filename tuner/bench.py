@@ -3,9 +3,11 @@ seed's default config, fla's ``chunk_simple_gla`` and plain torch, each against 
 shape's HBM floor (the bytes of Q, K, V and O over the copy bandwidth measured in the
 same run).
 
-"Tuned" here is the fastest correct config among ``CANDIDATES`` (the grid's leaders at
-the headline shape, plus smaller block_dv for shapes with few (batch, head) pairs), timed
-on that very shape. Every implementation is checked against reference C before timing.
+"Tuned" is the config a dispatch table (``python -m tuner dispatch``) picks for the shape
+when one is given; otherwise the fastest correct config among ``CANDIDATES`` (the grid's
+single-pass leaders at the headline shape, smaller block_dv for shapes with few (batch,
+head) pairs, and sequence-split configs), timed on that very shape. Every implementation
+is checked against reference C before timing.
 """
 
 import csv
@@ -20,9 +22,11 @@ import torch
 import refs
 from kernel import SEED_CONFIG, KernelConfig, ProbeFailure, Problem, build
 from kernel.build import cuda_arch, precompile
+from kernel.deploy import Dispatch
 from kernel.peers import fla_simple_gla, torch_chunked
 from kernel.timing import bench
 from kernel.validate import random_qkv
+from tuner import space
 
 # (batch, heads, seqlen): the headline, then fewer and longer sequences.
 SHAPES = [(8, 16, 4096), (16, 16, 2048), (4, 16, 8192), (2, 16, 16384), (1, 8, 32768)]
@@ -39,7 +43,7 @@ CANDIDATES = [
         (32, 32, 1, 128),
         (128, 64, 1, 256),
     ]
-]
+] + [KernelConfig(64, b, 1, 256, segments=n) for b in (64, 128) for n in (2, 4, 8, 16, 32)]
 COPY_BYTES = 1 << 30
 
 
@@ -74,7 +78,7 @@ def _row(
         "dv": problem.dv,
         "alpha": problem.alpha,
         "impl": impl,
-        "config": "/".join(map(str, config.to_dict().values())) if config else "",
+        "config": _label(config) if config else "",
         "rel_l2": err,
     }
     if err < 2e-2:
@@ -87,24 +91,28 @@ def _row(
     return row
 
 
+def _label(config: KernelConfig) -> str:
+    return "/".join(map(str, config.to_dict().values()))
+
+
 def run(
     shapes: list[tuple[int, int, int]],
     *,
     dk: int = 128,
     dv: int = 128,
     alpha: float = 0.99,
+    dispatch: Dispatch | None = None,
     log: Path | None = None,
 ) -> list[dict]:
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
     problems = [Problem(b, h, s, dk, dv, alpha) for b, h, s in shapes]
-    configs = [SEED_CONFIG, *CANDIDATES]
-    probes = dict(
-        zip(
-            [(p, c) for p in problems for c in configs],
-            precompile([(p, c) for p in problems for c in configs], arch=cuda_arch()),
-        )
-    )
+    candidates = {
+        p: [dispatch.pick(p).config] if dispatch else [c for c in CANDIDATES if not space.violated(p, c)]
+        for p in problems
+    }
+    jobs = [(p, c) for p in problems for c in dict.fromkeys([SEED_CONFIG, *candidates[p]])]
+    probes = dict(zip(jobs, precompile(jobs, arch=cuda_arch())))
     rows = []
     for problem in problems:
         floor_ms = traffic_bytes(problem) / bandwidth * 1e3
@@ -122,26 +130,18 @@ def run(
             }
         )
         out = torch.empty_like(v)
-        timed = []
-        for config in configs:
+        timed = {}
+        for config in dict.fromkeys([SEED_CONFIG, *candidates[problem]]):
             if isinstance(probes[problem, config], ProbeFailure) or not probes[problem, config].fits_smem:
                 continue
             kern = build(problem, config)
-            timed.append(
-                _row(
-                    problem,
-                    "seed config" if config == SEED_CONFIG else "candidate",
-                    config,
-                    lambda: kern(q, k, v, out=out),
-                    ref,
-                    floor_ms,
-                    log,
-                )
-            )
-        rows += timed
-        ok = [r for r in timed if r["impl"] == "candidate" and "median_ms" in r]
+            impl = "seed config" if config == SEED_CONFIG else "candidate"
+            timed[config] = _row(problem, impl, config, lambda: kern(q, k, v, out=out), ref, floor_ms, log)
+        rows += timed.values()
+        ok = [r for c, r in timed.items() if c in candidates[problem] and "median_ms" in r]
         if ok:
-            rows.append(min(ok, key=lambda r: r["median_ms"]) | {"impl": "tuned"})
+            tuned_by = "dispatch table" if dispatch else f"best of {len(candidates[problem])} candidates"
+            rows.append(min(ok, key=lambda r: r["median_ms"]) | {"impl": "tuned", "tuned_by": tuned_by})
         try:
             rows.append(
                 _row(
@@ -216,12 +216,20 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes  # type: ignore[return-value]
 
 
-def bench_and_write(shapes: list[tuple[int, int, int]], out: Path, *, dk: int, dv: int, alpha: float) -> None:
+def bench_and_write(
+    shapes: list[tuple[int, int, int]],
+    out: Path,
+    *,
+    dk: int,
+    dv: int,
+    alpha: float,
+    dispatch: Dispatch | None = None,
+) -> None:
     """Run the bench and write ``out``/bench.csv, bench.jsonl and bench.html; print a table."""
     out.mkdir(parents=True, exist_ok=True)
     log = out / "bench.jsonl"
     log.unlink(missing_ok=True)
-    rows = run(shapes, dk=dk, dv=dv, alpha=alpha, log=log)
+    rows = run(shapes, dk=dk, dv=dv, alpha=alpha, dispatch=dispatch, log=log)
     write_csv(rows, out / "bench.csv")
     figure(rows).write_html(out / "bench.html", include_plotlyjs=True)
     for r in rows:

@@ -1,8 +1,9 @@
 """python -m tuner: tune the scalar-decay kernel with Optuna.
 
 Subcommands: run (search), trials (print the trial log), best (the best configs),
-export (write the best-config JSON), compare (against a yardstick study), report (one
-offline HTML page). A user mistake prints one line and exits with 2.
+export (write the best-config JSON), dispatch (tune several shapes, write the dispatch
+table), compare (against a yardstick study), report (one offline HTML page), bench (tuned
+vs seed vs fla vs torch over shapes). A user mistake prints one line and exits with 2.
 """
 
 import argparse
@@ -60,12 +61,13 @@ def _problem(args: argparse.Namespace) -> Problem:
 
 
 def _config(text: str) -> KernelConfig:
-    """'64/128/2/256/smem' -> KernelConfig (scores optional, default smem)."""
+    """'64/128/2/256/smem/8' -> KernelConfig (scores optional, default smem; segments
+    optional, default 1)."""
     parts = text.split("/")
-    if len(parts) not in (4, 5):
-        raise UsageError(f"--enqueue wants C/bDV/stages/threads[/scores], got {text!r}")
+    if len(parts) not in (4, 5, 6):
+        raise UsageError(f"--enqueue wants C/bDV/stages/threads[/scores[/segments]], got {text!r}")
     try:
-        return KernelConfig(*map(int, parts[:4]), *parts[4:])
+        return KernelConfig(*map(int, parts[:4]), *parts[4:5], *map(int, parts[5:]))
     except ValueError as exc:
         raise UsageError(f"--enqueue {text}: {exc}") from None
 
@@ -96,9 +98,8 @@ def _open(args: argparse.Namespace, name: str | None = None) -> optuna.Study:
         raise UsageError(f"no study {name!r} in {storage}") from None
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    problem = _problem(args)
-    options = Options(
+def _options(args: argparse.Namespace) -> Options:
+    return Options(
         n_trials=args.n_trials,
         timeout_s=args.timeout,
         sampler=args.sampler,
@@ -112,8 +113,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         enqueue=tuple(_config(c) for c in args.enqueue) + _configs_from(args.enqueue_from),
         progress=not args.no_progress,
     )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
     name, storage = _where(args)
-    tuner = Tuner(problem, options, name=name, storage=storage)
+    tuner = Tuner(_problem(args), _options(args), name=name, storage=storage)
     if not tuner.gpu:
         print(
             "no CUDA device: compile-only exploration (probe resources, no latency is measured)",
@@ -121,15 +125,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     if tuner.interrupted:
         print(f"marked {tuner.interrupted} trial(s) of a killed run as failed", file=sys.stderr)
-    study = tuner.run()
-    from tuner.trials import export_best, save_frame, trials_frame
+    study = _run_and_log(tuner)
+    from tuner.trials import export_best
 
     out_dir = STUDIES_DIR / name
-    paths = save_frame(trials_frame(study), out_dir / "trials")
-    print(
-        f"study {name!r}: {len(study.trials)} trials, {tuner.gpu_evaluations} GPU evaluations this run; "
-        f"log {', '.join(map(str, paths))}"
-    )
     try:
         data = export_best(study, out_dir / "best.json")
     except LookupError as exc:
@@ -142,6 +141,49 @@ def cmd_run(args: argparse.Namespace) -> int:
         else f"compile-only: {best['spill_bytes']} B spilled, {best['smem_bytes']} B smem, no latency measured"
     )
     print(f"best {best['config']} ({label}); exported {out_dir / 'best.json'}")
+    return 0
+
+
+def _run_and_log(tuner: Tuner) -> optuna.Study:
+    """Run the study, then save its trial log (CSV and Parquet) next to its exports."""
+    from tuner.trials import save_frame, trials_frame
+
+    study = tuner.run()
+    paths = save_frame(trials_frame(study), STUDIES_DIR / study.study_name / "trials")
+    print(
+        f"study {study.study_name!r}: {len(study.trials)} trials, {tuner.gpu_evaluations} GPU evaluations "
+        f"this run; log {', '.join(map(str, paths))}"
+    )
+    return study
+
+
+def cmd_dispatch(args: argparse.Namespace) -> int:
+    """Tune each shape in its own study (resumable, as ``run``), then write the dispatch
+    table: the best config per shape, which ``kernel.deploy.load_dispatch`` serves by shape."""
+    import torch
+
+    from tuner.bench import parse_shapes
+    from tuner.trials import export_dispatch
+
+    problems = [Problem(b, h, s, args.dk, args.dv, args.alpha, args.dtype) for b, h, s in parse_shapes(args.shapes)]
+    if not torch.cuda.is_available():
+        raise UsageError("dispatch ranks configs by measured latency and needs a CUDA device; none is visible")
+    storage = args.storage or default_storage()
+    options = _options(args)
+    studies = [
+        _run_and_log(Tuner(problem, options, name=default_study_name(problem), storage=storage))
+        for problem in problems
+    ]
+    out = Path(args.out) if args.out else STUDIES_DIR / "dispatch.json"
+    try:
+        data = export_dispatch(studies, out)
+    except LookupError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    for entry in data["entries"]:
+        p, c = entry["problem"], KernelConfig.from_dict(entry["config"])
+        print(f"B*H={p['batch'] * p['heads']:>4} S={p['seqlen']:>6}: {c} {entry['median_ms']:.4f} ms")
+    print(out)
     return 0
 
 
@@ -158,6 +200,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
         "num_stages",
         "threads",
         "scores",
+        "segments",
         "median_ms",
         "rel_l2",
         "spill_bytes",
@@ -260,13 +303,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Tuned kernel, seed config, fla and plain torch over shapes, against the HBM floor."""
     import torch
 
+    from kernel.deploy import load_dispatch
     from tuner.bench import bench_and_write, parse_shapes
 
     shapes = parse_shapes(args.shapes)
     Problem(1, 1, 1, args.dk, args.dv, args.alpha)  # validates dk, dv and alpha up front
+    dispatch = load_dispatch(args.dispatch) if args.dispatch else None
     if not torch.cuda.is_available():
         raise UsageError("bench times kernels and needs a CUDA device; none is visible")
-    bench_and_write(shapes, Path(args.out), dk=args.dk, dv=args.dv, alpha=args.alpha)
+    bench_and_write(shapes, Path(args.out), dk=args.dk, dv=args.dv, alpha=args.alpha, dispatch=dispatch)
     return 0
 
 
@@ -290,6 +335,53 @@ def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, round
     return {"median_ms": med, "all_ms": times, "study_over_yardstick": med["study"] / med["yardstick"]}
 
 
+def _tuning_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--n-trials", type=int, default=40, help="trials this run adds to the study (default 40)"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, help="stop asking for trials after this many seconds"
+    )
+    p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    p.add_argument("--multi-objective", action="store_true", help="minimise latency and error together")
+    p.add_argument("--tolerance", type=float, default=2e-2, help="relative L2 bound against reference C")
+    p.add_argument("--max-spill-bytes", type=int, default=0)
+    p.add_argument("--max-registers", type=int, default=255)
+    p.add_argument(
+        "--trial-timeout", type=float, default=180.0, help="seconds before a GPU trial counts as hung"
+    )
+    p.add_argument(
+        "--workers", type=int, default=None, help="parallel compile processes (default: CPU count)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--enqueue",
+        action="append",
+        default=[],
+        metavar="C/bDV/stages/threads[/scores[/segments]]",
+        help="a config to measure first (repeatable); the seed's default always is",
+    )
+    p.add_argument(
+        "--enqueue-from",
+        action="append",
+        default=[],
+        metavar="BEST_JSON",
+        help="measure first the configs of an exported best-config file (repeatable)",
+    )
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _shape_flags(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--shapes",
+        default=",".join("x".join(map(str, s)) for s in SHAPES),
+        help=f"{what}: comma-separated BxHxS (default: %(default)s)",
+    )
+    p.add_argument("--dk", type=int, default=DEFAULTS["dk"])
+    p.add_argument("--dv", type=int, default=DEFAULTS["dv"])
+    p.add_argument("--alpha", type=float, default=DEFAULTS["alpha"])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m tuner", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -308,53 +400,21 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         _study_flags(p)
         _problem_flags(p)
-    run = sub.choices["run"]
-    run.add_argument(
-        "--n-trials", type=int, default=40, help="trials this run adds to the study (default 40)"
-    )
-    run.add_argument(
-        "--timeout", type=float, default=None, help="stop asking for trials after this many seconds"
-    )
-    run.add_argument("--sampler", choices=SAMPLERS, default="tpe")
-    run.add_argument("--multi-objective", action="store_true", help="minimise latency and error together")
-    run.add_argument("--tolerance", type=float, default=2e-2, help="relative L2 bound against reference C")
-    run.add_argument("--max-spill-bytes", type=int, default=0)
-    run.add_argument("--max-registers", type=int, default=255)
-    run.add_argument(
-        "--trial-timeout", type=float, default=180.0, help="seconds before a GPU trial counts as hung"
-    )
-    run.add_argument(
-        "--workers", type=int, default=None, help="parallel compile processes (default: CPU count)"
-    )
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument(
-        "--enqueue",
-        action="append",
-        default=[],
-        metavar="C/bDV/stages/threads[/scores]",
-        help="a config to measure first (repeatable); the seed's default always is",
-    )
-    run.add_argument(
-        "--enqueue-from",
-        action="append",
-        default=[],
-        metavar="BEST_JSON",
-        help="measure first the configs of an exported best-config file (repeatable)",
-    )
-    run.add_argument("--no-progress", action="store_true")
+    _tuning_flags(sub.choices["run"])
+    dispatch = sub.add_parser("dispatch", help=cmd_dispatch.__doc__.splitlines()[0], description=cmd_dispatch.__doc__)
+    dispatch.set_defaults(func=cmd_dispatch)
+    _tuning_flags(dispatch)
+    _shape_flags(dispatch, "the shapes to tune, one study each")
+    dispatch.add_argument("--dtype", default=DEFAULTS["dtype"], help="float16 or bfloat16")
+    dispatch.add_argument("--storage", default=None, help=f"Optuna storage URL (default: {default_storage()})")
+    dispatch.add_argument("--out", help="path of the table (default: studies/dispatch.json)")
     sub.choices["trials"].add_argument("--all-columns", action="store_true")
     sub.choices["best"].add_argument("--top", type=int, default=5)
     sub.choices["export"].add_argument("--out", help="path of the JSON (default: studies/<study>/best.json)")
     bench = sub.add_parser("bench", help=cmd_bench.__doc__, description=cmd_bench.__doc__)
     bench.set_defaults(func=cmd_bench)
-    bench.add_argument(
-        "--shapes",
-        default=",".join("x".join(map(str, s)) for s in SHAPES),
-        help="comma-separated BxHxS (default: %(default)s)",
-    )
-    bench.add_argument("--dk", type=int, default=DEFAULTS["dk"])
-    bench.add_argument("--dv", type=int, default=DEFAULTS["dv"])
-    bench.add_argument("--alpha", type=float, default=DEFAULTS["alpha"])
+    _shape_flags(bench, "the shapes to time")
+    bench.add_argument("--dispatch", help="a dispatch table (python -m tuner dispatch): its pick is 'tuned'")
     bench.add_argument("--out", default="reports", help="directory for bench.csv and bench.html")
     cmp = sub.choices["compare"]
     cmp.add_argument("--against", required=True, help="the yardstick study, in the same storage")

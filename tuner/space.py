@@ -16,6 +16,8 @@ from kernel.config import HEAD_DIM_MULTIPLE, SCORES
 CHUNKS = (32, 64, 128)
 STAGES = (1, 2, 3, 4)
 THREADS = (128, 256)
+# 1: the seed's single-pass kernel; n > 1: the sequence-split variant (kernel.seq_split).
+SEGMENTS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def choices(problem: Problem) -> dict[str, tuple]:
@@ -29,6 +31,7 @@ def choices(problem: Problem) -> dict[str, tuple]:
         "num_stages": STAGES,
         "threads": THREADS,
         "scores": SCORES,
+        "segments": SEGMENTS,
     }
 
 
@@ -40,7 +43,10 @@ def distributions(problem: Problem) -> dict[str, CategoricalDistribution]:
 RESTRICTIONS: dict[str, Callable[[Problem, KernelConfig], bool]] = {
     "block_dv divides dv": lambda p, c: p.dv % c.block_dv == 0,
     # The pipeline cannot be deeper than the number of chunks it overlaps.
-    "stages <= chunks in the sequence": lambda p, c: c.num_stages <= max(1, -(-p.seqlen // c.chunk)),
+    "stages <= chunks per segment": lambda p, c: c.num_stages <= c.segment_length(p.seqlen) // c.chunk,
+    "seq-split makes at least two segments": lambda p, c: (
+        c.segments == 1 or c.segment_length(p.seqlen) < p.seqlen
+    ),
 }
 
 

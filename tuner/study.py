@@ -220,11 +220,12 @@ class Tuner:
         cores = os.cpu_count() or 1
         # Beside a GPU, leave cores to the process that launches and times the kernels.
         self.workers = options.workers or (max(1, cores - 2) if self.gpu else cores)
-        # Trials asked ahead of the GPU. A config compiles in ~6 s on one core and measures
-        # in ~1-2 s, so 4 in flight keep the GPU busy; asking more would hand the sampler
-        # less feedback per decision. Compile-only runs have no GPU to wait for.
-        # The grid's order needs no feedback, so it asks as far ahead as there are workers.
-        self.depth = min(self.workers, 4) if self.gpu and options.sampler != "grid" else self.workers
+        # Trials asked ahead of the GPU. A single-pass config compiles in ~6 s on one core,
+        # a sequence-split one (three kernels) in ~18 s, and either measures in ~1-2 s, so
+        # 8 in flight keep the GPU busy; asking more would hand the sampler less feedback
+        # per decision. Compile-only runs have no GPU to wait for. The grid's order needs
+        # no feedback, so it asks as far ahead as there are workers.
+        self.depth = min(self.workers, 8) if self.gpu and options.sampler != "grid" else self.workers
         self.gpu_evaluations = 0
 
     def run(self) -> optuna.Study:
@@ -387,7 +388,10 @@ def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 
 def _config_text(params: dict[str, Any]) -> str:
-    return f"C={params['chunk']} bDV={params['block_dv']} st={params['num_stages']} th={params['threads']} {params['scores']}"
+    return (
+        f"C={params['chunk']} bDV={params['block_dv']} st={params['num_stages']} "
+        f"th={params['threads']} {params['scores']} seg={params.get('segments', 1)}"
+    )
 
 
 def _has_cuda() -> bool:

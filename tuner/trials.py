@@ -7,10 +7,12 @@ import optuna
 import pandas as pd
 
 from kernel.config import KernelConfig
-from kernel.deploy import FORMAT, VERSION, write_json
+from kernel.deploy import DISPATCH_FORMAT, DISPATCH_VERSION, FORMAT, VERSION, write_json
 from tuner.study import best_trials, is_feasible
 
-PARAMS = ("chunk", "block_dv", "num_stages", "threads", "scores")
+PARAMS = ("chunk", "block_dv", "num_stages", "threads", "scores", "segments")
+# Studies made before a knob existed ran it at its default (segments: the single-pass kernel).
+PARAM_DEFAULTS = {"segments": 1}
 MEASURES = ("median_ms", "p20_ms", "p80_ms", "reps", "rel_l2", "nan_count")
 RESOURCES = (
     "registers",
@@ -59,7 +61,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
             "state": t.state.name,
             "status": attrs.get("status", "running" if t.state.name == "RUNNING" else None),
             "reason": attrs.get("reason"),
-            **{k: t.params.get(k) for k in PARAMS},
+            **{k: t.params.get(k, PARAM_DEFAULTS.get(k)) for k in PARAMS},
             **{k: attrs.get(k) for k in (*MEASURES, *RESOURCES)},
             "feasible": is_feasible(t),
             "baseline": bool(attrs.get("baseline", False)),
@@ -122,6 +124,40 @@ def export_best(study: optuna.Study, path: Path, *, top: int = 5) -> dict[str, A
             }
             for t in best[:top]
         ],
+    }
+    write_json(path, data)
+    return data
+
+
+def export_dispatch(studies: list[optuna.Study], path: Path) -> dict[str, Any]:
+    """Write the dispatch table (``kernel.deploy.Dispatch``): the best config of each
+    study, one entry per tuned shape. All studies must be GPU studies measured in one
+    environment; a study with no feasible trial is a ``LookupError``."""
+    entries, environments = [], []
+    for study in studies:
+        best = best_trials(study)
+        if not best:
+            raise LookupError(f"study {study.study_name!r} has no feasible, correct trial to export")
+        if study.user_attrs.get("mode") != "gpu":
+            raise LookupError(f"study {study.study_name!r} timed nothing (compile-only): no latency to rank by")
+        t = best[0]
+        environments.append(t.user_attrs.get("environment"))
+        entries.append(
+            {
+                "problem": study.user_attrs["problem"],
+                "config": KernelConfig(**t.params).to_dict(),
+                "study": study.study_name,
+                "trial": t.number,
+                **{k: t.user_attrs.get(k) for k in ("median_ms", "p20_ms", "p80_ms", "rel_l2")},
+            }
+        )
+    if any(env != environments[0] for env in environments):
+        raise LookupError("the studies were measured in different environments; tune them on one machine")
+    data = {
+        "format": DISPATCH_FORMAT,
+        "version": DISPATCH_VERSION,
+        "environment": environments[0],
+        "entries": entries,
     }
     write_json(path, data)
     return data

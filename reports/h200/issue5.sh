@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 5 on one H200, from the repo root on the device, in three stages (each under the
+# device tool's 10-minute limit):
+#   source .gpu/setup.sh && bash reports/h200/issue5.sh tests|dispatch|bench
+# tests:    the GPU tests of the sequence-split variant, the fp32-underflow fix, the
+#           dispatch table end to end and the GPU study;
+# dispatch: one TPE study per shape over both variants, then the dispatch table;
+# bench:    tuned (the dispatch table's pick), seed config, fla and torch, in one process.
+# Results land in reports/h200/issue5/; on the device they come back as $OUT/<stage>.tgz.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+DEST=reports/h200/issue5
+mkdir -p "$DEST"
+export DECAY_TUNER_STUDIES="$DEST/studies"
+SHAPES=8x16x4096,2x16x16384,1x8x32768
+case "${1:?stage: tests, dispatch or bench}" in
+tests)
+    python3 -m pytest -m gpu -q -p no:cacheprovider \
+        "tests/test_kernel_gpu.py::test_sequence_split_variant_matches_c" \
+        "tests/test_kernel_gpu.py::test_decay_underflowing_fp32_keeps_the_state_finite" \
+        "tests/test_kernel_gpu.py::test_exported_config_loads_into_a_ready_kernel" \
+        "tests/test_tuner.py::test_gpu_dispatch_end_to_end" \
+        "tests/test_tuner.py::test_gpu_study_end_to_end" 2>&1 | tee "$DEST/gpu_tests.log" | tail -20
+    ;;
+dispatch)
+    start=$(date +%s)
+    python3 -m tuner dispatch --shapes "$SHAPES" --storage "sqlite:///$DEST/dispatch.db" \
+        --n-trials 40 --timeout "${TIMEOUT:-120}" --enqueue 64/128/2/256/smem \
+        --out "$DEST/dispatch.json" --no-progress 2>&1 | tee "$DEST/dispatch.log" | tail -12
+    echo "dispatch: $(( $(date +%s) - start )) s wall"
+    ;;
+bench)
+    python3 -m tuner bench --dispatch "$DEST/dispatch.json" --out "$DEST/bench" \
+        --shapes "$SHAPES,16x16x2048,4x16x8192" 2>&1 | tee "$DEST/bench.log" | grep -v "^{" | tail -40
+    ;;
+esac
+if [ -n "${OUT:-}" ]; then tar czf "$OUT/$1.tgz" "$DEST"; fi
