@@ -136,6 +136,9 @@ def compile_kernel(problem: Problem, config: KernelConfig, arch: str = DEFAULT_A
     # Compiler failures come back to the caller as exceptions (and from ``probe`` as
     # values); TileLang's logger would only repeat them, with pages of generated source.
     tilelang.set_log_level(logging.CRITICAL + 1)
+    # The split's carry kernel is the same for many configs of a problem: TileLang warns on
+    # each reuse from its memory cache, which is the reuse we want.
+    logging.getLogger("tilelang.cache.kernel_cache").setLevel(logging.ERROR)
     target = {"kind": "cuda", "arch": arch}
     return tuple(tilelang.compile(f, target=target) for f in prim_funcs(problem, config))
 

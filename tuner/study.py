@@ -7,9 +7,14 @@ storage as soon as it is known, so a killed run loses only the trials in flight;
 are marked failed ("interrupted") when the study is opened again.
 
 Trial outcomes (Kernel Tuner's "failures are values"):
-- restricted: breaks a named restriction of ``tuner.space``; state FAIL.
-- compile_failed: the compiler refused it; state FAIL with the error class and message.
+- restricted: breaks a named restriction of ``tuner.space``; COMPLETE, value inf,
+  constraint "restriction" violated, with the restriction's name as the reason.
+- compile_failed: the compiler refused it; COMPLETE, value inf, constraint "compiles"
+  violated, with the error class and message as the reason.
 - infeasible: compiled, but over a resource budget (constraints > 0); COMPLETE, value inf.
+  These three are told as values, not failures, because Optuna's samplers learn only from
+  COMPLETE trials: TPE then steers away from configs that cannot run (a FAIL trial is
+  invisible to it, so it would keep proposing them).
 - runtime_failed: the GPU worker hung, crashed or raised; state FAIL with the reason.
 - incorrect: relative L2 against reference C at or over the tolerance, or NaN; COMPLETE,
   correctness constraint > 0.
@@ -290,12 +295,13 @@ class Tuner:
         trial.set_user_attr("environment", self.env)
         trial.set_user_attr("mode", "gpu" if self.gpu else "compile-only")
         if res is None:
-            self._fail(trial, "restricted", "; ".join(space.violated(self.problem, config)), start)
+            reason = "; ".join(space.violated(self.problem, config))
+            self._reject(trial, "restricted", "restriction", reason, start)
             return
         for key, value in res.to_dict().items():
             trial.set_user_attr(key, value)
         if isinstance(res, ProbeFailure):
-            self._fail(trial, "compile_failed", f"{res.error_type}: {res.message}", start)
+            self._reject(trial, "compile_failed", "compiles", f"{res.error_type}: {res.message}", start)
             return
         over = self._resource_violations(res)
         for key, value in over.items():
@@ -356,6 +362,12 @@ class Tuner:
         trial.set_user_attr("status", status)
         trial.set_user_attr("wall_s", time.perf_counter() - start)
         self.study.tell(trial, values if len(values) > 1 else values[0])
+
+    def _reject(self, trial: optuna.Trial, status: str, constraint: str, reason: str, start: float) -> None:
+        """A config that cannot run: the worst value and one violated constraint."""
+        trial.set_user_attr("reason", reason[:2000])
+        trial.set_constraint(constraint, 1.0)
+        self._tell(trial, [math.inf] * len(self.objectives), status, start)
 
     def _fail(self, trial: optuna.Trial, status: str, reason: str, start: float) -> None:
         trial.set_user_attr("status", status)

@@ -5,6 +5,8 @@
 # tests:    the GPU tests of the sequence-split variant, the fp32-underflow fix, the
 #           dispatch table end to end and the GPU study;
 # dispatch: one TPE study per shape over both variants, then the dispatch table;
+# sweep:    the same studies resumed with a grid of split configs enqueued;
+# retune:   fresh TPE studies at the two small-B*H shapes (failures told as values);
 # bench:    tuned (the dispatch table's pick), seed config, fla and torch, in one process.
 # Results land in reports/h200/issue5/; on the device they come back as $OUT/<stage>.tgz.
 set -uo pipefail
@@ -13,7 +15,7 @@ DEST=reports/h200/issue5
 mkdir -p "$DEST"
 export DECAY_TUNER_STUDIES="$DEST/studies"
 SHAPES=8x16x4096,2x16x16384,1x8x32768
-case "${1:?stage: tests, dispatch or bench}" in
+case "${1:?stage: tests, dispatch, sweep, retune or bench}" in
 tests)
     python3 -m pytest -m gpu -q -p no:cacheprovider \
         "tests/test_kernel_gpu.py::test_sequence_split_variant_matches_c" \
@@ -28,6 +30,24 @@ dispatch)
         --n-trials 40 --timeout "${TIMEOUT:-120}" --enqueue 64/128/2/256/smem \
         --out "$DEST/dispatch.json" --no-progress 2>&1 | tee "$DEST/dispatch.log" | tail -12
     echo "dispatch: $(( $(date +%s) - start )) s wall"
+    ;;
+sweep)
+    # The studies resumed with the split's main axes enqueued (segments x block_dv x
+    # stages at 64-token chunks and 256 threads); the table is rewritten from all trials.
+    ENQ=()
+    for b in 64 128; do for st in 1 2; do for seg in 4 8 16 32 64; do
+        ENQ+=(--enqueue "64/$b/$st/256/smem/$seg")
+    done; done; done
+    python3 -m tuner dispatch --shapes "$SHAPES" --storage "sqlite:///$DEST/dispatch.db" \
+        --n-trials 20 --timeout 240 "${ENQ[@]}" \
+        --out "$DEST/dispatch.json" --no-progress 2>&1 | tee "$DEST/sweep.log" | grep -v WARNING | tail -12
+    ;;
+retune)
+    # Fresh TPE studies at the two small-B*H shapes after compile failures and restricted
+    # configs became COMPLETE trials with value inf (TPE learns from them), as in "dispatch".
+    python3 -m tuner dispatch --shapes 2x16x16384,1x8x32768 --storage "sqlite:///$DEST/retune.db" \
+        --n-trials 40 --timeout 150 --enqueue 64/128/2/256/smem --workers 14 \
+        --out "$DEST/dispatch_retune.json" --no-progress 2>&1 | grep -v WARNING | tee "$DEST/retune.log" | tail -12
     ;;
 bench)
     python3 -m tuner bench --dispatch "$DEST/dispatch.json" --out "$DEST/bench" \
