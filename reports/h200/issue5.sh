@@ -45,13 +45,14 @@ sweep)
 retune)
     # Fresh TPE studies at the two small-B*H shapes after compile failures and restricted
     # configs became COMPLETE trials with value inf (TPE learns from them), as in "dispatch".
-    python3 -m tuner dispatch --shapes 2x16x16384,1x8x32768 --storage "sqlite:///$DEST/retune.db" \
+    DECAY_TUNER_STUDIES="$DEST/retune" python3 -m tuner dispatch --shapes 2x16x16384,1x8x32768 \
+        --storage "sqlite:///$DEST/retune/retune.db" \
         --n-trials 40 --timeout 150 --enqueue 64/128/2/256/smem --workers 14 \
-        --out "$DEST/dispatch_retune.json" --no-progress 2>&1 | grep -v WARNING | tee "$DEST/retune.log" | tail -12
+        --out "$DEST/retune/dispatch.json" --no-progress 2>&1 | tee "$DEST/retune/retune.log" | tail -12
     ;;
 bench)
     python3 -m tuner bench --dispatch "$DEST/dispatch.json" --out "$DEST/bench" \
         --shapes "$SHAPES,16x16x2048,4x16x8192" 2>&1 | tee "$DEST/bench.log" | grep -v "^{" | tail -40
     ;;
 esac
-if [ -n "${OUT:-}" ]; then tar czf "$OUT/$1.tgz" "$DEST"; fi
+if [ -n "${OUT:-}" ]; then tar czf "$OUT/$1.tgz" --exclude bench.html "$DEST"; fi
