@@ -45,6 +45,7 @@ sweep)
 retune)
     # Fresh TPE studies at the two small-B*H shapes after compile failures and restricted
     # configs became COMPLETE trials with value inf (TPE learns from them), as in "dispatch".
+    mkdir -p "$DEST/retune"
     DECAY_TUNER_STUDIES="$DEST/retune" python3 -m tuner dispatch --shapes 2x16x16384,1x8x32768 \
         --storage "sqlite:///$DEST/retune/retune.db" \
         --n-trials 40 --timeout 150 --enqueue 64/128/2/256/smem --workers 14 \
