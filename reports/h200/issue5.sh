@@ -48,7 +48,7 @@ retune)
     mkdir -p "$DEST/retune"
     DECAY_TUNER_STUDIES="$DEST/retune" python3 -m tuner dispatch --shapes 2x16x16384,1x8x32768 \
         --storage "sqlite:///$DEST/retune/retune.db" \
-        --n-trials 40 --timeout 150 --enqueue 64/128/2/256/smem --workers 14 \
+        --n-trials 40 --timeout 120 --enqueue 64/128/2/256/smem \
         --out "$DEST/retune/dispatch.json" --no-progress 2>&1 | tee "$DEST/retune/retune.log" | tail -12
     ;;
 bench)
