@@ -151,8 +151,11 @@ class Dispatch:
 
     Each entry owns a shape bucket: the shapes nearer to its tuned (B*H, S) than to any
     other entry's, in log2 of each. ``pick`` takes the nearest entry of the same DK, DV and
-    dtype whose config can run the problem; alpha is a compile-time constant of the kernel
-    but does not change its speed, so an entry serves every alpha.
+    dtype whose config can run the problem (a tie goes to the earlier entry); alpha is a
+    compile-time constant of the kernel but does not change its speed, so an entry serves
+    every alpha. When no entry's config can run the problem (a sequence too short for its
+    segments or pipeline), the nearest config runs as the single-pass kernel with a
+    pipeline no deeper than the sequence's chunks.
     """
 
     entries: list[DispatchEntry]

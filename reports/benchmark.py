@@ -62,12 +62,17 @@ def _trial(c: KernelConfig, gpu: bool, rng: np.random.Generator, *, baseline: bo
         return optuna.trial.create_trial(params=c.to_dict(), distributions=dists, state=TrialState.FAIL,
                                          user_attrs=attrs | {"status": status, "reason": reason})
 
+    def reject(reason: str) -> Any:  # as tuner.study tells a config the compiler refuses
+        return optuna.trial.create_trial(params=c.to_dict(), distributions=dists, value=math.inf,
+                                         user_attrs=attrs | {"status": "compile_failed", "reason": reason},
+                                         constraints={"compiles": 1.0})
+
     if c.chunk == 32 and c.scores == "regs":
-        return fail("compile_failed", "InternalError: Layout infer conflict between A and A_cast in "
-                                      "T.Parallel loop:\n    loop Fragment((32, 32) -> ...)")
+        return reject("InternalError: Layout infer conflict between A and A_cast in "
+                      "T.Parallel loop:\n    loop Fragment((32, 32) -> ...)")
     if c.block_dv == 16 and c.threads == 256:
-        return fail("compile_failed", "InternalError: No valid warp partition for T.gemm: M=32, N=16 cannot "
-                                      "be evenly covered by 8 warps")
+        return reject("InternalError: No valid warp partition for T.gemm: M=32, N=16 cannot "
+                      "be evenly covered by 8 warps")
     estimate = c.seed_register_estimate(HEADLINE)
     registers = 168 if c.threads == 256 else 240
     spills = max(0, estimate - registers) * 8
@@ -90,6 +95,7 @@ def _trial(c: KernelConfig, gpu: bool, rng: np.random.Generator, *, baseline: bo
         return fail("runtime_failed", "Timeout: the GPU worker did not answer within 180 s")
     ms = (0.17 * (128 / c.block_dv) ** 0.8 * (1.6 if c.threads == 128 else 1.0)
           * (1.0 if c.chunk == 64 else 1.4) * (1 + 0.03 * c.num_stages) * (1.1 if c.scores == "regs" else 1.0)
+          * (1 + 0.3 * math.log2(c.segments))  # at B*H = 128 splitting the sequence only adds traffic
           * float(rng.normal(1.0, 0.02)))
     err = {32: 3.84e-4, 64: 3.64e-4, 128: 3.40e-4}[c.chunk] * float(rng.normal(1.0, 0.01))
     if rng.random() < 0.02:
