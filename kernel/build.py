@@ -1,7 +1,6 @@
 """Build a callable kernel for one (problem, config) on the current CUDA device."""
 
 import functools
-import math
 import multiprocessing
 import os
 from collections.abc import Sequence
@@ -48,7 +47,7 @@ class ScalarDecayKernel:
             single(q, k, v, out)
             return out
         states_kernel, carry_kernel, outputs_kernel = self.compiled
-        segments = math.ceil(p.seqlen / self.config.segment_length(p.seqlen))
+        segments = self.config.segment_count(p.seqlen)
         states = torch.empty(p.batch * p.heads, segments, p.dk, p.dv, device=q.device)
         states_kernel(k, v, states)
         carry_kernel(states)

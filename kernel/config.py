@@ -99,12 +99,16 @@ class KernelConfig:
         if self.threads % 128:
             raise ValueError(f"threads must be a multiple of 128 (a warp group), got {self.threads}")
 
-    @property
-    def variant(self) -> str:
-        return "single-pass" if self.segments == 1 else "seq-split"
-
     def segment_length(self, seqlen: int) -> int:
         return segment_length(seqlen, self.chunk, self.segments)
+
+    def segment_count(self, seqlen: int) -> int:
+        """Segments the sequence really has (fewer than ``segments`` when S is short)."""
+        return math.ceil(seqlen / self.segment_length(seqlen))
+
+    def pipeline_fits(self, problem: Problem) -> bool:
+        """Whether the pipeline is no deeper than the chunks of one segment it overlaps."""
+        return self.num_stages <= self.segment_length(problem.seqlen) // self.chunk
 
     def check_fits(self, problem: Problem) -> None:
         """Raise ``ValueError`` if this config cannot tile ``problem`` at all."""

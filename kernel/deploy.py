@@ -103,7 +103,9 @@ def load_config(
 
 def _check_environment(path: str | Path, saved: dict[str, Any]) -> None:
     here = environment()
-    diff = [f"{k}: file {saved.get(k)!r}, here {here[k]!r}" for k in ENVIRONMENT_KEYS if saved.get(k) != here[k]]
+    diff = [
+        f"{k}: file {saved.get(k)!r}, here {here[k]!r}" for k in ENVIRONMENT_KEYS if saved.get(k) != here[k]
+    ]
     if diff:
         raise ExportError(
             f"{path} was measured in another environment ({'; '.join(diff)}); "
@@ -209,7 +211,7 @@ def _runs(config: KernelConfig, problem: Problem) -> bool:
         config.check_fits(problem)
     except ValueError:
         return False
-    return config.num_stages <= config.segment_length(problem.seqlen) // config.chunk
+    return config.pipeline_fits(problem)
 
 
 def _shorter_pipeline(config: KernelConfig, problem: Problem) -> KernelConfig:

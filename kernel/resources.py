@@ -164,7 +164,9 @@ def probe(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH) -
         ok, log = _ptxas(compiled.get_kernel_source(), arch)
         if not ok:
             return ProbeFailure("nvcc", "CompilationError", _summary(log), time.perf_counter() - start)
-        figures.append(parse_ptxas(log) | {"dynamic_smem": dynamic_smem, "threads_launched": threads_launched})
+        figures.append(
+            parse_ptxas(log) | {"dynamic_smem": dynamic_smem, "threads_launched": threads_launched}
+        )
     smem = max(figures, key=lambda f: f["static_smem"] + f["dynamic_smem"])
     return Resources(
         registers=max(f["registers"] for f in figures),

@@ -28,10 +28,6 @@ from kernel.scalar_decay import chunk_step_macro, fp32_constant
 CARRY_ROWS = 16  # state rows one carry block owns
 
 
-def num_segments(problem: Problem, config: KernelConfig) -> int:
-    return math.ceil(problem.seqlen / config.segment_length(problem.seqlen))
-
-
 def split_fwd(
     *,
     batch: int,
@@ -53,8 +49,7 @@ def split_fwd(
     config = KernelConfig(chunk, block_dv, num_stages, threads, scores, segments)
     config.check_fits(Problem(batch, heads, seqlen, dk, dv, alpha, dtype))
     C, accum = chunk, "float32"
-    L = config.segment_length(seqlen)
-    P = math.ceil(seqlen / L)
+    L, P = config.segment_length(seqlen), config.segment_count(seqlen)
     chunks_per_segment = L // C
     log2_alpha = math.log2(alpha)
     alpha_pow_c, alpha_pow_l = fp32_constant(alpha**C), fp32_constant(alpha**L)

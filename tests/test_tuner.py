@@ -49,7 +49,9 @@ def test_space_table_and_restrictions():
     # 4096 tokens: 8 segments hold 8 chunks of 64 each; 16 segments, 2 chunks of 128, too few for 4 stages
     long = Problem(1, 1, 4096, 64, 64, 0.9)
     assert space.violated(long, KernelConfig(64, 32, 4, 128, segments=8)) == []
-    assert space.violated(long, KernelConfig(128, 32, 4, 128, segments=16)) == ["stages <= chunks per segment"]
+    assert space.violated(long, KernelConfig(128, 32, 4, 128, segments=16)) == [
+        "stages <= chunks per segment"
+    ]
 
 
 def _run(storage: str, study: str, *extra: str) -> int:
@@ -74,9 +76,11 @@ def test_compile_only_study_end_to_end(tmp_path, capsys, monkeypatch):
     frame = pd.read_csv(tmp_path / "e2e" / "trials.csv")
     assert list(frame.columns) == list(COLUMNS) and len(frame) == 4
     failed = frame[(frame.chunk == 32) & (frame.scores == "regs")]
-    assert len(failed) >= 1 and (failed.status == "compile_failed").all() and failed.reason.str.contains(
-        "Layout infer conflict"
-    ).all()
+    assert (
+        len(failed) >= 1
+        and (failed.status == "compile_failed").all()
+        and failed.reason.str.contains("Layout infer conflict").all()
+    )
     ok = frame[frame.status == "ok"]
     assert len(ok) >= 1 and ok.median_ms.isna().all()  # compile-only: nothing is timed
     assert (ok.smem_bytes > 0).all() and (ok.env_tilelang == "0.1.15").all()

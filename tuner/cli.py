@@ -165,9 +165,10 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     from tuner.bench import parse_shapes
     from tuner.trials import export_dispatch
 
-    problems = [Problem(b, h, s, args.dk, args.dv, args.alpha, args.dtype) for b, h, s in parse_shapes(args.shapes)]
+    shapes = parse_shapes(args.shapes)
+    problems = [Problem(b, h, s, args.dk, args.dv, args.alpha, args.dtype) for b, h, s in shapes]
     if not torch.cuda.is_available():
-        raise UsageError("dispatch ranks configs by measured latency and needs a CUDA device; none is visible")
+        raise UsageError("dispatch ranks configs by measured latency and needs a CUDA device")
     storage = args.storage or default_storage()
     options = _options(args)
     studies = [
@@ -336,9 +337,7 @@ def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, round
 
 
 def _tuning_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--n-trials", type=int, default=40, help="trials this run adds to the study (default 40)"
-    )
+    p.add_argument("--n-trials", type=int, default=40, help="trials this run adds to the study (default 40)")
     p.add_argument(
         "--timeout", type=float, default=None, help="stop asking for trials after this many seconds"
     )
@@ -401,12 +400,16 @@ def build_parser() -> argparse.ArgumentParser:
         _study_flags(p)
         _problem_flags(p)
     _tuning_flags(sub.choices["run"])
-    dispatch = sub.add_parser("dispatch", help=cmd_dispatch.__doc__.splitlines()[0], description=cmd_dispatch.__doc__)
+    dispatch = sub.add_parser(
+        "dispatch", help="tune several shapes and write the dispatch table", description=cmd_dispatch.__doc__
+    )
     dispatch.set_defaults(func=cmd_dispatch)
     _tuning_flags(dispatch)
     _shape_flags(dispatch, "the shapes to tune, one study each")
     dispatch.add_argument("--dtype", default=DEFAULTS["dtype"], help="float16 or bfloat16")
-    dispatch.add_argument("--storage", default=None, help=f"Optuna storage URL (default: {default_storage()})")
+    dispatch.add_argument(
+        "--storage", default=None, help=f"Optuna storage URL (default: {default_storage()})"
+    )
     dispatch.add_argument("--out", help="path of the table (default: studies/dispatch.json)")
     sub.choices["trials"].add_argument("--all-columns", action="store_true")
     sub.choices["best"].add_argument("--top", type=int, default=5)

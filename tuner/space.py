@@ -43,7 +43,7 @@ def distributions(problem: Problem) -> dict[str, CategoricalDistribution]:
 RESTRICTIONS: dict[str, Callable[[Problem, KernelConfig], bool]] = {
     "block_dv divides dv": lambda p, c: p.dv % c.block_dv == 0,
     # The pipeline cannot be deeper than the number of chunks it overlaps.
-    "stages <= chunks per segment": lambda p, c: c.num_stages <= c.segment_length(p.seqlen) // c.chunk,
+    "stages <= chunks per segment": lambda p, c: c.pipeline_fits(p),
     "seq-split makes at least two segments": lambda p, c: (
         c.segments == 1 or c.segment_length(p.seqlen) < p.seqlen
     ),

@@ -139,7 +139,9 @@ def export_dispatch(studies: list[optuna.Study], path: Path) -> dict[str, Any]:
         if not best:
             raise LookupError(f"study {study.study_name!r} has no feasible, correct trial to export")
         if study.user_attrs.get("mode") != "gpu":
-            raise LookupError(f"study {study.study_name!r} timed nothing (compile-only): no latency to rank by")
+            raise LookupError(
+                f"study {study.study_name!r} timed nothing (compile-only): no latency to rank by"
+            )
         t = best[0]
         environments.append(t.user_attrs.get("environment"))
         entries.append(
