@@ -38,6 +38,13 @@ def fp32_constant(x: float) -> float:
     return x if x >= FP32_TINY else 0.0
 
 
+# Where the inter-chunk query weights alpha^(r+1) are applied: "smem" scales the Q rows
+# into Qw_s before the MMA (the seed's way); "acc" scales the fp32 accumulator rows after
+# it, which needs no Qw_s buffer. Module-level for a same-run comparison on the GPU
+# (reports/h200/qweights.py).
+Q_WEIGHTS = "smem"
+
+
 def chunk_step_macro(*, chunk: int, dk: int, block_dv: int, alpha: float):
     """The body of the chunk loop, as a ``@T.macro``: one chunk's outputs from the state
     ``S_f`` carried in, then ``S_f`` carried out. Rows ``s0 : s0 + chunk`` of batch ``bb``,
@@ -46,6 +53,7 @@ def chunk_step_macro(*, chunk: int, dk: int, block_dv: int, alpha: float):
     C, accum = chunk, "float32"
     log2_alpha = math.log2(alpha)
     alpha_pow_c = fp32_constant(alpha**C)
+    q_in_smem = Q_WEIGHTS == "smem"
 
     @T.macro
     def chunk_step(
@@ -54,13 +62,22 @@ def chunk_step_macro(*, chunk: int, dk: int, block_dv: int, alpha: float):
         T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
         T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
         T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
-        for r, d in T.Parallel(C, dk):
-            Qw_s[r, d] = Q_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, r + 1))
-            Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
+        if q_in_smem:
+            for r, d in T.Parallel(C, dk):
+                Qw_s[r, d] = Q_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, r + 1))
+                Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
+        else:
+            for r, d in T.Parallel(C, dk):
+                Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
 
         # Inter-chunk term; S_f still holds the state before this chunk.
         T.copy(S_f, S_s)
-        T.gemm(Qw_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
+        if q_in_smem:
+            T.gemm(Qw_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
+        else:
+            T.gemm(Q_s, S_s, acc_o, clear_accum=True)
+            for i, j in T.Parallel(C, block_dv):
+                acc_o[i, j] *= T.exp2(log2_alpha * T.Cast(accum, i + 1))
         # Intra-chunk term with the unweighted Q.
         T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
         for i, j in T.Parallel(C, C):
