@@ -42,7 +42,7 @@ def fp32_constant(x: float) -> float:
 # into Qw_s before the MMA (the seed's way); "acc" scales the fp32 accumulator rows after
 # it, which needs no Qw_s buffer. Module-level for a same-run comparison on the GPU
 # (reports/h200/qweights.py).
-Q_WEIGHTS = "smem"
+Q_WEIGHTS = "acc"
 
 
 def chunk_step_macro(*, chunk: int, dk: int, block_dv: int, alpha: float):
