@@ -4,16 +4,18 @@ Format ``decay-tuner/best-configs`` version 1::
 
     {"format": "decay-tuner/best-configs", "version": 1,
      "problem": {batch, heads, seqlen, dk, dv, alpha, dtype},
-     "environment": {gpu, capability, tilelang, torch, cuda},
+     "environment": {gpu, capability, tilelang, torch, cuda, kernel},
      "mode": "gpu" | "compile-only",
      "configs": [{"config": {...}, "median_ms": .., "p20_ms": .., "p80_ms": .., "rel_l2": ..,
                   "trial": n}, ...]}   # best first
 
-A file measured elsewhere (another GPU, another TileLang, torch or CUDA) or for another
-problem is refused unless the caller overrides: its ranking may not hold here.
+A file measured elsewhere (another GPU, TileLang, torch or CUDA, or another version of the
+kernels' source: ``kernel`` is a hash of it) or for another problem is refused unless the
+caller overrides: its ranking may not hold here.
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -26,7 +28,8 @@ from kernel.config import KernelConfig, Problem
 
 FORMAT = "decay-tuner/best-configs"
 VERSION = 1
-ENVIRONMENT_KEYS = ("gpu", "capability", "tilelang", "torch", "cuda")
+ENVIRONMENT_KEYS = ("gpu", "capability", "tilelang", "torch", "cuda", "kernel")
+KERNEL_SOURCES = ("scalar_decay.py", "seq_split.py")
 
 
 class ExportError(ValueError):
@@ -34,17 +37,21 @@ class ExportError(ValueError):
 
 
 def environment() -> dict[str, Any]:
-    """What a measurement depends on besides the kernel: GPU and library versions."""
+    """What a measurement depends on besides the config: GPU, library versions and the
+    kernels' source (a changed kernel must not inherit the old one's timings)."""
     import tilelang
     import torch
 
     gpu = torch.cuda.is_available()
+    here = Path(__file__).parent
+    source = b"".join((here / name).read_bytes() for name in KERNEL_SOURCES)
     return {
         "gpu": torch.cuda.get_device_name() if gpu else None,
         "capability": ".".join(map(str, torch.cuda.get_device_capability())) if gpu else None,
         "tilelang": tilelang.__version__,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "kernel": hashlib.sha256(source).hexdigest()[:12],
     }
 
 

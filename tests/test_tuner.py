@@ -271,6 +271,11 @@ def test_loader_refuses_other_environment_or_problem(tmp_path):
     )
     with pytest.raises(ExportError, match="another environment"):
         load_config(elsewhere)
+    from kernel.deploy import environment
+
+    edited = _export(tmp_path, environment=environment() | {"kernel": "0" * 12})  # the kernel changed since
+    with pytest.raises(ExportError, match="kernel: file '000000000000'"):
+        load_config(edited)
     assert load_config(elsewhere, allow_mismatch=True)[1] == KernelConfig(64, 64, 1, 128)
     other = Problem(2, 2, 256, 64, 64, 0.99)
     with pytest.raises(ExportError, match="was tuned for"):

@@ -27,7 +27,7 @@ RESOURCES = (
     "seed_register_estimate",
     "compile_seconds",
 )
-ENVIRONMENT = ("gpu", "capability", "tilelang", "torch", "cuda")
+ENVIRONMENT = ("gpu", "capability", "tilelang", "torch", "cuda", "kernel")
 COLUMNS = (
     "number",
     "state",
