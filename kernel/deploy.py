@@ -116,7 +116,7 @@ def _check_environment(path: str | Path, saved: dict[str, Any]) -> None:
     if diff:
         raise ExportError(
             f"{path} was measured in another environment ({'; '.join(diff)}); "
-            "pass allow_mismatch=True to use it anyway"
+            "pass allow_mismatch=True (bench: --allow-mismatch) to use it anyway"
         )
 
 

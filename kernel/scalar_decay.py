@@ -143,7 +143,8 @@ def scalar_decay_fwd(
 
             Q_s = T.alloc_shared([C, dk], dtype)
             K_s = T.alloc_shared([C, dk], dtype)
-            Qw_s = T.alloc_shared([C, dk], dtype)  # Q rows * alpha^(r+1): reads the state
+            # Q rows * alpha^(r+1), read by the state's MMA: only with Q_WEIGHTS = "smem"
+            Qw_s = T.alloc_shared([C, dk], dtype) if Q_WEIGHTS == "smem" else None
             Kw_s = T.alloc_shared([C, dk], dtype)  # K rows * alpha^(C-1-r): writes the state
             V_s = T.alloc_shared([C, block_dv], dtype)
             S_s = T.alloc_shared([dk, block_dv], dtype)

@@ -23,6 +23,7 @@ import math
 import tilelang.language as T
 
 from kernel.config import KernelConfig, Problem
+from kernel import scalar_decay
 from kernel.scalar_decay import chunk_step_macro, fp32_constant
 
 CARRY_ROWS = 16  # state rows one carry block owns
@@ -107,7 +108,7 @@ def split_fwd(
             v0 = bv * block_dv
             Q_s = T.alloc_shared([C, dk], dtype)
             K_s = T.alloc_shared([C, dk], dtype)
-            Qw_s = T.alloc_shared([C, dk], dtype)
+            Qw_s = T.alloc_shared([C, dk], dtype) if scalar_decay.Q_WEIGHTS == "smem" else None
             Kw_s = T.alloc_shared([C, dk], dtype)
             V_s = T.alloc_shared([C, block_dv], dtype)
             S_s = T.alloc_shared([dk, block_dv], dtype)

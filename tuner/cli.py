@@ -309,7 +309,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     shapes = parse_shapes(args.shapes)
     Problem(1, 1, 1, args.dk, args.dv, args.alpha)  # validates dk, dv and alpha up front
-    dispatch = load_dispatch(args.dispatch) if args.dispatch else None
+    dispatch = load_dispatch(args.dispatch, allow_mismatch=args.allow_mismatch) if args.dispatch else None
     if not torch.cuda.is_available():
         raise UsageError("bench times kernels and needs a CUDA device; none is visible")
     bench_and_write(shapes, Path(args.out), dk=args.dk, dv=args.dv, alpha=args.alpha, dispatch=dispatch)
@@ -418,6 +418,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench)
     _shape_flags(bench, "the shapes to time")
     bench.add_argument("--dispatch", help="a dispatch table (python -m tuner dispatch): its pick is 'tuned'")
+    bench.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="use a dispatch table measured in another environment (GPU, libraries or kernel source)",
+    )
     bench.add_argument("--out", default="reports", help="directory for bench.csv and bench.html")
     cmp = sub.choices["compare"]
     cmp.add_argument("--against", required=True, help="the yardstick study, in the same storage")
