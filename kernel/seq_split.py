@@ -22,8 +22,8 @@ import math
 
 import tilelang.language as T
 
-from kernel.config import KernelConfig, Problem
 from kernel import scalar_decay
+from kernel.config import KernelConfig, Problem
 from kernel.scalar_decay import chunk_step_macro, fp32_constant
 
 CARRY_ROWS = 16  # state rows one carry block owns

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 5 on one H200, from the repo root on the device, in three stages (each under the
+# Issue 5 on one H200, from the repo root on the device, in five stages (each under the
 # device tool's 10-minute limit):
-#   source .gpu/setup.sh && bash reports/h200/issue5.sh tests|dispatch|bench
+#   source .gpu/setup.sh && bash reports/h200/issue5.sh tests|dispatch|sweep|retune|bench
 # tests:    the GPU tests of the sequence-split variant, the fp32-underflow fix, the
 #           dispatch table end to end and the GPU study;
 # dispatch: one TPE study per shape over both variants, then the dispatch table;

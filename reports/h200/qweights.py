@@ -56,7 +56,9 @@ def main() -> int:
     probes = {}
     for mode in MODES:
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(os.cpu_count(), mp_context=ctx, initializer=_set_mode, initargs=(mode,)) as pool:
+        with ProcessPoolExecutor(
+            os.cpu_count(), mp_context=ctx, initializer=_set_mode, initargs=(mode,)
+        ) as pool:
             probes |= {(mode, *case): res for case, res in zip(cases, pool.map(_probe, cases))}
     kernels = {}
     for (mode, problem, config), res in probes.items():
@@ -79,7 +81,17 @@ def main() -> int:
             times[key].append(bench(lambda: kern(q, k, v, out=out)).median_ms)
     for (mode, problem, config), ms in times.items():
         shape = f"{problem.batch}x{problem.heads}x{problem.seqlen}"
-        print(json.dumps({"mode": mode, "shape": shape, "config": config.to_dict(), "median_ms": sorted(ms)[1], "all_ms": ms}))
+        print(
+            json.dumps(
+                {
+                    "mode": mode,
+                    "shape": shape,
+                    "config": config.to_dict(),
+                    "median_ms": sorted(ms)[1],
+                    "all_ms": ms,
+                }
+            )
+        )
     return 0
 
 
