@@ -15,6 +15,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
+import torch
 
 import refs
 from kernel import SEED_CONFIG, KernelConfig, Problem
@@ -348,6 +349,7 @@ def test_dispatch_loader_refuses_bad_tables(tmp_path):
         load_dispatch(_export(tmp_path))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the command would tune; see the gpu test")
 def test_dispatch_needs_a_gpu(capsys):
     assert main(["dispatch", "--shapes", "1x2x256", "--dk", "64", "--dv", "64"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
