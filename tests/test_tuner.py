@@ -226,6 +226,7 @@ def test_worker_survives_hang_and_segfault(monkeypatch):
         (["run", "--enqueue", "64/32/1/128/smem/0"], "segments must be a positive integer"),
         (["dispatch", "--shapes", "1x2"], "--shapes wants BxHxS"),
         (["dispatch", "--dv", "20"], "dv must be a multiple of 16"),
+        (["dispatch", "--out", "/"], "--out wants a file path"),
         (["bench", "--dispatch", "/nonexistent/table.json"], "cannot read dispatch table"),
     ],
 )

@@ -167,6 +167,9 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 
     shapes = parse_shapes(args.shapes)
     problems = [Problem(b, h, s, args.dk, args.dv, args.alpha, args.dtype) for b, h, s in shapes]
+    out = Path(args.out) if args.out else STUDIES_DIR / "dispatch.json"
+    if out.is_dir():
+        raise UsageError(f"--out wants a file path for the table, got the directory {str(out)!r}")
     if not torch.cuda.is_available():
         raise UsageError("dispatch ranks configs by measured latency and needs a CUDA device")
     storage = args.storage or default_storage()
@@ -175,12 +178,13 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
         _run_and_log(Tuner(problem, options, name=default_study_name(problem), storage=storage))
         for problem in problems
     ]
-    out = Path(args.out) if args.out else STUDIES_DIR / "dispatch.json"
     try:
         data = export_dispatch(studies, out)
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return 1
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror or exc} (the studies are saved)") from None
     for entry in data["entries"]:
         p, c = entry["problem"], KernelConfig.from_dict(entry["config"])
         print(f"B*H={p['batch'] * p['heads']:>4} S={p['seqlen']:>6}: {c} {entry['median_ms']:.4f} ms")

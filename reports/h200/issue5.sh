@@ -29,7 +29,7 @@ dispatch)
     python3 -m tuner dispatch --shapes "$SHAPES" --storage "sqlite:///$DEST/dispatch.db" \
         --n-trials 40 --timeout "${TIMEOUT:-120}" --enqueue 64/128/2/256/smem \
         --out "$DEST/dispatch.json" --no-progress 2>&1 | tee "$DEST/dispatch.log" | tail -12
-    echo "dispatch: $(( $(date +%s) - start )) s wall"
+    echo "dispatch: $(( $(date +%s) - start )) s wall" | tee -a "$DEST/dispatch.log"
     ;;
 sweep)
     # The studies resumed with the split's main axes enqueued (segments x block_dv x
