@@ -99,6 +99,11 @@ class KernelConfig:
         if self.threads % 128:
             raise ValueError(f"threads must be a multiple of 128 (a warp group), got {self.threads}")
 
+    @property
+    def label(self) -> str:
+        """'64/128/2/256/smem/1': the knobs in field order, as ``--enqueue`` reads them."""
+        return "/".join(map(str, self.to_dict().values()))
+
     def segment_length(self, seqlen: int) -> int:
         return segment_length(seqlen, self.chunk, self.segments)
 

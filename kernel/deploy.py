@@ -65,19 +65,25 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def read_export(path: str | Path) -> dict[str, Any]:
-    """Read and check a best-config file; ``ExportError`` says what is wrong with it."""
+def _read_versioned(path: str | Path, what: str, fmt: str, version: int, items: str) -> dict[str, Any]:
+    """Read a JSON file of format ``fmt`` and ``version`` holding a non-empty ``items``
+    list; ``ExportError`` says what is wrong with it."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"cannot read best-config file {path}: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ExportError(f"{path} is not a {FORMAT} file")
-    if data.get("version") != VERSION:
-        raise ExportError(f"{path} has version {data.get('version')!r}; this tool reads version {VERSION}")
-    if not data.get("configs"):
-        raise ExportError(f"{path} holds no configs")
+        raise ExportError(f"cannot read {what} {path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise ExportError(f"{path} is not a {fmt} file")
+    if data.get("version") != version:
+        raise ExportError(f"{path} has version {data.get('version')!r}; this tool reads version {version}")
+    if not data.get(items):
+        raise ExportError(f"{path} holds no {items}")
     return data
+
+
+def read_export(path: str | Path) -> dict[str, Any]:
+    """Read and check a best-config file; ``ExportError`` says what is wrong with it."""
+    return _read_versioned(path, "best-config file", FORMAT, VERSION, "configs")
 
 
 def load_config(
@@ -201,9 +207,9 @@ class Dispatch:
 
     def __call__(self, q, k, v, *, alpha: float, out=None):
         """``o = kernel(q, k, v)`` with the problem read off the tensors ``[B, S, H, D]``."""
-        import torch
+        from kernel.build import TORCH_DTYPES
 
-        dtypes = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+        dtypes = {torch_dtype: name for name, torch_dtype in TORCH_DTYPES.items()}
         if q.dim() != 4 or v.dim() != 4:
             raise ValueError(f"q and v must be [B, S, H, D], got {list(q.shape)} and {list(v.shape)}")
         if q.dtype not in dtypes:
@@ -229,16 +235,7 @@ def _shorter_pipeline(config: KernelConfig, problem: Problem) -> KernelConfig:
 def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch:
     """Read a dispatch table; ``ExportError`` if it is malformed or, unless
     ``allow_mismatch``, measured in another environment."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"cannot read dispatch table {path}: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != DISPATCH_FORMAT:
-        raise ExportError(f"{path} is not a {DISPATCH_FORMAT} file")
-    if data.get("version") != DISPATCH_VERSION:
-        raise ExportError(
-            f"{path} has version {data.get('version')!r}; this tool reads version {DISPATCH_VERSION}"
-        )
+    data = _read_versioned(path, "dispatch table", DISPATCH_FORMAT, DISPATCH_VERSION, "entries")
     try:
         entries = [
             DispatchEntry(
@@ -248,8 +245,6 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
         ]
     except (KeyError, TypeError, ValueError) as exc:
         raise ExportError(f"{path}: malformed entry: {exc}") from None
-    if not entries:
-        raise ExportError(f"{path} holds no entries")
     if not allow_mismatch:
         _check_environment(path, data.get("environment") or {})
     return Dispatch(entries, data.get("environment") or {})

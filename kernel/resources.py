@@ -130,9 +130,13 @@ def compile_kernel(problem: Problem, config: KernelConfig, arch: str = DEFAULT_A
     """TileLang-compile every kernel of the config for an explicit ``arch``: needs nvcc, not
     a GPU. Cached on disk, so a later ``kernel.build`` of the same (problem, config) on an
     ``arch`` GPU is a cache hit."""
+    config.check_fits(problem)
+    return _compile(prim_funcs(problem, config), arch)
+
+
+def _compile(funcs: list, arch: str) -> tuple[Any, ...]:
     import tilelang
 
-    config.check_fits(problem)
     # Compiler failures come back to the caller as exceptions (and from ``probe`` as
     # values); TileLang's logger would only repeat them, with pages of generated source.
     tilelang.set_log_level(logging.CRITICAL + 1)
@@ -140,7 +144,7 @@ def compile_kernel(problem: Problem, config: KernelConfig, arch: str = DEFAULT_A
     # each reuse from its memory cache, which is the reuse we want.
     logging.getLogger("tilelang.cache.kernel_cache").setLevel(logging.ERROR)
     target = {"kind": "cuda", "arch": arch}
-    return tuple(tilelang.compile(f, target=target) for f in prim_funcs(problem, config))
+    return tuple(tilelang.compile(f, target=target) for f in funcs)
 
 
 def probe(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH) -> ProbeResult:
@@ -153,12 +157,13 @@ def probe(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH) -
     config.check_fits(problem)
     start = time.perf_counter()
     try:
-        kernels = compile_kernel(problem, config, arch)
+        funcs = prim_funcs(problem, config)
+        kernels = _compile(funcs, arch)
     except Exception as exc:  # TVM raises many types; each is recorded, none is swallowed
         stage: FailureStage = "nvcc" if "Compilation error" in str(exc) else "lower"
         return ProbeFailure(stage, type(exc).__name__, _summary(str(exc)), time.perf_counter() - start)
     figures = []
-    for compiled, func in zip(kernels, prim_funcs(problem, config)):
+    for compiled, func in zip(kernels, funcs):
         # A disk-cache hit carries no lowered module: lower again for the launch figures.
         dynamic_smem, threads_launched = launch_figures(compiled.artifact or lower(func, arch=arch))
         ok, log = _ptxas(compiled.get_kernel_source(), arch)

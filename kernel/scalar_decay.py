@@ -48,54 +48,85 @@ def fp32_constant(x: float) -> float:
 Q_WEIGHTS = "acc"
 
 
-def chunk_step_macro(*, chunk: int, dk: int, block_dv: int, alpha: float):
-    """The body of the chunk loop, as a ``@T.macro``: one chunk's outputs from the state
-    ``S_f`` carried in, then ``S_f`` carried out. Rows ``s0 : s0 + chunk`` of batch ``bb``,
-    head ``bh``, value columns ``v0 : v0 + block_dv``. Shared by the single-pass kernel and
-    the sequence-split variant (``kernel.seq_split``)."""
+def chunk_loop_macro(
+    *, chunk: int, dk: int, block_dv: int, alpha: float, num_stages: int, scores: str, dtype: str
+):
+    """The chunk loop of one block, as a ``@T.macro``: its buffers, the decay mask, the
+    starting state, then ``n_chunks`` chunks from row ``s_begin`` of batch ``bb``, head
+    ``bh``, value columns ``v0 : v0 + block_dv``, each chunk's outputs from the state
+    carried in, then the state carried out. ``S_in`` is ``None`` (start from zero) or the
+    ``[DK, block_dv]`` region to start from. Shared by the single-pass kernel and the
+    sequence-split variant (``kernel.seq_split``)."""
     C, accum = chunk, "float32"
-    log2_alpha = math.log2(alpha)
+    log2_alpha = math.log2(alpha)  # <= 0, so every exp2(log2_alpha * k), k >= 0, is <= 1
     alpha_pow_c = fp32_constant(alpha**C)
     q_in_smem = Q_WEIGHTS == "smem"
 
     @T.macro
-    def chunk_step(
-        Q, K, V, O, bb, bh, v0, s0, Q_s, K_s, Qw_s, Kw_s, V_s, S_s, O_s, S_f, acc_o, A, A_cast, Gamma
-    ):
-        T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
-        T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
-        T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
-        if q_in_smem:
-            for r, d in T.Parallel(C, dk):
-                Qw_s[r, d] = Q_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, r + 1))
-                Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
-        else:
-            for r, d in T.Parallel(C, dk):
-                Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
+    def chunk_loop(Q, K, V, O, bb, bh, v0, s_begin, n_chunks, S_in):
+        Q_s = T.alloc_shared([C, dk], dtype)
+        K_s = T.alloc_shared([C, dk], dtype)
+        # Q rows * alpha^(r+1), read by the state's MMA: only with Q_WEIGHTS = "smem"
+        Qw_s = T.alloc_shared([C, dk], dtype) if q_in_smem else None
+        Kw_s = T.alloc_shared([C, dk], dtype)  # K rows * alpha^(C-1-r): writes the state
+        V_s = T.alloc_shared([C, block_dv], dtype)
+        S_s = T.alloc_shared([dk, block_dv], dtype)
+        O_s = T.alloc_shared([C, block_dv], dtype)
 
-        # Inter-chunk term; S_f still holds the state before this chunk.
-        T.copy(S_f, S_s)
-        if q_in_smem:
-            T.gemm(Qw_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
+        S_f = T.alloc_fragment([dk, block_dv], accum)  # carried across chunks
+        acc_o = T.alloc_fragment([C, block_dv], accum)
+        A = T.alloc_fragment([C, C], accum)
+        if scores == "smem":
+            A_cast = T.alloc_shared([C, C], dtype)
         else:
-            T.gemm(Q_s, S_s, acc_o, clear_accum=True)
-            for i, j in T.Parallel(C, block_dv):
-                acc_o[i, j] *= T.exp2(log2_alpha * T.Cast(accum, i + 1))
-        # Intra-chunk term with the unweighted Q.
-        T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
+            A_cast = T.alloc_fragment([C, C], dtype)
+        Gamma = T.alloc_fragment([C, C], accum)
+
+        # Gamma[i, j] = alpha^(i-j) for j <= i, else 0. Never "compute all, then mask":
+        # alpha^(i-j) for j > i overflows fp16, and inf * 0 = NaN.
         for i, j in T.Parallel(C, C):
-            A_cast[i, j] = A[i, j] * Gamma[i, j]
-        T.gemm(A_cast, V_s, acc_o)  # [C, C] @ [C, bDV] -> [C, bDV]
-        T.copy(acc_o, O_s)
-        T.copy(O_s, O[bb, s0 : s0 + C, bh, v0 : v0 + block_dv])
+            Gamma[i, j] = T.if_then_else(j <= i, T.exp2(log2_alpha * T.Cast(accum, i - j)), T.Cast(accum, 0))
+        if S_in is None:
+            T.clear(S_f)
+        else:
+            T.copy(S_in, S_f)
 
-        # State update after the output (the output reads the state before this chunk),
-        # decaying the old state before adding this chunk's keys.
-        for i, j in T.Parallel(dk, block_dv):
-            S_f[i, j] *= alpha_pow_c
-        T.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV] -> [DK, bDV]
+        for c in T.Pipelined(n_chunks, num_stages=num_stages):
+            s0 = s_begin + c * C
+            T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
+            T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
+            T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
+            if q_in_smem:
+                for r, d in T.Parallel(C, dk):
+                    Qw_s[r, d] = Q_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, r + 1))
+                    Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
+            else:
+                for r, d in T.Parallel(C, dk):
+                    Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
 
-    return chunk_step
+            # Inter-chunk term; S_f still holds the state before this chunk.
+            T.copy(S_f, S_s)
+            if q_in_smem:
+                T.gemm(Qw_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
+            else:
+                T.gemm(Q_s, S_s, acc_o, clear_accum=True)
+                for i, j in T.Parallel(C, block_dv):
+                    acc_o[i, j] *= T.exp2(log2_alpha * T.Cast(accum, i + 1))
+            # Intra-chunk term with the unweighted Q.
+            T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
+            for i, j in T.Parallel(C, C):
+                A_cast[i, j] = A[i, j] * Gamma[i, j]
+            T.gemm(A_cast, V_s, acc_o)  # [C, C] @ [C, bDV] -> [C, bDV]
+            T.copy(acc_o, O_s)
+            T.copy(O_s, O[bb, s0 : s0 + C, bh, v0 : v0 + block_dv])
+
+            # State update after the output (the output reads the state before this
+            # chunk), decaying the old state before adding this chunk's keys.
+            for i, j in T.Parallel(dk, block_dv):
+                S_f[i, j] *= alpha_pow_c
+            T.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV] -> [DK, bDV]
+
+    return chunk_loop
 
 
 def scalar_decay_fwd(
@@ -126,11 +157,15 @@ def scalar_decay_fwd(
     ``chunk=32`` and ``threads=256`` config; the shared version lowers for them and frees
     registers (64/128/2/256 does not spill). It costs ``2 * C * C`` bytes of shared memory.
     """
-    C = chunk
-    num_chunks = T.ceildiv(seqlen, C)
-    accum = "float32"
-    log2_alpha = math.log2(alpha)  # <= 0, so every exp2(log2_alpha * k), k >= 0, is <= 1
-    chunk_step = chunk_step_macro(chunk=C, dk=dk, block_dv=block_dv, alpha=alpha)
+    chunk_loop = chunk_loop_macro(
+        chunk=chunk,
+        dk=dk,
+        block_dv=block_dv,
+        alpha=alpha,
+        num_stages=num_stages,
+        scores=scores,
+        dtype=dtype,
+    )
 
     @T.prim_func
     def main(
@@ -143,56 +178,8 @@ def scalar_decay_fwd(
             bb = bbh // heads
             bh = bbh % heads
             v0 = bv * block_dv
-
-            Q_s = T.alloc_shared([C, dk], dtype)
-            K_s = T.alloc_shared([C, dk], dtype)
-            # Q rows * alpha^(r+1), read by the state's MMA: only with Q_WEIGHTS = "smem"
-            Qw_s = T.alloc_shared([C, dk], dtype) if Q_WEIGHTS == "smem" else None
-            Kw_s = T.alloc_shared([C, dk], dtype)  # K rows * alpha^(C-1-r): writes the state
-            V_s = T.alloc_shared([C, block_dv], dtype)
-            S_s = T.alloc_shared([dk, block_dv], dtype)
-            O_s = T.alloc_shared([C, block_dv], dtype)
-
-            S_f = T.alloc_fragment([dk, block_dv], accum)  # carried across chunks
-            acc_o = T.alloc_fragment([C, block_dv], accum)
-            A = T.alloc_fragment([C, C], accum)
-            if scores == "smem":
-                A_cast = T.alloc_shared([C, C], dtype)
-            else:
-                A_cast = T.alloc_fragment([C, C], dtype)
-            Gamma = T.alloc_fragment([C, C], accum)
-
-            # Gamma[i, j] = alpha^(i-j) for j <= i, else 0. Never "compute all, then mask":
-            # alpha^(i-j) for j > i overflows fp16, and inf * 0 = NaN.
-            for i, j in T.Parallel(C, C):
-                Gamma[i, j] = T.if_then_else(
-                    j <= i, T.exp2(log2_alpha * T.Cast(accum, i - j)), T.Cast(accum, 0)
-                )
-            T.clear(S_f)  # once: the state runs over the whole sequence
-
-            for c in T.Pipelined(num_chunks, num_stages=num_stages):
-                chunk_step(
-                    Q,
-                    K,
-                    V,
-                    O,
-                    bb,
-                    bh,
-                    v0,
-                    c * C,
-                    Q_s,
-                    K_s,
-                    Qw_s,
-                    Kw_s,
-                    V_s,
-                    S_s,
-                    O_s,
-                    S_f,
-                    acc_o,
-                    A,
-                    A_cast,
-                    Gamma,
-                )
+            # One block walks the whole sequence, from a zero state.
+            chunk_loop(Q, K, V, O, bb, bh, v0, 0, T.ceildiv(seqlen, chunk), None)
 
     return main
 

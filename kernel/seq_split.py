@@ -9,7 +9,7 @@ carry of their end states. Three kernels, all on the grid's ``(DV / bDV, B*H)`` 
    States[p]`` from ``States[0] = 0``; afterwards ``States[p]`` is the state entering
    segment ``p``. It touches only the states (``B*H*P*DK*DV*4`` bytes), never Q, K or V.
 3. ``outputs``: one block per segment. It loads its incoming state and runs the
-   single-pass kernel's chunk step (``kernel.scalar_decay.chunk_step_macro``) over the
+   single-pass kernel's chunk loop (``kernel.scalar_decay.chunk_loop_macro``) over the
    segment.
 
 Every decay weight stays ``<= 1`` (``alpha^L`` included, flushed to 0 below fp32's range).
@@ -22,39 +22,32 @@ import math
 
 import tilelang.language as T
 
-from kernel import scalar_decay
 from kernel.config import KernelConfig, Problem
-from kernel.scalar_decay import chunk_step_macro, fp32_constant
+from kernel.scalar_decay import chunk_loop_macro, fp32_constant
 
 CARRY_ROWS = 16  # state rows one carry block owns
 
 
-def split_fwd(
-    *,
-    batch: int,
-    heads: int,
-    seqlen: int,
-    dk: int,
-    dv: int,
-    alpha: float,
-    chunk: int,
-    block_dv: int,
-    num_stages: int,
-    threads: int,
-    segments: int,
-    dtype: str = "float16",
-    scores: str = "smem",
-):
+def prim_funcs(problem: Problem, config: KernelConfig):
     """Return the ``@T.prim_func`` triple ``(states(K, V, States), carry(States),
-    outputs(Q, K, V, States, O))``; States is ``[B*H, P, DK, DV]`` fp32."""
-    config = KernelConfig(chunk, block_dv, num_stages, threads, scores, segments)
-    config.check_fits(Problem(batch, heads, seqlen, dk, dv, alpha, dtype))
-    C, accum = chunk, "float32"
+    outputs(Q, K, V, States, O))`` for a split config; States is ``[B*H, P, DK, DV]`` fp32."""
+    config.check_fits(problem)
+    batch, heads, seqlen, dk, dv = problem.batch, problem.heads, problem.seqlen, problem.dk, problem.dv
+    alpha, dtype = problem.alpha, problem.dtype
+    C, block_dv, num_stages, accum = config.chunk, config.block_dv, config.num_stages, "float32"
     L, P = config.segment_length(seqlen), config.segment_count(seqlen)
     chunks_per_segment = L // C
     log2_alpha = math.log2(alpha)
     alpha_pow_c, alpha_pow_l = fp32_constant(alpha**C), fp32_constant(alpha**L)
-    chunk_step = chunk_step_macro(chunk=C, dk=dk, block_dv=block_dv, alpha=alpha)
+    chunk_loop = chunk_loop_macro(
+        chunk=C,
+        dk=dk,
+        block_dv=block_dv,
+        alpha=alpha,
+        num_stages=num_stages,
+        scores=config.scores,
+        dtype=dtype,
+    )
 
     @T.prim_func
     def states(
@@ -62,7 +55,7 @@ def split_fwd(
         V: T.Tensor([batch, seqlen, heads, dv], dtype),
         States: T.Tensor([batch * heads, P, dk, dv], accum),
     ):
-        with T.Kernel(T.ceildiv(dv, block_dv), batch * heads, P - 1, threads=threads) as (bv, bbh, bp):
+        with T.Kernel(T.ceildiv(dv, block_dv), batch * heads, P - 1, threads=config.threads) as (bv, bbh, bp):
             bb = bbh // heads
             bh = bbh % heads
             v0 = bv * block_dv
@@ -102,57 +95,13 @@ def split_fwd(
         States: T.Tensor([batch * heads, P, dk, dv], accum),
         O: T.Tensor([batch, seqlen, heads, dv], dtype),
     ):
-        with T.Kernel(T.ceildiv(dv, block_dv), batch * heads, P, threads=threads) as (bv, bbh, bp):
+        with T.Kernel(T.ceildiv(dv, block_dv), batch * heads, P, threads=config.threads) as (bv, bbh, bp):
             bb = bbh // heads
             bh = bbh % heads
             v0 = bv * block_dv
-            Q_s = T.alloc_shared([C, dk], dtype)
-            K_s = T.alloc_shared([C, dk], dtype)
-            Qw_s = T.alloc_shared([C, dk], dtype) if scalar_decay.Q_WEIGHTS == "smem" else None
-            Kw_s = T.alloc_shared([C, dk], dtype)
-            V_s = T.alloc_shared([C, block_dv], dtype)
-            S_s = T.alloc_shared([dk, block_dv], dtype)
-            O_s = T.alloc_shared([C, block_dv], dtype)
-            S_f = T.alloc_fragment([dk, block_dv], accum)
-            acc_o = T.alloc_fragment([C, block_dv], accum)
-            A = T.alloc_fragment([C, C], accum)
-            if scores == "smem":
-                A_cast = T.alloc_shared([C, C], dtype)
-            else:
-                A_cast = T.alloc_fragment([C, C], dtype)
-            Gamma = T.alloc_fragment([C, C], accum)
-            for i, j in T.Parallel(C, C):
-                Gamma[i, j] = T.if_then_else(
-                    j <= i, T.exp2(log2_alpha * T.Cast(accum, i - j)), T.Cast(accum, 0)
-                )
-            T.copy(States[bbh, bp, :, v0 : v0 + block_dv], S_f)  # the state entering segment bp
-            for c in T.Pipelined(chunks_per_segment, num_stages=num_stages):
-                chunk_step(
-                    Q,
-                    K,
-                    V,
-                    O,
-                    bb,
-                    bh,
-                    v0,
-                    bp * L + c * C,
-                    Q_s,
-                    K_s,
-                    Qw_s,
-                    Kw_s,
-                    V_s,
-                    S_s,
-                    O_s,
-                    S_f,
-                    acc_o,
-                    A,
-                    A_cast,
-                    Gamma,
-                )
+            # Each segment starts from the state entering it.
+            chunk_loop(
+                Q, K, V, O, bb, bh, v0, bp * L, chunks_per_segment, States[bbh, bp, :, v0 : v0 + block_dv]
+            )
 
     return states, carry, outputs
-
-
-def prim_funcs(problem: Problem, config: KernelConfig):
-    """``split_fwd`` for a validated problem and config."""
-    return split_fwd(**problem.to_dict(), **config.to_dict())

@@ -19,6 +19,7 @@ import torch
 import refs
 from kernel.build import TORCH_DTYPES, ScalarDecayKernel, build, cuda_arch, precompile
 from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem
+from kernel.deploy import environment
 from kernel.resources import ProbeFailure
 from kernel.timing import bench
 
@@ -78,18 +79,6 @@ def check_and_time(kernel: ScalarDecayKernel, *, seed: int, tolerance: float = 2
         out = torch.empty_like(v)
         result |= bench(lambda: kernel(q, k, v, out=out)).to_dict()
     return result
-
-
-def _environment() -> dict[str, Any]:
-    import tilelang
-
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "capability": ".".join(map(str, torch.cuda.get_device_capability())),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "tilelang": tilelang.__version__,
-    }
 
 
 def sweep(cases: list[tuple[Problem, KernelConfig, bool]], *, log: Path, seed: int = 0) -> list[dict]:
@@ -162,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "kernel_validation.jsonl"
     log.unlink(missing_ok=True)
-    env = _environment()
+    env = environment()
     rows = sweep(headline_cases(), log=log)
     (args.out / "kernel_validation.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     (args.out / "kernel_validation.md").write_text(markdown(rows, env))

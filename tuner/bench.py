@@ -78,7 +78,7 @@ def _row(
         "dv": problem.dv,
         "alpha": problem.alpha,
         "impl": impl,
-        "config": _label(config) if config else "",
+        "config": config.label if config else "",
         "rel_l2": err,
     }
     if err < 2e-2:
@@ -89,10 +89,6 @@ def _row(
         with log.open("a") as f:
             f.write(json.dumps(row) + "\n")
     return row
-
-
-def _label(config: KernelConfig) -> str:
-    return "/".join(map(str, config.to_dict().values()))
 
 
 def run(

@@ -7,12 +7,13 @@ import optuna
 import pandas as pd
 
 from kernel.config import KernelConfig
-from kernel.deploy import DISPATCH_FORMAT, DISPATCH_VERSION, FORMAT, VERSION, write_json
+from kernel.deploy import DISPATCH_FORMAT, DISPATCH_VERSION, ENVIRONMENT_KEYS, FORMAT, VERSION, write_json
 from tuner.study import best_trials, is_feasible
 
-PARAMS = ("chunk", "block_dv", "num_stages", "threads", "scores", "segments")
-# Studies made before a knob existed ran it at its default (segments: the single-pass kernel).
-PARAM_DEFAULTS = {"segments": 1}
+# The knobs, and their defaults: a study made before a knob existed ran it at its default
+# (segments: the single-pass kernel).
+PARAM_DEFAULTS = KernelConfig().to_dict()
+PARAMS = tuple(PARAM_DEFAULTS)
 MEASURES = ("median_ms", "p20_ms", "p80_ms", "reps", "rel_l2", "nan_count")
 RESOURCES = (
     "registers",
@@ -27,7 +28,6 @@ RESOURCES = (
     "seed_register_estimate",
     "compile_seconds",
 )
-ENVIRONMENT = ("gpu", "capability", "tilelang", "torch", "cuda", "kernel")
 COLUMNS = (
     "number",
     "state",
@@ -43,7 +43,7 @@ COLUMNS = (
     "mode",
     "wall_s",
     "started",
-    *(f"env_{k}" for k in ENVIRONMENT),
+    *(f"env_{k}" for k in ENVIRONMENT_KEYS),
 )
 # Outcomes that cost a GPU launch (a cached trial reuses an earlier launch and costs none).
 GPU_OUTCOMES = ("ok", "incorrect", "runtime_failed")
@@ -61,7 +61,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
             "state": t.state.name,
             "status": attrs.get("status", "running" if t.state.name == "RUNNING" else None),
             "reason": attrs.get("reason"),
-            **{k: t.params.get(k, PARAM_DEFAULTS.get(k)) for k in PARAMS},
+            **{k: t.params.get(k, PARAM_DEFAULTS[k]) for k in PARAMS},
             **{k: attrs.get(k) for k in (*MEASURES, *RESOURCES)},
             "feasible": is_feasible(t),
             "baseline": bool(attrs.get("baseline", False)),
@@ -72,7 +72,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
             "mode": attrs.get("mode"),
             "wall_s": attrs.get("wall_s"),
             "started": t.datetime_start,
-            **{f"env_{k}": env.get(k) for k in ENVIRONMENT},
+            **{f"env_{k}": env.get(k) for k in ENVIRONMENT_KEYS},
         }
         rows.append(row)
     return pd.DataFrame(rows, columns=list(COLUMNS))
