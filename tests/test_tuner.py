@@ -471,3 +471,14 @@ def test_every_sampler_and_mode_runs(sampler, multi, tmp_path, monkeypatch):
     assert len(study.trials) == 2 and len(study.directions) == (2 if multi else 1)
     assert study.user_attrs["objectives"] == (["spill_bytes", "smem_bytes"] if multi else ["spill_bytes"])
     assert read_export(tmp_path / sampler / "best.json")["objectives"] == study.user_attrs["objectives"]
+
+
+def test_written_json_has_the_permissions_of_a_plain_file(tmp_path):
+    """write_json goes through mkstemp (0600) for atomicity; the result must still be
+    readable as a file opened normally would be, so a deployment's user can load it."""
+    plain = tmp_path / "plain.json"
+    plain.write_text("{}")
+    written = tmp_path / "table.json"
+    write_json(written, {"a": 1})
+    assert written.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+    assert json.loads(written.read_text()) == {"a": 1}

@@ -8,6 +8,8 @@
 # sweep:    the same studies resumed with a grid of split configs enqueued;
 # retune:   fresh TPE studies at the two small-B*H shapes (failures told as values);
 # bench:    tuned (the dispatch table's pick), seed config, fla and torch, in one process.
+# retable:  the table re-ranked with the current kernel (accumulator-side query weights)
+#           over the sweep's best configs, 4x16x8192 added; then the bench on it.
 # Results land in reports/h200/issue5/; on the device they come back as $OUT/<stage>.tgz.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -55,6 +57,18 @@ bench)
     # The table predates the kernel-source hash in its environment: --allow-mismatch.
     python3 -m tuner bench --dispatch "$DEST/dispatch.json" --allow-mismatch --out "$DEST/bench" \
         --shapes "$SHAPES,16x16x2048,4x16x8192" 2>&1 | tee "$DEST/bench.log" | grep -v "^{" | tail -40
+    ;;
+retable)
+    R="$DEST/retable"; mkdir -p "$R"
+    ENQ=()
+    for st in 2 3; do for seg in 1 2 4 8 16 32; do ENQ+=(--enqueue "64/128/$st/256/smem/$seg"); done; done
+    start=$(date +%s)
+    DECAY_TUNER_STUDIES="$R/studies" python3 -m tuner dispatch --shapes "$SHAPES,4x16x8192" \
+        --storage "sqlite:///$R/retable.db" --n-trials 14 --timeout 55 "${ENQ[@]}" \
+        --out "$R/dispatch.json" --no-progress 2>&1 | grep -v WARNING | tee "$R/retable.log" | tail -8
+    echo "retable: $(( $(date +%s) - start )) s wall" | tee -a "$R/retable.log"
+    timeout 240 python3 -m tuner bench --dispatch "$R/dispatch.json" --out "$R/bench" \
+        --shapes "$SHAPES,16x16x2048,4x16x8192" 2>&1 | tee "$R/bench.log" | grep -v "^{" | tail -12
     ;;
 esac
 if [ -n "${OUT:-}" ]; then tar czf "$OUT/$1.tgz" --exclude bench.html "$DEST"; fi
