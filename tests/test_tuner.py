@@ -22,7 +22,7 @@ from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.deploy import ExportError, load_config, read_export, write_json
 from tuner import space
 from tuner.cli import main
-from tuner.study import default_study_name
+from tuner.study import Options, Tuner, default_study_name
 from tuner.trials import COLUMNS, trials_frame
 from tuner.worker import INJECT_ENV, GpuWorker, config_key
 
@@ -482,3 +482,39 @@ def test_written_json_has_the_permissions_of_a_plain_file(tmp_path):
     write_json(written, {"a": 1})
     assert written.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
     assert json.loads(written.read_text()) == {"a": 1}
+
+
+def test_wave_seeds_launch_about_one_wave_and_are_allowed():
+    # 2x16x16384, DV = 128 at block_dv 128: 32 blocks per segment count, 4 segments = 128
+    # blocks, the nearest to 132 SMs; its neighbours 2 and 8, at 2 and 3 stages.
+    problem = Problem(2, 16, 16384, 128, 128, 0.99)
+    seeds = space.wave_seeds(problem, sms=132)
+    assert sorted((c.segments, c.num_stages) for c in seeds) == [(n, s) for n in (2, 4, 8) for s in (2, 3)]
+    assert {(c.chunk, c.block_dv, c.threads, c.scores) for c in seeds} == {(64, 128, 256, "smem")}
+    # twice the SMs: one more doubling of segments
+    assert {c.segments for c in space.wave_seeds(problem, sms=264)} == {4, 8, 16}
+    # 1 segment at most: the headline's 128 (batch, head) pairs already fill the GPU
+    assert {c.segments for c in space.wave_seeds(Problem(8, 16, 4096, 128, 128, 0.99))} == {1, 2}
+    # DV = 256 is split in two 128-wide blocks; restricted configs are never seeded
+    for problem in (Problem(3, 5, 3000, 128, 256, 0.9), Problem(1, 2, 256, 64, 64, 0.99)):
+        seeds = space.wave_seeds(problem)
+        assert all(c.block_dv == min(128, problem.dv) for c in seeds)
+        assert all(space.violated(problem, c) == [] for c in seeds)
+    assert space.wave_seeds(Problem(1, 2, 256, 64, 64, 0.99)) == []  # 64-token segments: no pipeline
+
+
+@pytest.mark.parametrize(
+    "options,seeded",
+    [(Options(), True), (Options(wave_seeds=False), False), (Options(sampler="grid"), False)],
+)
+def test_studies_measure_the_wave_seeds_first(options, seeded, tmp_path):
+    """A study enqueues the seed config, then the wave seeds (unless turned off, or for the grid)."""
+    problem = Problem(2, 8, 2048, 64, 64, 0.99)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    for _ in range(2):  # a second run over a queue nobody asked yet does not duplicate it
+        study = Tuner(problem, options, name="s", storage=storage).study
+        queued = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
+        assert [KernelConfig.from_dict(p) for p in queued] == [SEED_CONFIG] + space.wave_seeds(
+            problem
+        ) * seeded
+    assert len(queued) > 1 or not seeded

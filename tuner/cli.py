@@ -111,6 +111,7 @@ def _options(args: argparse.Namespace) -> Options:
         workers=args.workers,
         seed=args.seed,
         enqueue=tuple(_config(c) for c in args.enqueue) + _configs_from(args.enqueue_from),
+        wave_seeds=not args.no_wave_seeds,
         progress=not args.no_progress,
     )
 
@@ -370,6 +371,11 @@ def _tuning_flags(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="BEST_JSON",
         help="measure first the configs of an exported best-config file (repeatable)",
+    )
+    p.add_argument(
+        "--no-wave-seeds",
+        action="store_true",
+        help="do not measure first the configs whose grid is about one wave of blocks (tuner.space.wave_seeds)",
     )
     p.add_argument("--no-progress", action="store_true")
 

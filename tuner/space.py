@@ -6,6 +6,7 @@ records it as a value.
 """
 
 import itertools
+import math
 from collections.abc import Callable, Iterator
 
 from optuna.distributions import CategoricalDistribution
@@ -60,3 +61,28 @@ def grid(problem: Problem) -> Iterator[KernelConfig]:
     table = choices(problem)
     for values in itertools.product(*table.values()):
         yield KernelConfig(**dict(zip(table, values)))
+
+
+H200_SMS = 132  # the SM count assumed where no GPU is visible (compile-only runs target sm_90a)
+
+
+def wave_seeds(problem: Problem, sms: int = H200_SMS) -> list[KernelConfig]:
+    """Configs worth measuring first: the family that won at every shape tuned on the H200
+    (64-token chunks, the widest block_dv up to 128, 256 threads, scores in shared memory,
+    2 or 3 stages), with the segment count whose grid is nearest one wave of blocks (one
+    per SM, as these configs' ~190 KB of shared memory allows), and its two neighbours.
+
+    At the four shapes tuned on the H200 (8x16x4096, 2x16x16384, 1x8x32768, 4x16x8192) the
+    best config launched 128 blocks (reports/h200/README.md, "retable"). Restricted configs
+    are left out; the sampler explores everything else as before.
+    """
+    block_dv = max(d for d in choices(problem)["block_dv"] if d <= 128)
+    lanes = problem.batch * problem.heads * (problem.dv // block_dv)
+    one_wave = min(SEGMENTS, key=lambda n: abs(math.log2(n * lanes / sms)))
+    i = SEGMENTS.index(one_wave)
+    configs = [
+        KernelConfig(64, block_dv, stages, 256, "smem", segments)
+        for segments in SEGMENTS[max(0, i - 1) : i + 2]
+        for stages in (2, 3)
+    ]
+    return [c for c in configs if not violated(problem, c)]

@@ -66,6 +66,7 @@ class Options:
     workers: int | None = None  # compile processes; default: every core, less two beside a GPU
     seed: int = 0
     enqueue: tuple[KernelConfig, ...] = field(default_factory=tuple)
+    wave_seeds: bool = True  # measure space.wave_seeds first (not with the grid sampler)
     progress: bool = True
 
 
@@ -179,7 +180,8 @@ def _measured(study: optuna.Study, params: dict[str, Any], key: str) -> optuna.t
 
 
 def _enqueue(study: optuna.Study, configs: list[KernelConfig]) -> None:
-    seen = [t.params for t in study.get_trials(deepcopy=False)]
+    # A trial still waiting in the queue (a run killed before asking it) has no params yet.
+    seen = [t.params or t.system_attrs.get("fixed_params", {}) for t in study.get_trials(deepcopy=False)]
     for config in configs:
         if config.to_dict() not in seen:
             study.enqueue_trial(config.to_dict(), user_attrs={"baseline": config == SEED_CONFIG})
@@ -220,7 +222,10 @@ class Tuner:
         self.study.set_user_attr("objectives", self.objectives)
         self.study.set_user_attr("mode", mode)
         self.interrupted = _fail_interrupted(self.study)
-        _enqueue(self.study, [SEED_CONFIG, *options.enqueue])
+        seeds = (
+            space.wave_seeds(problem, _sm_count()) if options.wave_seeds and options.sampler != "grid" else []
+        )
+        _enqueue(self.study, [SEED_CONFIG, *options.enqueue, *seeds])
         self.distributions = space.distributions(problem)
         cores = os.cpu_count() or 1
         # Beside a GPU, leave cores to the process that launches and times the kernels.
@@ -410,3 +415,12 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _sm_count() -> int:
+    """The current GPU's SM count, or the H200's where none is visible."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return space.H200_SMS
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count

@@ -10,6 +10,8 @@
 # bench:    tuned (the dispatch table's pick), seed config, fla and torch, in one process.
 # retable:  the table re-ranked with the current kernel (accumulator-side query weights)
 #           over the sweep's best configs, 4x16x8192 added; then the bench on it.
+# seeds:    fresh studies at the same four shapes with the default flags: the seed config
+#           and the one-wave seeds (tuner.space.wave_seeds) first, 8 trials per shape.
 # Results land in reports/h200/issue5/; on the device they come back as $OUT/<stage>.tgz.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -69,6 +71,14 @@ retable)
     echo "retable: $(( $(date +%s) - start )) s wall" | tee -a "$R/retable.log"
     timeout 240 python3 -m tuner bench --dispatch "$R/dispatch.json" --out "$R/bench" \
         --shapes "$SHAPES,16x16x2048,4x16x8192" 2>&1 | tee "$R/bench.log" | grep -v "^{" | tail -12
+    ;;
+seeds)
+    R="$DEST/seeds"; mkdir -p "$R"
+    start=$(date +%s)
+    DECAY_TUNER_STUDIES="$R/studies" python3 -m tuner dispatch --shapes "$SHAPES,4x16x8192" \
+        --storage "sqlite:///$R/seeds.db" --n-trials 8 --timeout 50 \
+        --out "$R/dispatch.json" --no-progress 2>&1 | grep -v WARNING | tee "$R/seeds.log" | tail -8
+    echo "seeds: $(( $(date +%s) - start )) s wall" | tee -a "$R/seeds.log"
     ;;
 esac
 if [ -n "${OUT:-}" ]; then tar czf "$OUT/$1.tgz" --exclude bench.html "$DEST"; fi
