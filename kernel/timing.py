@@ -1,10 +1,13 @@
 """GPU timing in the manner of Triton's ``do_bench``: CUDA events, warm-up, L2 flushed
 before every repetition, median with the 20th and 80th percentiles."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 import torch
+
+Key = TypeVar("Key", bound=Hashable)
 
 # Larger than the H200's 60 MiB L2, so each repetition starts cold.
 L2_FLUSH_BYTES = 256 * 1024 * 1024
@@ -56,3 +59,14 @@ def bench(
     times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)], dtype=torch.float64)
     q = torch.quantile(times, torch.tensor([0.5, 0.2, 0.8], dtype=torch.float64)).tolist()
     return Timing(median_ms=q[0], p20_ms=q[1], p80_ms=q[2], reps=reps)
+
+
+def alternating(calls: Mapping[Key, Callable[[], object]], *, rounds: int = 3) -> dict[Key, list[float]]:
+    """``bench`` each call once per round, the calls taking turns within every round, so
+    that a drift of the GPU's clocks or of the host falls on all of them alike: the way
+    variants are compared in one run. Returns each call's ``rounds`` medians in ms."""
+    times: dict[Key, list[float]] = {key: [] for key in calls}
+    for _ in range(rounds):
+        for key, fn in calls.items():
+            times[key].append(bench(fn).median_ms)
+    return times

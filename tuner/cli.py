@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import optuna
@@ -325,7 +326,7 @@ def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, round
     import torch
 
     from kernel import build
-    from kernel.timing import bench
+    from kernel.timing import alternating
     from kernel.validate import random_qkv
 
     if not torch.cuda.is_available():
@@ -333,10 +334,9 @@ def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, round
     q, k, v = random_qkv(problem, seed=12345)
     out = torch.empty_like(v)
     kernels = {"study": build(problem, mine), "yardstick": build(problem, theirs)}
-    times: dict[str, list[float]] = {name: [] for name in kernels}
-    for _ in range(rounds):
-        for name, kern in kernels.items():
-            times[name].append(bench(lambda: kern(q, k, v, out=out)).median_ms)
+    times = alternating(
+        {name: partial(kern, q, k, v, out=out) for name, kern in kernels.items()}, rounds=rounds
+    )
     med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     return {"median_ms": med, "all_ms": times, "study_over_yardstick": med["study"] / med["yardstick"]}
 
@@ -375,7 +375,7 @@ def _tuning_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-wave-seeds",
         action="store_true",
-        help="do not measure first the configs whose grid is about one wave of blocks (tuner.space.wave_seeds)",
+        help="skip the configs measured first for a grid of about one wave (tuner.space.wave_seeds)",
     )
     p.add_argument("--no-progress", action="store_true")
 

@@ -6,7 +6,7 @@ against the three-kernel split and the single-pass kernel.
 Every chained config first runs once in a child process with a timeout (a kernel that
 waits on another block could hang), checked against reference C with a NaN-prefilled
 output; the correct ones and the baselines are then timed in this process, alternating
-over three rounds (medians of CUDA events, L2 flushed; ``kernel.timing.bench``). The
+over three rounds (medians of CUDA events, L2 flushed; ``kernel.timing.alternating``). The
 floor is the bytes of Q, K, V and O over the copy rate measured in the same run.
 """
 
@@ -16,13 +16,14 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 
 import torch
 from chained_kernel import build_chained
 
 from kernel import KernelConfig, Problem, build
 from kernel.config import HEADLINE
-from kernel.timing import bench
+from kernel.timing import alternating
 from kernel.validate import check, random_qkv
 from tuner.bench import copy_bandwidth, traffic_bytes
 
@@ -108,12 +109,10 @@ def main() -> int:
     bandwidth = copy_bandwidth()
     print(json.dumps({"copy_bandwidth_tbs": bandwidth / 1e12}), flush=True)
     inputs = {p: random_qkv(p, seed=12) for p in {key[1] for key in kernels}}
-    times: dict = {key: [] for key in kernels}
-    for _ in range(3):
-        for key, kern in kernels.items():
-            q, k, v = inputs[key[1]]
-            out = torch.empty_like(v)
-            times[key].append(bench(lambda: kern(q, k, v, out=out)).median_ms)
+    outs = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
+    times = alternating(
+        {key: partial(kern, *inputs[key[1]], out=outs[key[1]]) for key, kern in kernels.items()}
+    )
     for (variant, problem, config), ms in times.items():
         floor_ms = traffic_bytes(problem) / bandwidth * 1e3
         median = sorted(ms)[1]
@@ -146,10 +145,7 @@ def nowait() -> int:
         kernels = {wait: build_chained(*case, wait=wait) for wait in (True, False)}
         q, k, v = random_qkv(case[0], seed=12)
         out = torch.empty_like(v)
-        ms: dict = {True: [], False: []}
-        for _ in range(3):
-            for wait, kern in kernels.items():
-                ms[wait].append(bench(lambda: kern(q, k, v, out=out)).median_ms)
+        ms = alternating({wait: partial(kern, q, k, v, out=out) for wait, kern in kernels.items()})
         shape = f"{case[0].batch}x{case[0].heads}x{case[0].seqlen}"
         row = {"shape": shape, "config": case[1].label}
         print(

@@ -6,7 +6,7 @@ accumulator rows after the MMA and frees Qw_s, which lets 64/128 take a third st
 
 Every kernel is checked against reference C (NaN-prefilled output) before it is timed;
 the timings alternate between the modes over three rounds, medians of CUDA events with
-L2 flushed (``kernel.timing.bench``).
+L2 flushed (``kernel.timing.alternating``).
 """
 
 import json
@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 
 import torch
 
@@ -21,7 +22,7 @@ import kernel.scalar_decay as sd
 from kernel import KernelConfig, Problem, build, probe
 from kernel.build import cuda_arch
 from kernel.config import HEADLINE
-from kernel.timing import bench
+from kernel.timing import alternating
 from kernel.validate import check, random_qkv
 
 MODES = ("smem", "acc")
@@ -72,13 +73,11 @@ def main() -> int:
         print(json.dumps(row), flush=True)
         if (problem, config) in TIMED and row["finite"] and row["rel_l2"] < 2e-2:
             kernels[mode, problem, config] = kern
-    times: dict = {key: [] for key in kernels}
     inputs = {p: random_qkv(p, seed=12) for p, _ in TIMED}
-    for _ in range(3):
-        for key, kern in kernels.items():
-            q, k, v = inputs[key[1]]
-            out = torch.empty_like(v)
-            times[key].append(bench(lambda: kern(q, k, v, out=out)).median_ms)
+    outs = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
+    times = alternating(
+        {key: partial(kern, *inputs[key[1]], out=outs[key[1]]) for key, kern in kernels.items()}
+    )
     for (mode, problem, config), ms in times.items():
         shape = f"{problem.batch}x{problem.heads}x{problem.seqlen}"
         print(
