@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 5 on one H200, from the repo root on the device, in five stages (each under the
+# Issue 5 on one H200, from the repo root on the device, in seven stages (each under the
 # device tool's 10-minute limit):
-#   source .gpu/setup.sh && bash reports/h200/issue5.sh tests|dispatch|sweep|retune|bench
+#   source .gpu/setup.sh && bash reports/h200/issue5.sh tests|dispatch|sweep|retune|bench|retable|seeds
 # tests:    the GPU tests of the sequence-split variant, the fp32-underflow fix, the
 #           dispatch table end to end and the GPU study;
 # dispatch: one TPE study per shape over both variants, then the dispatch table;
@@ -19,7 +19,7 @@ DEST=reports/h200/issue5
 mkdir -p "$DEST"
 export DECAY_TUNER_STUDIES="$DEST/studies"
 SHAPES=8x16x4096,2x16x16384,1x8x32768
-case "${1:?stage: tests, dispatch, sweep, retune or bench}" in
+case "${1:?stage: tests, dispatch, sweep, retune, bench, retable or seeds}" in
 tests)
     python3 -m pytest -m gpu -q -p no:cacheprovider \
         "tests/test_kernel_gpu.py::test_sequence_split_variant_matches_c" \
