@@ -222,9 +222,8 @@ class Tuner:
         self.study.set_user_attr("objectives", self.objectives)
         self.study.set_user_attr("mode", mode)
         self.interrupted = _fail_interrupted(self.study)
-        seeds = (
-            space.wave_seeds(problem, _sm_count()) if options.wave_seeds and options.sampler != "grid" else []
-        )
+        sms = _sm_count() if self.gpu else space.H200_SMS
+        seeds = space.wave_seeds(problem, sms) if options.wave_seeds and options.sampler != "grid" else []
         _enqueue(self.study, [SEED_CONFIG, *options.enqueue, *seeds])
         self.distributions = space.distributions(problem)
         cores = os.cpu_count() or 1
@@ -418,9 +417,6 @@ def _has_cuda() -> bool:
 
 
 def _sm_count() -> int:
-    """The current GPU's SM count, or the H200's where none is visible."""
     import torch
 
-    if not torch.cuda.is_available():
-        return space.H200_SMS
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count

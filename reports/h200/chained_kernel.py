@@ -31,8 +31,7 @@ import tilelang.language as T
 
 from kernel.config import KernelConfig, Problem
 from kernel.scalar_decay import fp32_constant
-
-H200_SMS = 132
+from tuner.space import H200_SMS
 
 
 def prim_func(problem: Problem, config: KernelConfig, workers: int = H200_SMS, wait: bool = True):
@@ -139,8 +138,8 @@ def prim_func(problem: Problem, config: KernelConfig, workers: int = H200_SMS, w
 class ChainedKernel:
     """``kernel(q, k, v, out=None) -> o``; the flags are zeroed on every call."""
 
-    def __init__(self, problem: Problem, config: KernelConfig, compiled, workers: int):
-        self.problem, self.config, self.compiled, self.workers = problem, config, compiled, workers
+    def __init__(self, problem: Problem, config: KernelConfig, compiled):
+        self.problem, self.config, self.compiled = problem, config, compiled
         self.lanes = problem.batch * problem.heads * (problem.dv // config.block_dv)
 
     def __call__(self, q, k, v, *, out=None):
@@ -172,4 +171,4 @@ def build_chained(
         workers, arch = torch.cuda.get_device_properties(0).multi_processor_count, cuda_arch()
     func = prim_func(problem, config, workers, wait)
     compiled = tilelang.compile(func, target={"kind": "cuda", "arch": arch})
-    return ChainedKernel(problem, config, compiled, workers)
+    return ChainedKernel(problem, config, compiled)
