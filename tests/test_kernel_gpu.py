@@ -121,7 +121,7 @@ def test_decay_underflowing_fp32_keeps_the_state_finite(alpha):
 
 
 # The sequence-split variant: ragged last segment, S barely over one chunk, a bf16 carry
-# that underflows fp32 (0.5^256), scores in registers, DK != DV.
+# that underflows fp32 (0.5^256), scores in registers, DK != DV, 64 segments.
 SPLIT_CASES = [
     (Problem(2, 3, 300, 64, 64, 0.9), KernelConfig(64, 32, 2, 128, segments=3)),
     (Problem(1, 2, 1000, 128, 128, 0.5, "bfloat16"), KernelConfig(64, 64, 1, 256, segments=4)),
@@ -129,6 +129,7 @@ SPLIT_CASES = [
     (Problem(1, 1, 65, 64, 64, 1.0), KernelConfig(64, 32, 1, 128, segments=2)),
     (Problem(2, 2, 777, 64, 128, 0.8, "bfloat16"), KernelConfig(32, 64, 2, 128, segments=8)),
     (Problem(1, 2, 1000, 128, 128, 0.95), KernelConfig(64, 32, 1, 128, "regs", segments=5)),
+    (Problem(1, 3, 4096, 128, 128, 0.999), KernelConfig(64, 128, 2, 256, segments=64)),
 ]
 
 

@@ -52,6 +52,31 @@ def test_carry_algebra_matches_the_recurrence(s, chunk, segments, alpha):
     )
 
 
+@pytest.mark.parametrize("alpha", [1.0, 0.99, 0.5])
+def test_reverse_states_walk_reaches_the_forward_end_state(alpha):
+    """The states kernel walks a segment's chunks last to first (``STATES_ORDER =
+    "reverse"``): iteration ``c`` reads chunk ``n - 1 - c`` and weights its row ``r`` by
+    ``alpha^(C*c + C-1-r)``, the token's distance to the segment's end."""
+    chunk, n = 16, 7
+    gen = torch.Generator().manual_seed(3)
+    k, v = (
+        torch.randn(n * chunk, 8, generator=gen, dtype=torch.float64),
+        torch.randn(n * chunk, 6, generator=gen, dtype=torch.float64),
+    )
+    w = chunk_weights(alpha, chunk)
+    forward = k.new_zeros(8, 6)
+    for c in range(n):
+        ks, vs = k[c * chunk : (c + 1) * chunk], v[c * chunk : (c + 1) * chunk]
+        forward = w.state_decay * forward + (ks * w.w_decay[:, None]).T @ vs
+    reverse = k.new_zeros(8, 6)
+    rows = torch.arange(chunk, dtype=torch.float64)
+    for c in range(n):
+        s0 = (n - 1 - c) * chunk
+        weights = alpha ** (chunk * c + chunk - 1 - rows)
+        reverse += (k[s0 : s0 + chunk] * weights[:, None]).T @ v[s0 : s0 + chunk]
+    assert refs.rel_l2(reverse, forward) < 1e-14
+
+
 def test_segments_are_whole_chunks():
     assert segment_length(32768, 64, 16) == 2048
     assert segment_length(1000, 64, 4) == 256  # 4 segments, the last one ragged

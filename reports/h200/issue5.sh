@@ -8,8 +8,8 @@
 # sweep:    the same studies resumed with a grid of split configs enqueued;
 # retune:   fresh TPE studies at the two small-B*H shapes (failures told as values);
 # bench:    tuned (the dispatch table's pick), seed config, fla and torch, in one process.
-# retable:  the table re-ranked with the current kernel (accumulator-side query weights)
-#           over the sweep's best configs, 4x16x8192 added; then the bench on it.
+# retable:  the table re-ranked with the current kernel over the sweep's best configs,
+#           4x16x8192 added; then the bench on it.
 # seeds:    fresh studies at the same four shapes with the default flags: the seed config
 #           and the one-wave seeds (tuner.space.wave_seeds) first, 8 trials per shape.
 # Results land in reports/h200/issue5/; on the device they come back as $OUT/<stage>.tgz.
@@ -61,7 +61,7 @@ bench)
         --shapes "$SHAPES,16x16x2048,4x16x8192" 2>&1 | tee "$DEST/bench.log" | grep -v "^{" | tail -40
     ;;
 retable)
-    R="$DEST/retable"; mkdir -p "$R"
+    R="$DEST/retable"; rm -rf "$R"; mkdir -p "$R"  # fresh: a changed kernel re-ranks from scratch
     ENQ=()
     for st in 2 3; do for seg in 1 2 4 8 16 32; do ENQ+=(--enqueue "64/128/$st/256/smem/$seg"); done; done
     start=$(date +%s)

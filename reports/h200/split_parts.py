@@ -1,0 +1,126 @@
+"""Same-run comparison on the GPU of the sequence-split variant's parts and two changes to
+them (``kernel.seq_split.STATES_ORDER`` and ``CARRY``), at the two small-B*H shapes.
+
+    source .gpu/setup.sh && python3 reports/h200/split_parts.py > $OUT/split_parts.jsonl
+
+Rows, as JSON lines:
+* ``check``: every variant against reference C on fresh inputs, NaN-prefilled output;
+  the timed configs and cases that stress the changes (bf16 with alpha = 0.5, ragged S,
+  DK != DV, 64 segments).
+* ``parts``: each kernel of the split timed alone (L2 flushed before each repetition, so
+  the outputs kernel starts cold here), with its own byte floor at the copy rate measured
+  in this run: where the time goes.
+* ``whole``: the three kernels as one call, the variants taking turns over three rounds
+  (``kernel.timing.alternating``); ``x_floor`` against the whole problem's floor.
+"""
+
+import itertools
+import json
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+
+import torch
+
+import kernel.seq_split as ss
+from kernel import KernelConfig, Problem, build, probe
+from kernel.build import cuda_arch
+from kernel.timing import alternating, bench
+from kernel.validate import check, random_qkv
+from tuner.bench import copy_bandwidth, traffic_bytes
+
+VARIANTS = list(itertools.product(("forward", "reverse"), ("rows", "scan")))
+B2H16, B1H8 = Problem(2, 16, 16384, 128, 128, 0.99), Problem(1, 8, 32768, 128, 128, 0.99)
+B4H16 = Problem(4, 16, 8192, 128, 128, 0.99)
+TIMED = [
+    (B2H16, KernelConfig(64, 128, 2, 256, segments=4)),
+    (B2H16, KernelConfig(64, 128, 2, 256, segments=8)),
+    (B1H8, KernelConfig(64, 128, 3, 256, segments=16)),
+    (B1H8, KernelConfig(64, 128, 2, 256, segments=32)),
+    (B1H8, KernelConfig(64, 64, 2, 256, segments=16)),
+    (B4H16, KernelConfig(64, 128, 3, 256, segments=2)),
+]
+CHECKED = [
+    (Problem(1, 2, 1000, 128, 128, 0.5, "bfloat16"), KernelConfig(64, 64, 1, 256, segments=4)),
+    (Problem(2, 2, 777, 64, 128, 0.8, "bfloat16"), KernelConfig(32, 64, 2, 128, segments=8)),
+    (Problem(1, 3, 4096, 128, 128, 0.999), KernelConfig(64, 128, 2, 256, segments=64)),
+    (Problem(2, 1, 65, 128, 128, 0.9), KernelConfig(64, 128, 2, 256, segments=2)),
+]
+
+
+def _set(variant: tuple[str, str]) -> None:
+    ss.STATES_ORDER, ss.CARRY = variant
+
+
+def _probe(case):
+    return probe(*case, arch=cuda_arch())
+
+
+def _emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def main() -> int:
+    cases = TIMED + CHECKED
+    probes = {}
+    for variant in VARIANTS:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(
+            os.cpu_count(), mp_context=ctx, initializer=_set, initargs=(variant,)
+        ) as pool:
+            probes |= {(variant, *case): res for case, res in zip(cases, pool.map(_probe, cases))}
+    copy_rate = copy_bandwidth()
+    _emit({"kind": "copy", "bytes_per_s": copy_rate})
+    kernels = {}
+    for (variant, problem, config), res in probes.items():
+        row = {"kind": "check", "variant": variant, "problem": problem.to_dict(), "config": config.label}
+        if not getattr(res, "fits_smem", False):
+            _emit(row | {"skipped": str(res.to_dict())[:200]})
+            continue
+        _set(variant)
+        kern = build(problem, config)
+        row |= check(kern, seed=21)
+        _emit(row)
+        if (problem, config) in TIMED and row["finite"] and row["rel_l2"] < 2e-2:
+            kernels[variant, problem, config] = kern
+    inputs = {p: random_qkv(p, seed=22) for p, _ in TIMED}
+    outs = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
+    for (variant, problem, config), kern in kernels.items():
+        p, (q, k, v) = problem, inputs[problem]
+        states = torch.empty(p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv, device="cuda")
+        states_kernel, carry_kernel, outputs_kernel = kern.compiled
+        state_bytes = states.numel() * 4
+        kv_bytes = traffic_bytes(p) // 2  # K and V
+        parts = {
+            # K and V of all segments but the last, and the end states written
+            "states": (
+                partial(states_kernel, k, v, states),
+                kv_bytes * (1 - 1 / states.shape[1]) + state_bytes,
+            ),
+            "carry": (partial(carry_kernel, states), 2 * state_bytes),
+            "outputs": (partial(outputs_kernel, q, k, v, states, outs[p]), traffic_bytes(p) + state_bytes),
+        }
+        for name, (fn, nbytes) in parts.items():
+            ms = bench(fn).median_ms
+            _emit(
+                {"kind": "parts", "variant": variant, "shape": f"{p.batch}x{p.heads}x{p.seqlen}"}
+                | {"config": config.label, "part": name, "median_ms": ms}
+                | {"bytes": int(nbytes), "x_own_floor": ms * 1e-3 * copy_rate / nbytes}
+            )
+    times = alternating(
+        {key: partial(kern, *inputs[key[1]], out=outs[key[1]]) for key, kern in kernels.items()}
+    )
+    for (variant, p, config), ms in times.items():
+        median = sorted(ms)[1]
+        _emit(
+            {"kind": "whole", "variant": variant, "shape": f"{p.batch}x{p.heads}x{p.seqlen}"}
+            | {"config": config.label, "median_ms": median, "all_ms": ms}
+            | {"x_floor": median * 1e-3 * copy_rate / traffic_bytes(p)}
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
