@@ -73,8 +73,10 @@ def wave_seeds(problem: Problem, sms: int = H200_SMS) -> list[KernelConfig]:
     per SM, as these configs' ~190 KB of shared memory allows), and its two neighbours.
 
     At the four shapes tuned on the H200 (8x16x4096, 2x16x16384, 1x8x32768, 4x16x8192) the
-    best config launched 128 blocks (reports/h200/README.md, "retable"). Restricted configs
-    are left out; the sampler explores everything else as before.
+    best config launched 128 blocks (reports/h200/README.md, "retable"); at four shapes
+    outside that sample (1x16x16384, 4x8x8192, 1x4x65536, and 2x16x16384 at DK = DV = 64)
+    these seeds held the best of 23 trials ("oos"). Restricted configs are left out; the
+    sampler explores everything else as before.
     """
     block_dv = max(d for d in choices(problem)["block_dv"] if d <= 128)
     lanes = problem.batch * problem.heads * (problem.dv // block_dv)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 5 on one H200, from the repo root on the device, in seven stages (each under the
 # device tool's 10-minute limit):
-#   source .gpu/setup.sh && bash reports/h200/issue5.sh tests|dispatch|sweep|retune|bench|retable|seeds
+#   source .gpu/setup.sh && bash reports/h200/issue5.sh tests|dispatch|sweep|retune|bench|retable|seeds|oos
 # tests:    the GPU tests of the sequence-split variant, the fp32-underflow fix, the
 #           dispatch table end to end and the GPU study;
 # dispatch: one TPE study per shape over both variants, then the dispatch table;
@@ -12,6 +12,9 @@
 #           4x16x8192 added; then the bench on it.
 # seeds:    fresh studies at the same four shapes with the default flags: the seed config
 #           and the one-wave seeds (tuner.space.wave_seeds) first, 8 trials per shape.
+# oos:      the one-wave seeds out of sample (shapes and head sizes the prior was not
+#           drawn from): fresh 8-trial studies with the default flags, then the same
+#           studies resumed with the 64/bDV/{2,3}/256/smem x segments ladder enqueued.
 # Results land in reports/h200/issue5/; on the device they come back as $OUT/<stage>.tgz.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -19,7 +22,7 @@ DEST=reports/h200/issue5
 mkdir -p "$DEST"
 export DECAY_TUNER_STUDIES="$DEST/studies"
 SHAPES=8x16x4096,2x16x16384,1x8x32768
-case "${1:?stage: tests, dispatch, sweep, retune, bench, retable or seeds}" in
+case "${1:?stage: tests, dispatch, sweep, retune, bench, retable, seeds or oos}" in
 tests)
     python3 -m pytest -m gpu -q -p no:cacheprovider \
         "tests/test_kernel_gpu.py::test_sequence_split_variant_matches_c" \
@@ -79,6 +82,22 @@ seeds)
         --storage "sqlite:///$R/seeds.db" --n-trials 8 --timeout 50 \
         --out "$R/dispatch.json" --no-progress 2>&1 | grep -v WARNING | tee "$R/seeds.log" | tail -8
     echo "seeds: $(( $(date +%s) - start )) s wall" | tee -a "$R/seeds.log"
+    ;;
+oos)
+    R="$DEST/oos"; rm -rf "$R"; mkdir -p "$R"
+    start=$(date +%s)
+    for spec in "128:1x16x16384,4x8x8192,1x4x65536" "64:2x16x16384"; do
+        d=${spec%%:*}; shapes=${spec#*:}; b=$(( d < 128 ? d : 128 ))
+        common=(--shapes "$shapes" --dk "$d" --dv "$d" --storage "sqlite:///$R/oos.db" --no-progress)
+        DECAY_TUNER_STUDIES="$R/studies" python3 -m tuner dispatch "${common[@]}" --n-trials 8 \
+            --timeout 50 --out "$R/seeds-dk$d.json" 2>&1 | grep -v WARNING | tee -a "$R/oos.log" | tail -5
+        ENQ=()
+        for st in 2 3; do for seg in 1 2 4 8 16 32 64; do ENQ+=(--enqueue "64/$b/$st/256/smem/$seg"); done; done
+        DECAY_TUNER_STUDIES="$R/studies" python3 -m tuner dispatch "${common[@]}" --n-trials 15 \
+            --timeout 90 --no-wave-seeds "${ENQ[@]}" --out "$R/ladder-dk$d.json" 2>&1 | grep -v WARNING \
+            | tee -a "$R/oos.log" | tail -5
+    done
+    echo "oos: $(( $(date +%s) - start )) s wall" | tee -a "$R/oos.log"
     ;;
 esac
 if [ -n "${OUT:-}" ]; then tar czf "$OUT/$1.tgz" --exclude bench.html "$DEST"; fi
