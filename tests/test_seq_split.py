@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import refs
-from kernel import KernelConfig, Problem, Resources, probe
+from kernel import KernelConfig, Problem, Resources, probe, seq_split
 from kernel.config import segment_length
 from kernel.resources import compile_kernel
 from refs.chunk import chunk_weights
@@ -95,6 +95,18 @@ def test_three_kernels_compile_for_sm90a(problem, config):
     assert "tma_load" in outputs.get_kernel_source()
     res = probe(problem, config)
     assert isinstance(res, Resources) and res.spill_bytes == 0 and res.fits_smem
+
+
+@pytest.mark.parametrize("order,carry", [("forward", "rows"), ("reverse", "rows"), ("forward", "scan")])
+def test_the_other_states_walk_and_carry_still_compile(monkeypatch, order, carry):
+    """The modes the default replaced stay buildable for reports/h200/split_parts.py."""
+    monkeypatch.setattr(seq_split, "STATES_ORDER", order)
+    monkeypatch.setattr(seq_split, "CARRY", carry)
+    states, carry_kernel, _ = compile_kernel(
+        Problem(2, 3, 300, 64, 64, 0.9), KernelConfig(64, 32, 2, 128, segments=3)
+    )
+    assert ("- (c * 64)" in states.get_kernel_source()) == (order == "reverse")  # chunk offset falls
+    assert ("carry_scan_kernel" in carry_kernel.get_kernel_source()) == (carry == "scan")
 
 
 def test_a_split_that_leaves_one_segment_is_refused():

@@ -10,17 +10,14 @@ L2 flushed (``kernel.timing.alternating``).
 """
 
 import json
-import multiprocessing
-import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 
 import torch
+from modes import probe_modes
 
 import kernel.scalar_decay as sd
-from kernel import KernelConfig, Problem, build, probe
-from kernel.build import cuda_arch
+from kernel import KernelConfig, Problem, build
 from kernel.config import HEADLINE
 from kernel.timing import alternating
 from kernel.validate import check, random_qkv
@@ -48,19 +45,9 @@ def _set_mode(mode: str) -> None:
     sd.Q_WEIGHTS = mode
 
 
-def _probe(case):
-    return probe(*case, arch=cuda_arch())
-
-
 def main() -> int:
     cases = TIMED + CHECKED
-    probes = {}
-    for mode in MODES:
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(
-            os.cpu_count(), mp_context=ctx, initializer=_set_mode, initargs=(mode,)
-        ) as pool:
-            probes |= {(mode, *case): res for case, res in zip(cases, pool.map(_probe, cases))}
+    probes = probe_modes(MODES, _set_mode, cases)
     kernels = {}
     for (mode, problem, config), res in probes.items():
         row = {"mode": mode, "problem": problem.to_dict(), "config": config.to_dict()}

@@ -16,17 +16,14 @@ Rows, as JSON lines:
 
 import itertools
 import json
-import multiprocessing
-import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 
 import torch
+from modes import probe_modes
 
 import kernel.seq_split as ss
-from kernel import KernelConfig, Problem, build, probe
-from kernel.build import cuda_arch
+from kernel import KernelConfig, Problem, build
 from kernel.timing import alternating, bench
 from kernel.validate import check, random_qkv
 from tuner.bench import copy_bandwidth, traffic_bytes
@@ -54,23 +51,13 @@ def _set(variant: tuple[str, str]) -> None:
     ss.STATES_ORDER, ss.CARRY = variant
 
 
-def _probe(case):
-    return probe(*case, arch=cuda_arch())
-
-
 def _emit(row: dict) -> None:
     print(json.dumps(row), flush=True)
 
 
 def main() -> int:
     cases = TIMED + CHECKED
-    probes = {}
-    for variant in VARIANTS:
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(
-            os.cpu_count(), mp_context=ctx, initializer=_set, initargs=(variant,)
-        ) as pool:
-            probes |= {(variant, *case): res for case, res in zip(cases, pool.map(_probe, cases))}
+    probes = probe_modes(VARIANTS, _set, cases)
     copy_rate = copy_bandwidth()
     _emit({"kind": "copy", "bytes_per_s": copy_rate})
     kernels = {}
