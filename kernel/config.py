@@ -12,6 +12,8 @@ from typing import Any, Self
 
 DTYPES = ("float16", "bfloat16")
 SCORES = ("smem", "regs")
+# 1: the seed's single-pass kernel; n > 1: the sequence-split variant (kernel.seq_split).
+SEGMENT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 # Q/K/V/O rows are moved by TMA and fed to wgmma: 16-element granularity, and a head
 # wider than 256 would not leave shared memory for even one chunk.
 MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 16, 256, 16
@@ -110,6 +112,12 @@ class KernelConfig:
     def segment_count(self, seqlen: int) -> int:
         """Segments the sequence really has (fewer than ``segments`` when S is short)."""
         return math.ceil(seqlen / self.segment_length(seqlen))
+
+    def blocks(self, problem: Problem) -> int:
+        """Blocks the single-pass or the outputs kernel launches for ``problem``."""
+        return (
+            problem.batch * problem.heads * (problem.dv // self.block_dv) * self.segment_count(problem.seqlen)
+        )
 
     def pipeline_fits(self, problem: Problem) -> bool:
         """Whether the pipeline is no deeper than the chunks of one segment it overlaps."""

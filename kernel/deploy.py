@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel.config import KernelConfig, Problem
+from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
 
 FORMAT = "decay-tuner/best-configs"
 VERSION = 1
@@ -169,10 +169,14 @@ class Dispatch:
 
     Each entry owns a shape bucket: the shapes nearer to its tuned (B*H, S) than to any
     other entry's, in log2 of each. ``pick`` takes the nearest entry of the same DK, DV and
-    dtype whose config can run the problem (a tie goes to the earlier entry); alpha is a
+    dtype (a tie goes to the earlier entry) and keeps its config, with one change: the
+    segment count is set so that the grid launches about as many blocks on the new shape
+    as it did on the tuned one (``same_wave``). The grid is what the segment count tunes:
+    at every shape measured on the H200 the best count gave about one block per SM, and
+    the worse counts fell off on both sides (reports/h200/README.md, "oos"). Alpha is a
     compile-time constant of the kernel but does not change its speed, so an entry serves
-    every alpha. When no entry's config can run the problem (a sequence too short for its
-    segments or pipeline), the nearest config runs as the single-pass kernel with a
+    every alpha. When no segment count can run the problem with the nearest config (a
+    sequence too short for its pipeline), it runs as the single-pass kernel with a
     pipeline no deeper than the sequence's chunks.
     """
 
@@ -193,12 +197,12 @@ class Dispatch:
                 f"no dispatch entry for dk={problem.dk}, dv={problem.dv}, {problem.dtype}; "
                 f"the table was tuned for (dk, dv, dtype) in {tuned}"
             )
-        fitting = [e for e in same if _runs(e.config, problem)]
-        if not fitting:  # e.g. a sequence too short to split: fall back to the single-pass kernel
-            nearest = min(same, key=lambda e: e.distance(problem))
+        nearest = min(same, key=lambda e: e.distance(problem))
+        config = same_wave(nearest, problem)
+        if config is None:  # a sequence too short for the pipeline: the single-pass kernel
             single = dataclasses.replace(nearest.config, segments=1)
             return DispatchEntry(nearest.problem, _shorter_pipeline(single, problem), None)
-        return min(fitting, key=lambda e: e.distance(problem))
+        return nearest if config == nearest.config else DispatchEntry(nearest.problem, config, None)
 
     def kernel(self, problem: Problem):
         """The built kernel for ``problem`` (compiled on first use, then cached)."""
@@ -219,6 +223,24 @@ class Dispatch:
             raise ValueError(f"q must be float16 or bfloat16, got {q.dtype}")
         b, s, h, dk = q.shape
         return self.kernel(Problem(b, h, s, dk, v.shape[-1], alpha, dtypes[q.dtype]))(q, k, v, out=out)
+
+
+def same_wave(entry: DispatchEntry, problem: Problem) -> KernelConfig | None:
+    """``entry``'s config with the segment count (of ``SEGMENT_COUNTS``) whose grid on
+    ``problem`` comes nearest, in log2, to the grid the entry was tuned with; the config
+    itself when it runs ``problem`` with that many blocks already; ``None`` when no count
+    runs ``problem``. A tie goes to fewer segments, which read K and V less often."""
+    tuned = entry.config.blocks(entry.problem)
+    if _runs(entry.config, problem) and entry.config.blocks(problem) == tuned:
+        return entry.config
+    runnable = [
+        c
+        for c in (dataclasses.replace(entry.config, segments=n) for n in SEGMENT_COUNTS)
+        if _runs(c, problem)
+    ]
+    if not runnable:
+        return None
+    return min(runnable, key=lambda c: (abs(math.log2(c.blocks(problem) / tuned)), c.segments))
 
 
 def _runs(config: KernelConfig, problem: Problem) -> bool:

@@ -4,6 +4,7 @@ Without a GPU a run is a compile-only exploration; these tests drive it through 
 and check what it leaves behind: the storage, the pandas trial log and the JSON export.
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -302,11 +303,11 @@ def _table(tmp_path: Path, pairs: list[tuple[Problem, KernelConfig]], **changes)
     return path
 
 
-def test_dispatch_picks_the_nearest_shape_that_the_config_runs(tmp_path):
+def test_dispatch_picks_the_nearest_shape_and_keeps_its_grid(tmp_path):
     from kernel.deploy import load_dispatch
 
-    many = KernelConfig(64, 128, 2, 256)  # tuned at B*H = 128, S = 4096
-    few = KernelConfig(64, 128, 2, 256, segments=16)  # tuned at B*H = 8, S = 32768
+    many = KernelConfig(64, 128, 2, 256)  # tuned at B*H = 128, S = 4096: 128 blocks
+    few = KernelConfig(64, 128, 2, 256, segments=16)  # tuned at B*H = 8, S = 32768: 128 blocks
     narrow = KernelConfig(64, 32, 1, 128)  # tuned for DV = 64
     table = load_dispatch(
         _table(
@@ -319,18 +320,44 @@ def test_dispatch_picks_the_nearest_shape_that_the_config_runs(tmp_path):
         )
     )
     pick = lambda *shape, dv=128, alpha=0.9: table.pick(Problem(*shape, 128, dv, alpha)).config  # noqa: E731
+    segments = lambda config, n: dataclasses.replace(config, segments=n)  # noqa: E731
     assert pick(8, 16, 4096) == many and pick(1, 8, 32768) == few
-    assert pick(16, 16, 2048) == many and pick(1, 4, 65536) == few  # inside each bucket
-    assert pick(2, 4, 16384) == few and pick(4, 16, 4096) == many  # nearer in log2(B*H) + log2(S)
+    assert pick(2, 4, 16384) == few  # nearer in log2(B*H) + log2(S); B*H = 8 as tuned
+    # Other B*H: the segment count that keeps about 128 blocks.
+    assert pick(1, 4, 65536) == segments(few, 32) and pick(4, 16, 4096) == segments(many, 2)
+    assert pick(16, 16, 2048) == many  # 256 blocks already with one segment
     assert pick(8, 16, 4096, dv=64) == narrow
-    # 16 segments of 512 tokens hold one chunk each, too few for 2 stages: the nearest that runs.
-    assert pick(1, 8, 512) == many
-    # Too short for any entry: the nearest one as a single-pass kernel, pipeline shortened.
-    assert table.pick(Problem(1, 1, 64, 128, 128, 0.9)).config == KernelConfig(64, 128, 1, 256)
+    # 512 tokens hold 8 chunks: 2 stages leave at most 4 segments, 32 blocks.
+    assert pick(1, 8, 512) == segments(few, 4)
+    # Too short for any split: the nearest config as a single-pass kernel, pipeline shortened.
+    assert table.pick(Problem(1, 1, 64, 128, 128, 0.9)).config == KernelConfig(64, 128, 1, 256, segments=1)
     with pytest.raises(ExportError, match=r"no dispatch entry for dk=128, dv=32"):
         pick(8, 16, 4096, dv=32)
     with pytest.raises(ExportError, match="no dispatch entry"):
         table.pick(Problem(8, 16, 4096, 128, 128, 0.99, "bfloat16"))
+
+
+def test_the_committed_table_serves_untuned_shapes_the_segment_count_measured_best():
+    """The H200 table (retable) serves three shapes it was not tuned at (oos); for each,
+    the pick's segment count is the fastest one the oos study measured with its other
+    knobs, while the nearest entry's own count was 1.6x slower at two of them."""
+    from kernel.deploy import load_dispatch
+
+    h200 = Path(__file__).resolve().parent.parent / "reports" / "h200" / "issue5"
+    table = load_dispatch(h200 / "retable" / "dispatch.json", allow_mismatch=True)
+    slower = 0
+    for b, h, s in [(1, 16, 16384), (4, 8, 8192), (1, 4, 65536)]:
+        problem = Problem(b, h, s, 128, 128, 0.99)
+        pick = table.pick(problem)
+        trials = pd.read_csv(h200 / f"oos/studies/b{b}-h{h}-s{s}-dk128-dv128-a0.99-float16/trials.csv")
+        ok = trials[trials.status == "ok"]
+        knobs = pd.Series({k: v for k, v in pick.config.to_dict().items() if k != "segments"})
+        same = ok[(ok[knobs.index] == knobs).all(axis=1)]
+        by_segments = same.groupby("segments").median_ms.min()
+        assert pick.config.segments == by_segments.idxmin(), (b, h, s, by_segments.to_dict())
+        nearest = min(table.entries, key=lambda e: e.distance(problem))
+        slower += by_segments[nearest.config.segments] > 1.5 * by_segments.min()
+    assert slower == 2
 
 
 def test_dispatch_loader_refuses_bad_tables(tmp_path):

@@ -12,13 +12,12 @@ from collections.abc import Callable, Iterator
 from optuna.distributions import CategoricalDistribution
 
 from kernel import KernelConfig, Problem
-from kernel.config import HEAD_DIM_MULTIPLE, SCORES
+from kernel.config import HEAD_DIM_MULTIPLE, SCORES, SEGMENT_COUNTS
 
 CHUNKS = (32, 64, 128)
 STAGES = (1, 2, 3, 4)
 THREADS = (128, 256)
-# 1: the seed's single-pass kernel; n > 1: the sequence-split variant (kernel.seq_split).
-SEGMENTS = (1, 2, 4, 8, 16, 32, 64)
+SEGMENTS = SEGMENT_COUNTS
 
 
 def choices(problem: Problem) -> dict[str, tuple]:
