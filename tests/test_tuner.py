@@ -337,6 +337,17 @@ def test_dispatch_picks_the_nearest_shape_and_keeps_its_grid(tmp_path):
         table.pick(Problem(8, 16, 4096, 128, 128, 0.99, "bfloat16"))
 
 
+def test_bench_rows_say_which_entry_served_a_shape(tmp_path):
+    from kernel.deploy import load_dispatch
+    from tuner.bench import served_by
+
+    table = load_dispatch(
+        _table(tmp_path, [(Problem(1, 8, 32768, 128, 128, 0.99), KernelConfig(64, 128, 2, 256))])
+    )
+    assert served_by(table, Problem(1, 8, 32768, 128, 128, 0.9)) == "dispatch table: tuned at this shape"
+    assert served_by(table, Problem(1, 4, 65536, 128, 128, 0.99)).endswith("the entry tuned at 1x8x32768")
+
+
 def test_the_committed_table_serves_untuned_shapes_the_segment_count_measured_best():
     """The H200 table (retable) serves three shapes it was not tuned at (oos); for each,
     the pick's segment count is the fastest one the oos study measured with its other

@@ -91,6 +91,15 @@ def _row(
     return row
 
 
+def served_by(dispatch: Dispatch, problem: Problem) -> str:
+    """Where the dispatch table's pick for ``problem`` comes from, for the bench's rows."""
+    entry = dispatch.pick(problem)
+    tuned = entry.problem
+    if (tuned.batch, tuned.heads, tuned.seqlen) == (problem.batch, problem.heads, problem.seqlen):
+        return "dispatch table: tuned at this shape"
+    return f"dispatch table: served by the entry tuned at {tuned.batch}x{tuned.heads}x{tuned.seqlen}"
+
+
 def run(
     shapes: list[tuple[int, int, int]],
     *,
@@ -136,7 +145,9 @@ def run(
         rows += timed.values()
         ok = [r for c, r in timed.items() if c in candidates[problem] and "median_ms" in r]
         if ok:
-            tuned_by = "dispatch table" if dispatch else f"best of {len(candidates[problem])} candidates"
+            tuned_by = (
+                served_by(dispatch, problem) if dispatch else f"best of {len(candidates[problem])} candidates"
+            )
             rows.append(min(ok, key=lambda r: r["median_ms"]) | {"impl": "tuned", "tuned_by": tuned_by})
         try:
             rows.append(
