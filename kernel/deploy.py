@@ -185,7 +185,8 @@ class Dispatch:
     _kernels: dict[Problem, Any] = field(default_factory=dict, repr=False)
 
     def pick(self, problem: Problem) -> DispatchEntry:
-        """The entry whose config runs ``problem``; ``ExportError`` if no entry can."""
+        """The entry (tuned shape and the config to run) that serves ``problem``;
+        ``ExportError`` if the table has no entry of its DK, DV and dtype."""
         same = [
             e
             for e in self.entries
