@@ -62,6 +62,20 @@ def _run(storage: str, study: str, *extra: str) -> int:
     )
 
 
+def test_the_summary_counts_queued_configs_apart(tmp_path, capsys, monkeypatch):
+    """One trial asked: the seed config runs, the one-wave seeds wait for the next run."""
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    argv = ["run", "--dk", "64", "--dv", "64", "--batch", "1", "--heads", "2", "--seqlen", "4096"]
+    assert main([*argv, "--storage", storage, "--workers", "2", "--no-progress", "--n-trials", "1"]) == 0
+    study = optuna.load_study(
+        study_name=default_study_name(Problem(1, 2, 4096, 64, 64, 0.99)), storage=storage
+    )
+    waiting = sum(t.state == optuna.trial.TrialState.WAITING for t in study.trials)
+    assert waiting >= 1
+    assert f": 1 trial ({waiting} queued for the next run), 0 GPU evaluations" in capsys.readouterr().out
+
+
 def test_compile_only_study_end_to_end(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"

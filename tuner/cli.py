@@ -152,9 +152,12 @@ def _run_and_log(tuner: Tuner) -> optuna.Study:
 
     study = tuner.run()
     paths = save_frame(trials_frame(study), STUDIES_DIR / study.study_name / "trials")
+    finished = sum(t.state.is_finished() for t in study.trials)
+    queued = len(study.trials) - finished  # enqueued configs the next run measures first
     print(
-        f"study {study.study_name!r}: {len(study.trials)} trials, {tuner.gpu_evaluations} GPU evaluations "
-        f"this run; log {', '.join(map(str, paths))}"
+        f"study {study.study_name!r}: {finished} trial{'s' * (finished != 1)}"
+        + (f" ({queued} queued for the next run)" if queued else "")
+        + f", {tuner.gpu_evaluations} GPU evaluations this run; log {', '.join(map(str, paths))}"
     )
     return study
 
