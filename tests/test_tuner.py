@@ -74,6 +74,12 @@ def test_the_summary_counts_queued_configs_apart(tmp_path, capsys, monkeypatch):
     waiting = sum(t.state == optuna.trial.TrialState.WAITING for t in study.trials)
     assert waiting >= 1
     assert f": 1 trial ({waiting} queued for the next run), 0 GPU evaluations" in capsys.readouterr().out
+    frame = pd.read_csv(tmp_path / study.study_name / "trials.csv")
+    queued = frame[frame.status == "queued"]
+    fixed = [
+        t.system_attrs["fixed_params"] for t in study.trials if t.state == optuna.trial.TrialState.WAITING
+    ]
+    assert queued[list(fixed[0])].to_dict("records") == fixed  # the enqueued configs, not defaults
 
 
 def test_compile_only_study_end_to_end(tmp_path, capsys, monkeypatch):

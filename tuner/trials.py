@@ -56,12 +56,14 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
         env = attrs.get("environment") or {}
+        # A queued (enqueued, not yet asked) trial has no params yet, only the fixed ones.
+        params = t.params or t.system_attrs.get("fixed_params", {})
         row: dict[str, Any] = {
             "number": t.number,
             "state": t.state.name,
-            "status": attrs.get("status", "running" if t.state.name == "RUNNING" else None),
+            "status": attrs.get("status") or {"RUNNING": "running", "WAITING": "queued"}.get(t.state.name),
             "reason": attrs.get("reason"),
-            **{k: t.params.get(k, PARAM_DEFAULTS[k]) for k in PARAMS},
+            **{k: params.get(k, PARAM_DEFAULTS[k]) for k in PARAMS},
             **{k: attrs.get(k) for k in (*MEASURES, *RESOURCES)},
             "feasible": is_feasible(t),
             "baseline": bool(attrs.get("baseline", False)),
