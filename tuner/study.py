@@ -179,9 +179,13 @@ def _measured(study: optuna.Study, params: dict[str, Any], key: str) -> optuna.t
     return None
 
 
+def trial_params(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The trial's params; for one still queued (enqueued, not yet asked), the enqueued ones."""
+    return trial.params or trial.system_attrs.get("fixed_params", {})
+
+
 def _enqueue(study: optuna.Study, configs: list[KernelConfig]) -> None:
-    # A trial still waiting in the queue (a run killed before asking it) has no params yet.
-    seen = [t.params or t.system_attrs.get("fixed_params", {}) for t in study.get_trials(deepcopy=False)]
+    seen = [trial_params(t) for t in study.get_trials(deepcopy=False)]
     for config in configs:
         if config.to_dict() not in seen:
             study.enqueue_trial(config.to_dict(), user_attrs={"baseline": config == SEED_CONFIG})

@@ -8,7 +8,7 @@ import pandas as pd
 
 from kernel.config import KernelConfig
 from kernel.deploy import DISPATCH_FORMAT, DISPATCH_VERSION, ENVIRONMENT_KEYS, FORMAT, VERSION, write_json
-from tuner.study import best_trials, is_feasible
+from tuner.study import best_trials, is_feasible, trial_params
 
 # The knobs, and their defaults: a study made before a knob existed ran it at its default
 # (segments: the single-pass kernel).
@@ -56,8 +56,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
         env = attrs.get("environment") or {}
-        # A queued (enqueued, not yet asked) trial has no params yet, only the fixed ones.
-        params = t.params or t.system_attrs.get("fixed_params", {})
+        params = trial_params(t)
         row: dict[str, Any] = {
             "number": t.number,
             "state": t.state.name,
