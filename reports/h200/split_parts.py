@@ -1,7 +1,12 @@
-"""Same-run comparison on the GPU of the sequence-split variant's parts and two changes to
-them (``kernel.seq_split.STATES_ORDER`` and ``CARRY``), at the two small-B*H shapes.
+"""Same-run comparison on the GPU of the sequence-split variant's parts and changes to
+them, at the small-B*H shapes. Two experiments, each a list of variants
+``(STATES_ORDER, CARRY, STATES_STAGES)`` of ``kernel.seq_split``:
 
     source .gpu/setup.sh && python3 reports/h200/split_parts.py > $OUT/split_parts.jsonl
+    source .gpu/setup.sh && python3 reports/h200/split_parts.py states_stages > $OUT/states_stages.jsonl
+
+* ``walk_carry`` (the default): the states walk and the carry, each old and new;
+* ``states_stages``: the states kernel's pipeline depth (the config's, 4 or 6).
 
 Rows, as JSON lines:
 * ``check``: every variant against reference C on fresh inputs, NaN-prefilled output;
@@ -28,7 +33,10 @@ from kernel.timing import alternating, bench
 from kernel.validate import check, random_qkv
 from tuner.bench import copy_bandwidth, traffic_bytes
 
-VARIANTS = list(itertools.product(("forward", "reverse"), ("rows", "scan")))
+EXPERIMENTS = {
+    "walk_carry": [(*v, None) for v in itertools.product(("forward", "reverse"), ("rows", "scan"))],
+    "states_stages": [("reverse", "scan", stages) for stages in (None, 4, 6)],
+}
 B2H16, B1H8 = Problem(2, 16, 16384, 128, 128, 0.99), Problem(1, 8, 32768, 128, 128, 0.99)
 B4H16 = Problem(4, 16, 8192, 128, 128, 0.99)
 TIMED = [
@@ -47,17 +55,17 @@ CHECKED = [
 ]
 
 
-def _set(variant: tuple[str, str]) -> None:
-    ss.STATES_ORDER, ss.CARRY = variant
+def _set(variant: tuple[str, str, int | None]) -> None:
+    ss.STATES_ORDER, ss.CARRY, ss.STATES_STAGES = variant
 
 
 def _emit(row: dict) -> None:
     print(json.dumps(row), flush=True)
 
 
-def main() -> int:
+def main(experiment: str = "walk_carry") -> int:
     cases = TIMED + CHECKED
-    probes = probe_modes(VARIANTS, _set, cases)
+    probes = probe_modes(EXPERIMENTS[experiment], _set, cases)
     copy_rate = copy_bandwidth()
     _emit({"kind": "copy", "bytes_per_s": copy_rate})
     kernels = {}
@@ -110,4 +118,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(*sys.argv[1:]))

@@ -1,0 +1,104 @@
+"""Same-run comparison on the GPU: how the chunk step issues its four MMAs
+(``kernel.scalar_decay.CHUNK_STEP``: "sync" waits for each one; "async" issues them with
+``T.wgmma_gemm`` and waits only where a result is read, so the decay mask, the row
+weights, K's weights and the output store run while the tensor cores work).
+
+    source .gpu/setup.sh && python3 reports/h200/async_step.py > $OUT/async_step.jsonl
+
+Rows, as JSON lines: ``copy`` (the copy rate of this run); ``check`` (every kernel against
+reference C on fresh inputs, NaN-prefilled output); ``time`` (the whole call, the modes
+taking turns over three rounds, ``kernel.timing.alternating``; ``x_floor`` is the median
+against the problem's floor at this run's copy rate).
+"""
+
+import json
+import sys
+from functools import partial
+
+import torch
+from modes import probe_modes
+
+import kernel.scalar_decay as sd
+from kernel import KernelConfig, Problem, build
+from kernel.config import HEADLINE
+from kernel.timing import alternating
+from kernel.validate import check, random_qkv
+from tuner.bench import copy_bandwidth, traffic_bytes
+
+MODES = ("sync", "async")
+B2H16, B1H8 = Problem(2, 16, 16384, 128, 128, 0.99), Problem(1, 8, 32768, 128, 128, 0.99)
+B4H16 = Problem(4, 16, 8192, 128, 128, 0.99)
+TIMED = [
+    (HEADLINE, KernelConfig(64, 128, 2, 256)),
+    (HEADLINE, KernelConfig(64, 128, 3, 256)),
+    (B2H16, KernelConfig(64, 128, 2, 256, segments=4)),
+    (B2H16, KernelConfig(64, 128, 3, 256, segments=4)),
+    (B2H16, KernelConfig(64, 128, 2, 256, segments=8)),
+    (B1H8, KernelConfig(64, 128, 2, 256, segments=16)),
+    (B1H8, KernelConfig(64, 128, 3, 256, segments=16)),
+    (B1H8, KernelConfig(64, 128, 2, 256, segments=32)),
+    (B4H16, KernelConfig(64, 128, 3, 256, segments=2)),
+]
+CHECKED = [  # correctness only: bf16, alpha^L underflowing, ragged S, DK != DV, C = 32
+    (Problem(2, 3, 300, 128, 128, 0.5, "bfloat16"), KernelConfig(64, 128, 2, 256)),
+    (Problem(1, 2, 1000, 64, 128, 0.8), KernelConfig(64, 64, 1, 128, "regs")),
+    (Problem(2, 2, 777, 64, 128, 0.8, "bfloat16"), KernelConfig(32, 64, 2, 128, segments=8)),
+    (Problem(1, 2, 1000, 128, 128, 0.5, "bfloat16"), KernelConfig(64, 64, 1, 256, segments=4)),
+    (Problem(1, 3, 4096, 128, 128, 0.999), KernelConfig(64, 128, 2, 256, segments=64)),
+    (Problem(2, 1, 65, 128, 128, 0.9), KernelConfig(64, 128, 2, 256, segments=2)),
+    (Problem(1, 2, 1000, 128, 128, 0.95), KernelConfig(128, 64, 2, 256)),
+    (Problem(2, 2, 999, 128, 64, 0.9), KernelConfig(64, 32, 3, 128)),
+]
+
+
+def _set_mode(mode: str) -> None:
+    sd.CHUNK_STEP = mode
+
+
+def _emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def main() -> int:
+    cases = TIMED + CHECKED
+    probes = probe_modes(MODES, _set_mode, cases)
+    copy_rate = copy_bandwidth()
+    _emit({"kind": "copy", "bytes_per_s": copy_rate})
+    kernels = {}
+    for (mode, problem, config), res in probes.items():
+        row = {"kind": "check", "mode": mode, "problem": problem.to_dict(), "config": config.label}
+        if not getattr(res, "fits_smem", False):
+            _emit(row | {"skipped": str(res.to_dict())[:200]})
+            continue
+        row |= {"smem_bytes": res.smem_bytes, "registers": res.registers, "spill_bytes": res.spill_bytes}
+        _set_mode(mode)
+        kern = build(problem, config)
+        row |= check(kern, seed=31)
+        _emit(row)
+        if (problem, config) in TIMED and row["finite"] and row["rel_l2"] < 2e-2:
+            kernels[mode, problem, config] = kern
+    inputs = {p: random_qkv(p, seed=32) for p, _ in TIMED}
+    outs = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
+    times = alternating(
+        {key: partial(kern, *inputs[key[1]], out=outs[key[1]]) for key, kern in kernels.items()}
+    )
+    for (mode, problem, config), ms in times.items():
+        median = sorted(ms)[1]
+        floor_ms = traffic_bytes(problem) / copy_rate * 1e3
+        shape = f"{problem.batch}x{problem.heads}x{problem.seqlen}"
+        _emit(
+            {
+                "kind": "time",
+                "mode": mode,
+                "shape": shape,
+                "config": config.label,
+                "median_ms": median,
+                "all_ms": ms,
+                "x_floor": median / floor_ms,
+            }
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
