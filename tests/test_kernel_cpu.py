@@ -1,5 +1,7 @@
 """The kernel's config types and the GPU-free resource probe (real TileLang and nvcc)."""
 
+import re
+
 import pytest
 
 from kernel import SEED_CONFIG, SMEM_LIMIT_BYTES, KernelConfig, ProbeFailure, Problem, Resources, probe
@@ -157,3 +159,53 @@ def test_fp32_constant_flushes_below_the_normal_range():
 
     assert fp32_constant(0.5**64) == 0.5**64
     assert fp32_constant(0.5**256) == 0.0 and fp32_constant(0.3**128) == 0.0
+
+
+def _tiles_released_under_a_pending_mma(source: str) -> list[str]:
+    """Replay one kernel's generated CUDA in program order and return each stage buffer
+    the consumer hands back to the TMA producer (``mbarrier[...].arrive()``) while a
+    committed wgmma group that reads it may still run (no ``wait`` has retired it)."""
+    token = re.compile(
+        r"mbarrier\[\(\(\w+ & 1\) \+ (?P<wait>\d+)\)\]\.wait\("
+        r"|tma_load\((?P<load>\w+)_desc"
+        r"|initialize_wgmma_descriptor<[^>]*>\(\w+, \(&\(\(\(half_t\*\)(?P<operand>\w+)\)"
+        r"|(?P<commit>warpgroup_commit_batch\(\))"
+        r"|(?:wait_wgmma|warpgroup_wait)<(?P<keep>\d)>\(\)"
+        r"|mbarrier\[\(\(\w+ & 1\) \+ (?P<release>\d+)\)\]\.arrive\(\)"
+    )
+    buffer_of: dict[str, str] = {}  # release barrier -> the buffer the producer refills
+    last_wait, issued, pending, hazards = None, set(), [], []
+    for m in token.finditer(source):
+        if m["wait"]:
+            last_wait = m["wait"]
+        elif m["load"]:
+            buffer_of[last_wait] = f"{m['load']}_s"
+        elif m["operand"]:
+            issued.add(m["operand"])
+        elif m["commit"]:
+            pending, issued = [*pending, issued], set()
+        elif m["keep"] is not None:
+            pending = pending[len(pending) - int(m["keep"]) :] if int(m["keep"]) else []
+        elif m["release"] and any(buffer_of.get(m["release"]) in group for group in pending):
+            hazards.append(buffer_of[m["release"]])
+    return hazards
+
+
+@pytest.mark.parametrize("step", ["async", "sync"])
+@pytest.mark.parametrize("segments", [1, 4])
+def test_chunk_step_never_hands_back_a_tile_an_mma_still_reads(step, segments, monkeypatch):
+    """TileLang's pipeliner releases a stage buffer after the last statement naming it; for
+    an async wgmma that is its issue, so the async step names each tile again after the
+    wait that covers it. Checked on the generated CUDA of the kernel that runs the chunk
+    step (single-pass, or the split's outputs kernel), and the checker itself on a copy
+    of that CUDA with the waits deleted."""
+    from kernel import scalar_decay
+    from kernel.resources import compile_kernel
+
+    monkeypatch.setattr(scalar_decay, "CHUNK_STEP", step)
+    problem = Problem(1, 2, 1024, 128, 128, 0.9)
+    source = compile_kernel(problem, KernelConfig(64, 128, 2, 256, segments=segments))[-1].get_kernel_source()
+    assert ("wait_wgmma" in source) == (step == "async")
+    assert _tiles_released_under_a_pending_mma(source) == []
+    unsafe = re.sub(r"tl::(wait_wgmma|warpgroup_wait)<\d>\(\);", "", source)
+    assert set(_tiles_released_under_a_pending_mma(unsafe)) == {"Q_s", "K_s", "V_s"}

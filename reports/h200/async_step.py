@@ -4,13 +4,17 @@
 weights, K's weights and the output store run while the tensor cores work).
 
     source .gpu/setup.sh && python3 reports/h200/async_step.py > $OUT/async_step.jsonl
+    python3 reports/h200/async_step.py probe > reports/h200/issue5/async_step/probe.jsonl  # CPU
 
 Rows, as JSON lines: ``copy`` (the copy rate of this run); ``check`` (every kernel against
 reference C on fresh inputs, NaN-prefilled output); ``time`` (the whole call, the modes
 taking turns over three rounds, ``kernel.timing.alternating``; ``x_floor`` is the median
-against the problem's floor at this run's copy rate).
+against the problem's floor at this run's copy rate). ``probe`` needs no GPU: both modes
+compiled for sm_90a over the 108-config grid below at the headline shape and one split
+config, one row per config and mode with its shared memory and spills.
 """
 
+import itertools
 import json
 import sys
 from functools import partial
@@ -51,12 +55,27 @@ CHECKED = [  # correctness only: bf16, alpha^L underflowing, ragged S, DK != DV,
 ]
 
 
+PROBED = [
+    (HEADLINE, KernelConfig(*knobs))
+    for knobs in itertools.product((32, 64, 128), (32, 64, 128), (1, 2, 3), (128, 256), ("smem", "regs"))
+] + [(B1H8, KernelConfig(64, 128, 2, 256, segments=16))]
+
+
 def _set_mode(mode: str) -> None:
     sd.CHUNK_STEP = mode
 
 
 def _emit(row: dict) -> None:
     print(json.dumps(row), flush=True)
+
+
+def probe_grid() -> int:
+    for (mode, _, config), res in probe_modes(MODES, _set_mode, PROBED, arch="sm_90a").items():
+        row = {"mode": mode, "config": config.label, "compiled": hasattr(res, "smem_bytes")}
+        if row["compiled"]:
+            row |= {"smem_bytes": res.smem_bytes, "spill_bytes": res.spill_bytes}
+        _emit(row)
+    return 0
 
 
 def main() -> int:
@@ -101,4 +120,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(probe_grid() if sys.argv[1:] == ["probe"] else main())
