@@ -15,18 +15,13 @@ config, one row per config and mode with its shared memory and spills.
 """
 
 import itertools
-import json
 import sys
-from functools import partial
 
-import torch
-from modes import probe_modes
+from modes import check_modes, emit, probe_modes, time_modes
 
 import kernel.scalar_decay as sd
-from kernel import KernelConfig, Problem, build
+from kernel import KernelConfig, Problem
 from kernel.config import HEADLINE
-from kernel.timing import alternating
-from kernel.validate import check, random_qkv
 from tuner.bench import copy_bandwidth, traffic_bytes
 
 MODES = ("sync", "async")
@@ -65,16 +60,12 @@ def _set_mode(mode: str) -> None:
     sd.CHUNK_STEP = mode
 
 
-def _emit(row: dict) -> None:
-    print(json.dumps(row), flush=True)
-
-
 def probe_grid() -> int:
     for (mode, _, config), res in probe_modes(MODES, _set_mode, PROBED, arch="sm_90a").items():
         row = {"mode": mode, "config": config.label, "compiled": hasattr(res, "smem_bytes")}
         if row["compiled"]:
             row |= {"smem_bytes": res.smem_bytes, "spill_bytes": res.spill_bytes}
-        _emit(row)
+        emit(row)
     return 0
 
 
@@ -82,30 +73,25 @@ def main() -> int:
     cases = TIMED + CHECKED
     probes = probe_modes(MODES, _set_mode, cases)
     copy_rate = copy_bandwidth()
-    _emit({"kind": "copy", "bytes_per_s": copy_rate})
-    kernels = {}
-    for (mode, problem, config), res in probes.items():
-        row = {"kind": "check", "mode": mode, "problem": problem.to_dict(), "config": config.label}
-        if not getattr(res, "fits_smem", False):
-            _emit(row | {"skipped": str(res.to_dict())[:200]})
-            continue
-        row |= {"smem_bytes": res.smem_bytes, "registers": res.registers, "spill_bytes": res.spill_bytes}
-        _set_mode(mode)
-        kern = build(problem, config)
-        row |= check(kern, seed=31)
-        _emit(row)
-        if (problem, config) in TIMED and row["finite"] and row["rel_l2"] < 2e-2:
-            kernels[mode, problem, config] = kern
-    inputs = {p: random_qkv(p, seed=32) for p, _ in TIMED}
-    outs = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
-    times = alternating(
-        {key: partial(kern, *inputs[key[1]], out=outs[key[1]]) for key, kern in kernels.items()}
+    emit({"kind": "copy", "bytes_per_s": copy_rate})
+    kernels = check_modes(
+        probes,
+        _set_mode,
+        TIMED,
+        seed=31,
+        label=lambda mode, problem, config: {
+            "kind": "check",
+            "mode": mode,
+            "problem": problem.to_dict(),
+            "config": config.label,
+        },
     )
+    times = time_modes(kernels, seed=32)
     for (mode, problem, config), ms in times.items():
         median = sorted(ms)[1]
         floor_ms = traffic_bytes(problem) / copy_rate * 1e3
         shape = f"{problem.batch}x{problem.heads}x{problem.seqlen}"
-        _emit(
+        emit(
             {
                 "kind": "time",
                 "mode": mode,

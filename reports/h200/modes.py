@@ -1,15 +1,20 @@
 """Shared by the H200 same-run comparisons of a kernel's module-level modes
-(``qweights.py``, ``split_parts.py``)."""
+(``qweights.py``, ``split_parts.py``, ``async_step.py``)."""
 
+import json
 import multiprocessing
 import os
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 
-from kernel import KernelConfig, Problem, probe
-from kernel.build import cuda_arch
+import torch
+
+from kernel import KernelConfig, Problem, build, probe
+from kernel.build import ScalarDecayKernel, cuda_arch
 from kernel.resources import ProbeResult
+from kernel.timing import alternating
+from kernel.validate import check, random_qkv
 
 Case = tuple[Problem, KernelConfig]
 
@@ -38,3 +43,42 @@ def probe_modes(
                 (mode, *case): res for case, res in zip(cases, pool.map(partial(_probe, arch=arch), cases))
             }
     return probes
+
+
+def emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def check_modes(
+    probes: dict[tuple, ProbeResult],
+    set_mode: Callable[[Hashable], None],
+    timed: Sequence[Case],
+    *,
+    seed: int,
+    label: Callable[[Hashable, Problem, KernelConfig], dict],
+) -> dict[tuple, ScalarDecayKernel]:
+    """Build each probed kernel that fits under its mode, check it against reference C on
+    fresh inputs (NaN-prefilled output) and print a row: ``label(mode, problem, config)``
+    with the check's fields and the kernel's shared memory, or ``skipped``. Returns the
+    correct kernels of the ``timed`` cases, by ``(mode, problem, config)``."""
+    kernels = {}
+    for (mode, problem, config), res in probes.items():
+        row = label(mode, problem, config)
+        if not getattr(res, "fits_smem", False):
+            emit(row | {"skipped": str(res.to_dict())[:200]})
+            continue
+        set_mode(mode)
+        kern = build(problem, config)
+        row |= check(kern, seed=seed) | {"smem_bytes": res.smem_bytes, "spill_bytes": res.spill_bytes}
+        emit(row)
+        if (problem, config) in timed and row["finite"] and row["rel_l2"] < 2e-2:
+            kernels[mode, problem, config] = kern
+    return kernels
+
+
+def time_modes(kernels: dict[tuple, ScalarDecayKernel], *, seed: int) -> dict[tuple, list[float]]:
+    """Time every kernel's whole call on fresh inputs of its problem, all taking turns over
+    three rounds (``kernel.timing.alternating``); each key's three medians in ms."""
+    inputs = {key[1]: random_qkv(key[1], seed=seed) for key in kernels}
+    outs = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
+    return alternating({key: partial(k, *inputs[key[1]], out=outs[key[1]]) for key, k in kernels.items()})

@@ -9,18 +9,13 @@ the timings alternate between the modes over three rounds, medians of CUDA event
 L2 flushed (``kernel.timing.alternating``).
 """
 
-import json
 import sys
-from functools import partial
 
-import torch
-from modes import probe_modes
+from modes import check_modes, emit, probe_modes, time_modes
 
 import kernel.scalar_decay as sd
-from kernel import KernelConfig, Problem, build
+from kernel import KernelConfig, Problem
 from kernel.config import HEADLINE
-from kernel.timing import alternating
-from kernel.validate import check, random_qkv
 
 MODES = ("smem", "acc")
 B2H16, B1H8 = Problem(2, 16, 16384, 128, 128, 0.99), Problem(1, 8, 32768, 128, 128, 0.99)
@@ -48,35 +43,28 @@ def _set_mode(mode: str) -> None:
 def main() -> int:
     cases = TIMED + CHECKED
     probes = probe_modes(MODES, _set_mode, cases)
-    kernels = {}
-    for (mode, problem, config), res in probes.items():
-        row = {"mode": mode, "problem": problem.to_dict(), "config": config.to_dict()}
-        if not getattr(res, "fits_smem", False):
-            print(json.dumps(row | {"skipped": str(res.to_dict())[:200]}), flush=True)
-            continue
-        _set_mode(mode)
-        kern = build(problem, config)
-        row |= check(kern, seed=11) | {"smem_bytes": res.smem_bytes}
-        print(json.dumps(row), flush=True)
-        if (problem, config) in TIMED and row["finite"] and row["rel_l2"] < 2e-2:
-            kernels[mode, problem, config] = kern
-    inputs = {p: random_qkv(p, seed=12) for p, _ in TIMED}
-    outs = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
-    times = alternating(
-        {key: partial(kern, *inputs[key[1]], out=outs[key[1]]) for key, kern in kernels.items()}
+    kernels = check_modes(
+        probes,
+        _set_mode,
+        TIMED,
+        seed=11,
+        label=lambda mode, problem, config: {
+            "mode": mode,
+            "problem": problem.to_dict(),
+            "config": config.to_dict(),
+        },
     )
+    times = time_modes(kernels, seed=12)
     for (mode, problem, config), ms in times.items():
         shape = f"{problem.batch}x{problem.heads}x{problem.seqlen}"
-        print(
-            json.dumps(
-                {
-                    "mode": mode,
-                    "shape": shape,
-                    "config": config.to_dict(),
-                    "median_ms": sorted(ms)[1],
-                    "all_ms": ms,
-                }
-            )
+        emit(
+            {
+                "mode": mode,
+                "shape": shape,
+                "config": config.to_dict(),
+                "median_ms": sorted(ms)[1],
+                "all_ms": ms,
+            }
         )
     return 0
 

@@ -20,17 +20,16 @@ Rows, as JSON lines:
 """
 
 import itertools
-import json
 import sys
 from functools import partial
 
 import torch
-from modes import probe_modes
+from modes import check_modes, emit, probe_modes
 
 import kernel.seq_split as ss
-from kernel import KernelConfig, Problem, build
+from kernel import KernelConfig, Problem
 from kernel.timing import alternating, bench
-from kernel.validate import check, random_qkv
+from kernel.validate import random_qkv
 from tuner.bench import copy_bandwidth, traffic_bytes
 
 EXPERIMENTS = {
@@ -59,27 +58,23 @@ def _set(variant: tuple[str, str, int | None]) -> None:
     ss.STATES_ORDER, ss.CARRY, ss.STATES_STAGES = variant
 
 
-def _emit(row: dict) -> None:
-    print(json.dumps(row), flush=True)
-
-
 def main(experiment: str = "walk_carry") -> int:
     cases = TIMED + CHECKED
     probes = probe_modes(EXPERIMENTS[experiment], _set, cases)
     copy_rate = copy_bandwidth()
-    _emit({"kind": "copy", "bytes_per_s": copy_rate})
-    kernels = {}
-    for (variant, problem, config), res in probes.items():
-        row = {"kind": "check", "variant": variant, "problem": problem.to_dict(), "config": config.label}
-        if not getattr(res, "fits_smem", False):
-            _emit(row | {"skipped": str(res.to_dict())[:200]})
-            continue
-        _set(variant)
-        kern = build(problem, config)
-        row |= check(kern, seed=21)
-        _emit(row)
-        if (problem, config) in TIMED and row["finite"] and row["rel_l2"] < 2e-2:
-            kernels[variant, problem, config] = kern
+    emit({"kind": "copy", "bytes_per_s": copy_rate})
+    kernels = check_modes(
+        probes,
+        _set,
+        TIMED,
+        seed=21,
+        label=lambda variant, problem, config: {
+            "kind": "check",
+            "variant": variant,
+            "problem": problem.to_dict(),
+            "config": config.label,
+        },
+    )
     inputs = {p: random_qkv(p, seed=22) for p, _ in TIMED}
     outs = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
     for (variant, problem, config), kern in kernels.items():
@@ -99,7 +94,7 @@ def main(experiment: str = "walk_carry") -> int:
         }
         for name, (fn, nbytes) in parts.items():
             ms = bench(fn).median_ms
-            _emit(
+            emit(
                 {"kind": "parts", "variant": variant, "shape": f"{p.batch}x{p.heads}x{p.seqlen}"}
                 | {"config": config.label, "part": name, "median_ms": ms}
                 | {"bytes": int(nbytes), "x_own_floor": ms * 1e-3 * copy_rate / nbytes}
@@ -109,7 +104,7 @@ def main(experiment: str = "walk_carry") -> int:
     )
     for (variant, p, config), ms in times.items():
         median = sorted(ms)[1]
-        _emit(
+        emit(
             {"kind": "whole", "variant": variant, "shape": f"{p.batch}x{p.heads}x{p.seqlen}"}
             | {"config": config.label, "median_ms": median, "all_ms": ms}
             | {"x_floor": median * 1e-3 * copy_rate / traffic_bytes(p)}
