@@ -17,7 +17,7 @@ config, one row per config and mode with its shared memory and spills.
 import itertools
 import sys
 
-from modes import check_modes, emit, probe_modes, time_modes
+from modes import B1H8, B2H16, B4H16, check_modes, emit, probe_modes, time_modes
 
 import kernel.scalar_decay as sd
 from kernel import KernelConfig, Problem
@@ -25,8 +25,6 @@ from kernel.config import HEADLINE
 from tuner.bench import copy_bandwidth, traffic_bytes
 
 MODES = ("sync", "async")
-B2H16, B1H8 = Problem(2, 16, 16384, 128, 128, 0.99), Problem(1, 8, 32768, 128, 128, 0.99)
-B4H16 = Problem(4, 16, 8192, 128, 128, 0.99)
 TIMED = [
     (HEADLINE, KernelConfig(64, 128, 2, 256)),
     (HEADLINE, KernelConfig(64, 128, 3, 256)),
@@ -74,18 +72,7 @@ def main() -> int:
     probes = probe_modes(MODES, _set_mode, cases)
     copy_rate = copy_bandwidth()
     emit({"kind": "copy", "bytes_per_s": copy_rate})
-    kernels = check_modes(
-        probes,
-        _set_mode,
-        TIMED,
-        seed=31,
-        label=lambda mode, problem, config: {
-            "kind": "check",
-            "mode": mode,
-            "problem": problem.to_dict(),
-            "config": config.label,
-        },
-    )
+    kernels = check_modes(probes, _set_mode, TIMED, seed=31)
     times = time_modes(kernels, seed=32)
     for (mode, problem, config), ms in times.items():
         median = sorted(ms)[1]

@@ -20,6 +20,7 @@ from functools import partial
 
 import torch
 from chained_kernel import build_chained
+from modes import B1H8, B2H16
 
 from kernel import KernelConfig, Problem, build
 from kernel.config import HEADLINE
@@ -27,7 +28,6 @@ from kernel.timing import alternating
 from kernel.validate import check, random_qkv
 from tuner.bench import copy_bandwidth, traffic_bytes
 
-B2H16, B1H8 = Problem(2, 16, 16384, 128, 128, 0.99), Problem(1, 8, 32768, 128, 128, 0.99)
 BASELINES = [
     (HEADLINE, KernelConfig(64, 128, 2, 256)),
     (B2H16, KernelConfig(64, 128, 2, 256, segments=4)),

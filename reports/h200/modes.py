@@ -18,6 +18,11 @@ from kernel.validate import check, random_qkv
 
 Case = tuple[Problem, KernelConfig]
 
+# Issue 5's two small-B*H shapes, and the one between them and the headline.
+B2H16 = Problem(2, 16, 16384, 128, 128, 0.99)
+B1H8 = Problem(1, 8, 32768, 128, 128, 0.99)
+B4H16 = Problem(4, 16, 8192, 128, 128, 0.99)
+
 
 def _probe(case: Case, arch: str) -> ProbeResult:
     return probe(*case, arch=arch)
@@ -55,15 +60,16 @@ def check_modes(
     timed: Sequence[Case],
     *,
     seed: int,
-    label: Callable[[Hashable, Problem, KernelConfig], dict],
+    mode_key: str = "mode",
 ) -> dict[tuple, ScalarDecayKernel]:
     """Build each probed kernel that fits under its mode, check it against reference C on
-    fresh inputs (NaN-prefilled output) and print a row: ``label(mode, problem, config)``
-    with the check's fields and the kernel's shared memory, or ``skipped``. Returns the
-    correct kernels of the ``timed`` cases, by ``(mode, problem, config)``."""
+    fresh inputs (NaN-prefilled output) and print a ``check`` row: the mode (under
+    ``mode_key``), problem and config with the check's fields and the kernel's shared
+    memory and spills, or ``skipped``. Returns the correct kernels of the ``timed`` cases,
+    by ``(mode, problem, config)``."""
     kernels = {}
     for (mode, problem, config), res in probes.items():
-        row = label(mode, problem, config)
+        row = {"kind": "check", mode_key: mode, "problem": problem.to_dict(), "config": config.label}
         if not getattr(res, "fits_smem", False):
             emit(row | {"skipped": str(res.to_dict())[:200]})
             continue

@@ -24,7 +24,7 @@ import sys
 from functools import partial
 
 import torch
-from modes import check_modes, emit, probe_modes
+from modes import B1H8, B2H16, B4H16, check_modes, emit, probe_modes
 
 import kernel.seq_split as ss
 from kernel import KernelConfig, Problem
@@ -36,8 +36,6 @@ EXPERIMENTS = {
     "walk_carry": [(*v, None) for v in itertools.product(("forward", "reverse"), ("rows", "scan"))],
     "states_stages": [("reverse", "scan", stages) for stages in (None, 4, 6)],
 }
-B2H16, B1H8 = Problem(2, 16, 16384, 128, 128, 0.99), Problem(1, 8, 32768, 128, 128, 0.99)
-B4H16 = Problem(4, 16, 8192, 128, 128, 0.99)
 TIMED = [
     (B2H16, KernelConfig(64, 128, 2, 256, segments=4)),
     (B2H16, KernelConfig(64, 128, 2, 256, segments=8)),
@@ -63,18 +61,7 @@ def main(experiment: str = "walk_carry") -> int:
     probes = probe_modes(EXPERIMENTS[experiment], _set, cases)
     copy_rate = copy_bandwidth()
     emit({"kind": "copy", "bytes_per_s": copy_rate})
-    kernels = check_modes(
-        probes,
-        _set,
-        TIMED,
-        seed=21,
-        label=lambda variant, problem, config: {
-            "kind": "check",
-            "variant": variant,
-            "problem": problem.to_dict(),
-            "config": config.label,
-        },
-    )
+    kernels = check_modes(probes, _set, TIMED, seed=21, mode_key="variant")
     inputs = {p: random_qkv(p, seed=22) for p, _ in TIMED}
     outs = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
     for (variant, problem, config), kern in kernels.items():

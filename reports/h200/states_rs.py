@@ -16,11 +16,11 @@ import math
 import sys
 
 import tilelang.language as T
+from modes import B1H8, B2H16
 
 from kernel import KernelConfig, Problem
 from kernel.resources import _compile, compile_kernel
 
-B2H16, B1H8 = Problem(2, 16, 16384, 128, 128, 0.99), Problem(1, 8, 32768, 128, 128, 0.99)
 TIMED = [
     (B2H16, KernelConfig(64, 128, 2, 256, segments=4)),
     (B1H8, KernelConfig(64, 128, 3, 256, segments=16)),
