@@ -17,12 +17,12 @@ config, one row per config and mode with its shared memory and spills.
 import itertools
 import sys
 
-from modes import B1H8, B2H16, B4H16, check_modes, emit, probe_modes, time_modes
+from modes import B1H8, B2H16, B4H16, check_modes, emit, inputs_for, probe_modes, time_modes
 
 import kernel.scalar_decay as sd
 from kernel import KernelConfig, Problem
 from kernel.config import HEADLINE
-from tuner.bench import copy_bandwidth, traffic_bytes
+from tuner.bench import copy_bandwidth
 
 MODES = ("sync", "async")
 TIMED = [
@@ -73,22 +73,7 @@ def main() -> int:
     copy_rate = copy_bandwidth()
     emit({"kind": "copy", "bytes_per_s": copy_rate})
     kernels = check_modes(probes, _set_mode, TIMED, seed=31)
-    times = time_modes(kernels, seed=32)
-    for (mode, problem, config), ms in times.items():
-        median = sorted(ms)[1]
-        floor_ms = traffic_bytes(problem) / copy_rate * 1e3
-        shape = f"{problem.batch}x{problem.heads}x{problem.seqlen}"
-        emit(
-            {
-                "kind": "time",
-                "mode": mode,
-                "shape": shape,
-                "config": config.label,
-                "median_ms": median,
-                "all_ms": ms,
-                "x_floor": median / floor_ms,
-            }
-        )
+    time_modes(kernels, inputs_for(kernels, seed=32), copy_rate=copy_rate)
     return 0
 
 

@@ -15,6 +15,7 @@ from kernel.build import ScalarDecayKernel, cuda_arch
 from kernel.resources import ProbeResult
 from kernel.timing import alternating
 from kernel.validate import check, random_qkv
+from tuner.bench import traffic_bytes
 
 Case = tuple[Problem, KernelConfig]
 
@@ -82,9 +83,32 @@ def check_modes(
     return kernels
 
 
-def time_modes(kernels: dict[tuple, ScalarDecayKernel], *, seed: int) -> dict[tuple, list[float]]:
-    """Time every kernel's whole call on fresh inputs of its problem, all taking turns over
-    three rounds (``kernel.timing.alternating``); each key's three medians in ms."""
-    inputs = {key[1]: random_qkv(key[1], seed=seed) for key in kernels}
+def inputs_for(kernels: dict[tuple, ScalarDecayKernel], *, seed: int) -> dict[Problem, tuple]:
+    """Fresh ``(q, k, v)`` for each problem among the keys ``(mode, problem, config)``."""
+    return {key[1]: random_qkv(key[1], seed=seed) for key in kernels}
+
+
+def time_modes(
+    kernels: dict[tuple, ScalarDecayKernel],
+    inputs: dict[Problem, tuple],
+    *,
+    kind: str = "time",
+    mode_key: str = "mode",
+    copy_rate: float | None = None,
+) -> None:
+    """Time every kernel's whole call, all taking turns over three rounds
+    (``kernel.timing.alternating``), and print a ``kind`` row per kernel: its three medians,
+    their median and, given the run's ``copy_rate``, that median over the problem's floor."""
     outs = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
-    return alternating({key: partial(k, *inputs[key[1]], out=outs[key[1]]) for key, k in kernels.items()})
+    times = alternating({key: partial(k, *inputs[key[1]], out=outs[key[1]]) for key, k in kernels.items()})
+    for (mode, p, config), ms in times.items():
+        row = {
+            "kind": kind,
+            mode_key: mode,
+            "shape": f"{p.batch}x{p.heads}x{p.seqlen}",
+            "config": config.label,
+        }
+        row |= {"median_ms": sorted(ms)[1], "all_ms": ms}
+        if copy_rate:
+            row["x_floor"] = row["median_ms"] * 1e-3 * copy_rate / traffic_bytes(p)
+        emit(row)

@@ -13,7 +13,7 @@ field, config as its label): there each config is a dict of knobs and rows carry
 
 import sys
 
-from modes import B1H8, B2H16, check_modes, emit, probe_modes, time_modes
+from modes import B1H8, B2H16, check_modes, inputs_for, probe_modes, time_modes
 
 import kernel.scalar_decay as sd
 from kernel import KernelConfig, Problem
@@ -45,19 +45,7 @@ def main() -> int:
     cases = TIMED + CHECKED
     probes = probe_modes(MODES, _set_mode, cases)
     kernels = check_modes(probes, _set_mode, TIMED, seed=11)
-    times = time_modes(kernels, seed=12)
-    for (mode, problem, config), ms in times.items():
-        shape = f"{problem.batch}x{problem.heads}x{problem.seqlen}"
-        emit(
-            {
-                "kind": "time",
-                "mode": mode,
-                "shape": shape,
-                "config": config.label,
-                "median_ms": sorted(ms)[1],
-                "all_ms": ms,
-            }
-        )
+    time_modes(kernels, inputs_for(kernels, seed=12))
     return 0
 
 

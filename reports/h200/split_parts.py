@@ -24,12 +24,11 @@ import sys
 from functools import partial
 
 import torch
-from modes import B1H8, B2H16, B4H16, check_modes, emit, probe_modes
+from modes import B1H8, B2H16, B4H16, check_modes, emit, inputs_for, probe_modes, time_modes
 
 import kernel.seq_split as ss
 from kernel import KernelConfig, Problem
-from kernel.timing import alternating, bench
-from kernel.validate import random_qkv
+from kernel.timing import bench
 from tuner.bench import copy_bandwidth, traffic_bytes
 
 EXPERIMENTS = {
@@ -62,8 +61,8 @@ def main(experiment: str = "walk_carry") -> int:
     copy_rate = copy_bandwidth()
     emit({"kind": "copy", "bytes_per_s": copy_rate})
     kernels = check_modes(probes, _set, TIMED, seed=21, mode_key="variant")
-    inputs = {p: random_qkv(p, seed=22) for p, _ in TIMED}
-    outs = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
+    inputs = inputs_for(kernels, seed=22)
+    out = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
     for (variant, problem, config), kern in kernels.items():
         p, (q, k, v) = problem, inputs[problem]
         states = torch.empty(p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv, device="cuda")
@@ -77,7 +76,7 @@ def main(experiment: str = "walk_carry") -> int:
                 kv_bytes * (1 - 1 / states.shape[1]) + state_bytes,
             ),
             "carry": (partial(carry_kernel, states), 2 * state_bytes),
-            "outputs": (partial(outputs_kernel, q, k, v, states, outs[p]), traffic_bytes(p) + state_bytes),
+            "outputs": (partial(outputs_kernel, q, k, v, states, out[p]), traffic_bytes(p) + state_bytes),
         }
         for name, (fn, nbytes) in parts.items():
             ms = bench(fn).median_ms
@@ -86,16 +85,7 @@ def main(experiment: str = "walk_carry") -> int:
                 | {"config": config.label, "part": name, "median_ms": ms}
                 | {"bytes": int(nbytes), "x_own_floor": ms * 1e-3 * copy_rate / nbytes}
             )
-    times = alternating(
-        {key: partial(kern, *inputs[key[1]], out=outs[key[1]]) for key, kern in kernels.items()}
-    )
-    for (variant, p, config), ms in times.items():
-        median = sorted(ms)[1]
-        emit(
-            {"kind": "whole", "variant": variant, "shape": f"{p.batch}x{p.heads}x{p.seqlen}"}
-            | {"config": config.label, "median_ms": median, "all_ms": ms}
-            | {"x_floor": median * 1e-3 * copy_rate / traffic_bytes(p)}
-        )
+    time_modes(kernels, inputs, kind="whole", mode_key="variant", copy_rate=copy_rate)
     return 0
 
 

@@ -85,12 +85,12 @@ def cpu() -> int:
 
 def gpu() -> int:
     import torch
-    from modes import emit, time_modes
+    from modes import emit, inputs_for, time_modes
 
     from kernel.build import ScalarDecayKernel, cuda_arch
     from kernel.timing import bench
-    from kernel.validate import check, random_qkv
-    from tuner.bench import copy_bandwidth, traffic_bytes
+    from kernel.validate import check
+    from tuner.bench import copy_bandwidth
 
     copy_rate = copy_bandwidth()
     emit({"kind": "copy", "bytes_per_s": copy_rate})
@@ -103,7 +103,7 @@ def gpu() -> int:
             emit(row)
             if (problem, config) in TIMED and row["finite"] and row["rel_l2"] < 2e-2:
                 kernels[mode, problem, config] = kern
-    inputs = {p: random_qkv(p, seed=42) for _, p, _ in kernels}
+    inputs = inputs_for(kernels, seed=42)
     for (mode, p, config), kern in kernels.items():
         _, k, v = inputs[p]
         states = torch.empty(p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv, device="cuda")
@@ -116,17 +116,7 @@ def gpu() -> int:
             }
             | {"median_ms": bench(partial(kern.compiled[0], k, v, states)).median_ms}
         )
-    for (mode, p, config), ms in time_modes(kernels, seed=42).items():
-        median = sorted(ms)[1]
-        emit(
-            {
-                "kind": "whole",
-                "mode": mode,
-                "shape": f"{p.batch}x{p.heads}x{p.seqlen}",
-                "config": config.label,
-            }
-            | {"median_ms": median, "all_ms": ms, "x_floor": median * 1e-3 * copy_rate / traffic_bytes(p)}
-        )
+    time_modes(kernels, inputs, kind="whole", copy_rate=copy_rate)
     return 0
 
 
