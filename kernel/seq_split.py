@@ -66,6 +66,7 @@ def prim_funcs(problem: Problem, config: KernelConfig):
         block_dv=block_dv,
         alpha=alpha,
         num_stages=num_stages,
+        threads=config.threads,
         scores=config.scores,
         dtype=dtype,
     )
@@ -140,8 +141,6 @@ def prim_funcs(problem: Problem, config: KernelConfig):
             bh = bbh % heads
             v0 = bv * block_dv
             # Each segment starts from the state entering it.
-            chunk_loop(
-                Q, K, V, O, bb, bh, v0, bp * L, chunks_per_segment, States[bbh, bp, :, v0 : v0 + block_dv]
-            )
+            chunk_loop(Q, K, V, O, bb, bh, v0, bp * L, chunks_per_segment, States, bbh, bp)
 
     return states, carry_scan if CARRY == "scan" else carry, outputs

@@ -191,7 +191,7 @@ def _tiles_released_under_a_pending_mma(source: str) -> list[str]:
     return hazards
 
 
-@pytest.mark.parametrize("step", ["async", "sync"])
+@pytest.mark.parametrize("step", ["transposed", "async", "sync"])
 @pytest.mark.parametrize("segments", [1, 4])
 def test_chunk_step_never_hands_back_a_tile_an_mma_still_reads(step, segments, monkeypatch):
     """TileLang's pipeliner releases a stage buffer after the last statement naming it; for
@@ -205,7 +205,8 @@ def test_chunk_step_never_hands_back_a_tile_an_mma_still_reads(step, segments, m
     monkeypatch.setattr(scalar_decay, "CHUNK_STEP", step)
     problem = Problem(1, 2, 1024, 128, 128, 0.9)
     source = compile_kernel(problem, KernelConfig(64, 128, 2, 256, segments=segments))[-1].get_kernel_source()
-    assert ("wait_wgmma" in source) == (step == "async")
+    assert ("wait_wgmma" in source) == (step != "sync")
+    assert ("wgmma_rs" in source) == (step == "transposed")  # the state as a register operand
     assert _tiles_released_under_a_pending_mma(source) == []
     unsafe = re.sub(r"tl::(wait_wgmma|warpgroup_wait)<\d>\(\);", "", source)
     assert set(_tiles_released_under_a_pending_mma(unsafe)) == {"Q_s", "K_s", "V_s"}

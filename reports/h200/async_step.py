@@ -5,6 +5,10 @@ weights, K's weights and the output store run while the tensor cores work).
 
     source .gpu/setup.sh && python3 reports/h200/async_step.py > $OUT/async_step.jsonl
     python3 reports/h200/async_step.py probe > reports/h200/issue5/async_step/probe.jsonl  # CPU
+    source .gpu/setup.sh && cd reports/h200 && python3 async_step.py async ahead > $OUT/ahead.jsonl
+
+Modes other than the default pair are named on the command line (as in the last line,
+which compares "async" with "ahead", the state copied under the outputs' last MMA).
 
 Rows, as JSON lines: ``copy`` (the copy rate of this run); ``check`` (every kernel against
 reference C on fresh inputs, NaN-prefilled output); ``time`` (the whole call, the modes
@@ -58,8 +62,8 @@ def _set_mode(mode: str) -> None:
     sd.CHUNK_STEP = mode
 
 
-def probe_grid() -> int:
-    for (mode, _, config), res in probe_modes(MODES, _set_mode, PROBED, arch="sm_90a").items():
+def probe_grid(modes: tuple[str, ...] = MODES) -> int:
+    for (mode, _, config), res in probe_modes(modes, _set_mode, PROBED, arch="sm_90a").items():
         row = {"mode": mode, "config": config.label, "compiled": hasattr(res, "smem_bytes")}
         if row["compiled"]:
             row |= {"smem_bytes": res.smem_bytes, "spill_bytes": res.spill_bytes}
@@ -67,9 +71,9 @@ def probe_grid() -> int:
     return 0
 
 
-def main() -> int:
+def main(modes: tuple[str, ...] = MODES) -> int:
     cases = TIMED + CHECKED
-    probes = probe_modes(MODES, _set_mode, cases)
+    probes = probe_modes(modes, _set_mode, cases)
     copy_rate = copy_bandwidth()
     emit({"kind": "copy", "bytes_per_s": copy_rate})
     kernels = check_modes(probes, _set_mode, TIMED, seed=31)
@@ -78,4 +82,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(probe_grid() if sys.argv[1:] == ["probe"] else main())
+    args = sys.argv[1:]
+    if args[:1] == ["probe"]:
+        sys.exit(probe_grid(tuple(args[1:]) or MODES))
+    sys.exit(main(tuple(args) or MODES))
