@@ -5,10 +5,12 @@ weights, K's weights and the output store run while the tensor cores work).
 
     source .gpu/setup.sh && python3 reports/h200/async_step.py > $OUT/async_step.jsonl
     python3 reports/h200/async_step.py probe > reports/h200/issue5/async_step/probe.jsonl  # CPU
-    source .gpu/setup.sh && cd reports/h200 && python3 async_step.py async ahead > $OUT/ahead.jsonl
+    source .gpu/setup.sh && cd reports/h200 && python3 async_step.py async transposed > $OUT/run4.jsonl
 
-Modes other than the default pair are named on the command line (as in the last line,
-which compares "async" with "ahead", the state copied under the outputs' last MMA).
+Modes other than the default pair are named on the command line, as in the last line,
+which compares "async" with "transposed" (the state kept transposed in registers);
+"ahead" (the state copied under the outputs' last MMA) needs
+``reports/h200/issue5/ahead/ahead.patch`` applied to commit 69b3d7e first.
 
 Rows, as JSON lines: ``copy`` (the copy rate of this run); ``check`` (every kernel against
 reference C on fresh inputs, NaN-prefilled output); ``time`` (the whole call, the modes

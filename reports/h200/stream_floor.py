@@ -13,7 +13,9 @@ Same run, same inputs (random, not zeros), L2 flushed before every repetition:
 Rows, as JSON lines: ``copy`` (the run's copy rate); ``check`` (each stream kernel's
 output against ``q + k + v`` in torch, NaN-prefilled); ``time``: for each (shape, config,
 segments), the stream kernel and the tool's outputs kernel alone (incoming states
-computed once before), both against the problem's floor at the run's copy rate.
+computed once before), both against the problem's floor at the run's copy rate. The
+committed run (``issue5/floor/stream_floor.jsonl``) timed the "async" chunk step, before
+the "transposed" one became the kernel.
 """
 
 import logging
