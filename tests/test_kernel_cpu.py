@@ -207,6 +207,32 @@ def test_chunk_step_never_hands_back_a_tile_an_mma_still_reads(step, segments, m
     source = compile_kernel(problem, KernelConfig(64, 128, 2, 256, segments=segments))[-1].get_kernel_source()
     assert ("wait_wgmma" in source) == (step != "sync")
     assert ("wgmma_rs" in source) == (step == "transposed")  # the state as a register operand
+    assert ("S_s" in source) == (step != "transposed")
     assert _tiles_released_under_a_pending_mma(source) == []
     unsafe = re.sub(r"tl::(wait_wgmma|warpgroup_wait)<\d>\(\);", "", source)
     assert set(_tiles_released_under_a_pending_mma(unsafe)) == {"Q_s", "K_s", "V_s"}
+
+
+@pytest.mark.parametrize(
+    "config,transposed",
+    [
+        (KernelConfig(64, 128, 2, 256), True),  # 64 rows of S^T per consumer warpgroup
+        (KernelConfig(64, 64, 2, 128), True),  # one consumer warpgroup, 64 rows
+        (KernelConfig(128, 128, 1, 256, segments=2), True),
+        (KernelConfig(64, 64, 2, 256), False),  # two warpgroups would get 32 rows each
+        (KernelConfig(64, 64, 1, 128, "regs"), False),  # the scores MMA reads shared memory
+        (KernelConfig(32, 64, 2, 128), False),  # 32-row chunks take the sync step
+    ],
+    ids=lambda c: c.label if isinstance(c, KernelConfig) else "",
+)
+def test_configs_without_the_transposed_layout_fall_back_and_compile(config, transposed):
+    """The transposed step needs 64 rows of S^T per consumer warpgroup and the scores in
+    shared memory; every other config compiles with the async (or sync) step instead."""
+    from kernel.resources import compile_kernel
+    from kernel.scalar_decay import transposes
+
+    knobs = config.to_dict()
+    assert transposes(**{k: knobs[k] for k in ("chunk", "block_dv", "threads", "scores")}) == transposed
+    source = compile_kernel(Problem(1, 2, 1024, 128, 128, 0.9), config)[-1].get_kernel_source()
+    assert ("ST_h" in source, "S_s" in source) == (transposed, not transposed)  # S^T in registers
+    assert ("wait_wgmma" in source) == (config.chunk >= 64)
