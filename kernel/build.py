@@ -47,8 +47,7 @@ class ScalarDecayKernel:
             single(q, k, v, out)
             return out
         states_kernel, carry_kernel, outputs_kernel = self.compiled
-        segments = self.config.segment_count(p.seqlen)
-        states = torch.empty(p.batch * p.heads, segments, p.dk, p.dv, device=q.device)
+        states = states_buffer(p, self.config, q.device)
         states_kernel(k, v, states)
         carry_kernel(states)
         outputs_kernel(q, k, v, states, out)
@@ -58,6 +57,13 @@ class ScalarDecayKernel:
     def source(self) -> str:
         """The generated CUDA source of every kernel."""
         return "\n".join(c.get_kernel_source() for c in self.compiled)
+
+
+def states_buffer(problem: Problem, config: KernelConfig, device: Any = "cuda") -> torch.Tensor:
+    """The split's fp32 ``[B*H, P, DK, DV]`` states (uninitialised): the states kernel's
+    output, the carry's in-place prefix, the outputs kernel's input."""
+    p = problem
+    return torch.empty(p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv, device=device)
 
 
 def check_tensor(name: str, tensor: Any, shape: tuple[int, ...], dtype: torch.dtype) -> None:

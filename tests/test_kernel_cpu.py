@@ -236,3 +236,17 @@ def test_configs_without_the_transposed_layout_fall_back_and_compile(config, tra
     source = compile_kernel(Problem(1, 2, 1024, 128, 128, 0.9), config)[-1].get_kernel_source()
     assert ("ST_h" in source, "S_s" in source) == (transposed, not transposed)  # S^T in registers
     assert ("wait_wgmma" in source) == (config.chunk >= 64)
+
+
+def test_states_buffer_has_the_shape_the_split_kernels_declare():
+    import torch
+
+    from kernel.build import states_buffer
+    from kernel.seq_split import prim_funcs
+
+    problem, config = Problem(2, 3, 1000, 64, 128, 0.9), KernelConfig(64, 64, 2, 128, segments=4)
+    buffer = states_buffer(problem, config, "cpu")
+    for func, arg in zip(prim_funcs(problem, config), (2, 0, 3)):  # states, carry, outputs
+        declared = func.buffer_map[func.params[arg]]
+        assert tuple(buffer.shape) == tuple(int(n) for n in declared.shape)
+        assert buffer.dtype == torch.float32 and str(declared.dtype) == "float32"

@@ -159,7 +159,7 @@ def main(mode: str = "gpu") -> int:
                 print(config.label, name, "wgmma" in src, flush=True)
         return 0
 
-    from kernel.build import cuda_arch
+    from kernel.build import ScalarDecayKernel, cuda_arch
     from kernel.validate import check, random_qkv
     from tuner.bench import copy_bandwidth, traffic_bytes
 
@@ -173,8 +173,8 @@ def main(mode: str = "gpu") -> int:
         for name, skip in VARIANTS.items():
             kern = compile_variant(p, config, skip, cuda_arch())
             if name == "full":
-                wrapped = partial(_as_tool_kernel, p, config, kern)
-                emit({"kind": "check", "config": config.label} | check(wrapped(), seed=8))
+                row = check(ScalarDecayKernel(p, config, (kern,)), seed=8)
+                emit({"kind": "check", "config": config.label} | row)
             calls[config, name] = partial(kern, q, k, v, out)
     for (config, name), ms in alternating(calls).items():
         median = sorted(ms)[1]
@@ -184,12 +184,6 @@ def main(mode: str = "gpu") -> int:
             | {"x_floor": median * 1e-3 * copy_rate / traffic_bytes(p)}
         )
     return 0
-
-
-def _as_tool_kernel(problem: Problem, config: KernelConfig, compiled):
-    from kernel.build import ScalarDecayKernel
-
-    return ScalarDecayKernel(problem, config, (compiled,))
 
 
 if __name__ == "__main__":

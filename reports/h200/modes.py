@@ -55,6 +55,28 @@ def emit(row: dict) -> None:
     print(json.dumps(row), flush=True)
 
 
+def check_kept(
+    kernels: dict[tuple, ScalarDecayKernel],
+    mode: Hashable,
+    kern: ScalarDecayKernel,
+    timed: Sequence[Case],
+    *,
+    seed: int,
+    mode_key: str = "mode",
+    extra: dict | None = None,
+) -> None:
+    """Check ``kern`` (anything with ``problem``, ``config`` and the kernel's call) against
+    reference C on fresh inputs, NaN-prefilled output; print the ``check`` row (the mode
+    under ``mode_key``, problem, config, the check's fields, then ``extra``); keep ``kern``
+    in ``kernels`` under ``(mode, problem, config)`` when its case is timed and it is correct."""
+    p, c = kern.problem, kern.config
+    row = {"kind": "check", mode_key: mode, "problem": p.to_dict(), "config": c.label}
+    row |= check(kern, seed=seed) | (extra or {})
+    emit(row)
+    if (p, c) in timed and row["finite"] and row["rel_l2"] < 2e-2:
+        kernels[mode, p, c] = kern
+
+
 def check_modes(
     probes: dict[tuple, ProbeResult],
     set_mode: Callable[[Hashable], None],
@@ -70,16 +92,13 @@ def check_modes(
     by ``(mode, problem, config)``."""
     kernels = {}
     for (mode, problem, config), res in probes.items():
-        row = {"kind": "check", mode_key: mode, "problem": problem.to_dict(), "config": config.label}
         if not getattr(res, "fits_smem", False):
+            row = {"kind": "check", mode_key: mode, "problem": problem.to_dict(), "config": config.label}
             emit(row | {"skipped": str(res.to_dict())[:200]})
             continue
         set_mode(mode)
-        kern = build(problem, config)
-        row |= check(kern, seed=seed) | {"smem_bytes": res.smem_bytes, "spill_bytes": res.spill_bytes}
-        emit(row)
-        if (problem, config) in timed and row["finite"] and row["rel_l2"] < 2e-2:
-            kernels[mode, problem, config] = kern
+        extra = {"smem_bytes": res.smem_bytes, "spill_bytes": res.spill_bytes}
+        check_kept(kernels, mode, build(problem, config), timed, seed=seed, mode_key=mode_key, extra=extra)
     return kernels
 
 

@@ -28,6 +28,7 @@ from modes import B1H8, B2H16, B4H16, check_modes, emit, inputs_for, probe_modes
 
 import kernel.seq_split as ss
 from kernel import KernelConfig, Problem
+from kernel.build import states_buffer
 from kernel.timing import bench
 from tuner.bench import copy_bandwidth, traffic_bytes
 
@@ -65,7 +66,7 @@ def main(experiment: str = "walk_carry") -> int:
     out = {p: torch.empty_like(v) for p, (_, _, v) in inputs.items()}
     for (variant, problem, config), kern in kernels.items():
         p, (q, k, v) = problem, inputs[problem]
-        states = torch.empty(p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv, device="cuda")
+        states = states_buffer(p, config)
         states_kernel, carry_kernel, outputs_kernel = kern.compiled
         state_bytes = states.numel() * 4
         kv_bytes = traffic_bytes(p) // 2  # K and V

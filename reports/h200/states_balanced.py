@@ -32,7 +32,7 @@ import torch
 from modes import B1H8, B2H16, B4H16
 
 from kernel import KernelConfig, Problem
-from kernel.resources import compile_kernel
+from kernel.build import ScalarDecayKernel, states_buffer
 from kernel.scalar_decay import fp32_constant
 from tuner.space import H200_SMS
 
@@ -83,13 +83,18 @@ def plan(problem: Problem, config: KernelConfig, sms: int = H200_SMS) -> Plan:
     return Plan(P, cps, pieces, m, tuple(map(tuple, contributors)))
 
 
+def _per_lane(x: torch.Tensor) -> torch.Tensor:
+    """``[B, S, H, D]`` -> fp64 ``[B*H, S, D]``."""
+    b, s, h, d = x.shape
+    return x.double().permute(0, 2, 1, 3).reshape(b * h, s, d)
+
+
 def reference_states(k: torch.Tensor, v: torch.Tensor, alpha: float, L: int, P: int) -> torch.Tensor:
     """fp64 ``[B*H, P, DK, DV]``: the state entering each segment, by the plain recurrence."""
-    b, s, h, dk = k.shape
-    kk = k.double().permute(0, 2, 1, 3).reshape(b * h, s, dk)
-    vv = v.double().permute(0, 2, 1, 3).reshape(b * h, s, -1)
-    out = torch.zeros(b * h, P, dk, vv.shape[-1], dtype=torch.float64)
-    state = torch.zeros(b * h, dk, vv.shape[-1], dtype=torch.float64)
+    kk, vv = _per_lane(k), _per_lane(v)
+    lanes, s, dk = kk.shape
+    out = torch.zeros(lanes, P, dk, vv.shape[-1], dtype=torch.float64)
+    state = torch.zeros(lanes, dk, vv.shape[-1], dtype=torch.float64)
     for t in range(min(s, (P - 1) * L)):
         state = alpha * state + kk[:, t, :, None] * vv[:, t, None, :]
         if (t + 1) % L == 0:
@@ -100,13 +105,12 @@ def reference_states(k: torch.Tensor, v: torch.Tensor, alpha: float, L: int, P: 
 def planned_states(k: torch.Tensor, v: torch.Tensor, alpha: float, chunk: int, pl: Plan) -> torch.Tensor:
     """fp64 emulation of the two kernels below: pieces walked last chunk first with
     absolute weights, partials in slots, then the carry over each segment's contributors."""
-    b, s, h, dk = k.shape
-    kk = k.double().permute(0, 2, 1, 3).reshape(b * h, s, dk)
-    vv = v.double().permute(0, 2, 1, 3).reshape(b * h, s, -1)
+    kk, vv = _per_lane(k), _per_lane(v)
+    lanes, dk, dv = kk.shape[0], kk.shape[-1], vv.shape[-1]
     L, cps, m = pl.chunks_per_segment * chunk, pl.chunks_per_segment, pl.chunks_per_piece
-    slots = torch.zeros(b * h, 2 * pl.pieces, dk, vv.shape[-1], dtype=torch.float64)
+    slots = torch.zeros(lanes, 2 * pl.pieces, dk, dv, dtype=torch.float64)
     for w in range(pl.pieces):
-        acc = torch.zeros(b * h, dk, vv.shape[-1], dtype=torch.float64)
+        acc = torch.zeros(lanes, dk, dv, dtype=torch.float64)
         for c in range(m):
             g = (w + 1) * m - 1 - c
             q = g // cps
@@ -117,7 +121,7 @@ def planned_states(k: torch.Tensor, v: torch.Tensor, alpha: float, chunk: int, p
                 slots[:, 2 * w] = acc
                 acc = torch.zeros_like(acc)
         slots[:, 2 * w + 1] = acc
-    states = torch.zeros(b * h, pl.segments, dk, vv.shape[-1], dtype=torch.float64)
+    states = torch.zeros(lanes, pl.segments, dk, dv, dtype=torch.float64)
     for p in range(1, pl.segments):
         states[:, p] = alpha**L * states[:, p - 1] + slots[:, list(pl.contributors[p - 1])].sum(1)
     return states
@@ -187,24 +191,28 @@ def prim_funcs(problem: Problem, config: KernelConfig, pl: Plan):
 
 class BalancedSplit:
     """``kernel(q, k, v, out=None) -> o``: the balanced states pass, its carry, and the
-    tool's outputs kernel, for ``check`` and ``time_modes``."""
+    outputs kernel of ``tool`` (the tool's split kernel), for ``check`` and ``time_modes``."""
 
-    def __init__(self, problem: Problem, config: KernelConfig, arch: str, sms: int = H200_SMS):
-        self.problem, self.config, self.plan = problem, config, plan(problem, config, sms)
+    def __init__(self, tool: ScalarDecayKernel, arch: str, sms: int = H200_SMS):
+        self.problem, self.config, self.outputs = tool.problem, tool.config, tool.compiled[2]
+        self.plan = plan(self.problem, self.config, sms)
         target = {"kind": "cuda", "arch": arch}
         self.states, self.carry = (
-            tilelang.compile(f, target=target) for f in prim_funcs(problem, config, self.plan)
+            tilelang.compile(f, target=target) for f in prim_funcs(self.problem, self.config, self.plan)
         )
-        self.outputs = compile_kernel(problem, config, arch)[2]
 
-    def __call__(self, q, k, v, *, out=None):
-        p, pl = self.problem, self.plan
-        if out is None:
-            out = torch.empty_like(v)
-        partials = torch.empty(p.batch * p.heads, 2 * pl.pieces, p.dk, p.dv, device=q.device)
-        states = torch.empty(p.batch * p.heads, pl.segments, p.dk, p.dv, device=q.device)
+    def states_and_carry(self, k: torch.Tensor, v: torch.Tensor, states: torch.Tensor) -> None:
+        """The states entering each segment, into ``states`` (``kernel.build.states_buffer``)."""
+        p = self.problem
+        partials = torch.empty(p.batch * p.heads, 2 * self.plan.pieces, p.dk, p.dv, device=states.device)
         self.states(k, v, partials)
         self.carry(partials, states)
+
+    def __call__(self, q, k, v, *, out=None):
+        if out is None:
+            out = torch.empty_like(v)
+        states = states_buffer(self.problem, self.config, q.device)
+        self.states_and_carry(k, v, states)
         self.outputs(q, k, v, states, out)
         return out
 
@@ -237,9 +245,7 @@ def cpu() -> int:
 def _states_pass(kern, k: torch.Tensor, v: torch.Tensor, states: torch.Tensor) -> None:
     """The states kernel and the carry of ``kern`` (the tool's split or ``BalancedSplit``)."""
     if isinstance(kern, BalancedSplit):
-        partials = torch.empty(states.shape[0], 2 * kern.plan.pieces, *states.shape[2:], device=states.device)
-        kern.states(k, v, partials)
-        kern.carry(partials, states)
+        kern.states_and_carry(k, v, states)
     else:
         kern.compiled[0](k, v, states)
         kern.compiled[1](states)
@@ -248,12 +254,11 @@ def _states_pass(kern, k: torch.Tensor, v: torch.Tensor, states: torch.Tensor) -
 def gpu() -> int:
     from functools import partial
 
-    from modes import emit, inputs_for, time_modes
+    from modes import check_kept, emit, inputs_for, time_modes
 
     from kernel import build
     from kernel.build import cuda_arch
     from kernel.timing import bench
-    from kernel.validate import check
     from tuner.bench import copy_bandwidth
 
     copy_rate = copy_bandwidth()
@@ -261,23 +266,21 @@ def gpu() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kernels = {}
     for problem, config in TIMED + CHECKED:
-        balanced = BalancedSplit(problem, config, cuda_arch(), sms)
-        for mode, kern in (("tool", build(problem, config)), ("balanced", balanced)):
-            row = {"kind": "check", "mode": mode, "problem": problem.to_dict(), "config": config.label}
-            row |= check(kern, seed=51)
-            emit(row)
-            if (problem, config) in TIMED and row["finite"] and row["rel_l2"] < 2e-2:
-                kernels[mode, problem, config] = kern
+        tool = build(problem, config)
+        for mode, kern in (("tool", tool), ("balanced", BalancedSplit(tool, cuda_arch(), sms))):
+            check_kept(kernels, mode, kern, TIMED, seed=51)
     inputs = inputs_for(kernels, seed=52)
     for (mode, p, config), kern in kernels.items():
         _, k, v = inputs[p]
-        states = torch.empty(p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv, device="cuda")
-        row = {"kind": "states_and_carry", "mode": mode, "shape": f"{p.batch}x{p.heads}x{p.seqlen}"}
+        ms = bench(partial(_states_pass, kern, k, v, states_buffer(p, config))).median_ms
+        shape = f"{p.batch}x{p.heads}x{p.seqlen}"
         emit(
-            row
-            | {
+            {
+                "kind": "states_and_carry",
+                "mode": mode,
+                "shape": shape,
                 "config": config.label,
-                "median_ms": bench(partial(_states_pass, kern, k, v, states)).median_ms,
+                "median_ms": ms,
             }
         )
     time_modes(kernels, inputs, kind="whole", copy_rate=copy_rate)

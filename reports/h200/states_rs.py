@@ -84,12 +84,10 @@ def cpu() -> int:
 
 
 def gpu() -> int:
-    import torch
-    from modes import emit, inputs_for, time_modes
+    from modes import check_kept, emit, inputs_for, time_modes
 
-    from kernel.build import ScalarDecayKernel, cuda_arch
+    from kernel.build import ScalarDecayKernel, cuda_arch, states_buffer
     from kernel.timing import bench
-    from kernel.validate import check
     from tuner.bench import copy_bandwidth
 
     copy_rate = copy_bandwidth()
@@ -97,16 +95,11 @@ def gpu() -> int:
     kernels = {}
     for problem, config in TIMED + CHECKED:
         for mode, compiled in compile_both(problem, config, cuda_arch()).items():
-            kern = ScalarDecayKernel(problem, config, compiled)
-            row = {"kind": "check", "mode": mode, "problem": problem.to_dict(), "config": config.label}
-            row |= check(kern, seed=41)
-            emit(row)
-            if (problem, config) in TIMED and row["finite"] and row["rel_l2"] < 2e-2:
-                kernels[mode, problem, config] = kern
+            check_kept(kernels, mode, ScalarDecayKernel(problem, config, compiled), TIMED, seed=41)
     inputs = inputs_for(kernels, seed=42)
     for (mode, p, config), kern in kernels.items():
         _, k, v = inputs[p]
-        states = torch.empty(p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv, device="cuda")
+        states = states_buffer(p, config)
         emit(
             {
                 "kind": "states",

@@ -99,7 +99,7 @@ def main(mode: str = "gpu") -> int:
         return 0
 
     from kernel import build
-    from kernel.build import cuda_arch
+    from kernel.build import cuda_arch, states_buffer
     from kernel.validate import random_qkv
     from tuner.bench import copy_bandwidth, traffic_bytes
 
@@ -122,13 +122,7 @@ def main(mode: str = "gpu") -> int:
             outputs = partial(kern.compiled[0], q, k, v, out)
         else:
             states_kernel, carry_kernel, outputs_kernel = kern.compiled
-            states = torch.empty(
-                problem.batch * problem.heads,
-                config.segment_count(problem.seqlen),
-                problem.dk,
-                problem.dv,
-                device="cuda",
-            )
+            states = states_buffer(problem, config)
             states_kernel(k, v, states)
             carry_kernel(states)
             outputs = partial(outputs_kernel, q, k, v, states, out)
