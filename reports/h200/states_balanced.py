@@ -1,4 +1,4 @@
-"""Experiment (issue 5; not part of the tool; written on the CPU, not yet run on the GPU):
+"""Experiment (issue 5; not part of the tool):
 the split's states pass cut into equal pieces that may cross segment boundaries.
 
 The tool's states kernel gives each segment but the last one block per (lane, segment):
