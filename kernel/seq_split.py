@@ -22,9 +22,10 @@ small to fill the GPU (reports/h200/README.md).
 Where it fills most SMs, the states kernel runs at its memory schedule's floor: on the
 H200 it takes as long as a kernel with its grid and loads and no arithmetic (62.3 against
 62.0 us at B=2, H=16, S=16384 with 4 segments, 44.4 against 43.2 us at 1x8x32768 with
-16; with 64 blocks, at 4x16x8192 with 2 segments, 54.4 against 43.5 us). Measured and not kept: re-cutting it into one piece per SM (3.5% faster at
-4x16x8192 with 2 segments, 5.4% slower at 1x8x32768), and the first segment's outputs
-run beside it on a second stream (1.6% to 9.1% slower at every config timed).
+16; with 64 blocks, at 4x16x8192 with 2 segments, 54.4 against 43.5 us). Measured and
+not kept: re-cutting it into one piece per SM (3.5% faster at 4x16x8192 with 2 segments,
+5.4% slower at 1x8x32768), and the first segment's outputs run beside it on a second
+stream (1.6% to 9.1% slower at every config timed).
 """
 
 import math
