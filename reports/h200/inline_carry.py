@@ -30,24 +30,14 @@ import sys
 import tilelang
 import tilelang.language as T
 import torch
-from modes import B1H8, B2H16, B4H16
+from modes import SPLIT_CHECKED, SPLIT_TIMED
 
 from kernel import KernelConfig, Problem
 from kernel.build import ScalarDecayKernel, states_buffer
 from kernel.scalar_decay import fp32_constant, transposes
 
-TIMED = [
-    (B2H16, KernelConfig(64, 128, 3, 256, segments=4)),
-    (B2H16, KernelConfig(64, 128, 2, 256, segments=4)),
-    (B1H8, KernelConfig(64, 128, 3, 256, segments=16)),
-    (B4H16, KernelConfig(64, 128, 3, 256, segments=2)),
-]
-CHECKED = [
-    (Problem(1, 2, 1000, 128, 128, 0.5, "bfloat16"), KernelConfig(64, 64, 1, 128, segments=4)),
-    (Problem(2, 2, 777, 64, 128, 0.8, "bfloat16"), KernelConfig(64, 64, 2, 128, segments=8)),
-    (Problem(1, 3, 4096, 128, 128, 0.999), KernelConfig(64, 128, 2, 256, segments=64)),
-    (Problem(2, 1, 65, 128, 128, 0.9), KernelConfig(64, 128, 2, 256, segments=2)),
-]
+TIMED = SPLIT_TIMED
+CHECKED = [*SPLIT_CHECKED, (Problem(1, 3, 4096, 128, 128, 0.999), KernelConfig(64, 128, 2, 256, segments=64))]
 
 
 def inline_chunk_loop_macro(

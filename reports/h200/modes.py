@@ -1,5 +1,5 @@
-"""Shared by the H200 same-run comparisons of a kernel's module-level modes
-(``qweights.py``, ``split_parts.py``, ``async_step.py``)."""
+"""Shared by the H200 experiment scripts here: the shapes and cases they time, their
+compile, check and timing loops, and their JSON-line rows."""
 
 import json
 import multiprocessing
@@ -23,6 +23,21 @@ Case = tuple[Problem, KernelConfig]
 B2H16 = Problem(2, 16, 16384, 128, 128, 0.99)
 B1H8 = Problem(1, 8, 32768, 128, 128, 0.99)
 B4H16 = Problem(4, 16, 8192, 128, 128, 0.99)
+
+# The split's configs that the states-pass experiments time (the tool's picks and one
+# neighbour), and the cases that stress a split change: bf16 with alpha^L underflowing
+# fp32, ragged S with DK != DV, and S shorter than two chunks.
+SPLIT_TIMED = [
+    (B2H16, KernelConfig(64, 128, 3, 256, segments=4)),
+    (B2H16, KernelConfig(64, 128, 2, 256, segments=4)),
+    (B1H8, KernelConfig(64, 128, 3, 256, segments=16)),
+    (B4H16, KernelConfig(64, 128, 3, 256, segments=2)),
+]
+SPLIT_CHECKED = [
+    (Problem(1, 2, 1000, 128, 128, 0.5, "bfloat16"), KernelConfig(64, 64, 1, 128, segments=4)),
+    (Problem(2, 2, 777, 64, 128, 0.8, "bfloat16"), KernelConfig(64, 64, 2, 128, segments=8)),
+    (Problem(2, 1, 65, 128, 128, 0.9), KernelConfig(64, 128, 2, 256, segments=2)),
+]
 
 
 def _probe(case: Case, arch: str) -> ProbeResult:
