@@ -29,11 +29,9 @@ import sys
 
 import tilelang
 import tilelang.language as T
-import torch
 from modes import SPLIT_CHECKED, SPLIT_TIMED
 
 from kernel import KernelConfig, Problem
-from kernel.build import ScalarDecayKernel, states_buffer
 from kernel.scalar_decay import fp32_constant, transposes
 
 TIMED = SPLIT_TIMED
@@ -149,26 +147,6 @@ def inline_outputs(problem: Problem, config: KernelConfig):
     return outputs
 
 
-class Split:
-    """The tool's split kernels in another order: ``inline`` (states, then the outputs
-    kernel above) or ``nocarry`` (the tool's states and outputs kernels, no carry)."""
-
-    def __init__(self, tool: ScalarDecayKernel, mode: str, arch: str):
-        self.problem, self.config, self.mode = tool.problem, tool.config, mode
-        self.states, self.outputs = tool.compiled[0], tool.compiled[2]
-        if mode == "inline":
-            self.outputs = tilelang.compile(
-                inline_outputs(tool.problem, tool.config), target={"kind": "cuda", "arch": arch}
-            )
-
-    def __call__(self, q, k, v, *, out=None):
-        out = torch.empty_like(v) if out is None else out
-        states = states_buffer(self.problem, self.config, q.device)
-        self.states(k, v, states)
-        self.outputs(q, k, v, states, out)
-        return out
-
-
 def _compile(case: tuple[Problem, KernelConfig], arch: str) -> bool:
     return (
         len(
@@ -189,7 +167,7 @@ def compile_all(arch: str) -> list[bool]:
 
 
 def gpu() -> int:
-    from modes import check_kept, emit, inputs_for, time_modes
+    from modes import SplitCall, check_kept, emit, inputs_for, time_modes
 
     from kernel import build
     from kernel.build import cuda_arch, precompile
@@ -204,9 +182,10 @@ def gpu() -> int:
     for problem, config in TIMED + CHECKED:
         tool = build(problem, config)
         check_kept(kernels, "tool", tool, TIMED, seed=81)
-        check_kept(kernels, "inline", Split(tool, "inline", arch), TIMED, seed=81)
+        inline = tilelang.compile(inline_outputs(problem, config), target={"kind": "cuda", "arch": arch})
+        check_kept(kernels, "inline", SplitCall(tool, outputs=inline, carry=False), TIMED, seed=81)
         if (problem, config) in TIMED:
-            kernels["nocarry", problem, config] = Split(tool, "nocarry", arch)  # time only
+            kernels["nocarry", problem, config] = SplitCall(tool, carry=False)  # time only
     time_modes(kernels, inputs_for(kernels, seed=82), kind="whole", copy_rate=copy_rate)
     return 0
 

@@ -11,7 +11,7 @@ from functools import partial
 import torch
 
 from kernel import KernelConfig, Problem, build, probe
-from kernel.build import ScalarDecayKernel, cuda_arch
+from kernel.build import ScalarDecayKernel, cuda_arch, states_buffer
 from kernel.resources import ProbeResult
 from kernel.timing import alternating
 from kernel.validate import check, random_qkv
@@ -38,6 +38,27 @@ SPLIT_CHECKED = [
     (Problem(2, 2, 777, 64, 128, 0.8, "bfloat16"), KernelConfig(64, 64, 2, 128, segments=8)),
     (Problem(2, 1, 65, 128, 128, 0.9), KernelConfig(64, 128, 2, 256, segments=2)),
 ]
+
+
+class SplitCall:
+    """The tool's split call (states, carry, outputs kernels of ``tool``) with any of its
+    kernels swapped for an experiment's, or the carry skipped (``carry=False``: wrong
+    outputs past the first segment, time only); for ``check_kept`` and ``time_modes``."""
+
+    def __init__(self, tool: ScalarDecayKernel, *, states=None, outputs=None, carry: bool = True):
+        self.problem, self.config = tool.problem, tool.config
+        tool_states, tool_carry, tool_outputs = tool.compiled
+        self.states, self.outputs = states or tool_states, outputs or tool_outputs
+        self.carry = tool_carry if carry else None
+
+    def __call__(self, q, k, v, *, out=None):
+        out = torch.empty_like(v) if out is None else out
+        states = states_buffer(self.problem, self.config, q.device)
+        self.states(k, v, states)
+        if self.carry is not None:
+            self.carry(states)
+        self.outputs(q, k, v, states, out)
+        return out
 
 
 def _probe(case: Case, arch: str) -> ProbeResult:

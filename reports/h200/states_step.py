@@ -30,11 +30,12 @@ carry and outputs kernels, checked against reference C, taking turns over three 
 import logging
 import math
 import sys
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import tilelang
 import tilelang.language as T
-import torch
 from modes import B1H8, B2H16, B4H16
 
 from kernel import KernelConfig, Problem
@@ -111,21 +112,25 @@ def custom_states(problem: Problem, config: KernelConfig, variant: str):
     return states
 
 
-def variants(problem: Problem, config: KernelConfig) -> dict[str, object]:
-    """``{name: states prim_func}`` for one timed case."""
-    out = {"tool": ss.prim_funcs(problem, config)[0]}
+def _tool_states(problem: Problem, config: KernelConfig):
+    return ss.prim_funcs(problem, config)[0]
+
+
+def variants(problem: Problem, config: KernelConfig) -> dict[str, Callable[[], Any]]:
+    """``{name: builder of its states prim_func}`` for one timed case."""
+    out = {"tool": partial(_tool_states, problem, config)}
     for chunk, block_dv, stages, threads in OTHER_CONFIGS:
         other = KernelConfig(chunk, block_dv, stages, threads, segments=config.segments)
         if other.segment_length(problem.seqlen) == config.segment_length(problem.seqlen):
-            out[f"cfg {other.label}"] = ss.prim_funcs(problem, other)[0]
+            out[f"cfg {other.label}"] = partial(_tool_states, problem, other)
     for name in ("stream", "noweight", "transposed"):
-        out[name] = custom_states(problem, config, name)
+        out[name] = partial(custom_states, problem, config, name)
     return out
 
 
 def _compile(case_index: int, name: str, arch: str):
     problem, config = TIMED[case_index]
-    return tilelang.compile(variants(problem, config)[name], target={"kind": "cuda", "arch": arch})
+    return tilelang.compile(variants(problem, config)[name](), target={"kind": "cuda", "arch": arch})
 
 
 def _ptxas(case_index: int, name: str, arch: str) -> dict:
@@ -157,28 +162,13 @@ def _shape(p: Problem) -> str:
     return f"{p.batch}x{p.heads}x{p.seqlen}"
 
 
-class VariantSplit:
-    """The tool's split call with another states kernel, for ``check_kept``/``time_modes``."""
-
-    def __init__(self, tool, states_kernel):
-        self.problem, self.config, self.compiled = tool.problem, tool.config, tool.compiled
-        self.states = states_kernel
-
-    def __call__(self, q, k, v, *, out=None):
-        out = torch.empty_like(v) if out is None else out
-        states = states_buffer(self.problem, self.config, q.device)
-        self.states(k, v, states)
-        self.compiled[1](states)
-        self.compiled[2](q, k, v, states, out)
-        return out
-
-
 def gpu() -> int:
-    from modes import check_kept, emit, inputs_for, time_modes
+    from modes import SplitCall, check_kept, emit, inputs_for, time_modes
 
     from kernel import build
     from kernel.build import cuda_arch
     from kernel.timing import bench
+    from kernel.validate import random_qkv
     from tuner.bench import copy_bandwidth
 
     arch = cuda_arch()
@@ -188,10 +178,16 @@ def gpu() -> int:
     kernels = {}
     for i, (problem, config) in enumerate(TIMED):
         tool = build(problem, config)
-        k, v = inputs_for({("tool", problem, config): tool}, seed=61)[problem][1:]
+        k, v = random_qkv(problem, seed=61)[1:]
         want = states_buffer(problem, config).fill_(float("nan"))
         tool.compiled[0](k, v, want)
-        floor_ms = 1e3 * (k.numel() + v.numel()) * k.element_size() * (1 - 1 / config.segments) / copy_rate
+        floor_ms = (
+            1e3
+            * (k.numel() + v.numel())
+            * k.element_size()
+            * (1 - 1 / config.segment_count(problem.seqlen))
+            / copy_rate
+        )
         for name in [n for j, n in jobs if j == i]:
             kern = _compile(i, name, arch)
             got = states_buffer(problem, config).fill_(float("nan"))
@@ -202,7 +198,7 @@ def gpu() -> int:
             ms = bench(partial(kern, k, v, got)).median_ms
             emit(row | {"kind": "states", "median_ms": ms, "x_kv_floor": ms / floor_ms})
             if name not in TIMING_ONLY and rel < 1e-4:
-                check_kept(kernels, name, VariantSplit(tool, kern), TIMED, seed=62)
+                check_kept(kernels, name, SplitCall(tool, states=kern), TIMED, seed=62)
         carry_ms = bench(partial(tool.compiled[1], want)).median_ms
         emit({"kind": "carry", "shape": _shape(problem), "config": config.label, "median_ms": carry_ms})
     time_modes(kernels, inputs_for(kernels, seed=63), kind="whole", copy_rate=copy_rate)
