@@ -12,6 +12,7 @@ import torch
 
 from kernel.config import KernelConfig, Problem
 from kernel.resources import ProbeResult, compile_kernel, probe
+from kernel.seq_split import launches_carry
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -49,7 +50,8 @@ class ScalarDecayKernel:
         states_kernel, carry_kernel, outputs_kernel = self.compiled
         states = states_buffer(p, self.config, q.device)
         states_kernel(k, v, states)
-        carry_kernel(states)
+        if launches_carry(p, self.config):
+            carry_kernel(states)
         outputs_kernel(q, k, v, states, out)
         return out
 

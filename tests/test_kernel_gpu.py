@@ -121,8 +121,10 @@ def test_decay_underflowing_fp32_keeps_the_state_finite(alpha):
 
 
 # The sequence-split variant: ragged last segment, S barely over one chunk, a bf16 carry
-# that underflows fp32 (0.5^256), scores in registers, DK != DV, 64 segments.
+# that underflows fp32 (0.5^256), scores in registers, DK != DV, 64 segments, and two
+# segments (no carry kernel launched).
 SPLIT_CASES = [
+    (Problem(2, 3, 1000, 64, 128, 0.9, "bfloat16"), KernelConfig(64, 128, 3, 256, segments=2)),
     (Problem(2, 3, 300, 64, 64, 0.9), KernelConfig(64, 32, 2, 128, segments=3)),
     (Problem(1, 2, 1000, 128, 128, 0.5, "bfloat16"), KernelConfig(64, 64, 1, 256, segments=4)),
     (Problem(1, 4, 4096, 128, 128, 0.99), KernelConfig(64, 128, 2, 256, segments=16)),

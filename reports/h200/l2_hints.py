@@ -10,14 +10,15 @@ before the states kernel's, so more of the second read of K and V may hit L2. Mo
 
 * ``tool``: the tool's split;
 * ``first_qo``: the outputs kernel's Q loads and O stores ``evict_first``;
-* ``first_all``: also its K and V loads.
+* ``first_all``: also its K and V loads;
+* ``first_q``, ``first_o``: only its Q loads, only its O stores.
 
 Nothing is marked ``evict_last``, so no line can outlive the timing's L2 flush. The hinted
 outputs kernel is the tool's, built with ``T.copy`` wrapped to add the hint by the global
 tensor's name (``hinted``); the CPU mode checks its CUDA differs only in those hints.
 
     python3 reports/h200/l2_hints.py cpu
-    source .gpu/setup.sh && cd reports/h200 && python3 l2_hints.py > $OUT/l2_hints.jsonl
+    source .gpu/setup.sh && cd reports/h200 && python3 l2_hints.py [MODE ...] > $OUT/l2_hints.jsonl
 
 Rows: ``copy``; ``check`` (each mode against reference C, NaN-prefilled); ``whole`` (the
 three modes taking turns over three rounds, ``modes.time_modes``).
@@ -35,7 +36,13 @@ from modes import SPLIT_CHECKED, SPLIT_TIMED
 from kernel import KernelConfig, Problem
 from kernel.seq_split import prim_funcs
 
-MODES = {"first_qo": {"Q", "O"}, "first_all": {"Q", "K", "V", "O"}}
+MODES = {
+    "first_qo": {"Q", "O"},
+    "first_all": {"Q", "K", "V", "O"},
+    "first_q": {"Q"},
+    "first_o": {"O"},
+}
+RUN = [m for m in sys.argv[1:] if m in MODES] or list(MODES)
 
 
 def _name(region) -> str:
@@ -103,7 +110,7 @@ def gpu() -> int:
     for problem, config in cases:
         tool = build(problem, config)
         check_kept(kernels, "tool", tool, SPLIT_TIMED, seed=91)
-        for mode in MODES:
+        for mode in RUN:
             outputs = compile_outputs(problem, config, mode, arch)
             check_kept(kernels, mode, SplitCall(tool, outputs=outputs), SPLIT_TIMED, seed=91)
     time_modes(kernels, inputs_for(kernels, seed=92), kind="whole", copy_rate=copy_rate)
@@ -113,4 +120,4 @@ def gpu() -> int:
 logging.getLogger("tilelang").setLevel(logging.WARNING)  # its INFO lines go to stdout
 
 if __name__ == "__main__":
-    sys.exit(cpu() if sys.argv[1:] == ["cpu"] else gpu())
+    sys.exit(cpu() if sys.argv[1:2] == ["cpu"] else gpu())

@@ -13,6 +13,7 @@ import torch
 from kernel import KernelConfig, Problem, build, probe
 from kernel.build import ScalarDecayKernel, cuda_arch, states_buffer
 from kernel.resources import ProbeResult
+from kernel.seq_split import launches_carry
 from kernel.timing import alternating
 from kernel.validate import check, random_qkv
 from tuner.bench import traffic_bytes
@@ -49,7 +50,7 @@ class SplitCall:
         self.problem, self.config = tool.problem, tool.config
         tool_states, tool_carry, tool_outputs = tool.compiled
         self.states, self.outputs = states or tool_states, outputs or tool_outputs
-        self.carry = tool_carry if carry else None
+        self.carry = tool_carry if carry and launches_carry(self.problem, self.config) else None
 
     def __call__(self, q, k, v, *, out=None):
         out = torch.empty_like(v) if out is None else out
