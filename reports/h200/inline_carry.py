@@ -1,5 +1,5 @@
-"""Experiment (issue 5; not part of the tool; written and compiled on the CPU, not yet run
-on the GPU): the split without its carry kernel.
+"""Experiment (issue 5; not part of the tool): the split without its carry kernel. Run on
+the H200; results in reports/h200/README.md, "The carry measured, and L2 eviction hints".
 
 The split runs three kernels: states, carry (the prefix ``States[p] = alpha^L *
 States[p - 1] + E[p]``), outputs. At 2x16x16384 the call is 3.5% (6.6 us) above issue 5's

@@ -1,4 +1,5 @@
 """Experiment (issue 5; not part of the tool): L2 eviction hints on the split's outputs kernel.
+Results (no hint helps): reports/h200/README.md, "The carry measured, and L2 eviction hints".
 
 The states kernel walks each segment last chunk to first (``kernel.seq_split.STATES_ORDER``),
 so when the outputs kernel starts, L2 holds the first chunks of K and V of every segment
@@ -21,7 +22,7 @@ tensor's name (``hinted``); the CPU mode checks its CUDA differs only in those h
     source .gpu/setup.sh && cd reports/h200 && python3 l2_hints.py [MODE ...] > $OUT/l2_hints.jsonl
 
 Rows: ``copy``; ``check`` (each mode against reference C, NaN-prefilled); ``whole`` (the
-three modes taking turns over three rounds, ``modes.time_modes``).
+modes taking turns over three rounds, ``modes.time_modes``).
 """
 
 import contextlib
