@@ -2,7 +2,7 @@
 the H200; results in reports/h200/README.md, "The carry measured, and L2 eviction hints".
 
 The split runs three kernels: states, carry (the prefix ``States[p] = alpha^L *
-States[p - 1] + E[p]``), outputs. At 2x16x16384 the call is 3.5% (6.6 us) above issue 5's
+States[p - 1] + E[p]``), outputs. At 2x16x16384 the call was 3.5% (6.6 us) above issue 5's
 1.5x of the floor; the states kernel runs as fast as its loads alone (``states_step.py``),
 the carry alone takes 8.6 us with the L2 flush's write-back. Two modes beside the tool's:
 
