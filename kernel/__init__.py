@@ -1,18 +1,28 @@
-"""The scalar-decay chunked linear-attention kernel in TileLang, its config and its probe."""
+"""The scalar-decay chunked linear-attention kernel in TileLang, its config and its probe.
 
-from kernel.build import ScalarDecayKernel, build
-from kernel.config import SEED_CONFIG, KernelConfig, Problem
-from kernel.resources import SMEM_LIMIT_BYTES, ProbeFailure, ProbeResult, Resources, probe
+The config types load at once; ``build`` and ``probe`` (and what they need: torch,
+TileLang) load on first use, so a command that only parses arguments stays fast.
+"""
 
-__all__ = [
-    "SEED_CONFIG",
-    "SMEM_LIMIT_BYTES",
-    "KernelConfig",
-    "ProbeFailure",
-    "ProbeResult",
-    "Problem",
-    "Resources",
-    "ScalarDecayKernel",
-    "build",
-    "probe",
-]
+import importlib
+from typing import Any
+
+from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem
+
+_LAZY = {
+    "ScalarDecayKernel": "kernel.build",
+    "build": "kernel.build",
+    "SMEM_LIMIT_BYTES": "kernel.resources",
+    "ProbeFailure": "kernel.resources",
+    "ProbeResult": "kernel.resources",
+    "Resources": "kernel.resources",
+    "probe": "kernel.resources",
+}
+
+__all__ = ["HEADLINE", "SEED_CONFIG", "KernelConfig", "Problem", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kernel' has no attribute {name!r}")

@@ -12,7 +12,7 @@ import torch
 
 from kernel.config import KernelConfig, Problem
 from kernel.resources import ProbeResult, compile_kernel, probe
-from kernel.seq_split import launches_carry
+from kernel.variants import launch
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -43,29 +43,13 @@ class ScalarDecayKernel:
             check_tensor(name, tensor, shape, dtype)
             if tensor.device != q.device:
                 raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
-        if self.config.segments == 1:
-            (single,) = self.compiled
-            single(q, k, v, out)
-            return out
-        states_kernel, carry_kernel, outputs_kernel = self.compiled
-        states = states_buffer(p, self.config, q.device)
-        states_kernel(k, v, states)
-        if launches_carry(p, self.config):
-            carry_kernel(states)
-        outputs_kernel(q, k, v, states, out)
+        launch(p, self.config, self.compiled, q, k, v, out)
         return out
 
     @property
     def source(self) -> str:
         """The generated CUDA source of every kernel."""
         return "\n".join(c.get_kernel_source() for c in self.compiled)
-
-
-def states_buffer(problem: Problem, config: KernelConfig, device: Any = "cuda") -> torch.Tensor:
-    """The split's fp32 ``[B*H, P, DK, DV]`` states (uninitialised): the states kernel's
-    output, the carry's in-place prefix, the outputs kernel's input."""
-    p = problem
-    return torch.empty(p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv, device=device)
 
 
 def check_tensor(name: str, tensor: Any, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -88,6 +72,11 @@ def cuda_arch() -> str:
         raise RuntimeError("no CUDA device is visible to torch")
     major, minor = torch.cuda.get_device_capability()
     return f"sm_{major}{minor}" + ("a" if major == 9 else "")
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the current device."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 def build(problem: Problem, config: KernelConfig) -> ScalarDecayKernel:

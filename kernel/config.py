@@ -6,17 +6,39 @@ value, so a user mistake never reaches the compiler. Both round-trip through pla
 """
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Self
 
 DTYPES = ("float16", "bfloat16")
-SCORES = ("smem", "regs")
-# 1: the seed's single-pass kernel; n > 1: the sequence-split variant (kernel.seq_split).
-SEGMENT_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 # Q/K/V/O rows are moved by TMA and fed to wgmma: 16-element granularity, and a head
 # wider than 256 would not leave shared memory for even one chunk.
 MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 16, 256, 16
+# The values each knob takes in the search space, the validation grid and the bench;
+# ``block_dv`` runs over the divisors of DV (``knob_choices``). segments: 1 is the seed's
+# single-pass kernel, n > 1 the sequence-split variant (kernel.seq_split).
+KNOBS: dict[str, tuple] = {
+    "chunk": (32, 64, 128),
+    "num_stages": (1, 2, 3, 4),
+    "threads": (128, 256),
+    "scores": ("smem", "regs"),
+    "segments": (1, 2, 4, 8, 16, 32, 64),
+}
+SCORES = KNOBS["scores"]
+SEGMENT_COUNTS = KNOBS["segments"]
+
+
+def knob_choices(dv: int) -> dict[str, tuple]:
+    """Knob name -> values, in ``KernelConfig``'s field order, for a value head of ``dv``."""
+    block_dvs = tuple(d for d in range(HEAD_DIM_MULTIPLE, dv + 1, HEAD_DIM_MULTIPLE) if dv % d == 0)
+    return {"chunk": KNOBS["chunk"], "block_dv": block_dvs, **{k: v for k, v in KNOBS.items() if k != "chunk"}}
+
+
+def config_grid(dv: int) -> list["KernelConfig"]:
+    """Every config of ``knob_choices(dv)``, in a fixed order."""
+    table = knob_choices(dv)
+    return [KernelConfig(**dict(zip(table, values))) for values in itertools.product(*table.values())]
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -139,7 +161,7 @@ class KernelConfig:
         """The seed's register arithmetic (section 5): fp32 fragment elements per thread.
 
         ``S_f [DK, bDV] + acc_o [C, bDV] + Gamma [C, C] + A [C, C]``, divided by the
-        threads. It omits ``A_cast`` and temporaries; ptxas reports more (DESIGN.md 5).
+        threads. It omits ``A_cast`` and temporaries; ptxas reports more.
         """
         c = self.chunk
         elements = problem.dk * self.block_dv + c * self.block_dv + 2 * c * c
@@ -168,5 +190,5 @@ def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
 
 # The seed's default: C = 64, block_DV = 32, 2 stages, 128 threads, scores in registers.
 SEED_CONFIG = KernelConfig(scores="regs")
-# The headline problem of DESIGN.md section 6, and the tuner's default.
+# The headline problem: the tuner's default and the bench's first shape.
 HEADLINE = Problem(batch=8, heads=16, seqlen=4096, dk=128, dv=128, alpha=0.99)

@@ -11,18 +11,22 @@ infer conflict", and some small tiles with "No valid warp partition") or that pt
 rejects comes back as a :class:`ProbeFailure` carrying the compiler's message.
 """
 
+import contextlib
 import json
 import logging
+import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from kernel import scalar_decay, seq_split
 from kernel.config import KernelConfig, Problem
+from kernel.variants import prim_funcs
 
 # Largest shared memory one block may opt into on H100 and H200 (227 KiB).
 SMEM_LIMIT_BYTES = 232_448
@@ -109,13 +113,6 @@ def parse_ptxas(log: str) -> dict[str, int]:
     return figures
 
 
-def prim_funcs(problem: Problem, config: KernelConfig) -> list:
-    """The ``@T.prim_func`` kernels of ``config``'s variant, in launch order."""
-    if config.segments == 1:
-        return [scalar_decay.prim_func(problem, config)]
-    return list(seq_split.prim_funcs(problem, config))
-
-
 def lower(func: Any, *, arch: str = DEFAULT_ARCH):
     """Lower one prim func to CUDA source for ``arch``: TileLang's ``CompiledArtifact``."""
     import tilelang
@@ -157,11 +154,13 @@ def probe(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH) -
     config.check_fits(problem)
     start = time.perf_counter()
     try:
-        funcs = prim_funcs(problem, config)
-        kernels = _compile(funcs, arch)
+        with _captured_output() as printed:
+            funcs = prim_funcs(problem, config)
+            kernels = _compile(funcs, arch)
     except Exception as exc:  # TVM raises many types; each is recorded, none is swallowed
         stage: FailureStage = "nvcc" if "Compilation error" in str(exc) else "lower"
-        return ProbeFailure(stage, type(exc).__name__, _summary(str(exc)), time.perf_counter() - start)
+        message = "\n".join(filter(None, (printed.text.strip(), str(exc))))
+        return ProbeFailure(stage, type(exc).__name__, _summary(message), time.perf_counter() - start)
     figures = []
     for compiled, func in zip(kernels, funcs):
         # A disk-cache hit carries no lowered module: lower again for the launch figures.
@@ -184,6 +183,35 @@ def probe(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH) -
         seed_register_estimate=config.seed_register_estimate(problem),
         compile_seconds=time.perf_counter() - start,
     )
+
+
+class _Printed:
+    text = ""
+
+
+@contextlib.contextmanager
+def _captured_output() -> Iterator[_Printed]:
+    """Catch what TileLang's native code prints on the process's stdout and stderr (its
+    "Fatal: No valid warp partition" and source excerpts), so that it lands in the
+    failure's message instead of the user's terminal."""
+    printed = _Printed()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield printed
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            sink.seek(0)
+            printed.text = sink.read().decode(errors="replace")
 
 
 def launch_figures(artifact: Any) -> tuple[int, int]:

@@ -3,29 +3,26 @@
 One block owns one ``[DK, block_DV]`` slice of one (batch, head) state and walks the whole
 sequence chunk by chunk in a ``T.Pipelined`` loop; the state stays in registers.
 
-Five departures from the seed, all measured on the H200 (DESIGN.md section 6,
-reports/h200/README.md):
+Departures from the seed, each measured on the H200 (experiments/h200/README.md):
 
 * The seed scales ``Q_s`` and ``K_s`` in place. TileLang 0.1.15 puts those loops inside a
   branch only half of the consumer threads take, around a named barrier that waits for all
   of them: the kernel deadlocks. The weighted K rows go to a separate buffer (``Kw_s``).
 * The seed reloads Q into the buffer it just scaled; the pipeliner hoists that copy above
-  the scaling, so the intra-chunk term silently used the scaled Q. Q is never scaled in
-  place here, so there is nothing to reload.
-* Q's weights ``alpha^(r+1)`` scale the fp32 accumulator rows after the inter-chunk MMA
-  (``Q_WEIGHTS = "acc"``) instead of a weighted copy of Q (``"smem"``, a ``Qw_s``
-  buffer): 7% faster at the headline shape, 16 KB less shared memory.
-* The chunk step issues its MMAs without waiting for each (``"async"``), so K's weights,
-  the decay mask, the row weights and the output store overlap the tensor cores: 1.6% to
-  5.4% faster than waiting for each at every config timed, in two runs.
-* The block keeps the state transposed (``"transposed"``, the default ``CHUNK_STEP``
-  wherever ``transposes()`` holds): ``S^T`` is the register operand of the inter-chunk MMA,
-  so no shared-memory copy of the state sits between one chunk and the next: 4.6% to
-  10.0% faster than "async" at all 9 configs timed.
+  the scaling, so the intra-chunk term silently used the scaled Q. Q is never scaled here.
+* Q's weights ``alpha^(r+1)`` scale the fp32 accumulator rows after the inter-chunk MMA,
+  not a weighted copy of Q in shared memory.
+* The chunk step issues its MMAs with ``T.wgmma_gemm`` without waiting for each, and waits
+  only where a result is read, so K's weights, the decay mask and the output store
+  overlap the tensor cores. wgmma needs 64-row tiles: 32-token chunks wait for each MMA.
+* Where a config has 64 state rows per consumer warpgroup and its scores in shared memory
+  (``transposes``), the block keeps the state transposed: ``S^T`` is the register
+  operand of the inter-chunk MMA, so no shared-memory copy of the state sits between one
+  chunk and the next (``transposed_chunk_loop_macro``).
 
-The numerical rules of DESIGN.md section 3 hold: every decay weight is ``exp2(log2(alpha)
-* k)`` with ``k >= 0``, so it lies in ``(0, 1]``; ``Gamma`` is evaluated only where
-``j <= i``; weights stay fp32 and only the product ``A * Gamma`` is cast for the MMA.
+The numerical rules hold: every decay weight is ``exp2(log2(alpha) * k)`` with ``k >= 0``,
+so it lies in ``(0, 1]``; ``Gamma`` is evaluated only where ``j <= i``; weights stay fp32
+and only the product ``A * Gamma`` is cast for the MMA.
 """
 
 import math
@@ -48,32 +45,11 @@ def fp32_constant(x: float) -> float:
     return x if x >= FP32_TINY else 0.0
 
 
-# Where the inter-chunk query weights alpha^(r+1) are applied: "smem" scales the Q rows
-# into Qw_s before the MMA (the seed's way); "acc" scales the fp32 accumulator rows after
-# it, which needs no Qw_s buffer. Module-level for a same-run comparison on the GPU
-# (reports/h200/qweights.py).
-Q_WEIGHTS = "acc"
-
-# How the chunk step issues its four MMAs: "sync" waits for each (``T.gemm``); "async"
-# issues them with ``T.wgmma_gemm`` and waits only where a result is read; "transposed"
-# is "async" with the state kept transposed in registers (``transposed_chunk_loop_macro``).
-# wgmma needs 64-row tiles, so chunks of 32 always take "sync"; "transposed" needs 64
-# state rows per consumer warpgroup and scores in shared memory, and takes "async" where
-# a config lacks them. Module-level for a same-run comparison on the GPU
-# (reports/h200/async_step.py).
-CHUNK_STEP = "transposed"
-
-
 def transposes(*, chunk: int, block_dv: int, threads: int, scores: str) -> bool:
-    """Whether a config runs the "transposed" chunk step under ``CHUNK_STEP``."""
+    """Whether a config runs the transposed chunk step (``transposed_chunk_loop_macro``):
+    it needs 64 state rows per consumer warpgroup and the scores in shared memory."""
     warpgroups = max(threads // 128, 1)  # TileLang's consumer warpgroups
-    return (
-        CHUNK_STEP == "transposed"
-        and Q_WEIGHTS == "acc"
-        and chunk % 64 == 0
-        and block_dv % (64 * warpgroups) == 0
-        and scores == "smem"
-    )
+    return chunk % 64 == 0 and block_dv % (64 * warpgroups) == 0 and scores == "smem"
 
 
 def chunk_loop_macro(
@@ -100,15 +76,13 @@ def chunk_loop_macro(
     C, accum = chunk, "float32"
     log2_alpha = math.log2(alpha)  # <= 0, so every exp2(log2_alpha * k), k >= 0, is <= 1
     alpha_pow_c = fp32_constant(alpha**C)
-    q_in_smem = Q_WEIGHTS == "smem"
-    async_step = CHUNK_STEP != "sync" and C % 64 == 0 and not q_in_smem
+    # wgmma needs 64-row tiles: chunks of 32 wait for each MMA (T.gemm).
+    async_step = C % 64 == 0
 
     @T.macro
     def chunk_loop(Q, K, V, O, bb, bh, v0, s_begin, n_chunks, States, bbh, bp):
         Q_s = T.alloc_shared([C, dk], dtype)
         K_s = T.alloc_shared([C, dk], dtype)
-        # Q rows * alpha^(r+1), read by the state's MMA: only with Q_WEIGHTS = "smem"
-        Qw_s = T.alloc_shared([C, dk], dtype) if q_in_smem else None
         Kw_s = T.alloc_shared([C, dk], dtype)  # K rows * alpha^(C-1-r): writes the state
         V_s = T.alloc_shared([C, block_dv], dtype)
         S_s = T.alloc_shared([dk, block_dv], dtype)
@@ -138,11 +112,7 @@ def chunk_loop_macro(
             T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
             T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
             T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
-            if q_in_smem:
-                for r, d in T.Parallel(C, dk):
-                    Qw_s[r, d] = Q_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, r + 1))
-                    Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
-            elif not async_step:
+            if not async_step:
                 for r, d in T.Parallel(C, dk):
                     Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
 
@@ -174,12 +144,9 @@ def chunk_loop_macro(
             else:
                 # Inter-chunk term; S_f still holds the state before this chunk.
                 T.copy(S_f, S_s)
-                if q_in_smem:
-                    T.gemm(Qw_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
-                else:
-                    T.gemm(Q_s, S_s, acc_o, clear_accum=True)
-                    for i, j in T.Parallel(C, block_dv):
-                        acc_o[i, j] *= T.exp2(log2_alpha * T.Cast(accum, i + 1))
+                T.gemm(Q_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
+                for i, j in T.Parallel(C, block_dv):
+                    acc_o[i, j] *= T.exp2(log2_alpha * T.Cast(accum, i + 1))
                 # Intra-chunk term with the unweighted Q.
                 T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
                 for i, j in T.Parallel(C, C):
@@ -208,10 +175,7 @@ def transposed_chunk_loop_macro(
     out transposed: the scores ``A^T = K @ Q^T`` with the mask ``Gamma^T``, ``O^T += V^T @
     (A^T * Gamma^T)``, and the output tile is written transposed into ``O_s`` for its TMA
     store. Each consumer warpgroup owns 64 rows of ``S^T`` and ``O^T``
-    (``GemmWarpPolicy.FullRow``), so a warpgroup's state never leaves its registers.
-
-    Measured on the H200 (reports/h200/README.md): 7% to 10% faster than "async" at the
-    headline shape, with the same relative L2 to every digit."""
+    (``GemmWarpPolicy.FullRow``), so a warpgroup's state never leaves its registers."""
     C, accum = chunk, "float32"
     log2_alpha = math.log2(alpha)
     alpha_pow_c = fp32_constant(alpha**C)
@@ -231,7 +195,7 @@ def transposed_chunk_loop_macro(
         OT = T.alloc_fragment([block_dv, C], accum)
         AT = T.alloc_fragment([C, C], accum)
         GammaT = T.alloc_fragment([C, C], accum)
-        touch = T.alloc_local([1], dtype)  # see "async" in chunk_loop_macro
+        touch = T.alloc_local([1], dtype)  # see the async step in chunk_loop_macro
 
         # GammaT[j, i] = alpha^(i-j) for key j <= query i, else 0 (never "all, then mask")
         for j, i in T.Parallel(C, C):

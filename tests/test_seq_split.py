@@ -54,8 +54,7 @@ def test_carry_algebra_matches_the_recurrence(s, chunk, segments, alpha):
 
 @pytest.mark.parametrize("alpha", [1.0, 0.99, 0.5])
 def test_reverse_states_walk_reaches_the_forward_end_state(alpha):
-    """The states kernel walks a segment's chunks last to first (``STATES_ORDER =
-    "reverse"``): iteration ``c`` reads chunk ``n - 1 - c`` and weights its row ``r`` by
+    """The states kernel walks a segment's chunks last to first: iteration ``c`` reads chunk ``n - 1 - c`` and weights its row ``r`` by
     ``alpha^(C*c + C-1-r)``, the token's distance to the segment's end."""
     chunk, n = 16, 7
     gen = torch.Generator().manual_seed(3)
@@ -95,18 +94,6 @@ def test_three_kernels_compile_for_sm90a(problem, config):
     assert "tma_load" in outputs.get_kernel_source()
     res = probe(problem, config)
     assert isinstance(res, Resources) and res.spill_bytes == 0 and res.fits_smem
-
-
-@pytest.mark.parametrize("order,carry", [("forward", "rows"), ("reverse", "rows"), ("forward", "scan")])
-def test_the_other_states_walk_and_carry_still_compile(monkeypatch, order, carry):
-    """The modes the default replaced stay buildable for reports/h200/split_parts.py."""
-    monkeypatch.setattr(seq_split, "STATES_ORDER", order)
-    monkeypatch.setattr(seq_split, "CARRY", carry)
-    states, carry_kernel, _ = compile_kernel(
-        Problem(2, 3, 300, 64, 64, 0.9), KernelConfig(64, 32, 2, 128, segments=3)
-    )
-    assert ("- (c * 64)" in states.get_kernel_source()) == (order == "reverse")  # chunk offset falls
-    assert ("carry_scan_kernel" in carry_kernel.get_kernel_source()) == (carry == "scan")
 
 
 def test_a_split_that_leaves_one_segment_is_refused():

@@ -4,10 +4,9 @@ shape's HBM floor (the bytes of Q, K, V and O over the copy bandwidth measured i
 same run).
 
 "Tuned" is the config a dispatch table (``python -m tuner dispatch``) picks for the shape
-when one is given; otherwise the fastest correct config among ``CANDIDATES`` (the grid's
-single-pass leaders at the headline shape, smaller block_dv for shapes with few (batch,
-head) pairs, and sequence-split configs), timed on that very shape. Every implementation
-is checked against reference C before timing.
+when one is given; otherwise the fastest correct config among the tuner's first configs
+(``tuner.space.wave_seeds``), timed on that very shape. Every implementation is checked
+against reference C before timing.
 """
 
 import csv
@@ -20,30 +19,15 @@ from typing import Any
 import torch
 
 import refs
-from kernel import SEED_CONFIG, KernelConfig, ProbeFailure, Problem, build
-from kernel.build import cuda_arch, precompile
-from kernel.deploy import Dispatch
-from kernel.peers import fla_simple_gla, torch_chunked
+from kernel.build import build, cuda_arch, precompile, sm_count
+from kernel.config import SEED_CONFIG, KernelConfig, Problem
+from kernel.dispatch import Dispatch
+from kernel.resources import ProbeFailure
 from kernel.timing import bench
 from kernel.validate import random_qkv
 from tuner import space
+from tuner.peers import fla_simple_gla, torch_chunked
 
-# (batch, heads, seqlen): the headline, then fewer and longer sequences.
-SHAPES = [(8, 16, 4096), (16, 16, 2048), (4, 16, 8192), (2, 16, 16384), (1, 8, 32768)]
-CANDIDATES = [
-    KernelConfig(*c)
-    for c in [
-        (64, 128, 2, 256),
-        (64, 128, 1, 256),
-        (64, 64, 1, 256),
-        (64, 64, 2, 256),
-        (64, 32, 1, 256),
-        (64, 32, 2, 128),
-        (64, 16, 1, 128),
-        (32, 32, 1, 128),
-        (128, 64, 1, 256),
-    ]
-] + [KernelConfig(64, b, 1, 256, segments=n) for b in (64, 128) for n in (2, 4, 8, 16, 32)]
 COPY_BYTES = 1 << 30
 
 
@@ -81,7 +65,7 @@ def _row(
         "config": config.label if config else "",
         "rel_l2": err,
     }
-    if err < 2e-2:
+    if err < refs.TOLERANCE:
         row |= bench(fn).to_dict()
         row["x_floor"] = row["median_ms"] / floor_ms
     print(row, flush=True)
@@ -113,8 +97,7 @@ def run(
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
     problems = [Problem(b, h, s, dk, dv, alpha) for b, h, s in shapes]
     candidates = {
-        p: [dispatch.pick(p).config] if dispatch else [c for c in CANDIDATES if not space.violated(p, c)]
-        for p in problems
+        p: [dispatch.pick(p).config] if dispatch else space.wave_seeds(p, sm_count()) for p in problems
     }
     jobs = [(p, c) for p in problems for c in dict.fromkeys([SEED_CONFIG, *candidates[p]])]
     probes = dict(zip(jobs, precompile(jobs, arch=cuda_arch())))
@@ -187,42 +170,6 @@ def write_csv(rows: list[dict], path: Path) -> None:
         writer.writerows(rows)
 
 
-def figure(rows: list[dict]):
-    """Grouped bars: time over the HBM floor, per shape and implementation."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    shape = lambda r: f"B={r['batch']} H={r['heads']} S={r['seqlen']}"  # noqa: E731
-    for impl in ("tuned", "seed config", "fla chunk_simple_gla", "torch chunked"):
-        sel = [r for r in rows if r["impl"] == impl and "x_floor" in r]
-        fig.add_bar(
-            name=impl,
-            x=[shape(r) for r in sel],
-            y=[r["x_floor"] for r in sel],
-            text=[f"{r['median_ms']:.3f} ms" for r in sel],
-            hovertext=[r.get("config", "") for r in sel],
-        )
-    fig.add_hline(y=1.0, line_dash="dash", annotation_text="HBM floor")
-    fig.update_layout(
-        barmode="group",
-        yaxis_type="log",
-        yaxis_title="time / HBM floor",
-        title="Scalar-decay linear attention forward, one GPU",
-    )
-    return fig
-
-
-def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    """'8x16x4096,2x16x16384' -> [(8, 16, 4096), (2, 16, 16384)]; ``ValueError`` if malformed."""
-    try:
-        shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
-    except ValueError:
-        shapes = []
-    if not shapes or any(len(shape) != 3 or min(shape) < 1 for shape in shapes):
-        raise ValueError(f"--shapes wants BxHxS[,BxHxS...] of positive integers, got {text!r}")
-    return shapes  # type: ignore[return-value]
-
-
 def bench_and_write(
     shapes: list[tuple[int, int, int]],
     out: Path,
@@ -233,6 +180,8 @@ def bench_and_write(
     dispatch: Dispatch | None = None,
 ) -> None:
     """Run the bench and write ``out``/bench.csv, bench.jsonl and bench.html; print a table."""
+    from reports.bench import figure
+
     out.mkdir(parents=True, exist_ok=True)
     log = out / "bench.jsonl"
     log.unlink(missing_ok=True)

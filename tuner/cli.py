@@ -1,38 +1,38 @@
 """python -m tuner: tune the scalar-decay kernel with Optuna.
 
-Subcommands: run (search), trials (print the trial log), best (the best configs),
-export (write the best-config JSON), dispatch (tune several shapes, write the dispatch
-table), compare (against a yardstick study), report (one offline HTML page), bench (tuned
-vs seed vs fla vs torch over shapes). A user mistake prints one line and exits with 2.
+A user mistake prints one line and exits with 2. Heavy libraries (torch, TileLang,
+Optuna) load inside the command that needs them, so --help and argument errors answer at
+once.
 """
 
 import argparse
 import json
 import sys
+import typing
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import optuna
-
-from kernel import KernelConfig, Problem
-from kernel.config import HEADLINE
-from kernel.deploy import ExportError, read_export
-from tuner.bench import SHAPES
-from tuner.study import (
-    SAMPLERS,
+from kernel.config import HEADLINE, KernelConfig, Problem
+from tuner import options
+from tuner.options import (
+    BENCH_SHAPES,
+    PROBLEM_FLAGS,
     STUDIES_DIR,
     Options,
-    Tuner,
     UsageError,
-    best_trials,
     default_storage,
-    default_study_name,
-    get_storage,
+    parse_shapes,
 )
 
-# Defaults: the headline problem of DESIGN.md 6, B=8, H=16, S=4096, DK=DV=128, alpha=0.99, fp16.
-DEFAULTS = HEADLINE.to_dict()
+if TYPE_CHECKING:
+    import optuna
+    import pandas as pd
+
+    from tuner.study import Tuner
+
+# The trial table's columns, as `trials` and `best` print them.
+TABLE = ("number", "status", "config", "median_ms", "rel_l2", "spill_bytes", "smem_bytes", "registers", "reason")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,21 +40,68 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Shows each flag's default, unless it has none to show or its help names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, True, []) or "default" in text or action.nargs == 0:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _storage_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage", default=None, help=f"Optuna storage URL (default: {default_storage()})")
+
+
 def _study_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--study", "--study-name", dest="study", help="study name (default: derived from the problem)"
     )
-    p.add_argument("--storage", default=None, help=f"Optuna storage URL (default: {default_storage()})")
+    _storage_flags(p)
 
 
-def _problem_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dk", type=int, default=DEFAULTS["dk"], help="key/query head dim (default %(default)s)")
-    p.add_argument("--dv", type=int, default=DEFAULTS["dv"], help="value head dim (default %(default)s)")
-    p.add_argument("--batch", type=int, default=DEFAULTS["batch"])
-    p.add_argument("--heads", type=int, default=DEFAULTS["heads"])
-    p.add_argument("--seqlen", type=int, default=DEFAULTS["seqlen"])
-    p.add_argument("--alpha", type=float, default=DEFAULTS["alpha"], help="decay in (0, 1]")
-    p.add_argument("--dtype", default=DEFAULTS["dtype"], help="float16 or bfloat16")
+def _problem_flags(p: argparse.ArgumentParser, names=tuple(PROBLEM_FLAGS)) -> None:
+    defaults = HEADLINE.to_dict()
+    for name in names:
+        kind = type(defaults[name])
+        p.add_argument(f"--{name}", type=kind, default=defaults[name], help=PROBLEM_FLAGS[name])
+
+
+def _tuning_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per field of ``tuner.options.Options``, with its default and help."""
+    for f in options.fields():
+        meta = f.metadata
+        if isinstance(f.default, bool):  # a switch that flips the default
+            action = "store_true" if meta["flag"] is None else "store_false"
+            p.add_argument(options.flag(f), dest=f.name, action=action, help=meta["help"])
+            continue
+        kind = next(t for t in typing.get_args(f.type) or (f.type,) if t is not type(None))
+        extra = {"choices": meta["choices"]} if "choices" in meta else {}
+        p.add_argument(options.flag(f), dest=f.name, type=kind, default=f.default, help=meta["help"], **extra)
+    p.add_argument(
+        "--enqueue",
+        action="append",
+        default=[],
+        metavar="C/bDV/stages/threads[/scores[/segments]]",
+        help="a config to measure first (repeatable); the seed's default always is",
+    )
+    p.add_argument(
+        "--enqueue-from",
+        action="append",
+        default=[],
+        metavar="BEST_JSON",
+        help="measure first the configs of an exported best-config file (repeatable)",
+    )
+
+
+def _shape_flags(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--shapes",
+        default=",".join("x".join(map(str, s)) for s in BENCH_SHAPES),
+        help=f"{what}: comma-separated BxHxS",
+    )
+    _problem_flags(p, ("dk", "dv", "alpha", "dtype"))
 
 
 def _problem(args: argparse.Namespace) -> Problem:
@@ -75,6 +122,8 @@ def _config(text: str) -> KernelConfig:
 
 def _configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:
     """The configs of best-config JSON files (``export``), to measure first."""
+    from kernel.deploy import read_export
+
     configs = []
     for path in paths:
         for entry in read_export(path)["configs"]:
@@ -85,39 +134,35 @@ def _configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:
     return tuple(configs)
 
 
+def _options(args: argparse.Namespace) -> Options:
+    values = {f.name: getattr(args, f.name) for f in options.fields()}
+    for f in options.fields():
+        minimum, value = f.metadata["minimum"], values[f.name]
+        if minimum is not None and value is not None and not value >= minimum:  # `not >=` rejects NaN
+            raise UsageError(f"{options.flag(f)} must be {'positive' if minimum > 0 else '>= 0'}, got {value}")
+    enqueue = tuple(_config(c) for c in args.enqueue) + _configs_from(args.enqueue_from)
+    return Options(**values, enqueue=enqueue)
+
+
 def _where(args: argparse.Namespace) -> tuple[str, str]:
     """(study name, storage URL) from the flags, defaulting to the problem's study in studies/."""
+    from tuner.storage import default_study_name
+
     return args.study or default_study_name(_problem(args)), args.storage or default_storage()
 
 
-def _open(args: argparse.Namespace, name: str | None = None) -> optuna.Study:
+def _open(args: argparse.Namespace, name: str | None = None) -> "optuna.Study":
+    from tuner.storage import load_study
+
     default_name, storage = _where(args)
-    name = name or default_name
-    try:
-        return optuna.load_study(study_name=name, storage=get_storage(storage))
-    except KeyError:
-        raise UsageError(f"no study {name!r} in {storage}") from None
-
-
-def _options(args: argparse.Namespace) -> Options:
-    return Options(
-        n_trials=args.n_trials,
-        timeout_s=args.timeout,
-        sampler=args.sampler,
-        multi_objective=args.multi_objective,
-        tolerance=args.tolerance,
-        max_spill_bytes=args.max_spill_bytes,
-        max_registers=args.max_registers,
-        trial_timeout_s=args.trial_timeout,
-        workers=args.workers,
-        seed=args.seed,
-        enqueue=tuple(_config(c) for c in args.enqueue) + _configs_from(args.enqueue_from),
-        wave_seeds=not args.no_wave_seeds,
-        progress=not args.no_progress,
-    )
+    return load_study(name or default_name, storage)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Run an Optuna study over the kernel's design space."""
+    from tuner.export import export_best
+    from tuner.study import Tuner
+
     name, storage = _where(args)
     tuner = Tuner(_problem(args), _options(args), name=name, storage=storage)
     if not tuner.gpu:
@@ -128,11 +173,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if tuner.interrupted:
         print(f"marked {tuner.interrupted} trial(s) of a killed run as failed", file=sys.stderr)
     study = _run_and_log(tuner)
-    from tuner.trials import export_best
-
-    out_dir = STUDIES_DIR / name
+    out = STUDIES_DIR / name / "best.json"
     try:
-        data = export_best(study, out_dir / "best.json")
+        data = export_best(study, out)
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -142,11 +185,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if data["mode"] == "gpu"
         else f"compile-only: {best['spill_bytes']} B spilled, {best['smem_bytes']} B smem, no latency measured"
     )
-    print(f"best {best['config']} ({label}); exported {out_dir / 'best.json'}")
+    print(f"best {KernelConfig.from_dict(best['config']).label} ({label}); exported {out}")
     return 0
 
 
-def _run_and_log(tuner: Tuner) -> optuna.Study:
+def _run_and_log(tuner: "Tuner") -> "optuna.Study":
     """Run the study, then save its trial log (CSV and Parquet) next to its exports."""
     from tuner.trials import save_frame, trials_frame
 
@@ -163,24 +206,24 @@ def _run_and_log(tuner: Tuner) -> optuna.Study:
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
-    """Tune each shape in its own study (resumable, as ``run``), then write the dispatch
-    table: the best config per shape, which ``kernel.deploy.load_dispatch`` serves by shape."""
+    """Tune several shapes, one resumable study each, and write the dispatch table: the
+    best config per shape, which ``kernel.dispatch.load_dispatch`` serves by shape."""
     import torch
 
-    from tuner.bench import parse_shapes
-    from tuner.trials import export_dispatch
+    from tuner.export import export_dispatch
+    from tuner.storage import default_study_name
+    from tuner.study import Tuner
 
-    shapes = parse_shapes(args.shapes)
-    problems = [Problem(b, h, s, args.dk, args.dv, args.alpha, args.dtype) for b, h, s in shapes]
+    problems = [Problem(b, h, s, args.dk, args.dv, args.alpha, args.dtype) for b, h, s in parse_shapes(args.shapes)]
     out = Path(args.out) if args.out else STUDIES_DIR / "dispatch.json"
     if out.is_dir():
         raise UsageError(f"--out wants a file path for the table, got the directory {str(out)!r}")
     if not torch.cuda.is_available():
         raise UsageError("dispatch ranks configs by measured latency and needs a CUDA device")
     storage = args.storage or default_storage()
-    options = _options(args)
+    opts = _options(args)
     studies = [
-        _run_and_log(Tuner(problem, options, name=default_study_name(problem), storage=storage))
+        _run_and_log(Tuner(problem, opts, name=default_study_name(problem), storage=storage))
         for problem in problems
     ]
     try:
@@ -192,61 +235,76 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot write {out}: {exc.strerror or exc} (the studies are saved)") from None
     for entry in data["entries"]:
         p, c = entry["problem"], KernelConfig.from_dict(entry["config"])
-        print(f"B*H={p['batch'] * p['heads']:>4} S={p['seqlen']:>6}: {c} {entry['median_ms']:.4f} ms")
+        print(f"B*H={p['batch'] * p['heads']:>4} S={p['seqlen']:>6}: {c.label} {entry['median_ms']:.4f} ms")
     print(out)
     return 0
 
 
-def cmd_trials(args: argparse.Namespace) -> int:
-    from tuner.trials import trials_frame
+def table(frame: "pd.DataFrame", columns=TABLE) -> str:
+    """The trial log as text: the config as its label, whole numbers without a decimal
+    point, empty cells blank, each reason's first line whole."""
+    import pandas as pd
 
-    study = _open(args)
-    frame = trials_frame(study)
-    cols = [
-        "number",
-        "status",
-        "chunk",
-        "block_dv",
-        "num_stages",
-        "threads",
-        "scores",
-        "segments",
-        "median_ms",
-        "rel_l2",
-        "spill_bytes",
-        "smem_bytes",
-        "reason",
-    ]
-    shown = frame if args.all_columns else frame[cols].assign(reason=frame.reason.str.slice(0, 60))
-    print(_heading(study))
-    print(shown.to_string(index=False))
-    return 0
+    from tuner.trials import PARAMS
+
+    shown = frame.assign(
+        config=[KernelConfig(**{k: row[k] for k in PARAMS}).label for _, row in frame.iterrows()],
+        reason=frame.reason.map(lambda r: r.strip().splitlines()[0] if isinstance(r, str) and r.strip() else None),
+    )[list(columns)]
+    for column in shown.columns:
+        values = shown[column]
+        if pd.api.types.is_numeric_dtype(values) and values.dropna().map(float.is_integer).all():
+            shown[column] = values.astype("Int64")
+    return shown.astype(object).where(shown.notna(), "").to_string(index=False)
 
 
-def _heading(study: optuna.Study) -> str:
+def _heading(study: "optuna.Study") -> str:
     """The study's name and mode; a compile-only study says that nothing was timed."""
     mode = study.user_attrs.get("mode", "unknown mode")
     note = ": resources from the compiler, no latency measured" if mode == "compile-only" else ""
     return f"study {study.study_name!r} ({mode}{note})"
 
 
-def cmd_best(args: argparse.Namespace) -> int:
+def cmd_trials(args: argparse.Namespace) -> int:
+    """Print the trial log of a study."""
+    from tuner.trials import trials_frame
+
     study = _open(args)
-    best = best_trials(study)
-    if not best:
-        print(f"study {study.study_name!r} has no feasible, correct trial yet", file=sys.stderr)
-        return 1
+    frame = trials_frame(study)
     print(_heading(study))
-    for t in best[: args.top]:
-        print(t.number, KernelConfig(**t.params), dict(zip(study.user_attrs.get("objectives", []), t.values)))
+    print(frame.to_string(index=False) if args.all_columns else table(frame))
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from tuner.trials import export_best
+def cmd_best(args: argparse.Namespace) -> int:
+    """Print the best configs of a study, best first, as `trials` prints trials."""
+    from tuner.trials import best_trials, trials_frame
 
     study = _open(args)
-    out = Path(args.out) if args.out else STUDIES_DIR / study.study_name / "best.json"
+    best = [t.number for t in best_trials(study)[: args.top]]
+    if not best:
+        print(f"study {study.study_name!r} has no feasible, correct trial yet", file=sys.stderr)
+        return 1
+    frame = trials_frame(study).set_index("number", drop=False).loc[best]
+    print(_heading(study))
+    print(table(frame))
+    return 0
+
+
+def _out_file(args: argparse.Namespace, default: Path, suffixes: tuple[str, ...]) -> Path:
+    """``--out`` or ``default``: a file path with one of ``suffixes``, never a directory."""
+    out = Path(args.out) if args.out else default
+    if out.is_dir() or out.suffix.lower() not in suffixes:
+        raise UsageError(f"--out wants a {' or '.join(suffixes)} file path, got {str(out)!r}")
+    return out
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the best-config JSON of a study (what ``kernel.deploy.load_kernel`` loads)."""
+    from tuner.export import export_best
+
+    study = _open(args)
+    out = _out_file(args, STUDIES_DIR / study.study_name / "best.json", (".json",))
     try:
         export_best(study, out)
     except LookupError as exc:
@@ -257,17 +315,20 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """The study against a yardstick study (e.g. the exhaustive grid) of the same problem.
+    """Compare a study with a yardstick study (e.g. the exhaustive grid) of the same problem.
 
     With ``--remeasure`` on a GPU, both best configs are timed again, alternately, in this
     one process, so the final ratio does not depend on when each study ran.
     """
-    from kernel.deploy import write_json
+    from kernel.environment import write_json
     from tuner.trials import compare, trials_frame
 
     study, yardstick = _open(args), _open(args, args.against)
     if study.user_attrs.get("problem") != yardstick.user_attrs.get("problem"):
         raise UsageError(f"{study.study_name!r} and {args.against!r} tuned different problems")
+    for s in (study, yardstick):
+        if s.user_attrs.get("mode") != "gpu":
+            raise UsageError(f"study {s.study_name!r} is compile-only: it timed nothing to compare")
     try:
         summary = compare(trials_frame(study), trials_frame(yardstick))
     except LookupError as exc:
@@ -287,17 +348,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """One self-contained HTML page of the study's fronts, knobs, failures and numerics."""
-    from reports import write_report
+    """Write one self-contained HTML report of a study (works offline)."""
+    from reports import StudyInfo, write_report
+    from tuner.trials import trials_frame
 
     study = _open(args)
-    out = Path(args.out) if args.out else STUDIES_DIR / study.study_name / "report.html"
-    if out.is_dir() or out.suffix.lower() not in (".html", ".htm"):
-        raise UsageError(f"--out wants an .html file path, got {str(out)!r}")
+    out = _out_file(args, STUDIES_DIR / study.study_name / "report.html", (".html", ".htm"))
     if not study.trials:
         raise UsageError(f"study {study.study_name!r} has no trials yet: nothing to report")
     try:
-        write_report(study, out)
+        write_report(trials_frame(study), StudyInfo.from_attrs(study.study_name, study.user_attrs), out)
     except OSError as exc:
         raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(out)
@@ -310,25 +370,31 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Tuned kernel, seed config, fla and plain torch over shapes, against the HBM floor."""
+    """Time the tuned kernel, the seed's config, fla and plain torch over shapes, against
+    the HBM floor."""
     import torch
 
-    from kernel.deploy import load_dispatch
-    from tuner.bench import bench_and_write, parse_shapes
+    from kernel.dispatch import load_dispatch
+    from tuner.bench import bench_and_write
 
     shapes = parse_shapes(args.shapes)
-    Problem(1, 1, 1, args.dk, args.dv, args.alpha)  # validates dk, dv and alpha up front
+    Problem(1, 1, 1, args.dk, args.dv, args.alpha, args.dtype)  # validates the flags up front
     dispatch = load_dispatch(args.dispatch, allow_mismatch=args.allow_mismatch) if args.dispatch else None
     if not torch.cuda.is_available():
         raise UsageError("bench times kernels and needs a CUDA device; none is visible")
-    bench_and_write(shapes, Path(args.out), dk=args.dk, dv=args.dv, alpha=args.alpha, dispatch=dispatch)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out wants a directory, got the file {str(out)!r}")
+    bench_and_write(shapes, out, dk=args.dk, dv=args.dv, alpha=args.alpha, dispatch=dispatch)
     return 0
 
 
 def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, rounds: int = 3) -> dict:
+    from functools import partial
+
     import torch
 
-    from kernel import build
+    from kernel.build import build
     from kernel.timing import alternating
     from kernel.validate import random_qkv
 
@@ -337,106 +403,39 @@ def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, round
     q, k, v = random_qkv(problem, seed=12345)
     out = torch.empty_like(v)
     kernels = {"study": build(problem, mine), "yardstick": build(problem, theirs)}
-    times = alternating(
-        {name: partial(kern, q, k, v, out=out) for name, kern in kernels.items()}, rounds=rounds
-    )
+    times = alternating({name: partial(kern, q, k, v, out=out) for name, kern in kernels.items()}, rounds=rounds)
     med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     return {"median_ms": med, "all_ms": times, "study_over_yardstick": med["study"] / med["yardstick"]}
 
 
-def _tuning_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--n-trials", type=int, default=40, help="trials this run adds to the study (default 40)")
-    p.add_argument(
-        "--timeout", type=float, default=None, help="stop asking for trials after this many seconds"
-    )
-    p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
-    p.add_argument("--multi-objective", action="store_true", help="minimise latency and error together")
-    p.add_argument("--tolerance", type=float, default=2e-2, help="relative L2 bound against reference C")
-    p.add_argument("--max-spill-bytes", type=int, default=0)
-    p.add_argument("--max-registers", type=int, default=255)
-    p.add_argument(
-        "--trial-timeout", type=float, default=180.0, help="seconds before a GPU trial counts as hung"
-    )
-    p.add_argument(
-        "--workers", type=int, default=None, help="parallel compile processes (default: CPU count)"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--enqueue",
-        action="append",
-        default=[],
-        metavar="C/bDV/stages/threads[/scores[/segments]]",
-        help="a config to measure first (repeatable); the seed's default always is",
-    )
-    p.add_argument(
-        "--enqueue-from",
-        action="append",
-        default=[],
-        metavar="BEST_JSON",
-        help="measure first the configs of an exported best-config file (repeatable)",
-    )
-    p.add_argument(
-        "--no-wave-seeds",
-        action="store_true",
-        help="skip the configs measured first for a grid of about one wave (tuner.space.wave_seeds)",
-    )
-    p.add_argument("--no-progress", action="store_true")
-
-
-def _shape_flags(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument(
-        "--shapes",
-        default=",".join("x".join(map(str, s)) for s in SHAPES),
-        help=f"{what}: comma-separated BxHxS (default: %(default)s)",
-    )
-    p.add_argument("--dk", type=int, default=DEFAULTS["dk"])
-    p.add_argument("--dv", type=int, default=DEFAULTS["dv"])
-    p.add_argument("--alpha", type=float, default=DEFAULTS["alpha"])
+# Subcommand -> (function, flag groups). The first line of the function's docstring is its help.
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], tuple[Callable, ...]]] = {
+    "run": (cmd_run, (_study_flags, _problem_flags, _tuning_flags)),
+    "dispatch": (cmd_dispatch, (_storage_flags, _tuning_flags)),
+    "trials": (cmd_trials, (_study_flags, _problem_flags)),
+    "best": (cmd_best, (_study_flags, _problem_flags)),
+    "export": (cmd_export, (_study_flags, _problem_flags)),
+    "compare": (cmd_compare, (_study_flags, _problem_flags)),
+    "report": (cmd_report, (_study_flags, _problem_flags)),
+    "bench": (cmd_bench, ()),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="python -m tuner", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    commands: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
-        "run": (cmd_run, "run an Optuna study over the kernel's design space"),
-        "trials": (cmd_trials, "print the trial log of a study"),
-        "best": (cmd_best, "print the best configs of a study"),
-        "export": (cmd_export, "write the best-config JSON of a study"),
-        "compare": (cmd_compare, "compare a study with a yardstick study (e.g. the grid)"),
-        "report": (cmd_report, "write one self-contained HTML report of a study (works offline)"),
-    }
-    for name, (func, help_text) in commands.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    parser = _Parser(prog="python -m tuner", description=__doc__, formatter_class=_Help)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    for name, (func, groups) in COMMANDS.items():
+        doc = func.__doc__ or ""
+        summary = " ".join(doc.split("\n\n")[0].split())
+        p = sub.add_parser(name, help=summary, description=doc, formatter_class=_Help)
         p.set_defaults(func=func)
-        _study_flags(p)
-        _problem_flags(p)
-    _tuning_flags(sub.choices["run"])
-    dispatch = sub.add_parser(
-        "dispatch", help="tune several shapes and write the dispatch table", description=cmd_dispatch.__doc__
-    )
-    dispatch.set_defaults(func=cmd_dispatch)
-    _tuning_flags(dispatch)
-    _shape_flags(dispatch, "the shapes to tune, one study each")
-    dispatch.add_argument("--dtype", default=DEFAULTS["dtype"], help="float16 or bfloat16")
-    dispatch.add_argument(
-        "--storage", default=None, help=f"Optuna storage URL (default: {default_storage()})"
-    )
-    dispatch.add_argument("--out", help="path of the table (default: studies/dispatch.json)")
-    sub.choices["trials"].add_argument("--all-columns", action="store_true")
-    sub.choices["best"].add_argument("--top", type=int, default=5)
+        for group in groups:
+            group(p)
+    _shape_flags(sub.choices["dispatch"], "the shapes to tune, one study each")
+    sub.choices["dispatch"].add_argument("--out", help="path of the table (default: studies/dispatch.json)")
+    sub.choices["trials"].add_argument("--all-columns", action="store_true", help="every column of the log")
+    sub.choices["best"].add_argument("--top", type=int, default=5, help="how many configs to print")
     sub.choices["export"].add_argument("--out", help="path of the JSON (default: studies/<study>/best.json)")
-    bench = sub.add_parser("bench", help=cmd_bench.__doc__, description=cmd_bench.__doc__)
-    bench.set_defaults(func=cmd_bench)
-    _shape_flags(bench, "the shapes to time")
-    bench.add_argument("--dispatch", help="a dispatch table (python -m tuner dispatch): its pick is 'tuned'")
-    bench.add_argument(
-        "--allow-mismatch",
-        action="store_true",
-        help="use a dispatch table measured in another environment (GPU, libraries or kernel source)",
-    )
-    bench.add_argument("--out", default="reports", help="directory for bench.csv and bench.html")
     cmp = sub.choices["compare"]
     cmp.add_argument("--against", required=True, help="the yardstick study, in the same storage")
     cmp.add_argument("--remeasure", action="store_true", help="time both best configs again, alternately")
@@ -444,14 +443,28 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.choices["report"]
     report.add_argument("--out", help="path of the HTML (default: studies/<study>/report.html)")
     report.add_argument("--open", action="store_true", help="open the report in a web browser")
+    bench = sub.choices["bench"]
+    _shape_flags(bench, "the shapes to time")
+    bench.add_argument("--dispatch", help="a dispatch table (python -m tuner dispatch): its pick is 'tuned'")
+    bench.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="use a dispatch table measured in another environment (GPU, libraries or kernel code)",
+    )
+    bench.add_argument("--out", default=str(STUDIES_DIR / "bench"), help="directory for bench.csv and bench.html")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from kernel.deploy import ExportError
+
     try:
         args = build_parser().parse_args(argv)
-        _check_numbers(args)
+        if getattr(args, "top", 1) < 1:
+            raise UsageError(f"--top must be positive, got {args.top}")
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
         return args.func(args)
     except (UsageError, ExportError, ValueError) as exc:
         print(f"error: {exc}".splitlines()[0], file=sys.stderr)
@@ -462,24 +475,3 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
-
-
-# flag -> smallest allowed value (None when unset means "no limit" or "the default")
-_MINIMA = {
-    "n_trials": 1,
-    "workers": 1,
-    "trial_timeout": 1e-3,
-    "timeout": 1e-3,
-    "tolerance": 1e-12,
-    "max_spill_bytes": 0,
-    "max_registers": 1,
-    "top": 1,
-}
-
-
-def _check_numbers(args: argparse.Namespace) -> None:
-    for name, minimum in _MINIMA.items():
-        value = getattr(args, name, None)
-        if value is not None and not value >= minimum:  # `not >=` also rejects NaN
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(f"{flag} must be {'positive' if minimum > 0 else '>= 0'}, got {value}")

@@ -22,8 +22,6 @@ Trial outcomes (Kernel Tuner's "failures are values"):
   (compile-only, where nothing is timed).
 """
 
-import hashlib
-import json
 import math
 import multiprocessing
 import os
@@ -31,157 +29,25 @@ import socket
 import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from kernel import SEED_CONFIG, KernelConfig, ProbeFailure, Problem, Resources, probe
-from kernel.build import cuda_arch
-from kernel.deploy import environment
+from kernel.build import cuda_arch, sm_count
+from kernel.config import SEED_CONFIG, KernelConfig, Problem
+from kernel.environment import env_key, environment
+from kernel.resources import DEFAULT_ARCH, ProbeFailure, Resources, probe
 from tuner import space
+from tuner.options import Options, UsageError
+from tuner.samplers import make_sampler
+from tuner.storage import fail_interrupted, open_study
+from tuner.trials import MEASURES, best_trials, measured_before, trial_config, trial_params
 from tuner.worker import GpuWorker
-
-# Study storage and exports; DECAY_TUNER_STUDIES moves them (the tests use a temporary one).
-STUDIES_DIR = Path(os.environ.get("DECAY_TUNER_STUDIES", Path(__file__).resolve().parent.parent / "studies"))
-SAMPLERS = ("tpe", "nsga2", "gp", "grid")
-
-
-class UsageError(ValueError):
-    """A mistake in what the user asked for: one line on stderr, exit code 2."""
-
-
-@dataclass(frozen=True)
-class Options:
-    n_trials: int = 40
-    timeout_s: float | None = None
-    sampler: str = "tpe"
-    multi_objective: bool = False
-    tolerance: float = 2e-2
-    max_spill_bytes: int = 0
-    max_registers: int = 255
-    trial_timeout_s: float = 180.0
-    workers: int | None = None  # compile processes; default: every core, less two beside a GPU
-    seed: int = 0
-    enqueue: tuple[KernelConfig, ...] = field(default_factory=tuple)
-    wave_seeds: bool = True  # measure space.wave_seeds first (not with the grid sampler)
-    progress: bool = True
-
-
-def default_storage() -> str:
-    return f"sqlite:///{STUDIES_DIR / 'decay-tuner.db'}"
-
-
-def default_study_name(problem: Problem) -> str:
-    p = problem
-    return f"b{p.batch}-h{p.heads}-s{p.seqlen}-dk{p.dk}-dv{p.dv}-a{p.alpha:g}-{p.dtype}"
-
-
-def env_key(env: dict[str, Any]) -> str:
-    """sha256 of the sorted environment: a changed GPU or library never reuses old timings."""
-    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def objective_names(gpu: bool, multi: bool) -> list[str]:
     first = "median_ms" if gpu else "spill_bytes"
     return [first, "rel_l2" if gpu else "smem_bytes"] if multi else [first]
-
-
-def make_sampler(name: str, problem: Problem, seed: int) -> optuna.samplers.BaseSampler:
-    if name == "tpe":
-        return optuna.samplers.TPESampler(
-            seed=seed, multivariate=True, n_startup_trials=8, constant_liar=True
-        )
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
-    if name == "gp":
-        try:
-            import scipy  # noqa: F401  (GPSampler needs it)
-        except ImportError:
-            raise UsageError("the gp sampler needs scipy: pip install scipy") from None
-        return optuna.samplers.GPSampler(seed=seed)
-    if name == "grid":
-        return optuna.samplers.GridSampler({k: list(v) for k, v in space.choices(problem).items()}, seed=seed)
-    raise UsageError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
-
-
-def get_storage(url: str) -> optuna.storages.BaseStorage:
-    """Optuna storage for ``url``; a URL that cannot be opened is a ``UsageError``."""
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return optuna.storages.get_storage(url)
-    except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL
-        raise UsageError(
-            f"cannot open storage {url!r}: {type(exc).__name__}: {exc}".splitlines()[0]
-        ) from None
-
-
-def open_study(
-    problem: Problem,
-    *,
-    name: str,
-    storage: str,
-    sampler: optuna.samplers.BaseSampler | None = None,
-    directions: list[str] | None = None,
-) -> optuna.Study:
-    """Create the study, or load it when it exists (resuming a killed run)."""
-    storage = get_storage(storage)
-    try:
-        study = optuna.create_study(
-            study_name=name,
-            storage=storage,
-            sampler=sampler,
-            directions=directions or ["minimize"],
-            load_if_exists=True,
-        )
-    except ValueError as exc:  # e.g. the study exists with other directions
-        raise UsageError(f"cannot open study {name!r}: {exc}") from None
-    saved = study.user_attrs.get("problem")
-    if saved is None:
-        study.set_user_attr("problem", problem.to_dict())
-    elif saved != problem.to_dict():
-        raise UsageError(f"study {name!r} was made for {Problem.from_dict(saved)}, not {problem}")
-    return study
-
-
-def _fail_interrupted(study: optuna.Study) -> int:
-    """Mark this host's trials left RUNNING by a dead process as failed; return how many."""
-    host = socket.gethostname()
-    count = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        pid, owner = t.user_attrs.get("pid"), t.user_attrs.get("host")
-        if owner == host and pid is not None and not _alive(pid):
-            study._storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
-            study._storage.set_trial_user_attr(t._trial_id, "reason", f"process {pid} died mid-trial")
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-            count += 1
-    return count
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _measured(study: optuna.Study, params: dict[str, Any], key: str) -> optuna.trial.FrozenTrial | None:
-    """A finished trial of the same config, measured in the same environment."""
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if t.params == params and t.user_attrs.get("env_key") == key and "cached_from" not in t.user_attrs:
-            return t
-    return None
-
-
-def trial_params(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
-    """The trial's params; for one still queued (enqueued, not yet asked), the enqueued ones."""
-    return trial.params or trial.system_attrs.get("fixed_params", {})
 
 
 def _enqueue(study: optuna.Study, configs: list[KernelConfig]) -> None:
@@ -205,7 +71,7 @@ class Tuner:
                     f"enqueued config {config} is outside the search space: {outside} (choices: {table})"
                 )
         self.gpu = _has_cuda()
-        self.arch = cuda_arch() if self.gpu else "sm_90a"
+        self.arch = cuda_arch() if self.gpu else DEFAULT_ARCH
         self.env = environment()
         self.env_key = env_key(self.env)
         self.objectives = objective_names(self.gpu, options.multi_objective)
@@ -225,8 +91,8 @@ class Tuner:
             )
         self.study.set_user_attr("objectives", self.objectives)
         self.study.set_user_attr("mode", mode)
-        self.interrupted = _fail_interrupted(self.study)
-        sms = _sm_count() if self.gpu else space.H200_SMS
+        self.interrupted = fail_interrupted(self.study)
+        sms = sm_count() if self.gpu else space.H200_SMS
         seeds = space.wave_seeds(problem, sms) if options.wave_seeds and options.sampler != "grid" else []
         _enqueue(self.study, [SEED_CONFIG, *options.enqueue, *seeds])
         self.distributions = space.distributions(problem)
@@ -316,6 +182,7 @@ class Tuner:
             trial.set_constraint(key, value)
         if any(v > 0 for v in over.values()):
             trial.set_constraint("correctness", 0.0)
+            trial.set_user_attr("reason", self._over_budget_reason(res))
             self._tell(trial, [math.inf] * len(self.objectives), "infeasible", start)
             return
         if not self.gpu:
@@ -333,14 +200,21 @@ class Tuner:
             "registers": float(res.registers - self.options.max_registers),
         }
 
+    def _over_budget_reason(self, res: Resources) -> str:
+        opts = self.options
+        budgets = (
+            ("spills", res.spill_bytes, opts.max_spill_bytes, "B spilled"),
+            ("shared memory", res.smem_bytes, res.smem_limit, "B"),
+            ("registers", res.registers, opts.max_registers, "per thread"),
+        )
+        return "; ".join(
+            f"{name}: {value} {unit}, over the budget of {limit}" for name, value, limit, unit in budgets if value > limit
+        )
+
     def _measure(self, trial: optuna.Trial, config: KernelConfig, worker: GpuWorker, start: float) -> None:
-        cached = _measured(self.study, trial.params, self.env_key)
+        cached = measured_before(self.study, trial.params, self.env_key)
         if cached is not None:
-            result = {
-                k: cached.user_attrs[k]
-                for k in ("rel_l2", "nan_count", "finite", "median_ms", "p20_ms", "p80_ms", "reps")
-                if k in cached.user_attrs
-            }
+            result = {k: cached.user_attrs[k] for k in (*MEASURES, "finite") if k in cached.user_attrs}
             trial.set_user_attr("cached_from", cached.number)
             result["ok"] = True
         else:
@@ -389,38 +263,10 @@ class Tuner:
             return "no feasible config yet"
         t = best[0]
         unit = "ms" if self.gpu else "B spilled"
-        return f"best {t.values[0]:.4g} {unit} @ {_config_text(t.params)}"
-
-
-def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
-    """Finished, correct and within every budget: the only trials a best config comes from."""
-    return (
-        trial.state == TrialState.COMPLETE
-        and trial.user_attrs.get("status") == "ok"
-        and all(v <= 0 for v in trial.constraints.values())
-    )
-
-
-def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Feasible trials, best first by the objectives in order."""
-    feasible = filter(is_feasible, study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    return sorted(feasible, key=lambda t: tuple(t.values))
-
-
-def _config_text(params: dict[str, Any]) -> str:
-    return (
-        f"C={params['chunk']} bDV={params['block_dv']} st={params['num_stages']} "
-        f"th={params['threads']} {params['scores']} seg={params.get('segments', 1)}"
-    )
+        return f"best {t.values[0]:.4g} {unit} @ {trial_config(t).label}"
 
 
 def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def _sm_count() -> int:
-    import torch
-
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count

@@ -1,20 +1,23 @@
-"""Study -> pandas trial log, and the best-config export. Pure functions of the study."""
+"""Queries on a study's trials, and the trial log: one pandas row per trial. Pure
+functions of the study."""
 
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pandas as pd
+from optuna.trial import FrozenTrial, TrialState
 
 from kernel.config import KernelConfig
-from kernel.deploy import DISPATCH_FORMAT, DISPATCH_VERSION, ENVIRONMENT_KEYS, FORMAT, VERSION, write_json
-from tuner.study import best_trials, is_feasible, trial_params
+from kernel.environment import ENVIRONMENT_KEYS
 
 # The knobs, and their defaults: a study made before a knob existed ran it at its default
 # (segments: the single-pass kernel).
 PARAM_DEFAULTS = KernelConfig().to_dict()
 PARAMS = tuple(PARAM_DEFAULTS)
-MEASURES = ("median_ms", "p20_ms", "p80_ms", "reps", "rel_l2", "nan_count")
+TIMES = ("median_ms", "p20_ms", "p80_ms")
+# What a GPU measurement records (a cached trial copies them, with "finite").
+MEASURES = (*TIMES, "reps", "rel_l2", "nan_count")
 RESOURCES = (
     "registers",
     "spill_bytes",
@@ -47,6 +50,39 @@ COLUMNS = (
 )
 # Outcomes that cost a GPU launch (a cached trial reuses an earlier launch and costs none).
 GPU_OUTCOMES = ("ok", "incorrect", "runtime_failed")
+
+
+def is_feasible(trial: FrozenTrial) -> bool:
+    """Finished, correct and within every budget: the only trials a best config comes from."""
+    return (
+        trial.state == TrialState.COMPLETE
+        and trial.user_attrs.get("status") == "ok"
+        and all(v <= 0 for v in trial.constraints.values())
+    )
+
+
+def best_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Feasible trials, best first by the objectives in order."""
+    feasible = filter(is_feasible, study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    return sorted(feasible, key=lambda t: tuple(t.values))
+
+
+def trial_params(trial: FrozenTrial) -> dict[str, Any]:
+    """The trial's params; for one still queued (enqueued, not yet asked), the enqueued ones."""
+    return trial.params or trial.system_attrs.get("fixed_params", {})
+
+
+def trial_config(trial: FrozenTrial) -> KernelConfig:
+    """The trial's config; knobs a study made before they existed ran at their defaults."""
+    return KernelConfig(**(PARAM_DEFAULTS | trial_params(trial)))
+
+
+def measured_before(study: optuna.Study, params: dict[str, Any], key: str) -> FrozenTrial | None:
+    """A finished trial of the same config, measured (not copied) in environment ``key``."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.params == params and t.user_attrs.get("env_key") == key and "cached_from" not in t.user_attrs:
+            return t
+    return None
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
@@ -90,80 +126,6 @@ def save_frame(frame: pd.DataFrame, stem: Path) -> list[Path]:
     except ImportError:
         pass  # the CSV holds the same rows
     return paths
-
-
-def export_best(study: optuna.Study, path: Path, *, top: int = 5) -> dict[str, Any]:
-    """Write the versioned best-config JSON (``kernel.deploy``) for ``study``; return it."""
-    best = best_trials(study)
-    if not best:
-        raise LookupError(f"study {study.study_name!r} has no feasible, correct trial to export")
-    first = best[0].user_attrs
-    data = {
-        "format": FORMAT,
-        "version": VERSION,
-        "study": study.study_name,
-        "problem": study.user_attrs["problem"],
-        "mode": study.user_attrs.get("mode"),
-        "objectives": study.user_attrs.get("objectives"),
-        "environment": first.get("environment"),
-        "configs": [
-            {
-                "config": KernelConfig(**t.params).to_dict(),
-                "trial": t.number,
-                **{
-                    k: t.user_attrs.get(k)
-                    for k in (
-                        "median_ms",
-                        "p20_ms",
-                        "p80_ms",
-                        "rel_l2",
-                        "spill_bytes",
-                        "smem_bytes",
-                        "registers",
-                    )
-                },
-            }
-            for t in best[:top]
-        ],
-    }
-    write_json(path, data)
-    return data
-
-
-def export_dispatch(studies: list[optuna.Study], path: Path) -> dict[str, Any]:
-    """Write the dispatch table (``kernel.deploy.Dispatch``): the best config of each
-    study, one entry per tuned shape. All studies must be GPU studies measured in one
-    environment; a study with no feasible trial is a ``LookupError``."""
-    entries, environments = [], []
-    for study in studies:
-        best = best_trials(study)
-        if not best:
-            raise LookupError(f"study {study.study_name!r} has no feasible, correct trial to export")
-        if study.user_attrs.get("mode") != "gpu":
-            raise LookupError(
-                f"study {study.study_name!r} timed nothing (compile-only): no latency to rank by"
-            )
-        t = best[0]
-        environments.append(t.user_attrs.get("environment"))
-        entries.append(
-            {
-                "problem": study.user_attrs["problem"],
-                "config": KernelConfig(**t.params).to_dict(),
-                "study": study.study_name,
-                "trial": t.number,
-                **{k: t.user_attrs.get(k) for k in ("median_ms", "p20_ms", "p80_ms", "rel_l2")},
-            }
-        )
-    if any(env != environments[0] for env in environments):
-        raise LookupError("the studies were measured in different environments; tune them on one machine")
-    data = {
-        "format": DISPATCH_FORMAT,
-        "version": DISPATCH_VERSION,
-        "environment": environments[0],
-        "entries": entries,
-    }
-    write_json(path, data)
-    return data
 
 
 def compare(frame: pd.DataFrame, yardstick: pd.DataFrame, *, within: float = 0.05) -> dict[str, Any]:

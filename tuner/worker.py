@@ -11,20 +11,18 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-# Fault injection for the tests: "C/bDV/stages/threads/scores=FAULT,..." makes the worker
-# misbehave on those configs, so isolation is tested end to end. FAULT is "hang" (never
+from kernel.config import KernelConfig, Problem
+
+# Fault injection for the tests: "LABEL=FAULT,..." (``KernelConfig.label``, e.g.
+# "64/64/1/128/smem/1") makes the worker misbehave on those configs, so isolation is tested end to end. FAULT is "hang" (never
 # answers), "segfault" (the process dies of SIGSEGV) or "illegal_address" (a real CUDA
 # illegal memory access from a Triton kernel, which poisons the CUDA context).
 INJECT_ENV = "DECAY_TUNER_INJECT"
 
 
-def config_key(config: dict[str, Any]) -> str:
-    return "/".join(str(config[k]) for k in ("chunk", "block_dv", "num_stages", "threads", "scores"))
-
-
-def _inject(config: dict[str, Any]) -> None:
+def _inject(config: KernelConfig) -> None:
     faults = dict(item.split("=") for item in os.environ.get(INJECT_ENV, "").split(",") if "=" in item)
-    fault = faults.get(config_key(config))
+    fault = faults.get(config.label)
     if fault == "hang":
         while True:
             time.sleep(1)
@@ -46,11 +44,11 @@ def _inject(config: dict[str, Any]) -> None:
 
 
 def _measure(job: dict[str, Any]) -> dict[str, Any]:
-    from kernel import KernelConfig, Problem, build
+    from kernel.build import build
     from kernel.validate import check_and_time
 
     problem, config = Problem.from_dict(job["problem"]), KernelConfig.from_dict(job["config"])
-    _inject(job["config"])
+    _inject(config)
     return check_and_time(build(problem, config), seed=job["seed"], tolerance=job["tolerance"])
 
 

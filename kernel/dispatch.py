@@ -1,0 +1,147 @@
+"""The dispatch table: one tuned config per shape bucket, served by shape."""
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
+from kernel.deploy import ExportError, check_environment, read_versioned
+
+DISPATCH_FORMAT = "decay-tuner/dispatch"
+DISPATCH_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DispatchEntry:
+    """The best config measured at one tuned shape (``problem``)."""
+
+    problem: Problem
+    config: KernelConfig
+    median_ms: float | None = None
+
+    def distance(self, problem: Problem) -> float:
+        """How far ``problem``'s shape is from this entry's, in log2(B*H) plus log2(S)."""
+        bh = lambda p: p.batch * p.heads  # noqa: E731
+        return abs(math.log2(bh(problem) / bh(self.problem))) + abs(
+            math.log2(problem.seqlen / self.problem.seqlen)
+        )
+
+
+@dataclass
+class Dispatch:
+    """Picks a config by shape, and builds (once per problem) the kernel to run it.
+
+    Format ``decay-tuner/dispatch`` version 1::
+
+        {"format": "decay-tuner/dispatch", "version": 1, "environment": {...},
+         "entries": [{"problem": {...}, "config": {...}, "median_ms": .., "study": ..}, ...]}
+
+    Each entry owns a shape bucket: the shapes nearer to its tuned (B*H, S) than to any
+    other entry's, in log2 of each. ``pick`` takes the nearest entry of the same DK, DV and
+    dtype (a tie goes to the earlier entry) and keeps its config, with one change: the
+    segment count is set so that the grid launches about as many blocks on the new shape
+    as it did on the tuned one (``same_wave``). The grid is what the segment count tunes:
+    at every shape measured on the H200 the best count gave about one block per SM, and
+    the worse counts fell off on both sides (experiments/h200/README.md, "oos"). Alpha is a
+    compile-time constant of the kernel but does not change its speed, so an entry serves
+    every alpha. When no segment count can run the problem with the nearest config (a
+    sequence too short for its pipeline), it runs as the single-pass kernel with a
+    pipeline no deeper than the sequence's chunks.
+    """
+
+    entries: list[DispatchEntry]
+    environment: dict[str, Any]
+    _kernels: dict[Problem, Any] = field(default_factory=dict, repr=False)
+
+    def pick(self, problem: Problem) -> DispatchEntry:
+        """The entry (tuned shape and the config to run) that serves ``problem``;
+        ``ExportError`` if the table has no entry of its DK, DV and dtype."""
+        same = [
+            e
+            for e in self.entries
+            if (e.problem.dk, e.problem.dv, e.problem.dtype) == (problem.dk, problem.dv, problem.dtype)
+        ]
+        if not same:
+            tuned = sorted({(e.problem.dk, e.problem.dv, e.problem.dtype) for e in self.entries})
+            raise ExportError(
+                f"no dispatch entry for dk={problem.dk}, dv={problem.dv}, {problem.dtype}; "
+                f"the table was tuned for (dk, dv, dtype) in {tuned}"
+            )
+        nearest = min(same, key=lambda e: e.distance(problem))
+        config = same_wave(nearest, problem)
+        if config is None:  # a sequence too short for the pipeline: the single-pass kernel
+            single = dataclasses.replace(nearest.config, segments=1)
+            return DispatchEntry(nearest.problem, _shorter_pipeline(single, problem), None)
+        return nearest if config == nearest.config else DispatchEntry(nearest.problem, config, None)
+
+    def kernel(self, problem: Problem):
+        """The built kernel for ``problem`` (compiled on first use, then cached)."""
+        if problem not in self._kernels:
+            from kernel.build import build
+
+            self._kernels[problem] = build(problem, self.pick(problem).config)
+        return self._kernels[problem]
+
+    def __call__(self, q, k, v, *, alpha: float, out=None):
+        """``o = kernel(q, k, v)`` with the problem read off the tensors ``[B, S, H, D]``."""
+        from kernel.build import TORCH_DTYPES
+
+        dtypes = {torch_dtype: name for name, torch_dtype in TORCH_DTYPES.items()}
+        if q.dim() != 4 or v.dim() != 4:
+            raise ValueError(f"q and v must be [B, S, H, D], got {list(q.shape)} and {list(v.shape)}")
+        if q.dtype not in dtypes:
+            raise ValueError(f"q must be float16 or bfloat16, got {q.dtype}")
+        b, s, h, dk = q.shape
+        return self.kernel(Problem(b, h, s, dk, v.shape[-1], alpha, dtypes[q.dtype]))(q, k, v, out=out)
+
+
+def same_wave(entry: DispatchEntry, problem: Problem) -> KernelConfig | None:
+    """``entry``'s config with the segment count (of ``SEGMENT_COUNTS``) whose grid on
+    ``problem`` comes nearest, in log2, to the grid the entry was tuned with; the config
+    itself when it runs ``problem`` with that many blocks already; ``None`` when no count
+    runs ``problem``. A tie goes to fewer segments, which read K and V less often."""
+    tuned = entry.config.blocks(entry.problem)
+    if _runs(entry.config, problem) and entry.config.blocks(problem) == tuned:
+        return entry.config
+    runnable = [
+        c
+        for c in (dataclasses.replace(entry.config, segments=n) for n in SEGMENT_COUNTS)
+        if _runs(c, problem)
+    ]
+    if not runnable:
+        return None
+    return min(runnable, key=lambda c: (abs(math.log2(c.blocks(problem) / tuned)), c.segments))
+
+
+def _runs(config: KernelConfig, problem: Problem) -> bool:
+    """Whether ``config`` tiles ``problem`` with a pipeline no deeper than a segment."""
+    try:
+        config.check_fits(problem)
+    except ValueError:
+        return False
+    return config.pipeline_fits(problem)
+
+
+def _shorter_pipeline(config: KernelConfig, problem: Problem) -> KernelConfig:
+    chunks = max(1, config.segment_length(problem.seqlen) // config.chunk)
+    return dataclasses.replace(config, num_stages=min(config.num_stages, chunks))
+
+
+def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch:
+    """Read a dispatch table; ``ExportError`` if it is malformed or, unless
+    ``allow_mismatch``, measured in another environment."""
+    data = read_versioned(path, "dispatch table", DISPATCH_FORMAT, DISPATCH_VERSION, "entries")
+    try:
+        entries = [
+            DispatchEntry(
+                Problem.from_dict(e["problem"]), KernelConfig.from_dict(e["config"]), e.get("median_ms")
+            )
+            for e in data["entries"]
+        ]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ExportError(f"{path}: malformed entry: {exc}") from None
+    if not allow_mismatch:
+        check_environment(path, data.get("environment") or {})
+    return Dispatch(entries, data.get("environment") or {})

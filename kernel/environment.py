@@ -1,0 +1,108 @@
+"""What a measurement depends on besides the config, and the atomic JSON writer that
+every stored result goes through.
+
+``environment()`` names the GPU, the libraries and the compiler, and identifies the
+kernels by their code: ``kernel_key`` hashes the syntax tree of the modules that generate
+and launch the CUDA, with docstrings dropped (comments never reach the tree), so prose
+and formatting never make a stored timing stale, and any changed constant or expression
+does.
+"""
+
+import ast
+import functools
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ENVIRONMENT_KEYS = ("gpu", "capability", "tilelang", "torch", "cuda", "nvcc", "kernel")
+# The modules whose code decides the generated CUDA and how it is launched.
+KERNEL_MODULES = ("config.py", "scalar_decay.py", "seq_split.py", "variants.py")
+
+
+def code_digest(source: str) -> str:
+    """sha256 of ``source``'s syntax tree without docstrings or positions."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or ([] if isinstance(node, ast.Module) else [ast.Pass()])
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def kernel_key(sources: dict[str, str] | None = None) -> str:
+    """The kernels' identity: one digest over ``KERNEL_MODULES`` (name -> source; read
+    from this package by default)."""
+    here = Path(__file__).parent
+    sources = sources or {name: (here / name).read_text() for name in KERNEL_MODULES}
+    joined = "".join(f"{name}:{code_digest(sources[name])}\n" for name in KERNEL_MODULES)
+    return hashlib.sha256(joined.encode()).hexdigest()[:12]
+
+
+@functools.cache
+def nvcc_version() -> str | None:
+    """The release of the nvcc TileLang compiles with (``13.0``), or None without one."""
+    try:
+        from tilelang.contrib import nvcc
+
+        out = subprocess.run([nvcc.get_nvcc_compiler(), "--version"], capture_output=True, text=True).stdout
+    except Exception:  # no CUDA toolkit: nothing is compiled here, nothing to record
+        return None
+    match = re.search(r"release (\d+\.\d+)", out)
+    return match.group(1) if match else None
+
+
+def environment() -> dict[str, Any]:
+    """GPU, library and compiler versions and the kernels' identity: a measurement taken
+    under one environment is never reused under another."""
+    import tilelang
+    import torch
+
+    gpu = torch.cuda.is_available()
+    return {
+        "gpu": torch.cuda.get_device_name() if gpu else None,
+        "capability": ".".join(map(str, torch.cuda.get_device_capability())) if gpu else None,
+        "tilelang": tilelang.__version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nvcc": nvcc_version(),
+        "kernel": kernel_key(),
+    }
+
+
+def env_key(env: dict[str, Any]) -> str:
+    """sha256 of the sorted environment: the key measurements are cached under."""
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def mismatches(saved: dict[str, Any]) -> list[str]:
+    """How ``saved`` differs from this machine's environment, one 'key: file .., here ..' each."""
+    here = environment()
+    return [f"{k}: file {saved.get(k)!r}, here {here[k]!r}" for k in ENVIRONMENT_KEYS if saved.get(k) != here[k]]
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON atomically: a killed writer never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide a table from its deployment's user
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

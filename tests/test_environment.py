@@ -1,0 +1,75 @@
+"""kernel.environment: the kernels' identity is their code, and JSON is written atomically."""
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from kernel.environment import KERNEL_MODULES, code_digest, environment, kernel_key, write_json
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernel"
+
+
+def _sources() -> dict[str, str]:
+    return {name: (KERNEL_DIR / name).read_text() for name in KERNEL_MODULES}
+
+
+def _edited(name: str, old: str, new: str) -> dict[str, str]:
+    sources = _sources()
+    assert sources[name].count(old) == 1, f"{old!r} must occur once in {name}"
+    sources[name] = sources[name].replace(old, new)
+    return sources
+
+
+@pytest.mark.parametrize(
+    "name,old,new",
+    [
+        # a comment
+        ("scalar_decay.py", "# smallest normal float32", "# the smallest normal fp32 value"),
+        # the module docstring, a function docstring and a blank line
+        ("seq_split.py", '"""The sequence-split variant', '"""The split variant, reworded:'),
+        ("variants.py", "in launch order.", "in the order they launch."),
+        ("config.py", "\n\ndef knob_choices", "\n\n\ndef knob_choices"),
+        # the same code, formatted differently
+        ("scalar_decay.py", "FP32_TINY = 2.0**-126", "FP32_TINY = (2.0 ** -126)"),
+    ],
+)
+def test_prose_and_formatting_keep_the_kernel_key(name, old, new):
+    assert kernel_key(_edited(name, old, new)) == kernel_key()
+
+
+@pytest.mark.parametrize(
+    "name,old,new",
+    [
+        ("scalar_decay.py", "FP32_TINY = 2.0**-126", "FP32_TINY = 2.0**-125"),  # a constant
+        ("seq_split.py", "CARRY_THREADS = 128", "CARRY_THREADS = 256"),
+        ("variants.py", "segment_count(problem.seqlen) > 2", "segment_count(problem.seqlen) > 1"),  # an expression
+        ("config.py", "math.ceil(math.ceil(seqlen / segments) / chunk) * chunk", "math.ceil(seqlen / segments)"),
+    ],
+)
+def test_a_changed_constant_or_expression_changes_the_kernel_key(name, old, new):
+    assert kernel_key(_edited(name, old, new)) != kernel_key()
+
+
+def test_only_docstrings_are_dropped_not_other_strings():
+    assert code_digest('def f():\n    """doc"""\n    return 1\n') == code_digest("def f():\n    return 1\n")
+    assert code_digest('def f():\n    x = "smem"\n') != code_digest('def f():\n    x = "regs"\n')
+    assert code_digest('"""only a docstring"""\n') == code_digest("")
+
+
+def test_environment_names_the_kernel_and_the_stack():
+    env = environment()
+    assert env["kernel"] == kernel_key() and len(env["kernel"]) == 12
+    assert env["tilelang"] and env["torch"]
+
+
+def test_written_json_is_whole_and_has_the_permissions_of_a_plain_file(tmp_path):
+    path = tmp_path / "sub" / "table.json"
+    write_json(path, {"a": [1, 2]})
+    assert json.loads(path.read_text()) == {"a": [1, 2]}
+    assert stat.S_IMODE(path.stat().st_mode) & 0o044 == 0o044  # readable by group and others
+    with pytest.raises(TypeError):
+        write_json(path, {"a": object()})  # not serialisable: the old file stays, no stray temp file
+    assert json.loads(path.read_text()) == {"a": [1, 2]}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["table.json"]

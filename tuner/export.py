@@ -1,0 +1,75 @@
+"""A study's results as the files a deployment loads: the best-config file
+(``kernel.deploy``) and the dispatch table (``kernel.dispatch``)."""
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from kernel.deploy import FORMAT, VERSION
+from kernel.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
+from kernel.environment import write_json
+from tuner.trials import TIMES, best_trials, trial_config
+
+
+def export_best(study: optuna.Study, path: Path, *, top: int = 5) -> dict[str, Any]:
+    """Write the versioned best-config JSON (``kernel.deploy``) for ``study``; return it."""
+    best = best_trials(study)
+    if not best:
+        raise LookupError(f"study {study.study_name!r} has no feasible, correct trial to export")
+    first = best[0].user_attrs
+    data = {
+        "format": FORMAT,
+        "version": VERSION,
+        "study": study.study_name,
+        "problem": study.user_attrs["problem"],
+        "mode": study.user_attrs.get("mode"),
+        "objectives": study.user_attrs.get("objectives"),
+        "environment": first.get("environment"),
+        "configs": [
+            {
+                "config": trial_config(t).to_dict(),
+                "trial": t.number,
+                **{k: t.user_attrs.get(k) for k in (*TIMES, "rel_l2", "spill_bytes", "smem_bytes", "registers")},
+            }
+            for t in best[:top]
+        ],
+    }
+    write_json(path, data)
+    return data
+
+
+def export_dispatch(studies: list[optuna.Study], path: Path) -> dict[str, Any]:
+    """Write the dispatch table (``kernel.dispatch.Dispatch``): the best config of each
+    study, one entry per tuned shape. All studies must be GPU studies measured in one
+    environment; a study with no feasible trial is a ``LookupError``."""
+    entries, environments = [], []
+    for study in studies:
+        best = best_trials(study)
+        if not best:
+            raise LookupError(f"study {study.study_name!r} has no feasible, correct trial to export")
+        if study.user_attrs.get("mode") != "gpu":
+            raise LookupError(
+                f"study {study.study_name!r} timed nothing (compile-only): no latency to rank by"
+            )
+        t = best[0]
+        environments.append(t.user_attrs.get("environment"))
+        entries.append(
+            {
+                "problem": study.user_attrs["problem"],
+                "config": trial_config(t).to_dict(),
+                "study": study.study_name,
+                "trial": t.number,
+                **{k: t.user_attrs.get(k) for k in (*TIMES, "rel_l2")},
+            }
+        )
+    if any(env != environments[0] for env in environments):
+        raise LookupError("the studies were measured in different environments; tune them on one machine")
+    data = {
+        "format": DISPATCH_FORMAT,
+        "version": DISPATCH_VERSION,
+        "environment": environments[0],
+        "entries": entries,
+    }
+    write_json(path, data)
+    return data

@@ -1,0 +1,91 @@
+"""What a user asks a tuning run for: the options type, whose fields carry their defaults
+and help text (the CLI builds its flags from them), and the error for a mistake in it."""
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernel.config import KernelConfig
+from refs import TOLERANCE
+
+SAMPLERS = ("tpe", "nsga2", "gp", "grid")
+# Study storage and exports; DECAY_TUNER_STUDIES moves them (the tests use a temporary one).
+STUDIES_DIR = Path(os.environ.get("DECAY_TUNER_STUDIES", Path(__file__).resolve().parent.parent / "studies"))
+
+
+def default_storage() -> str:
+    return f"sqlite:///{STUDIES_DIR / 'decay-tuner.db'}"
+
+
+class UsageError(ValueError):
+    """A mistake in what the user asked for: one line on stderr, exit code 2."""
+
+
+def option(default: Any, help: str, *, flag: str | None = None, minimum: float | None = None, **kwargs: Any):
+    """A field of ``Options`` with its command-line flag (``--name`` by default), help text
+    and smallest allowed value; ``flag=""`` keeps it off the command line."""
+    return field(default=default, metadata={"help": help, "flag": flag, "minimum": minimum, **kwargs})
+
+
+@dataclass(frozen=True)
+class Options:
+    n_trials: int = option(40, "trials this run adds to the study", minimum=1)
+    timeout_s: float | None = option(
+        None, "stop asking for trials after this many seconds (default: no limit)", flag="--timeout", minimum=1e-3
+    )
+    sampler: str = option("tpe", "Optuna sampler", choices=SAMPLERS)
+    multi_objective: bool = option(False, "minimise latency and relative L2 error together (Pareto front)")
+    tolerance: float = option(TOLERANCE, "relative L2 bound against reference C", minimum=1e-12)
+    max_spill_bytes: int = option(0, "register spill budget per thread, bytes (loads plus stores)", minimum=0)
+    max_registers: int = option(255, "register budget per thread", minimum=1)
+    trial_timeout_s: float = option(
+        180.0, "seconds before a GPU trial counts as hung", flag="--trial-timeout", minimum=1e-3
+    )
+    workers: int | None = option(
+        None, "parallel compile processes (default: every core, less two beside a GPU)", minimum=1
+    )
+    seed: int = option(0, "seed of the sampler and of the random inputs")
+    enqueue: tuple[KernelConfig, ...] = option((), "configs measured first", flag="")
+    wave_seeds: bool = option(
+        True,
+        "skip the configs measured first for a grid of about one wave (tuner.space.wave_seeds)",
+        flag="--no-wave-seeds",
+    )
+    progress: bool = option(True, "hide the progress bar", flag="--no-progress")
+
+
+def fields() -> list[dataclasses.Field]:
+    """The fields of ``Options`` that have a command-line flag."""
+    return [f for f in dataclasses.fields(Options) if f.metadata["flag"] != ""]
+
+
+def flag(f: dataclasses.Field) -> str:
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
+# The shapes ``bench`` times and ``dispatch`` tunes by default, (batch, heads, seqlen): the
+# headline, then fewer and longer sequences.
+BENCH_SHAPES = ((8, 16, 4096), (16, 16, 2048), (4, 16, 8192), (2, 16, 16384), (1, 8, 32768))
+# The help text of each problem flag.
+PROBLEM_FLAGS = {
+    "batch": "sequences per call (B)",
+    "heads": "attention heads (H)",
+    "seqlen": "tokens per sequence (S)",
+    "dk": "query/key head dimension (DK), a multiple of 16 up to 256",
+    "dv": "value head dimension (DV), a multiple of 16 up to 256",
+    "alpha": "decay per token, in (0, 1]",
+    "dtype": "element type of Q, K, V and O: float16 or bfloat16",
+}
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """'8x16x4096,2x16x16384' -> [(8, 16, 4096), (2, 16, 16384)]; ``UsageError`` if malformed."""
+    try:
+        shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(shape) != 3 or min(shape) < 1 for shape in shapes):
+        raise UsageError(f"--shapes wants BxHxS[,BxHxS...] of positive integers, got {text!r}")
+    return shapes  # type: ignore[return-value]
