@@ -32,7 +32,11 @@ SEGMENT_COUNTS = KNOBS["segments"]
 def knob_choices(dv: int) -> dict[str, tuple]:
     """Knob name -> values, in ``KernelConfig``'s field order, for a value head of ``dv``."""
     block_dvs = tuple(d for d in range(HEAD_DIM_MULTIPLE, dv + 1, HEAD_DIM_MULTIPLE) if dv % d == 0)
-    return {"chunk": KNOBS["chunk"], "block_dv": block_dvs, **{k: v for k, v in KNOBS.items() if k != "chunk"}}
+    return {
+        "chunk": KNOBS["chunk"],
+        "block_dv": block_dvs,
+        **{k: v for k, v in KNOBS.items() if k != "chunk"},
+    }
 
 
 def config_grid(dv: int) -> list["KernelConfig"]:

@@ -88,7 +88,9 @@ def env_key(env: dict[str, Any]) -> str:
 def mismatches(saved: dict[str, Any]) -> list[str]:
     """How ``saved`` differs from this machine's environment, one 'key: file .., here ..' each."""
     here = environment()
-    return [f"{k}: file {saved.get(k)!r}, here {here[k]!r}" for k in ENVIRONMENT_KEYS if saved.get(k) != here[k]]
+    return [
+        f"{k}: file {saved.get(k)!r}, here {here[k]!r}" for k in ENVIRONMENT_KEYS if saved.get(k) != here[k]
+    ]
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -56,7 +56,9 @@ def check(kernel: ScalarDecayKernel, *, seed: int) -> dict[str, Any]:
     }
 
 
-def check_and_time(kernel: ScalarDecayKernel, *, seed: int, tolerance: float = refs.TOLERANCE) -> dict[str, Any]:
+def check_and_time(
+    kernel: ScalarDecayKernel, *, seed: int, tolerance: float = refs.TOLERANCE
+) -> dict[str, Any]:
     """``check``; then, when the kernel is correct, its latency (``kernel.timing.bench``)
     on other fresh inputs."""
     result = check(kernel, seed=seed)
@@ -78,7 +80,12 @@ def sweep(cases: list[tuple[Problem, KernelConfig, bool]], *, log: Path, seed: i
     print(f"compiled {len(cases)} kernels in {time.perf_counter() - t0:.0f} s", flush=True)
     rows = []
     for (problem, config, timed), res in zip(cases, compiled):
-        row: dict[str, Any] = {**problem.to_dict(), **config.to_dict(), **res.to_dict()}
+        row: dict[str, Any] = {
+            **problem.to_dict(),
+            **config.to_dict(),
+            "config": config.label,
+            **res.to_dict(),
+        }
         if isinstance(res, ProbeFailure):
             row["status"] = "compile_failed"
         elif not res.fits_smem:
@@ -114,16 +121,15 @@ def markdown(rows: list[dict], env: dict[str, Any]) -> str:
         f"S={HEADLINE.seqlen}, DK=DV={HEADLINE.dk}. Latency: median of CUDA-event timings "
         "after warm-up, L2 flushed before each repetition.",
         "",
-        "| C | bDV | stages | threads | scores | alpha | dtype | status | rel L2 vs C | median ms | p20-p80 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| config | alpha | dtype | status | rel L2 vs C | median ms | p20-p80 ms |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: (r.get("median_ms", float("inf")), -r["alpha"])):
         err = f"{r['rel_l2']:.2e}" if "rel_l2" in r else "-"
         lat = f"{r['median_ms']:.3f}" if "median_ms" in r else "-"
         spread = f"{r['p20_ms']:.3f}-{r['p80_ms']:.3f}" if "median_ms" in r else "-"
         lines.append(
-            f"| {r['chunk']} | {r['block_dv']} | {r['num_stages']} | {r['threads']} | {r['scores']} | {r['alpha']} "
-            f"| {r['dtype']} | {r['status']} | {err} | {lat} | {spread} |"
+            f"| {r['config']} | {r['alpha']} | {r['dtype']} | {r['status']} | {err} | {lat} | {spread} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -39,8 +39,7 @@ def check_alpha_t(alpha: Tensor, q: Tensor) -> Tensor:
     """Per-token decays ``[B, S, H]`` in (0, 1], returned as float64 on q's device."""
     if alpha.shape != q.shape[:3]:
         raise ValueError(
-            f"alpha: expected per-token shape {tuple(q.shape[:3])} [B, S, H], "
-            f"got {tuple(alpha.shape)}"
+            f"alpha: expected per-token shape {tuple(q.shape[:3])} [B, S, H], got {tuple(alpha.shape)}"
         )
     alpha = alpha.to(device=q.device, dtype=F64)
     if not bool(((alpha > 0) & (alpha <= 1)).all()):

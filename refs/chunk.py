@@ -1,7 +1,7 @@
 """References B, C and D: the chunked forms of the scalar-decay recurrence (seed 3-4).
 
 Inside a chunk of length C (0-based row r), the constant decay enters at three places,
-every weight <= 1 (DESIGN.md section 1):
+every weight <= 1 (docs/design.md section 1):
 
 * ``Gamma[i, j] = alpha^(i-j)`` for j <= i, else 0 (intra-chunk scores);
 * ``w_decay[r] = alpha^(C-1-r)``: key rows written into the state, aligned to the chunk end;
@@ -34,9 +34,7 @@ def _powers(alpha: float, exponents: Tensor) -> Tensor:
     return torch.exp(math.log(alpha) * exponents)
 
 
-def chunk_weights(
-    alpha: float, chunk: int, *, device: torch.device | str | None = None
-) -> ChunkWeights:
+def chunk_weights(alpha: float, chunk: int, *, device: torch.device | str | None = None) -> ChunkWeights:
     """The float64 decay weights of one chunk (every exponent >= 0, every weight <= 1)."""
     r = torch.arange(chunk, dtype=F64, device=device)
     dist = r[:, None] - r[None, :]  # i - j
@@ -45,9 +43,7 @@ def chunk_weights(
     return ChunkWeights(gamma, _powers(alpha, chunk - 1 - r), _powers(alpha, r + 1), alpha**chunk)
 
 
-def _chunk_forward(
-    q: Tensor, k: Tensor, v: Tensor, alpha: float, chunk: int, *, factorised: bool
-) -> Tensor:
+def _chunk_forward(q: Tensor, k: Tensor, v: Tensor, alpha: float, chunk: int, *, factorised: bool) -> Tensor:
     check_qkv(q, k, v)
     alpha, chunk = check_alpha(alpha), check_chunk(chunk)
     qc, kc, vc = (to_chunks(x, chunk) for x in (q, k, v))  # [B, H, N, C, D]

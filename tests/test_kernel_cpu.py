@@ -63,7 +63,7 @@ def test_round_trip_and_unknown_fields():
     [(64, 16, 88), (64, 32, 112), (64, 64, 160), (64, 128, 256), (128, 32, 320), (128, 128, 512)],
 )
 def test_seed_register_arithmetic(chunk, block_dv, estimate):
-    """The seed's fragment arithmetic, as printed in its section 5 and DESIGN.md 5."""
+    """The seed's fragment arithmetic, as printed in its section 5."""
     assert KernelConfig(chunk, block_dv).seed_register_estimate(HEADLINE) == estimate
 
 
@@ -82,7 +82,7 @@ ptxas info    : Used 240 registers, used 4 barriers, 1024 bytes smem"""
         parse_ptxas("nothing here")
 
 
-# The facts of DESIGN.md section 5, re-measured by the real compiler for sm_90a.
+# What the compiler for sm_90a says of the seed's configs (registers, spills, shared memory).
 def test_probe_c64_bdv32_does_not_spill():
     res = probe(HEADLINE, KernelConfig(64, 32, 2, 128))
     assert isinstance(res, Resources), res

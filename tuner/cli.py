@@ -32,7 +32,17 @@ if TYPE_CHECKING:
     from tuner.study import Tuner
 
 # The trial table's columns, as `trials` and `best` print them.
-TABLE = ("number", "status", "config", "median_ms", "rel_l2", "spill_bytes", "smem_bytes", "registers", "reason")
+TABLE = (
+    "number",
+    "status",
+    "config",
+    "median_ms",
+    "rel_l2",
+    "spill_bytes",
+    "smem_bytes",
+    "registers",
+    "reason",
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -139,7 +149,9 @@ def _options(args: argparse.Namespace) -> Options:
     for f in options.fields():
         minimum, value = f.metadata["minimum"], values[f.name]
         if minimum is not None and value is not None and not value >= minimum:  # `not >=` rejects NaN
-            raise UsageError(f"{options.flag(f)} must be {'positive' if minimum > 0 else '>= 0'}, got {value}")
+            raise UsageError(
+                f"{options.flag(f)} must be {'positive' if minimum > 0 else '>= 0'}, got {value}"
+            )
     enqueue = tuple(_config(c) for c in args.enqueue) + _configs_from(args.enqueue_from)
     return Options(**values, enqueue=enqueue)
 
@@ -183,7 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     label = (
         "median {:.4f} ms".format(best["median_ms"])
         if data["mode"] == "gpu"
-        else f"compile-only: {best['spill_bytes']} B spilled, {best['smem_bytes']} B smem, no latency measured"
+        else f"compile-only: {best['spill_bytes']} B spilled, {best['smem_bytes']} B smem, no latency"
     )
     print(f"best {KernelConfig.from_dict(best['config']).label} ({label}); exported {out}")
     return 0
@@ -214,7 +226,9 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     from tuner.storage import default_study_name
     from tuner.study import Tuner
 
-    problems = [Problem(b, h, s, args.dk, args.dv, args.alpha, args.dtype) for b, h, s in parse_shapes(args.shapes)]
+    problems = [
+        Problem(b, h, s, args.dk, args.dv, args.alpha, args.dtype) for b, h, s in parse_shapes(args.shapes)
+    ]
     out = Path(args.out) if args.out else STUDIES_DIR / "dispatch.json"
     if out.is_dir():
         raise UsageError(f"--out wants a file path for the table, got the directory {str(out)!r}")
@@ -249,11 +263,14 @@ def table(frame: "pd.DataFrame", columns=TABLE) -> str:
 
     shown = frame.assign(
         config=[KernelConfig(**{k: row[k] for k in PARAMS}).label for _, row in frame.iterrows()],
-        reason=frame.reason.map(lambda r: r.strip().splitlines()[0] if isinstance(r, str) and r.strip() else None),
+        reason=frame.reason.map(
+            lambda r: r.strip().splitlines()[0] if isinstance(r, str) and r.strip() else None
+        ),
     )[list(columns)]
     for column in shown.columns:
         values = shown[column]
-        if pd.api.types.is_numeric_dtype(values) and values.dropna().map(float.is_integer).all():
+        numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
+        if numeric and values.dropna().map(lambda x: float(x).is_integer()).all():  # ints and floats
             shown[column] = values.astype("Int64")
     return shown.astype(object).where(shown.notna(), "").to_string(index=False)
 
@@ -403,7 +420,9 @@ def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, round
     q, k, v = random_qkv(problem, seed=12345)
     out = torch.empty_like(v)
     kernels = {"study": build(problem, mine), "yardstick": build(problem, theirs)}
-    times = alternating({name: partial(kern, q, k, v, out=out) for name, kern in kernels.items()}, rounds=rounds)
+    times = alternating(
+        {name: partial(kern, q, k, v, out=out) for name, kern in kernels.items()}, rounds=rounds
+    )
     med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     return {"median_ms": med, "all_ms": times, "study_over_yardstick": med["study"] / med["yardstick"]}
 
@@ -451,7 +470,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="use a dispatch table measured in another environment (GPU, libraries or kernel code)",
     )
-    bench.add_argument("--out", default=str(STUDIES_DIR / "bench"), help="directory for bench.csv and bench.html")
+    bench.add_argument(
+        "--out", default=str(STUDIES_DIR / "bench"), help="directory for bench.csv and bench.html"
+    )
     return parser
 
 

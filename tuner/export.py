@@ -30,7 +30,10 @@ def export_best(study: optuna.Study, path: Path, *, top: int = 5) -> dict[str, A
             {
                 "config": trial_config(t).to_dict(),
                 "trial": t.number,
-                **{k: t.user_attrs.get(k) for k in (*TIMES, "rel_l2", "spill_bytes", "smem_bytes", "registers")},
+                **{
+                    k: t.user_attrs.get(k)
+                    for k in (*TIMES, "rel_l2", "spill_bytes", "smem_bytes", "registers")
+                },
             }
             for t in best[:top]
         ],

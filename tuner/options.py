@@ -33,7 +33,10 @@ def option(default: Any, help: str, *, flag: str | None = None, minimum: float |
 class Options:
     n_trials: int = option(40, "trials this run adds to the study", minimum=1)
     timeout_s: float | None = option(
-        None, "stop asking for trials after this many seconds (default: no limit)", flag="--timeout", minimum=1e-3
+        None,
+        "stop asking for trials after this many seconds (default: no limit)",
+        flag="--timeout",
+        minimum=1e-3,
     )
     sampler: str = option("tpe", "Optuna sampler", choices=SAMPLERS)
     multi_objective: bool = option(False, "minimise latency and relative L2 error together (Pareto front)")

@@ -9,7 +9,9 @@ from tuner.options import SAMPLERS, UsageError
 
 def make_sampler(name: str, problem: Problem, seed: int) -> optuna.samplers.BaseSampler:
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8, constant_liar=True)
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, n_startup_trials=8, constant_liar=True
+        )
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
     if name == "gp":

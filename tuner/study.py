@@ -208,7 +208,9 @@ class Tuner:
             ("registers", res.registers, opts.max_registers, "per thread"),
         )
         return "; ".join(
-            f"{name}: {value} {unit}, over the budget of {limit}" for name, value, limit, unit in budgets if value > limit
+            f"{name}: {value} {unit}, over the budget of {limit}"
+            for name, value, limit, unit in budgets
+            if value > limit
         )
 
     def _measure(self, trial: optuna.Trial, config: KernelConfig, worker: GpuWorker, start: float) -> None:

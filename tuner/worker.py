@@ -14,9 +14,10 @@ from typing import Any
 from kernel.config import KernelConfig, Problem
 
 # Fault injection for the tests: "LABEL=FAULT,..." (``KernelConfig.label``, e.g.
-# "64/64/1/128/smem/1") makes the worker misbehave on those configs, so isolation is tested end to end. FAULT is "hang" (never
-# answers), "segfault" (the process dies of SIGSEGV) or "illegal_address" (a real CUDA
-# illegal memory access from a Triton kernel, which poisons the CUDA context).
+# "64/64/1/128/smem/1") makes the worker misbehave on those configs, so isolation is
+# tested end to end. FAULT is "hang" (never answers), "segfault" (the process dies of
+# SIGSEGV) or "illegal_address" (a real CUDA illegal memory access from a Triton kernel,
+# which poisons the CUDA context).
 INJECT_ENV = "DECAY_TUNER_INJECT"
 
 

@@ -15,9 +15,16 @@ def finished() -> dict[int, dict]:
         study = optuna.load_study(study_name="faults", storage=storage)
     except KeyError:
         return {}
-    return {t.number: {"state": t.state.name, "values": t.values, "status": t.user_attrs.get("status"),
-                       "reason": (t.user_attrs.get("reason") or "")[:160], "params": t.params}
-            for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL))}
+    return {
+        t.number: {
+            "state": t.state.name,
+            "values": t.values,
+            "status": t.user_attrs.get("status"),
+            "reason": (t.user_attrs.get("reason") or "")[:160],
+            "params": t.params,
+        }
+        for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL))
+    }
 
 
 if mode == "wait":
@@ -34,7 +41,9 @@ else:
         "finished_after_resume": len(after),
         "lost_or_changed": [n for n, t in before.items() if after.get(n) != t],
         "still_running": len(study.get_trials(states=(optuna.trial.TrialState.RUNNING,))),
-        "by_status": {s: sum(t["status"] == s for t in after.values()) for s in {t["status"] for t in after.values()}},
+        "by_status": {
+            s: sum(t["status"] == s for t in after.values()) for s in {t["status"] for t in after.values()}
+        },
         "first_five": {n: after[n] for n in sorted(after)[:5]},
         "interrupted": {n: t for n, t in after.items() if t["status"] == "interrupted"},
         "best": study.best_trial.params if study.best_trials else None,
