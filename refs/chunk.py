@@ -9,110 +9,216 @@ every weight <= 1 (docs/design.md section 1):
 
 and the state is carried across a chunk with ``alpha^C``. Per chunk:
 ``O = (Q * w_query) @ S_prev + ((Q K^T) * Gamma) @ V``, then
-``S = alpha^C * S_prev + (K * w_decay)^T @ V``.
+``S = alpha^C * S_prev + (K * w_decay)^T @ V``. With one decay per head the tables gain a
+leading head axis. A ragged last chunk of L < C real rows writes the state with
+``alpha^(L-1-r)`` and carries it with ``alpha^L`` (``chunk_weights(length=L)``), so that
+the final state is the one after the sequence's last token.
+
+The keywords follow fla's ``chunk_simple_gla`` (``alpha_h = exp(g_gamma_h)``): ``scale``
+multiplies the queries, ``initial_state`` is ``S_0`` and ``cu_seqlens`` packs independent
+sequences, each chunked from its own first token (``refs._checks.run_sequences``).
 """
 
-import math
+from functools import partial
 from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from ._checks import F64, check_alpha, check_chunk, check_qkv, from_chunks, to_chunks
+from ._checks import F64, check_alpha, check_chunk, check_qkv, from_chunks, run_sequences, to_chunks
 
 
 class ChunkWeights(NamedTuple):
+    """The tables for a float alpha; for one alpha per head each gains a leading ``[H]``."""
+
     gamma: Tensor  # [C, C] alpha^(i-j) where j <= i, else 0
-    w_decay: Tensor  # [C] alpha^(C-1-r)
+    w_decay: Tensor  # [C] alpha^(L-1-r) where r < L, else 0 (L = C but in a ragged last chunk)
     w_query: Tensor  # [C] alpha^(r+1)
-    state_decay: float  # alpha^C
+    state_decay: Tensor  # [] alpha^L
 
 
-def _powers(alpha: float, exponents: Tensor) -> Tensor:
-    # log domain, as the kernel's exp2(log2(alpha) * k); never a cumulative product
-    return torch.exp(math.log(alpha) * exponents)
+def _powers(alpha: float | Tensor, exponents: Tensor) -> Tensor:
+    """``alpha^exponents``, shape ``alpha.shape + exponents.shape``.
+
+    Log domain, as the kernel's exp2(log2(alpha) * k); never a cumulative product.
+    """
+    log_alpha = torch.log(torch.as_tensor(alpha, dtype=F64, device=exponents.device))
+    return torch.exp(log_alpha.reshape(log_alpha.shape + (1,) * exponents.dim()) * exponents)
 
 
-def chunk_weights(alpha: float, chunk: int, *, device: torch.device | str | None = None) -> ChunkWeights:
-    """The float64 decay weights of one chunk (every exponent >= 0, every weight <= 1)."""
+def chunk_weights(
+    alpha: float | Tensor, chunk: int, *, length: int | None = None, device: torch.device | str | None = None
+) -> ChunkWeights:
+    """The float64 decay weights of one chunk (every exponent >= 0, every weight <= 1).
+
+    alpha: a float, or one decay per head ``[H]``. length: the real rows L of a ragged
+    last chunk (default: all C); only the state update depends on it.
+    """
+    length = chunk if length is None else length
+    if not 1 <= length <= chunk:
+        raise ValueError(f"length: expected 1 <= length <= chunk = {chunk}, got {length}")
     r = torch.arange(chunk, dtype=F64, device=device)
-    dist = r[:, None] - r[None, :]  # i - j
-    # clamp first so the masked-off entries (j > i) never evaluate alpha^(i-j) > 1
+    dist, to_end = r[:, None] - r[None, :], length - 1 - r  # i - j; L-1-r
+    # clamp first so the masked-off entries never evaluate a weight alpha^(negative) > 1
     gamma = torch.where(dist >= 0, _powers(alpha, dist.clamp(min=0)), 0.0)
-    return ChunkWeights(gamma, _powers(alpha, chunk - 1 - r), _powers(alpha, r + 1), alpha**chunk)
+    w_decay = torch.where(to_end >= 0, _powers(alpha, to_end.clamp(min=0)), 0.0)
+    return ChunkWeights(gamma, w_decay, _powers(alpha, r + 1), _powers(alpha, r.new_tensor(float(length))))
 
 
-def _chunk_forward(q: Tensor, k: Tensor, v: Tensor, alpha: float, chunk: int, *, factorised: bool) -> Tensor:
-    check_qkv(q, k, v)
-    alpha, chunk = check_alpha(alpha), check_chunk(chunk)
+def _chunked(
+    q: Tensor, k: Tensor, v: Tensor, decay: Tensor, state0: Tensor, *, chunk: int, factorised: bool
+) -> tuple[Tensor, Tensor]:
+    s = q.shape[1]
     qc, kc, vc = (to_chunks(x, chunk) for x in (q, k, v))  # [B, H, N, C, D]
-    w = chunk_weights(alpha, chunk, device=q.device)
+    n = qc.shape[2]
+    w = chunk_weights(decay, chunk, device=q.device)  # [H, C, C], [H, C], [H, C], [H]
+    last = chunk_weights(decay, chunk, length=s - (n - 1) * chunk, device=q.device)
     if factorised:
         # alpha^(i-j) = alpha^i * alpha^-j: exact in fp64, alpha^-j > 1 overflows fp16
         r = torch.arange(chunk, dtype=F64, device=q.device)
-        q_up, k_down = qc * _powers(alpha, r)[:, None], kc * _powers(alpha, -r)[:, None]
+        q_up, k_down = qc * _powers(decay, r)[:, None, :, None], kc * _powers(decay, -r)[:, None, :, None]
         intra = (q_up @ k_down.transpose(-1, -2)).tril()  # [B, H, N, C, C]
     else:
-        intra = (qc @ kc.transpose(-1, -2)) * w.gamma  # [B, H, N, C, C]
-    contrib = (kc * w.w_decay[:, None]).transpose(-1, -2) @ vc  # [B, H, N, DK, DV]
-    states = torch.zeros_like(contrib)  # states[:, :, n] = S_prev of chunk n
-    for n in range(1, contrib.shape[2]):
-        states[:, :, n] = w.state_decay * states[:, :, n - 1] + contrib[:, :, n - 1]
-    out = (qc * w.w_query[:, None]) @ states + intra @ vc  # [B, H, N, C, DV]
-    return from_chunks(out, q.shape[1])
+        intra = (qc @ kc.transpose(-1, -2)) * w.gamma[:, None]  # [B, H, N, C, C]
+    contrib = (kc * w.w_decay[:, None, :, None]).transpose(-1, -2) @ vc  # [B, H, N, DK, DV]
+    contrib[:, :, -1] = (kc[:, :, -1] * last.w_decay[..., None]).transpose(-1, -2) @ vc[:, :, -1]
+    states = [state0]  # states[i] = S_prev of chunk i; states[n] = the final state
+    for i in range(n):
+        carry = (w if i < n - 1 else last).state_decay[:, None, None]
+        states.append(carry * states[i] + contrib[:, :, i])
+    out = (qc * w.w_query[:, None, :, None]) @ torch.stack(states[:-1], dim=2) + intra @ vc
+    return from_chunks(out, s), states[-1]
 
 
-def chunked(q: Tensor, k: Tensor, v: Tensor, alpha: float, chunk: int) -> Tensor:
+def chunked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alpha: float | Tensor,
+    chunk: int,
+    *,
+    scale: float = 1.0,
+    initial_state: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    output_final_state: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Reference B (seed 4.2): chunked and vectorised with the three decay weights.
 
-    q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; alpha in (0, 1]; chunk >= 1 (S need
-    not be a multiple). Returns float64 ``[B, S, H, DV]``.
+    q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; alpha: a float in (0, 1] or one per
+    head ``[H]``; chunk >= 1 (S need not be a multiple); initial_state ``[B, H, DK, DV]``
+    (``[N, H, DK, DV]`` with cu_seqlens, N + 1 packed offsets over ``[1, T, H, D]`` inputs).
+    Returns float64 o ``[B, S, H, DV]``, or ``(o, final_state)`` with output_final_state.
     """
-    return _chunk_forward(q, k, v, alpha, chunk, factorised=False)
+    return run_sequences(
+        partial(_chunked, chunk=check_chunk(chunk), factorised=False),
+        q,
+        k,
+        v,
+        alpha,
+        scale=scale,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+        output_final_state=output_final_state,
+    )
 
 
-def factorised(q: Tensor, k: Tensor, v: Tensor, alpha: float, chunk: int) -> Tensor:
+def factorised(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alpha: float | Tensor,
+    chunk: int,
+    *,
+    scale: float = 1.0,
+    initial_state: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    output_final_state: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Reference D (seed 3-4): as ``chunked``, intra-chunk term ``tril((Q*alpha^i)(K*alpha^-j)^T) V``.
 
     Algebraically equal to B and, in float64, numerically too for moderate
-    ``alpha^-(C-1)``; see ``intra_chunk`` for how it fails in fp16.
+    ``alpha^-(C-1)`` (it overflows fp64 past alpha^-(C-1) ~ 1.8e308, e.g. alpha = 0.05
+    at C = 238); see ``intra_chunk`` for how it fails in fp16.
     """
-    return _chunk_forward(q, k, v, alpha, chunk, factorised=True)
+    return run_sequences(
+        partial(_chunked, chunk=check_chunk(chunk), factorised=True),
+        q,
+        k,
+        v,
+        alpha,
+        scale=scale,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+        output_final_state=output_final_state,
+    )
+
+
+def _kernel_mimic(
+    q: Tensor, k: Tensor, v: Tensor, decay: Tensor, state0: Tensor, *, chunk: int, block_dv: int
+) -> tuple[Tensor, Tensor]:
+    b, s, h, dk = q.shape
+    dv = v.shape[-1]
+    pad = -s % chunk  # zero rows, as the kernel's bounds-checked tile copies read past S
+    # [B, S, H, D] -> [B, H, S', D], zero-padded to whole chunks
+    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2).contiguous() for x in (q, k, v))
+    w = chunk_weights(decay, chunk, device=q.device)  # per head: [H, C, C], [H, C], [H, C], [H]
+    last = chunk_weights(decay, chunk, length=chunk - pad, device=q.device)  # the last chunk's
+    out, final = q.new_empty(b, h, s + pad, dv), q.new_empty(b, h, dk, dv)
+    for dv0 in range(0, dv, block_dv):
+        cols = slice(dv0, dv0 + block_dv)
+        state = state0[..., cols]  # loaded once per block
+        for s0 in range(0, s + pad, chunk):
+            ws = w if s0 + chunk < s + pad else last
+            rows = slice(s0, s0 + chunk)
+            qs, ks, vs = q[:, :, rows], k[:, :, rows], v[:, :, rows, cols]  # [B, H, C, D]
+            inter = (qs * ws.w_query[..., None]) @ state  # [C, DK] @ [DK, bDV] -> [C, bDV]
+            scores = (qs @ ks.transpose(-1, -2)) * ws.gamma  # [C, DK] @ [DK, C] -> [C, C]
+            out[:, :, rows, cols] = inter + scores @ vs  # output before the state update
+            state = (
+                ws.state_decay[:, None, None] * state + (ks * ws.w_decay[..., None]).transpose(-1, -2) @ vs
+            )
+        final[..., cols] = state
+    return out[:, :, :s].transpose(1, 2).contiguous(), final
 
 
 def kernel_mimic(
-    q: Tensor, k: Tensor, v: Tensor, alpha: float, chunk: int, *, block_dv: int | None = None
-) -> Tensor:
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alpha: float | Tensor,
+    chunk: int,
+    *,
+    block_dv: int | None = None,
+    scale: float = 1.0,
+    initial_state: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    output_final_state: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Reference C (seed 4.3): the kernel's control flow, with a streaming state.
 
-    Outer loop over DV blocks of width ``block_dv`` (the kernel grid's first axis; default
-    all of DV), inner loop over chunks in order (the ``T.Pipelined`` loop), batch and heads
-    vectorised (the grid's second axis). The output of a chunk is written before the state
-    is updated, and the state is decayed before the chunk's contribution is added. Runs
-    on the inputs' device. Shapes as in ``chunked``; returns float64 ``[B, S, H, DV]``.
+    Per sequence (a grid block walks one), outer loop over DV blocks of width ``block_dv``
+    (the kernel grid's first axis; default all of DV), inner loop over chunks in order (the
+    ``T.Pipelined`` loop), batch and heads vectorised (the grid's second axis) with per-head
+    weight tables. The output of a chunk is written before the state is updated, and the
+    state is decayed before the chunk's contribution is added. Runs on the inputs' device.
+    Arguments and result as in ``chunked``.
     """
-    check_qkv(q, k, v)
-    alpha, chunk = check_alpha(alpha), check_chunk(chunk)
-    b, s, h, dk = q.shape
-    dv = v.shape[-1]
-    block_dv = dv if block_dv is None else check_chunk(block_dv, "block_dv")
-    pad = -s % chunk  # zero rows, as the kernel's bounds-checked tile copies read past S
-    # [B, S, H, D] -> [B, H, S', D], zero-padded to whole chunks
-    q, k, v = (F.pad(x.to(F64), (0, 0, 0, 0, 0, pad)).transpose(1, 2).contiguous() for x in (q, k, v))
-    w = chunk_weights(alpha, chunk, device=q.device)
-    out = q.new_empty(b, h, s + pad, dv)
-    for dv0 in range(0, dv, block_dv):
-        cols = slice(dv0, dv0 + block_dv)
-        state = q.new_zeros(b, h, dk, min(block_dv, dv - dv0))  # cleared once per block
-        for s0 in range(0, s + pad, chunk):
-            rows = slice(s0, s0 + chunk)
-            qs, ks, vs = q[:, :, rows], k[:, :, rows], v[:, :, rows, cols]  # [B, H, C, D]
-            inter = (qs * w.w_query[:, None]) @ state  # [C, DK] @ [DK, bDV] -> [C, bDV]
-            scores = (qs @ ks.transpose(-1, -2)) * w.gamma  # [C, DK] @ [DK, C] -> [C, C]
-            out[:, :, rows, cols] = inter + scores @ vs  # output before the state update
-            state = w.state_decay * state + (ks * w.w_decay[:, None]).transpose(-1, -2) @ vs
-    return out[:, :, :s].transpose(1, 2).contiguous()
+    return run_sequences(
+        partial(
+            _kernel_mimic,
+            chunk=check_chunk(chunk),
+            block_dv=v.shape[-1] if block_dv is None else check_chunk(block_dv, "block_dv"),
+        ),
+        q,
+        k,
+        v,
+        alpha,
+        scale=scale,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+        output_final_state=output_final_state,
+    )
 
 
 def intra_chunk(

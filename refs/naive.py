@@ -2,39 +2,58 @@
 
 Everything is float64 in the kernel's layout ``[B, S, H, D]``. The state is stored
 transposed as the kernel holds it (seed section 4.0): ``S in R^{DK x DV}``,
-``S_t = alpha_t * S_{t-1} + outer(k_t, v_t)``, ``o_t = q_t @ S_t``.
+``S_t = alpha_t * S_{t-1} + outer(k_t, v_t)``, ``o_t = (scale * q_t) @ S_t``, from ``S_0``
+(``initial_state``, default zero). The keywords follow fla's ``chunk_simple_gla``
+(``alpha_h = exp(g_gamma_h)``); see ``refs._checks.run_sequences``.
 """
 
 import torch
 from torch import Tensor
 
-from ._checks import F64, check_alpha, check_alpha_t, check_chunk, check_qkv, from_chunks, to_chunks
+from ._checks import F64, check_chunk, check_qkv, from_chunks, run_sequences, to_chunks
 
 
-def _decays(alpha: float | Tensor, q: Tensor) -> Tensor:
-    """A constant or per-token decay as float64 ``[B, S, H]``."""
-    if isinstance(alpha, Tensor):
-        return check_alpha_t(alpha, q)
-    return torch.full(q.shape[:3], check_alpha(alpha), dtype=F64, device=q.device)
-
-
-def recurrent(q: Tensor, k: Tensor, v: Tensor, alpha: float | Tensor) -> Tensor:
-    """Reference A: the recurrence token by token, vectorised over batch and heads.
-
-    q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; alpha: a float in (0, 1] or per-token
-    decays ``alpha_t`` of shape ``[B, S, H]``. Returns float64 ``[B, S, H, DV]``.
-    """
-    check_qkv(q, k, v)
-    decay = _decays(alpha, q)
-    q, k, v = (x.to(F64) for x in (q, k, v))
-    b, s, h, dk = q.shape
-    state = q.new_zeros(b, h, dk, v.shape[-1])
+def _recurrent(q: Tensor, k: Tensor, v: Tensor, decay: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    b, s, h, _ = q.shape
+    decay = decay.expand(b, s, h)
     out = q.new_empty(b, s, h, v.shape[-1])
     for t in range(s):
         # S = alpha_t * S + outer(k_t, v_t): [B, H, DK, DV]
         state = decay[:, t, :, None, None] * state + k[:, t, :, :, None] * v[:, t, :, None, :]
         out[:, t] = torch.einsum("bhk,bhkv->bhv", q[:, t], state)  # o_t = q_t @ S_t
-    return out
+    return out, state
+
+
+def recurrent(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alpha: float | Tensor,
+    *,
+    scale: float = 1.0,
+    initial_state: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    output_final_state: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Reference A: the recurrence token by token, vectorised over batch and heads.
+
+    q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; alpha: a float in (0, 1], one decay per
+    head ``[H]``, or per-token decays ``alpha_t`` ``[B, S, H]``; initial_state: ``[B, H, DK, DV]``
+    (``[N, H, DK, DV]`` with cu_seqlens, N + 1 packed offsets over ``[1, T, H, D]`` inputs).
+    Returns float64 o ``[B, S, H, DV]``, or ``(o, final_state)`` with output_final_state.
+    """
+    return run_sequences(
+        _recurrent,
+        q,
+        k,
+        v,
+        alpha,
+        scale=scale,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+        output_final_state=output_final_state,
+        per_token=True,
+    )
 
 
 def decay_mask(alpha: Tensor) -> Tensor:
@@ -55,16 +74,50 @@ def decay_mask(alpha: Tensor) -> Tensor:
     return torch.exp(log_ratio.masked_fill(~causal, float("-inf")))
 
 
-def parallel(q: Tensor, k: Tensor, v: Tensor, alpha: float | Tensor) -> Tensor:
-    """The matrix parallel form ``O = ((Q K^T) * Gamma) V`` over the whole sequence.
+def _parallel(q: Tensor, k: Tensor, v: Tensor, decay: Tensor, state0: Tensor) -> tuple[Tensor, Tensor]:
+    b, s, h, _ = q.shape
+    decay = decay.expand(b, s, h)
+    gamma = decay_mask(decay)  # [B, H, S, S]
+    scores = torch.einsum("bihk,bjhk->bhij", q, k)  # [B, H, S, S]
+    out = torch.einsum("bhij,bjhv->bihv", scores * gamma, v)
+    # S_0 reaches token t decayed by alpha_0 ... alpha_t: a prefix sum of logs, exp <= 1
+    from_start = torch.exp(torch.log(decay).cumsum(dim=1))  # [B, S, H]
+    out = out + torch.einsum("bihk,bhkv->bihv", q * from_start[..., None], state0)
+    # token j reaches the end decayed by alpha_{j+1} ... alpha_{S-1}: Gamma's last row
+    state = from_start[:, -1, :, None, None] * state0 + torch.einsum(
+        "bhj,bjhk,bjhv->bhkv", gamma[:, :, -1], k, v
+    )
+    return out, state
 
-    Shapes as in ``recurrent`` (alpha: float or ``[B, S, H]``); returns float64
-    ``[B, S, H, DV]``. O(S^2) memory: for checks, not for long sequences.
+
+def parallel(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alpha: float | Tensor,
+    *,
+    scale: float = 1.0,
+    initial_state: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    output_final_state: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """The matrix parallel form ``O = ((Q K^T) * Gamma) V + (Q * gamma) S_0`` per sequence.
+
+    Arguments and result as in ``recurrent``. O(S^2) memory: for checks, not for long
+    sequences.
     """
-    check_qkv(q, k, v)
-    gamma = decay_mask(_decays(alpha, q))  # [B, H, S, S]
-    scores = torch.einsum("bihk,bjhk->bhij", q.to(F64), k.to(F64))  # [B, H, S, S]
-    return torch.einsum("bhij,bjhv->bihv", scores * gamma, v.to(F64))
+    return run_sequences(
+        _parallel,
+        q,
+        k,
+        v,
+        alpha,
+        scale=scale,
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+        output_final_state=output_final_state,
+        per_token=True,
+    )
 
 
 def plain_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int) -> Tensor:

@@ -7,6 +7,8 @@ which is itself checked against A. Every check goes through ``assert_close``.
 
 import math
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import pytest
 import torch
@@ -108,6 +110,203 @@ def test_constant_alpha_equals_per_token_alpha():
         assert_close(f"{form.__name__} float vs tensor", form(q, k, v, 0.9), form(q, k, v, alpha_t), 0.0)
 
 
+# ---- model-ready: fla's chunk_simple_gla keywords (per-head decay, scale, state, varlen) --
+
+TOKENS = [1, 15, 63, 300]  # fla's odd sizes: 1 token, ragged chunks, several chunks
+HEAD_DECAYS = {  # alpha_h = exp(g_gamma_h)
+    "retnet": [1 - 2.0 ** (-5 - h) for h in range(8)],
+    "lightning": [math.exp(-(2.0 ** (-8 * (h + 1) / 8))) for h in range(8)],
+    "small": [0.05, 0.5, 0.95, 1.0],
+}
+
+
+def all_forms(chunk: int, block_dv: int | None = None) -> dict[str, Callable[..., Any]]:
+    """A, the matrix form, B, C, D with one call signature ``form(q, k, v, alpha, **kw)``."""
+    return {
+        "A recurrent": refs.recurrent,
+        "parallel": refs.parallel,
+        "B chunked": partial(refs.chunked, chunk=chunk),
+        "C kernel_mimic": partial(refs.kernel_mimic, chunk=chunk, block_dv=block_dv),
+        "D factorised": partial(refs.factorised, chunk=chunk),
+    }
+
+
+def make_state(n: int, h: int, dk: int, dv: int, *, seed: int = 1, dtype=torch.float32) -> Tensor:
+    return torch.randn(n, h, dk, dv, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+@pytest.mark.parametrize("seqlen", TOKENS)
+def test_per_head_alpha_is_the_float_alpha_of_each_head(seqlen):
+    alpha = torch.tensor([0.99, 0.7, 0.3])
+    q, k, v = make_qkv(2, seqlen, 3, 8, 5, seed=seqlen)
+    s0 = make_state(2, 3, 8, 5)
+    for name, form in all_forms(16, block_dv=2).items():
+        out, state = form(q, k, v, alpha, initial_state=s0, output_final_state=True)
+        for h in range(3):
+            one = (x[:, :, h : h + 1] for x in (q, k, v))
+            o_h, s_h = form(*one, alpha[h].item(), initial_state=s0[:, h : h + 1], output_final_state=True)
+            assert_close(f"{name} head {h} vs float alpha", o_h, out[:, :, h : h + 1], REF_TOL)
+            assert_close(f"{name} head {h} state vs float alpha", s_h, state[:, h : h + 1], REF_TOL)
+
+
+@pytest.mark.parametrize("decays", HEAD_DECAYS.values(), ids=HEAD_DECAYS.keys())
+@pytest.mark.parametrize("seqlen", TOKENS)
+def test_model_head_decays_all_forms_agree(seqlen, decays):
+    """RetNet's gammas, Lightning's slopes and a fast 0.05 head; D's alpha^-63 <= 1e82 here."""
+    h = len(decays)
+    alpha = torch.tensor(decays, dtype=torch.float64)
+    assert bool(((alpha > 0) & (alpha <= 1)).all())
+    q, k, v = make_qkv(2, seqlen, h, 16, 12, seed=seqlen)
+    s0 = make_state(2, h, 16, 12)
+    ref, ref_state = refs.recurrent(q, k, v, alpha, initial_state=s0, output_final_state=True)
+    tol = REF_TOL * (2 if seqlen > 150 else 1)  # the parallel form's state: 2.1e-15 at T = 300
+    for name, form in list(all_forms(64).items())[1:]:
+        out, state = form(q, k, v, alpha, initial_state=s0, output_final_state=True)
+        assert bool(out.isfinite().all()) and bool(state.isfinite().all())
+        for i in range(h):  # per head: a fast-decaying head's error is not hidden by the others
+            assert_close(f"{name} head {i} vs A", ref[:, :, i], out[:, :, i], tol)
+            assert_close(f"{name} head {i} state vs A", ref_state[:, i], state[:, i], tol)
+
+
+@pytest.mark.parametrize("scale", [0.25, 16**-0.5, -3.0])
+def test_scale_is_scaling_the_queries(scale):
+    q, k, v = make_qkv(2, 37, 3, 16, 6)
+    alpha = torch.tensor([0.9, 0.99, 0.5])
+    for name, form in all_forms(16, block_dv=4).items():
+        out = form(q, k, v, alpha, scale=scale)
+        assert_close(f"{name} scale={scale:.3f}", form(q.double() * scale, k, v, alpha), out, REF_TOL)
+
+
+@pytest.mark.parametrize("cuts", [[0, 63], [0, 20, 63], [0, 17, 18, 63], [0, 1, 50, 63]])
+def test_state_carries_a_sequence_cut_into_pieces(cuts):
+    """Final state of one piece as initial_state of the next == one call, for every form."""
+    q, k, v = make_qkv(2, 63, 3, 8, 6, seed=7)
+    alpha = torch.tensor([0.95, 0.6, 1.0])
+    s0 = make_state(2, 3, 8, 6)
+    for name, form in all_forms(16, block_dv=4).items():
+        whole, whole_state = form(q, k, v, alpha, initial_state=s0, output_final_state=True)
+        outs, state = [], s0
+        for a, e in zip(cuts, cuts[1:]):
+            out, state = form(
+                q[:, a:e], k[:, a:e], v[:, a:e], alpha, initial_state=state, output_final_state=True
+            )
+            outs.append(out)
+        assert_close(f"{name} {cuts} outputs", whole, torch.cat(outs, dim=1), REF_TOL)
+        assert_close(f"{name} {cuts} final state", whole_state, state, REF_TOL)
+        assert state.dtype == torch.float64 and tuple(state.shape) == (2, 3, 8, 6)
+
+
+def test_initial_state_matters_and_zero_is_none():
+    q, k, v = make_qkv(2, 15, 2, 4, 5)
+    s0 = make_state(2, 2, 4, 5, dtype=torch.bfloat16)  # any float dtype, used in fp64
+    for name, form in all_forms(4).items():
+        plain = form(q, k, v, 0.9)
+        assert_close(f"{name} zero state vs none", plain, form(q, k, v, 0.9, initial_state=0 * s0), 0.0)
+        err = refs.rel_l2(form(q, k, v, 0.9, initial_state=s0), plain)
+        print(f"{name}: initial state moves the output by rel L2 {err:.3e}")
+        assert err > 1e-2
+        assert_close(
+            f"{name} bf16 state",
+            form(q, k, v, 0.9, initial_state=s0.double()),
+            form(q, k, v, 0.9, initial_state=s0),
+            0.0,
+        )
+
+
+def test_final_state_is_the_definition():
+    """S_T = prod(alpha) S_0 + sum_t alpha^(T-1-t) k_t^T v_t, per head, with a ragged last chunk."""
+    q, k, v = make_qkv(1, 21, 2, 4, 3, dtype=torch.float64)
+    alpha = torch.tensor([0.8, 0.97], dtype=torch.float64)
+    s0 = make_state(1, 2, 4, 3, dtype=torch.float64)
+    w = alpha[None, :] ** torch.arange(20, -1, -1, dtype=torch.float64)[:, None]  # [T, H]
+    expected = alpha[:, None, None] ** 21 * s0 + torch.einsum("th,bthk,bthv->bhkv", w, k, v)
+    for name, form in all_forms(8).items():
+        _, state = form(q, k, v, alpha, initial_state=s0, output_final_state=True)
+        assert_close(f"{name} final state", expected, state, REF_TOL)
+
+
+VARLEN = {  # sequence lengths: 1 token, ragged and whole chunks (C = 16)
+    "ragged": [1, 15, 17, 64, 3],
+    "single": [63],
+    "ones": [1, 1, 1],
+    "long": [300, 1, 33],
+}
+
+
+@pytest.mark.parametrize("lengths", VARLEN.values(), ids=VARLEN.keys())
+def test_cu_seqlens_is_each_sequence_on_its_own(lengths):
+    cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    n, t = len(lengths), sum(lengths)
+    q, k, v = make_qkv(1, t, 3, 8, 6, seed=t)
+    alpha = torch.tensor([0.95, 0.5, 0.999])
+    s0 = make_state(n, 3, 8, 6)
+    for name, form in all_forms(16, block_dv=4).items():
+        out, state = form(q, k, v, alpha, initial_state=s0, cu_seqlens=cu, output_final_state=True)
+        assert (tuple(out.shape), tuple(state.shape)) == ((1, t, 3, 6), (n, 3, 8, 6))
+        for i, (a, e) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
+            one = (x[:, a:e] for x in (q, k, v))
+            o_i, s_i = form(*one, alpha, initial_state=s0[i : i + 1], output_final_state=True)
+            assert_close(f"{name} sequence {i} output", o_i, out[:, a:e], REF_TOL)
+            assert_close(f"{name} sequence {i} state", s_i, state[i : i + 1], REF_TOL)
+        assert_close(
+            f"{name} no initial state",
+            refs.recurrent(q, k, v, alpha, cu_seqlens=cu),
+            form(q, k, v, alpha, cu_seqlens=cu),
+            REF_TOL,
+        )
+
+
+def test_cu_seqlens_no_leak():
+    """New tokens and initial state in sequence 1 leave sequences 0 and 2 bit-identical."""
+    cu = torch.tensor([0, 17, 18, 50])
+    q, k, v = make_qkv(1, 50, 2, 8, 4)
+    s0 = make_state(3, 2, 8, 4)
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    s2 = s0.clone()
+    for x in (q2, k2, v2):
+        x[:, 17] = 100.0
+    s2[1] = -7.0
+    keep = torch.ones(50, dtype=torch.bool)
+    keep[17] = False
+    for name, form in all_forms(16, block_dv=4).items():
+        out, state = form(q, k, v, 0.9, initial_state=s0, cu_seqlens=cu, output_final_state=True)
+        out2, state2 = form(q2, k2, v2, 0.9, initial_state=s2, cu_seqlens=cu, output_final_state=True)
+        assert torch.equal(out[:, keep], out2[:, keep]), name
+        assert torch.equal(state[[0, 2]], state2[[0, 2]]), name
+        assert not torch.equal(out[:, 17], out2[:, 17]) and not torch.equal(state[1], state2[1]), name
+
+
+def test_cu_seqlens_with_per_token_alpha():
+    cu = torch.tensor([0, 5, 20])
+    q, k, v = make_qkv(1, 20, 2, 4, 4)
+    alpha_t = 0.8 + 0.2 * torch.rand(1, 20, 2, generator=torch.Generator().manual_seed(0))
+    for form in (refs.recurrent, refs.parallel):
+        out = form(q, k, v, alpha_t, cu_seqlens=cu)
+        parts = [form(q[:, a:e], k[:, a:e], v[:, a:e], alpha_t[:, a:e]) for a, e in [(0, 5), (5, 20)]]
+        assert_close(f"{form.__name__} alpha_t varlen", torch.cat(parts, dim=1), out, REF_TOL)
+
+
+def test_recurrent_matches_fla_naive():
+    """fla-core's own fp32 references (fla.ops.simple_gla.naive), where fla is installed."""
+    naive = pytest.importorskip("fla.ops.simple_gla.naive")
+    b, t, h, dk, dv = 2, 63, 4, 16, 8
+    q, k, v = make_qkv(b, t, h, dk, dv)
+    g_gamma = torch.log(torch.tensor([0.05, 0.9, 0.99, 1.0]))
+    s0 = make_state(b, h, dk, dv)
+    ref, ref_state = refs.recurrent(
+        q, k, v, g_gamma.exp(), scale=dk**-0.5, initial_state=s0, output_final_state=True
+    )
+    g = g_gamma.expand(b, t, h)  # fla's per-token log decay
+    out, state = naive.naive_recurrent_simple_gla(q, k, v, g, initial_state=s0, output_final_state=True)
+    assert_close("fla naive_recurrent vs A", ref, out, 1e-5)
+    assert_close("fla naive_recurrent state vs A", ref_state, state, 1e-5)
+    out, state = naive.naive_chunk_simple_gla(
+        q, k, v, g, initial_state=s0, output_final_state=True, chunk_size=16
+    )
+    assert_close("fla naive_chunk vs A", ref, out, 1e-5)
+    assert_close("fla naive_chunk state vs A", ref_state, state, 1e-5)
+
+
 # ---- layer 2: degeneration at alpha = 1, and why it is not enough alone ---------------
 
 
@@ -127,7 +326,8 @@ def _exponent_plus_one(weight: str):
 
     def wrong(alpha, chunk, **kwargs):
         w = real(alpha, chunk, **kwargs)
-        return w._replace(**{weight: getattr(w, weight) * alpha})
+        table, a = getattr(w, weight), torch.as_tensor(alpha, dtype=torch.float64)  # per head: [H]
+        return w._replace(**{weight: table * a.reshape(a.shape + (1,) * (table.dim() - a.dim()))})
 
     return wrong
 
@@ -278,6 +478,10 @@ def test_forms_stay_on_the_inputs_device():
     q, k, v = (torch.empty(2, 9, 2, d, device="meta") for d in (4, 4, 6))
     for out in [form(q, k, v, 0.9, 4) for form in DECAY_FORMS.values()] + [refs.plain_chunked(q, k, v, 4)]:
         assert (out.device.type, out.dtype, tuple(out.shape)) == ("meta", torch.float64, (2, 9, 2, 6))
+    s0 = torch.empty(2, 2, 4, 6, device="meta")
+    for form in all_forms(4, block_dv=4).values():
+        out, state = form(q, k, v, 0.9, scale=0.5, initial_state=s0, output_final_state=True)
+        assert (state.device.type, state.dtype, tuple(state.shape)) == ("meta", torch.float64, (2, 2, 4, 6))
 
 
 _q, _k, _v = make_qkv(1, 8, 2, 4, 3)
@@ -295,6 +499,32 @@ BAD_CALLS = {
     "form": lambda: refs.intra_chunk(_q, _k, _v, 0.9, form="mixed"),
     "rel_l2 shapes": lambda: refs.rel_l2(_q, _v),
     "eps": lambda: refs.effective_memory_length(0.9, eps=1.0),
+    "no tokens": lambda: refs.recurrent(_q[:, :0], _k[:, :0], _v[:, :0], 0.9),
+    "alpha_h length": lambda: refs.chunked(_q, _k, _v, torch.full((3,), 0.9), 4),
+    "alpha_h value 0": lambda: refs.kernel_mimic(_q, _k, _v, torch.tensor([0.9, 0.0]), 4),
+    "alpha_h value 1.5": lambda: refs.factorised(_q, _k, _v, torch.tensor([1.5, 0.9]), 4),
+    "alpha_h nan": lambda: refs.recurrent(_q, _k, _v, torch.tensor([0.9, math.nan])),
+    "alpha_t in B": lambda: refs.chunked(_q, _k, _v, torch.full((1, 8, 2), 0.9), 4),
+    "alpha 0-d tensor": lambda: refs.parallel(_q, _k, _v, torch.tensor(0.9)),
+    "scale inf": lambda: refs.chunked(_q, _k, _v, 0.9, 4, scale=math.inf),
+    "state DV": lambda: refs.chunked(_q, _k, _v, 0.9, 4, initial_state=torch.zeros(1, 2, 4, 4)),
+    "state batch": lambda: refs.recurrent(_q, _k, _v, 0.9, initial_state=torch.zeros(2, 2, 4, 3)),
+    "state 3 dims": lambda: refs.kernel_mimic(_q, _k, _v, 0.9, 4, initial_state=torch.zeros(2, 4, 3)),
+    "state int": lambda: refs.factorised(
+        _q, _k, _v, 0.9, 4, initial_state=torch.zeros(1, 2, 4, 3, dtype=int)
+    ),
+    "cu start": lambda: refs.chunked(_q, _k, _v, 0.9, 4, cu_seqlens=torch.tensor([1, 8])),
+    "cu end": lambda: refs.kernel_mimic(_q, _k, _v, 0.9, 4, cu_seqlens=torch.tensor([0, 4, 7])),
+    "cu past T": lambda: refs.recurrent(_q, _k, _v, 0.9, cu_seqlens=torch.tensor([0, 4, 9])),
+    "cu empty sequence": lambda: refs.factorised(_q, _k, _v, 0.9, 4, cu_seqlens=torch.tensor([0, 4, 4, 8])),
+    "cu decreasing": lambda: refs.parallel(_q, _k, _v, 0.9, cu_seqlens=torch.tensor([0, 5, 3, 8])),
+    "cu float": lambda: refs.chunked(_q, _k, _v, 0.9, 4, cu_seqlens=torch.tensor([0.0, 8.0])),
+    "cu 2 dims": lambda: refs.chunked(_q, _k, _v, 0.9, 4, cu_seqlens=torch.tensor([[0, 8]])),
+    "cu one offset": lambda: refs.chunked(_q, _k, _v, 0.9, 4, cu_seqlens=torch.tensor([0])),
+    "cu batch 2": lambda: refs.chunked(*make_qkv(2, 8, 2, 4, 3), 0.9, 4, cu_seqlens=torch.tensor([0, 8])),
+    "cu state count": lambda: refs.kernel_mimic(
+        _q, _k, _v, 0.9, 4, cu_seqlens=torch.tensor([0, 3, 8]), initial_state=torch.zeros(1, 2, 4, 3)
+    ),
 }
 
 
@@ -310,6 +540,16 @@ def test_kernel_mimic_runs_on_cuda():
     out = refs.kernel_mimic(q.cuda(), k.cuda(), v.cuda(), 0.9, 64, block_dv=32)
     assert out.device.type == "cuda"
     assert_close("C on cuda vs A on cpu", refs.recurrent(q, k, v, 0.9), out.cpu(), REF_TOL)
+    # the model-ready keywords: per-head decay, scale, initial state, packed sequences
+    q, k, v = (x[:1] for x in (q, k, v))
+    alpha, cu, s0 = torch.tensor([0.9, 0.5]), torch.tensor([0, 1, 100, 300]), make_state(3, 2, 64, 48)
+    kw = dict(scale=0.125, initial_state=s0, cu_seqlens=cu, output_final_state=True)
+    ref, ref_state = refs.recurrent(q, k, v, alpha, **kw)
+    for name, form in list(all_forms(64, block_dv=32).items())[1:]:
+        out, state = form(*(x.cuda() for x in (q, k, v)), alpha.cuda(), **{**kw, "initial_state": s0.cuda()})
+        assert out.device.type == state.device.type == "cuda"
+        assert_close(f"{name} on cuda vs A on cpu", ref, out.cpu(), REF_TOL)
+        assert_close(f"{name} state on cuda vs A on cpu", ref_state, state.cpu(), REF_TOL)
 
 
 def test_rel_l2_propagates_nan():
