@@ -10,46 +10,82 @@ from typing import Any
 
 import torch
 
-from kernel.config import KernelConfig, Problem
+from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
 from kernel.resources import ProbeResult, compile_kernel, probe
-from kernel.variants import launch
+from kernel.variants import launch, state_buffer
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class ScalarDecayKernel:
-    """``kernel(q, k, v) -> o`` for one compiled (problem, config), of either variant.
+    """``kernel(q, k, v) -> o`` for one compiled (problem, config, call), of either variant.
 
     q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; contiguous CUDA tensors of the problem's
-    dtype. Pass ``out=`` to write into an existing ``[B, S, H, DV]`` tensor.
+    dtype. ``decay``: each head's alpha in (0, 1], an fp32 CUDA tensor ``[H]`` (default:
+    the problem's alpha for every head). With ``call.initial_state``, ``initial_state`` is
+    the fp32 ``[B, H, DK, DV]`` state before the first token; with ``call.final_state``,
+    ``final_state`` is the fp32 ``[B, H, DK, DV]`` tensor that receives the state after
+    the last. Pass ``out=`` to write into an existing ``[B, S, H, DV]`` tensor.
     """
 
     problem: Problem
     config: KernelConfig
     compiled: tuple[Any, ...]  # tilelang.JITKernel per kernel, in launch order
+    call: Call = PLAIN_CALL
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        decay: torch.Tensor | None = None,
+        initial_state: torch.Tensor | None = None,
+        final_state: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        p = self.problem
+        p, call = self.problem, self.call
         qk_shape = (p.batch, p.seqlen, p.heads, p.dk)
         vo_shape = (p.batch, p.seqlen, p.heads, p.dv)
+        state_shape = (p.batch, p.heads, p.dk, p.dv)
         dtype = TORCH_DTYPES[p.dtype]
         check_tensor("q", q, qk_shape, dtype)
         if out is None:
             out = torch.empty(vo_shape, dtype=dtype, device=q.device)
-        for name, tensor, shape in (("k", k, qk_shape), ("v", v, vo_shape), ("out", out, vo_shape)):
-            check_tensor(name, tensor, shape, dtype)
+        if decay is None:
+            decay = constant_decay(p.alpha, p.heads, q.device)
+        states = {
+            "initial_state": (initial_state, call.initial_state),
+            "final_state": (final_state, call.final_state),
+        }
+        for name, (tensor, compiled_for) in states.items():
+            if (tensor is not None) != compiled_for:
+                raise ValueError(f"this kernel was compiled {'with' if compiled_for else 'without'} {name}")
+        tensors = [("k", k, qk_shape, dtype), ("v", v, vo_shape, dtype), ("out", out, vo_shape, dtype)]
+        tensors.append(("decay", decay, (p.heads,), torch.float32))
+        tensors += [(n, t, state_shape, torch.float32) for n, (t, _) in states.items() if t is not None]
+        for name, tensor, shape, kind in tensors:
+            check_tensor(name, tensor, shape, kind)
             if tensor.device != q.device:
                 raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
-        launch(p, self.config, self.compiled, q, k, v, out)
+        h0, ht = (
+            state_buffer(p, q.device) if t is None else t.view(-1, 1, p.dk, p.dv)
+            for t in (initial_state, final_state)
+        )
+        launch(p, self.config, call, self.compiled, q, k, v, decay, h0, out, ht)
         return out
 
     @property
     def source(self) -> str:
         """The generated CUDA source of every kernel."""
         return "\n".join(c.get_kernel_source() for c in self.compiled)
+
+
+@functools.cache
+def constant_decay(alpha: float, heads: int, device: torch.device) -> torch.Tensor:
+    """One alpha for every head, as the fp32 ``[H]`` tensor the kernels read (made once)."""
+    return torch.full((heads,), alpha, dtype=torch.float32, device=device)
 
 
 def check_tensor(name: str, tensor: Any, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -74,19 +110,20 @@ def cuda_arch() -> str:
     return f"sm_{major}{minor}" + ("a" if major == 9 else "")
 
 
+@functools.cache
 def sm_count() -> int:
     """Streaming multiprocessors of the current device."""
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def build(problem: Problem, config: KernelConfig) -> ScalarDecayKernel:
+def build(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL) -> ScalarDecayKernel:
     """Compile the kernel for the current CUDA device and return it ready to call.
 
     Raises ``ValueError`` for a config that cannot tile the problem and ``RuntimeError``
     when there is no CUDA device. Compiler failures propagate from TileLang; use
     :func:`kernel.probe` first to get them as values.
     """
-    return ScalarDecayKernel(problem, config, compile_kernel(problem, config, cuda_arch()))
+    return ScalarDecayKernel(problem, config, compile_kernel(problem, config, cuda_arch(), call), call)
 
 
 def precompile(

@@ -179,6 +179,33 @@ class KernelConfig:
         return cls(**_known_fields(cls, data))
 
 
+@dataclass(frozen=True)
+class Call:
+    """What a call asks of the kernel besides its shape and config, fixed when it is
+    compiled: the query scale, and whether a state goes in and comes out. The decay is
+    not here: the kernels read each head's alpha at run time."""
+
+    scale: float = 1.0
+    initial_state: bool = False
+    final_state: bool = False
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.scale, bool)
+            or not isinstance(self.scale, (int, float))
+            or not math.isfinite(self.scale)
+        ):
+            raise ValueError(f"scale must be a finite number, got {self.scale!r}")
+        object.__setattr__(self, "scale", float(self.scale))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# A call with scale 1 and no state in or out: what the tuner measures.
+PLAIN_CALL = Call()
+
+
 def segment_length(seqlen: int, chunk: int, segments: int) -> int:
     """Tokens per segment: whole chunks, so only the last segment is ragged."""
     return math.ceil(math.ceil(seqlen / segments) / chunk) * chunk

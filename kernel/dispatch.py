@@ -101,18 +101,32 @@ def same_wave(entry: DispatchEntry, problem: Problem) -> KernelConfig | None:
     """``entry``'s config with the segment count (of ``SEGMENT_COUNTS``) whose grid on
     ``problem`` comes nearest, in log2, to the grid the entry was tuned with; the config
     itself when it runs ``problem`` with that many blocks already; ``None`` when no count
-    runs ``problem``. A tie goes to fewer segments, which read K and V less often."""
+    runs ``problem``."""
     tuned = entry.config.blocks(entry.problem)
     if _runs(entry.config, problem) and entry.config.blocks(problem) == tuned:
         return entry.config
+    return nearest_grid(entry.config, problem, tuned)
+
+
+def nearest_grid(config: KernelConfig, problem: Problem, blocks: int) -> KernelConfig | None:
+    """``config`` with the segment count whose grid on ``problem`` comes nearest, in log2,
+    to ``blocks``; ``None`` when no count runs ``problem``. A tie goes to fewer segments,
+    which read K and V less often."""
     runnable = [
-        c
-        for c in (dataclasses.replace(entry.config, segments=n) for n in SEGMENT_COUNTS)
-        if _runs(c, problem)
+        c for c in (dataclasses.replace(config, segments=n) for n in SEGMENT_COUNTS) if _runs(c, problem)
     ]
     if not runnable:
         return None
-    return min(runnable, key=lambda c: (abs(math.log2(c.blocks(problem) / tuned)), c.segments))
+    return min(runnable, key=lambda c: (abs(math.log2(c.blocks(problem) / blocks)), c.segments))
+
+
+def default_config(problem: Problem, sms: int) -> KernelConfig:
+    """The config served where nothing was tuned: the family that won at every shape tuned
+    on the H200 (64-token chunks, the widest block_dv up to 128, 2 stages, 256 threads,
+    scores in shared memory) with the segment count nearest one block per SM."""
+    block_dv = max(d for d in range(16, min(problem.dv, 128) + 1, 16) if problem.dv % d == 0)
+    base = KernelConfig(64, block_dv, 2, 256, "smem", 1)
+    return nearest_grid(base, problem, sms) or _shorter_pipeline(base, problem)
 
 
 def _runs(config: KernelConfig, problem: Problem) -> bool:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from kernel.config import KernelConfig, Problem
+from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
 from kernel.variants import prim_funcs
 
 # Largest shared memory one block may opt into on H100 and H200 (227 KiB).
@@ -123,12 +123,14 @@ def lower(func: Any, *, arch: str = DEFAULT_ARCH):
         return tilelang.lower(func, target=target)
 
 
-def compile_kernel(problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH) -> tuple[Any, ...]:
+def compile_kernel(
+    problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH, call: Call = PLAIN_CALL
+) -> tuple[Any, ...]:
     """TileLang-compile every kernel of the config for an explicit ``arch``: needs nvcc, not
     a GPU. Cached on disk, so a later ``kernel.build`` of the same (problem, config) on an
     ``arch`` GPU is a cache hit."""
     config.check_fits(problem)
-    return _compile(prim_funcs(problem, config), arch)
+    return _compile(prim_funcs(problem, config, call), arch)
 
 
 def _compile(funcs: list, arch: str) -> tuple[Any, ...]:

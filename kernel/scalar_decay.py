@@ -25,24 +25,9 @@ so it lies in ``(0, 1]``; ``Gamma`` is evaluated only where ``j <= i``; weights 
 and only the product ``A * Gamma`` is cast for the MMA.
 """
 
-import math
-
 import tilelang.language as T
 
 from kernel.config import KernelConfig, Problem
-
-FP32_TINY = 2.0**-126  # smallest normal float32
-
-
-def fp32_constant(x: float) -> float:
-    """``x`` as a compile-time fp32 constant, flushed to 0 below fp32's normal range.
-
-    TileLang prints constants as hex floats, and nvcc turns a literal below fp32's range
-    into +inf in device code (``0x1p-256f`` becomes ``0f7F800000`` in the PTX), so an
-    underflowing ``alpha^C`` would decay the state by inf and fill it with NaN. Seen on
-    the H200 in the sequence-split variant for alpha = 0.5 and a 256-token carry (0.5^256).
-    """
-    return x if x >= FP32_TINY else 0.0
 
 
 def transposes(*, chunk: int, block_dv: int, threads: int, scores: str) -> bool:
@@ -57,33 +42,35 @@ def chunk_loop_macro(
     chunk: int,
     dk: int,
     block_dv: int,
-    alpha: float,
+    scale: float,
     num_stages: int,
     threads: int,
     scores: str,
     dtype: str,
 ):
     """The chunk loop of one block, as a ``@T.macro``: its buffers, the decay mask, the
-    starting state, then ``n_chunks`` chunks from row ``s_begin`` of batch ``bb``, head
-    ``bh``, value columns ``v0 : v0 + block_dv``, each chunk's outputs from the state
-    carried in, then the state carried out. ``States`` is ``None`` (start from zero) or
-    the ``[B*H, P, DK, DV]`` fp32 tensor whose ``[bbh, bp, :, v0 : v0 + block_dv]`` slice
-    is the state to start from. Shared by the single-pass kernel and the sequence-split
-    variant (``kernel.seq_split``)."""
-    knobs = dict(chunk=chunk, dk=dk, block_dv=block_dv, alpha=alpha, num_stages=num_stages, dtype=dtype)
+    starting state, then ``n_chunks`` chunks from row ``s_begin`` (tokens up to ``s_end``)
+    of batch ``bb``, head ``bh``, value columns ``v0 : v0 + block_dv``, each chunk's outputs from the state
+    carried in, then the state carried out. ``Decay[bh]`` is the head's alpha in (0, 1],
+    read at run time; ``scale`` multiplies the queries. ``State`` is ``None`` (start from
+    zero) or an fp32 ``[B*H, P, DK, DV]`` tensor whose ``[bbh, p_in]`` slice is the state
+    to start from; ``Final`` is ``None`` or the fp32 ``[B*H, 1, DK, DV]`` tensor that
+    receives the state after ``s_end`` where the run-time condition ``final`` holds. A
+    ragged last chunk (``m < C`` tokens) weights its keys by their distance to its last
+    token and decays the state by ``alpha^m``, so the state carried out is exact. Shared by
+    the single-pass kernel and the sequence-split variant (``kernel.seq_split``)."""
+    knobs = dict(chunk=chunk, dk=dk, block_dv=block_dv, scale=scale, num_stages=num_stages, dtype=dtype)
     if transposes(chunk=chunk, block_dv=block_dv, threads=threads, scores=scores):
         return transposed_chunk_loop_macro(**knobs)
     C, accum = chunk, "float32"
-    log2_alpha = math.log2(alpha)  # <= 0, so every exp2(log2_alpha * k), k >= 0, is <= 1
-    alpha_pow_c = fp32_constant(alpha**C)
     # wgmma needs 64-row tiles: chunks of 32 wait for each MMA (T.gemm).
     async_step = C % 64 == 0
 
     @T.macro
-    def chunk_loop(Q, K, V, O, bb, bh, v0, s_begin, n_chunks, States, bbh, bp):
+    def chunk_loop(Q, K, V, O, Decay, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, p_in, final):
         Q_s = T.alloc_shared([C, dk], dtype)
         K_s = T.alloc_shared([C, dk], dtype)
-        Kw_s = T.alloc_shared([C, dk], dtype)  # K rows * alpha^(C-1-r): writes the state
+        Kw_s = T.alloc_shared([C, dk], dtype)  # K rows * alpha^(m-1-r): writes the state
         V_s = T.alloc_shared([C, block_dv], dtype)
         S_s = T.alloc_shared([dk, block_dv], dtype)
         O_s = T.alloc_shared([C, block_dv], dtype)
@@ -97,24 +84,29 @@ def chunk_loop_macro(
             A_cast = T.alloc_fragment([C, C], dtype)
         Gamma = T.alloc_fragment([C, C], accum)
         touch = T.alloc_local([1], dtype) if async_step else None  # see the async step
+        lg = T.alloc_local([1], accum)  # log2(alpha) of this head, <= 0
+        lg[0] = T.log2(Decay[bh])
 
-        # Gamma[i, j] = alpha^(i-j) for j <= i, else 0. Never "compute all, then mask":
-        # alpha^(i-j) for j > i overflows fp16, and inf * 0 = NaN.
+        # Gamma[i, j] = scale * alpha^(i-j) for j <= i, else 0. Never "compute all, then
+        # mask": alpha^(i-j) for j > i overflows, and inf * 0 = NaN.
         for i, j in T.Parallel(C, C):
-            Gamma[i, j] = T.if_then_else(j <= i, T.exp2(log2_alpha * T.Cast(accum, i - j)), T.Cast(accum, 0))
-        if States is None:
+            Gamma[i, j] = T.if_then_else(
+                j <= i, scale * T.exp2(lg[0] * T.Cast(accum, i - j)), T.Cast(accum, 0)
+            )
+        if State is None:
             T.clear(S_f)
         else:
-            T.copy(States[bbh, bp, :, v0 : v0 + block_dv], S_f)
+            T.copy(State[bbh, p_in, :, v0 : v0 + block_dv], S_f)
 
         for c in T.Pipelined(n_chunks, num_stages=num_stages):
             s0 = s_begin + c * C
+            m = T.max(T.min(C, s_end - s0), 0)  # tokens of this chunk: C but at the end
             T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
             T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
             T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
             if not async_step:
                 for r, d in T.Parallel(C, dk):
-                    Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
+                    Kw_s[r, d] = K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, T.max(m - 1 - r, 0)))
 
             if async_step:
                 # The pipeliner hands a stage's buffer back to the producer after the last
@@ -125,16 +117,16 @@ def chunk_loop_macro(
                 T.wgmma_gemm(Q_s, S_s, acc_o, clear_accum=True)
                 T.wait_wgmma(1)  # A is ready and K_s free; Q @ S may still run
                 for r, d in T.Parallel(C, dk):
-                    Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
+                    Kw_s[r, d] = K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, T.max(m - 1 - r, 0)))
                 for i, j in T.Parallel(C, C):
                     A_cast[i, j] = A[i, j] * Gamma[i, j]
                 T.wait_wgmma(0)
                 touch[0] = Q_s[0, 0]
                 for i, j in T.Parallel(C, block_dv):
-                    acc_o[i, j] *= T.exp2(log2_alpha * T.Cast(accum, i + 1))
+                    acc_o[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, i + 1))
                 T.wgmma_gemm(A_cast, V_s, acc_o)
                 for i, j in T.Parallel(dk, block_dv):
-                    S_f[i, j] *= alpha_pow_c
+                    S_f[i, j] *= T.exp2(lg[0] * T.Cast(accum, m))
                 T.wgmma_gemm(Kw_s, V_s, S_f, transpose_A=True)
                 T.wait_wgmma(1)  # the outputs are ready; the state update may still run
                 T.copy(acc_o, O_s)
@@ -146,7 +138,7 @@ def chunk_loop_macro(
                 T.copy(S_f, S_s)
                 T.gemm(Q_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
                 for i, j in T.Parallel(C, block_dv):
-                    acc_o[i, j] *= T.exp2(log2_alpha * T.Cast(accum, i + 1))
+                    acc_o[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, i + 1))
                 # Intra-chunk term with the unweighted Q.
                 T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
                 for i, j in T.Parallel(C, C):
@@ -158,14 +150,16 @@ def chunk_loop_macro(
                 # State update after the output (the output reads the state before this
                 # chunk), decaying the old state before adding this chunk's keys.
                 for i, j in T.Parallel(dk, block_dv):
-                    S_f[i, j] *= alpha_pow_c
+                    S_f[i, j] *= T.exp2(lg[0] * T.Cast(accum, m))
                 T.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV] -> [DK, bDV]
+        if Final is not None and final:
+            T.copy(S_f, Final[bbh, 0, :, v0 : v0 + block_dv])
 
     return chunk_loop
 
 
 def transposed_chunk_loop_macro(
-    *, chunk: int, dk: int, block_dv: int, alpha: float, num_stages: int, dtype: str
+    *, chunk: int, dk: int, block_dv: int, scale: float, num_stages: int, dtype: str
 ):
     """``chunk_loop_macro``'s loop with the state transposed: the block keeps ``S^T``
     (``[block_dv, DK]``, fp32) as the accumulator of ``V^T @ Kw``, so its fp16 cast is the
@@ -177,15 +171,13 @@ def transposed_chunk_loop_macro(
     store. Each consumer warpgroup owns 64 rows of ``S^T`` and ``O^T``
     (``GemmWarpPolicy.FullRow``), so a warpgroup's state never leaves its registers."""
     C, accum = chunk, "float32"
-    log2_alpha = math.log2(alpha)
-    alpha_pow_c = fp32_constant(alpha**C)
     rows = T.GemmWarpPolicy.FullRow
 
     @T.macro
-    def chunk_loop(Q, K, V, O, bb, bh, v0, s_begin, n_chunks, States, bbh, bp):
+    def chunk_loop(Q, K, V, O, Decay, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, p_in, final):
         Q_s = T.alloc_shared([C, dk], dtype)
         K_s = T.alloc_shared([C, dk], dtype)
-        Kw_s = T.alloc_shared([C, dk], dtype)  # K rows * alpha^(C-1-r): writes the state
+        Kw_s = T.alloc_shared([C, dk], dtype)  # K rows * alpha^(m-1-r): writes the state
         V_s = T.alloc_shared([C, block_dv], dtype)
         O_s = T.alloc_shared([C, block_dv], dtype)
         AT_cast = T.alloc_shared([C, C], dtype)
@@ -196,18 +188,23 @@ def transposed_chunk_loop_macro(
         AT = T.alloc_fragment([C, C], accum)
         GammaT = T.alloc_fragment([C, C], accum)
         touch = T.alloc_local([1], dtype)  # see the async step in chunk_loop_macro
+        lg = T.alloc_local([1], accum)  # log2(alpha) of this head, <= 0
+        lg[0] = T.log2(Decay[bh])
 
-        # GammaT[j, i] = alpha^(i-j) for key j <= query i, else 0 (never "all, then mask")
+        # GammaT[j, i] = scale * alpha^(i-j) for key j <= query i, else 0
         for j, i in T.Parallel(C, C):
-            GammaT[j, i] = T.if_then_else(j <= i, T.exp2(log2_alpha * T.Cast(accum, i - j)), T.Cast(accum, 0))
-        if States is None:
+            GammaT[j, i] = T.if_then_else(
+                j <= i, scale * T.exp2(lg[0] * T.Cast(accum, i - j)), T.Cast(accum, 0)
+            )
+        if State is None:
             T.clear(ST_f)
         else:
             for v, d in T.Parallel(block_dv, dk):
-                ST_f[v, d] = States[bbh, bp, d, v0 + v]
+                ST_f[v, d] = State[bbh, p_in, d, v0 + v]
 
         for c in T.Pipelined(n_chunks, num_stages=num_stages):
             s0 = s_begin + c * C
+            m = T.max(T.min(C, s_end - s0), 0)  # tokens of this chunk: C but at the end
             T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
             T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
             T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
@@ -216,16 +213,16 @@ def transposed_chunk_loop_macro(
             T.wgmma_gemm(ST_h, Q_s, OT, transpose_B=True, clear_accum=True, policy=rows)
             T.wait_wgmma(1)  # A^T is ready and K_s free; S^T @ Q^T may still run
             for r, d in T.Parallel(C, dk):
-                Kw_s[r, d] = K_s[r, d] * T.exp2(log2_alpha * T.Cast(accum, C - 1 - r))
+                Kw_s[r, d] = K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, T.max(m - 1 - r, 0)))
             for j, i in T.Parallel(C, C):
                 AT_cast[j, i] = AT[j, i] * GammaT[j, i]
             T.wait_wgmma(0)
             touch[0] = Q_s[0, 0]
             for v, i in T.Parallel(block_dv, C):
-                OT[v, i] *= T.exp2(log2_alpha * T.Cast(accum, i + 1))
+                OT[v, i] *= scale * T.exp2(lg[0] * T.Cast(accum, i + 1))
             T.wgmma_gemm(V_s, AT_cast, OT, transpose_A=True, policy=rows)  # [bDV, C_i]
             for v, d in T.Parallel(block_dv, dk):
-                ST_f[v, d] *= alpha_pow_c
+                ST_f[v, d] *= T.exp2(lg[0] * T.Cast(accum, m))
             T.wgmma_gemm(V_s, Kw_s, ST_f, transpose_A=True, policy=rows)  # [bDV, DK]
             T.wait_wgmma(1)  # the outputs are ready; the state update may still run
             for i, v in T.Parallel(C, block_dv):
@@ -233,6 +230,9 @@ def transposed_chunk_loop_macro(
             T.copy(O_s, O[bb, s0 : s0 + C, bh, v0 : v0 + block_dv])
             T.wait_wgmma(0)
             touch[0] = V_s[0, 0]
+        if Final is not None and final:
+            for v, d in T.Parallel(block_dv, dk):
+                Final[bbh, 0, d, v0 + v] = ST_f[v, d]
 
     return chunk_loop
 
@@ -244,20 +244,25 @@ def scalar_decay_fwd(
     seqlen: int,
     dk: int,
     dv: int,
-    alpha: float,
     chunk: int,
     block_dv: int,
     num_stages: int,
     threads: int,
     dtype: str = "float16",
     scores: str = "smem",
+    scale: float = 1.0,
+    initial_state: bool = False,
+    final_state: bool = False,
 ):
-    """Return the ``@T.prim_func`` ``main(Q, K, V, O)`` for one problem and config.
+    """Return the ``@T.prim_func`` ``main(Q, K, V, Decay, H0, O, HT)`` for one problem and
+    config.
 
-    Q, K: ``[B, S, H, DK]``; V, O: ``[B, S, H, DV]``; all of ``dtype``. Accumulation is
-    fp32. ``seqlen`` need not be a multiple of ``chunk``: the tile copies of the last chunk
-    are bounds-checked (TMA zero-fills reads past S and drops writes past S), and the
-    zero-filled rows add nothing to the outputs that are kept.
+    Q, K: ``[B, S, H, DK]``; V, O: ``[B, S, H, DV]``; all of ``dtype``. Decay: fp32 ``[H]``,
+    each head's alpha in (0, 1]. H0, HT: fp32 ``[B*H, 1, DK, DV]``, the state before the
+    first token (read only with ``initial_state``) and after the last (written only with
+    ``final_state``). Accumulation is fp32. ``seqlen`` need not be a multiple of
+    ``chunk``: the tile copies of the last chunk are bounds-checked (TMA zero-fills reads
+    past S and drops writes past S), and the zero-filled rows add nothing.
 
     ``scores="smem"`` stages the fp16 scores ``A * Gamma`` in shared memory; ``"regs"``
     keeps them in registers as the seed does. With TileLang 0.1.15 the register version
@@ -269,33 +274,42 @@ def scalar_decay_fwd(
         chunk=chunk,
         dk=dk,
         block_dv=block_dv,
-        alpha=alpha,
+        scale=scale,
         num_stages=num_stages,
         threads=threads,
         scores=scores,
         dtype=dtype,
     )
+    state_shape = [batch * heads, 1, dk, dv]
 
     @T.prim_func
     def main(
         Q: T.Tensor([batch, seqlen, heads, dk], dtype),
         K: T.Tensor([batch, seqlen, heads, dk], dtype),
         V: T.Tensor([batch, seqlen, heads, dv], dtype),
+        Decay: T.Tensor([heads], "float32"),
+        H0: T.Tensor(state_shape, "float32"),
         O: T.Tensor([batch, seqlen, heads, dv], dtype),
+        HT: T.Tensor(state_shape, "float32"),
     ):
         with T.Kernel(T.ceildiv(dv, block_dv), batch * heads, threads=threads) as (bv, bbh):
             bb = bbh // heads
             bh = bbh % heads
             v0 = bv * block_dv
-            # One block walks the whole sequence, from a zero state.
-            chunk_loop(Q, K, V, O, bb, bh, v0, 0, T.ceildiv(seqlen, chunk), None, bbh, 0)
+            # One block walks the whole sequence.
+            start, end = H0 if initial_state else None, HT if final_state else None
+            chunk_loop(
+                Q, K, V, O, Decay, bb, bh, v0, 0, T.ceildiv(seqlen, chunk), seqlen, start, end, bbh, 0, True
+            )
 
     return main
 
 
-def prim_func(problem: Problem, config: KernelConfig):
-    """``scalar_decay_fwd`` for a validated problem and a single-pass config."""
+def prim_func(problem: Problem, config: KernelConfig, **call):
+    """``scalar_decay_fwd`` for a validated problem and a single-pass config; ``call``:
+    ``scale``, ``initial_state``, ``final_state``."""
     knobs = config.to_dict()
     if knobs.pop("segments") != 1:
         raise ValueError(f"the single-pass kernel runs one segment, got segments={config.segments}")
-    return scalar_decay_fwd(**problem.to_dict(), **knobs)
+    shape = {k: v for k, v in problem.to_dict().items() if k != "alpha"}
+    return scalar_decay_fwd(**shape, **knobs, **call)

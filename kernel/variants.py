@@ -4,36 +4,40 @@ compiler and the call alike."""
 
 from typing import Any
 
-from kernel.config import KernelConfig, Problem
+from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
 
 
-def prim_funcs(problem: Problem, config: KernelConfig) -> list:
+def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL) -> list:
     """The ``@T.prim_func`` kernels of ``config``'s variant, in launch order."""
     from kernel import scalar_decay, seq_split  # TileLang: loaded when a kernel is built
 
     if config.segments == 1:
-        return [scalar_decay.prim_func(problem, config)]
-    return list(seq_split.prim_funcs(problem, config))
+        return [scalar_decay.prim_func(problem, config, **call.to_dict())]
+    return list(seq_split.prim_funcs(problem, config, **call.to_dict()))
 
 
-def launch(problem: Problem, config: KernelConfig, compiled: tuple[Any, ...], q, k, v, out) -> None:
-    """Run the compiled kernels of ``prim_funcs`` once on checked tensors, into ``out``."""
+def launch(
+    problem: Problem, config: KernelConfig, call: Call, compiled: tuple[Any, ...], q, k, v, decay, h0, out, ht
+) -> None:
+    """Run the compiled kernels of ``prim_funcs`` once on checked tensors: ``decay`` fp32
+    ``[H]``; ``h0`` and ``ht`` fp32 ``[B*H, 1, DK, DV]`` (read, or written, only where
+    ``call`` asks for a state in, or out); the outputs into ``out``."""
     if config.segments == 1:
         (single,) = compiled
-        single(q, k, v, out)
+        single(q, k, v, decay, h0, out, ht)
         return
     states_kernel, carry_kernel, outputs_kernel = compiled
     states = states_buffer(problem, config, q.device)
-    states_kernel(k, v, states)
-    if launches_carry(problem, config):
-        carry_kernel(states)
-    outputs_kernel(q, k, v, states, out)
+    states_kernel(k, v, decay, h0, states)
+    if launches_carry(problem, config, call):
+        carry_kernel(decay, states)
+    outputs_kernel(q, k, v, decay, states, out, ht)
 
 
-def launches_carry(problem: Problem, config: KernelConfig) -> bool:
-    """Whether the split's call runs its carry kernel: not with two segments, where
-    ``States[1]`` is already the state entering segment 1."""
-    return config.segment_count(problem.seqlen) > 2
+def launches_carry(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL) -> bool:
+    """Whether the split's call runs its carry kernel: not with two segments and no
+    initial state, where ``States[1]`` is already the state entering segment 1."""
+    return config.segment_count(problem.seqlen) > 2 or call.initial_state
 
 
 def states_buffer(problem: Problem, config: KernelConfig, device: Any = "cuda"):
@@ -43,3 +47,11 @@ def states_buffer(problem: Problem, config: KernelConfig, device: Any = "cuda"):
 
     p = problem
     return torch.empty(p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv, device=device)
+
+
+def state_buffer(problem: Problem, device: Any = "cuda"):
+    """An uninitialised fp32 ``[B*H, 1, DK, DV]`` state, as the kernels declare H0 and HT."""
+    import torch
+
+    p = problem
+    return torch.empty(p.batch * p.heads, 1, p.dk, p.dv, device=device)

@@ -1,0 +1,167 @@
+"""The forward a model calls: ``decay_attention``, a drop-in for the forward of fla's
+``chunk_simple_gla`` for a constant decay per head, registered as the torch custom op
+``decay_tuner::decay_attention`` so that it runs under ``torch.compile(fullgraph=True)``
+and inside a captured CUDA graph.
+
+fla's arguments map one to one: ``g_gamma`` (log-decay per head) is ``log(decay)``, i.e.
+``decay = exp(g_gamma)``; ``scale``, ``initial_state`` and ``output_final_state`` mean the
+same, and the state is fp32 ``[B, H, DK, DV]`` in both.
+"""
+
+import math
+from typing import Any
+
+import torch
+
+from kernel.build import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay, sm_count
+from kernel.config import Call, KernelConfig, Problem
+from kernel.dispatch import Dispatch, default_config
+
+_KERNELS: dict[tuple[Problem, KernelConfig, Call], ScalarDecayKernel] = {}
+_DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+_TABLE: list[Dispatch | None] = [None]
+
+
+def use_table(table: Dispatch | None) -> None:
+    """Serve every later call with the config ``table`` picks for its shape (``None``: the
+    documented default, ``kernel.dispatch.default_config``)."""
+    _TABLE[0] = table
+
+
+def decay_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: float | torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``o_t = (scale * q_t) S_t`` with ``S_t = decay_h * S_{t-1} + k_t^T v_t`` per head.
+
+    q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; float16 or bfloat16 CUDA tensors.
+    decay: a float in (0, 1], or a tensor ``[H]`` of one alpha per head in (0, 1]. scale:
+    multiplies the queries (default ``DK ** -0.5``, as fla). initial_state: fp32
+    ``[B, H, DK, DV]``, the state before the first token (default zero). Returns ``(o,
+    final_state)``: ``o`` ``[B, S, H, DV]`` in q's dtype, and the fp32 ``[B, H, DK, DV]``
+    state after the last token when ``output_final_state``, else ``None``. A wrong input
+    raises ``ValueError`` before anything is launched.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    alpha, per_head = (float(decay), None) if isinstance(decay, (int, float)) else (1.0, decay)
+    o, final = torch.ops.decay_tuner.decay_attention(
+        q, k, v, per_head, alpha, float(scale), initial_state, output_final_state
+    )
+    return o, (final if output_final_state else None)
+
+
+@torch.library.custom_op("decay_tuner::decay_attention", mutates_args=())
+def _decay_attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor | None,
+    alpha: float,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    problem = _problem(q, k, v)
+    decay = _decay_tensor(decay, alpha, problem.heads, q.device)
+    _check_state(initial_state, problem, q.device)
+    call = Call(scale, initial_state is not None, output_final_state)
+    final = _empty_state(q, problem, output_final_state)
+    kernel = _kernel(problem, call)
+    o = kernel(
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        decay=decay,
+        initial_state=None if initial_state is None else initial_state.contiguous(),
+        final_state=final if output_final_state else None,
+    )
+    return o, final
+
+
+@_decay_attention_op.register_fake
+def _(q, k, v, decay, alpha, scale, initial_state, output_final_state):
+    b, s, h, dk = q.shape
+    final = q.new_empty((b, h, dk, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
+    return q.new_empty(b, s, h, v.shape[-1]), final
+
+
+def _empty_state(q: torch.Tensor, problem: Problem, wanted: bool) -> torch.Tensor:
+    shape = (problem.batch, problem.heads, problem.dk, problem.dv) if wanted else (0,)
+    return torch.empty(shape, dtype=torch.float32, device=q.device)
+
+
+def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
+    """The shape of the call, validated; alpha is a placeholder (read at run time)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-d tensor [B, S, H, D], got {_describe(t)}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+    if q.dtype not in _DTYPE_NAMES:
+        raise ValueError(f"q must be float16 or bfloat16, got {q.dtype}")
+    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"k must be shaped as q {list(q.shape)} and v [B, S, H, DV]; got {list(k.shape)}, {list(v.shape)}"
+        )
+    if not (k.dtype == v.dtype == q.dtype) or not (k.device == v.device == q.device):
+        got = ", ".join(f"{t.dtype} on {t.device}" for t in (q, k, v))
+        raise ValueError(f"q, k, v must share dtype and device, got {got}")
+    b, s, h, dk = q.shape
+    return Problem(b, h, s, dk, v.shape[-1], 1.0, _DTYPE_NAMES[q.dtype])
+
+
+def _decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: torch.device) -> torch.Tensor:
+    """The fp32 ``[H]`` decay the kernels read, checked to lie in (0, 1]."""
+    if decay is None:
+        if not (math.isfinite(alpha) and 0.0 < alpha <= 1.0):
+            raise ValueError(f"decay must be in (0, 1], got {alpha}")
+        return constant_decay(alpha, heads, device)
+    if decay.shape != (heads,):
+        raise ValueError(
+            f"decay must be a float or a tensor of {heads} alphas [H], got shape {list(decay.shape)}"
+        )
+    if not decay.is_floating_point():
+        raise ValueError(f"decay must be a floating-point tensor, got {decay.dtype}")
+    if decay.device != device:
+        raise ValueError(f"decay is on {decay.device} but q is on {device}")
+    decay = decay.to(torch.float32).contiguous()
+    # Checking the values waits for the GPU: skipped while a CUDA graph is captured.
+    if not torch.cuda.is_current_stream_capturing():
+        bad = ~((decay > 0) & (decay <= 1))
+        if bool(bad.any()):
+            head = int(bad.nonzero()[0])
+            raise ValueError(
+                f"decay must lie in (0, 1] for every head, got {decay[head].item()} at head {head}"
+            )
+    return decay
+
+
+def _check_state(state: torch.Tensor | None, problem: Problem, device: torch.device) -> None:
+    if state is None:
+        return
+    shape = [problem.batch, problem.heads, problem.dk, problem.dv]
+    if list(state.shape) != shape or state.dtype != torch.float32:
+        raise ValueError(
+            f"initial_state must be float32 {shape} [B, H, DK, DV], got {state.dtype} {list(state.shape)}"
+        )
+    if state.device != device:
+        raise ValueError(f"initial_state is on {state.device} but q is on {device}")
+
+
+def _kernel(problem: Problem, call: Call) -> ScalarDecayKernel:
+    table = _TABLE[0]
+    config = table.pick(problem).config if table is not None else default_config(problem, sm_count())
+    key = (problem, config, call)
+    if key not in _KERNELS:
+        _KERNELS[key] = build(problem, config, call)
+    return _KERNELS[key]
+
+
+def _describe(x: Any) -> str:
+    return f"shape {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
