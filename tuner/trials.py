@@ -1,6 +1,7 @@
 """Queries on a study's trials, and the trial log: one pandas row per trial. Pure
 functions of the study."""
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ COLUMNS = (
     "wall_s",
     "started",
     *(f"env_{k}" for k in ENVIRONMENT_KEYS),
+    "constraints",  # JSON text of {name: value - limit}; a dict column would not survive Parquet
 )
 # Outcomes that cost a GPU launch (a cached trial reuses an earlier launch and costs none).
 GPU_OUTCOMES = ("ok", "incorrect", "runtime_failed")
@@ -110,6 +112,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
             "wall_s": attrs.get("wall_s"),
             "started": t.datetime_start,
             **{f"env_{k}": env.get(k) for k in ENVIRONMENT_KEYS},
+            "constraints": json.dumps(t.constraints, sort_keys=True),
         }
         rows.append(row)
     return pd.DataFrame(rows, columns=list(COLUMNS))
