@@ -4,7 +4,6 @@ Every case runs on fresh random inputs into an output pre-filled with NaN, so an
 the kernel skips fails the test as surely as a wrong one.
 """
 
-import importlib
 import itertools
 import zlib
 
@@ -13,8 +12,9 @@ import torch
 
 from kernel import SEED_CONFIG, KernelConfig, Problem, build
 from kernel.build import cuda_arch, precompile
+from kernel.config import config_grid
 from kernel.resources import ProbeFailure, ProbeResult, Resources
-from kernel.validate import ALPHAS, check, config_grid
+from kernel.validate import ALPHAS, check
 
 pytestmark = pytest.mark.gpu
 
@@ -95,7 +95,8 @@ def test_rejects_bad_tensors():
 
 
 def test_exported_config_loads_into_a_ready_kernel(tmp_path):
-    from kernel.deploy import FORMAT, VERSION, environment, load_kernel, write_json
+    from kernel.deploy import FORMAT, VERSION, load_kernel
+    from kernel.environment import environment, write_json
 
     problem = Problem(2, 3, 300, 64, 64, 0.9)
     path = tmp_path / "best.json"
@@ -145,7 +146,8 @@ def test_sequence_split_variant_matches_c(problem, config):
 def test_sequence_split_writes_every_state_it_reads(problem, config, monkeypatch):
     """The split's states buffer is uninitialised memory: with it NaN-filled before each
     call, the outputs still match (two segments, where no carry kernel runs, and three)."""
-    module = importlib.import_module("kernel.build")  # the name ``kernel.build`` is the function
-    empty = module.states_buffer
-    monkeypatch.setattr(module, "states_buffer", lambda *a: empty(*a).fill_(float("nan")))
+    from kernel import variants
+
+    empty = variants.states_buffer
+    monkeypatch.setattr(variants, "states_buffer", lambda *a: empty(*a).fill_(float("nan")))
     _assert_matches_c(build(problem, config), seed=7)

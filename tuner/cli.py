@@ -55,7 +55,9 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.default in (None, False, True, []) or "default" in text or action.nargs == 0:
+        default = action.default  # not `in (None, False, True, [])`, which also hides 0 and 1 (0 == False)
+        hidden = default is None or isinstance(default, bool) or default == []
+        if hidden or "default" in text or action.nargs == 0:
             return text
         return f"{text} (default: %(default)s)"
 
