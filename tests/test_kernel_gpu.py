@@ -12,9 +12,8 @@ import torch
 
 from kernel import SEED_CONFIG, KernelConfig, Problem, build
 from kernel.build import cuda_arch, precompile
-from kernel.config import config_grid
 from kernel.resources import ProbeFailure, ProbeResult, Resources
-from kernel.validate import ALPHAS, check
+from kernel.validate import ALPHAS, check, validation_grid
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +27,7 @@ SHAPES = [
     (3, 1, 129, 64, 64),
 ]
 DTYPES = ["float16", "bfloat16"]
-CONFIG_SWEEP = [(Problem(2, 3, 300, d, d, 0.9), c) for d in (128, 64) for c in config_grid(d)]
+CONFIG_SWEEP = [(Problem(2, 3, 300, d, d, 0.9), c) for d in (128, 64) for c in validation_grid(d)]
 NUMERIC_CASES = [
     (Problem(*shape, alpha, dtype), SEED_CONFIG)
     for shape, alpha, dtype in itertools.product(SHAPES, ALPHAS, DTYPES)
