@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 import refs
-from kernel.build import TORCH_DTYPES, ScalarDecayKernel, build, cuda_arch, precompile
+from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, cuda_arch, precompile
 from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem, config_grid
 from kernel.environment import environment
 from kernel.resources import ProbeFailure

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernel import SEED_CONFIG, KernelConfig, Problem, build
-from kernel.build import cuda_arch, precompile
+from kernel.builder import cuda_arch, precompile
 from kernel.resources import ProbeFailure, ProbeResult, Resources
 from kernel.validate import ALPHAS, check, validation_grid
 
