@@ -296,10 +296,11 @@ def test_gpu_study_end_to_end(tmp_path, monkeypatch, capsys):
     assert "median" in capsys.readouterr().out
     frame = pd.read_csv(tmp_path / "gpu" / "trials.csv")
     ok = frame[frame.status == "ok"]
-    assert len(ok) >= 2 and (ok.median_ms > 0).all() and (ok.rel_l2 < 2e-2).all() and ok.gpu_evaluated.all()
+    assert len(ok) >= 2 and (ok.median_ms > 0).all() and ok.gpu_evaluated.all()
+    assert (ok.rel_l2 < refs.TOLERANCE).all()
     assert (ok.p20_ms <= ok.median_ms).all() and (ok.median_ms <= ok.p80_ms).all()
     kernel = load_kernel(tmp_path / "gpu" / "best.json")
-    assert check(kernel, seed=5)["rel_l2"] < 2e-2
+    assert check(kernel, seed=5)["rel_l2"] < refs.TOLERANCE
 
 
 @pytest.mark.gpu
@@ -319,4 +320,4 @@ def test_gpu_dispatch_end_to_end(tmp_path, monkeypatch, capsys):
     q, k, v = random_qkv(problem, seed=8)
     out = table(q, k, v, alpha=problem.alpha)
     ref = refs.kernel_mimic(q, k, v, problem.alpha, table.pick(problem).config.chunk)
-    assert refs.rel_l2(out, ref) < 2e-2
+    assert refs.rel_l2(out, ref) < refs.TOLERANCE

@@ -4,6 +4,7 @@ import time
 
 from helpers import SMALL_PROBLEM
 
+import refs
 from kernel import SEED_CONFIG, KernelConfig
 from tuner.worker import INJECT_ENV, GpuWorker
 
@@ -14,7 +15,8 @@ def test_worker_survives_hang_and_segfault(monkeypatch):
     worker = GpuWorker(timeout_s=20)
 
     def job(config: KernelConfig) -> dict:
-        return {"problem": SMALL_PROBLEM.to_dict(), "config": config.to_dict(), "seed": 0, "tolerance": 2e-2}
+        problem = SMALL_PROBLEM.to_dict()
+        return {"problem": problem, "config": config.to_dict(), "seed": 0, "tolerance": refs.TOLERANCE}
 
     try:
         t0 = time.monotonic()

@@ -413,7 +413,7 @@ def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, round
 
     import torch
 
-    from kernel.build import build
+    from kernel.builder import build
     from kernel.timing import alternating
     from kernel.validate import random_qkv
 

@@ -33,7 +33,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 import optuna
 from optuna.trial import TrialState
 
-from kernel.build import cuda_arch, sm_count
+from kernel.builder import cuda_arch, sm_count
 from kernel.config import SEED_CONFIG, KernelConfig, Problem
 from kernel.environment import env_key, environment
 from kernel.resources import DEFAULT_ARCH, ProbeFailure, Resources, probe
