@@ -24,9 +24,10 @@ import pandas as pd
 
 from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, knob_choices
 from kernel.environment import ENVIRONMENT_KEYS
+from kernel.record import TRIAL_COLUMNS
 from kernel.resources import SMEM_LIMIT_BYTES
 from refs import TOLERANCE
-from reports.data import KNOB_NAMES, MEASURES, RESOURCES_ALL, StudyInfo
+from reports.data import StudyInfo
 
 MAX_REGISTERS = 255  # the register budget (registers / thread) the tuner checks by default
 ENVIRONMENT = {
@@ -37,26 +38,6 @@ ENVIRONMENT = {
     "cuda": "13.0",
 }
 PEERS = {"fla chunk_simple_gla": 0.39, "torch chunked": 6.18}
-# The trial log's columns, in ``tuner.trials.trials_frame``'s order (tests/test_reports.py
-# checks them against it).
-COLUMNS = (
-    "number",
-    "state",
-    "status",
-    "reason",
-    *KNOB_NAMES,
-    *MEASURES,
-    *RESOURCES_ALL,
-    "feasible",
-    "baseline",
-    "gpu_evaluated",
-    "cached_from",
-    "mode",
-    "wall_s",
-    "started",
-    *(f"env_{k}" for k in ENVIRONMENT_KEYS),
-    "constraints",
-)
 GPU_OUTCOMES = ("ok", "incorrect", "runtime_failed")  # outcomes that cost a GPU launch
 START = datetime.datetime(2025, 1, 1)
 
@@ -87,14 +68,14 @@ def synthetic_trials(
         row = _trial(number, config, gpu, rng, started)
         rows.append(row)
         started += datetime.timedelta(seconds=row["wall_s"])
-    return pd.DataFrame(rows, columns=list(COLUMNS)), info
+    return pd.DataFrame(rows, columns=list(TRIAL_COLUMNS)), info
 
 
 def _trial(
     number: int, c: KernelConfig, gpu: bool, rng: np.random.Generator, started: datetime.datetime
 ) -> dict[str, Any]:
     """One row of the trial log, as ``tuner.study`` would have recorded the trial."""
-    row: dict[str, Any] = dict.fromkeys(COLUMNS)
+    row: dict[str, Any] = dict.fromkeys(TRIAL_COLUMNS)
     row |= {
         "number": number,
         **c.to_dict(),

@@ -8,7 +8,6 @@ numbers are tested exactly and the drawing only smoke-tested (Optuna's
 ``_get_pareto_front_info`` / ``_get_pareto_front_plot``).
 """
 
-import dataclasses
 import json
 import math
 import warnings
@@ -21,41 +20,15 @@ import pandas as pd
 import torch
 
 from kernel.config import KernelConfig, knob_choices
+from kernel.record import MEASURES, PARAMS, TRIAL_COLUMNS
+from kernel.record import RESOURCES as RESOURCES_ALL
 from refs import factorised_peak, gamma_table
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
-# The knobs, in ``KernelConfig``'s field order (that of ``kernel.config.knob_choices``).
-KNOB_NAMES = tuple(f.name for f in dataclasses.fields(KernelConfig))
-# Numeric columns of the trial log that are None where unmeasured (object dtype when all are).
-MEASURES = ("median_ms", "p20_ms", "p80_ms", "reps", "rel_l2", "nan_count")
-RESOURCES_ALL = (
-    "registers",
-    "spill_bytes",
-    "spill_stores",
-    "spill_loads",
-    "stack_frame",
-    "static_smem",
-    "dynamic_smem",
-    "smem_bytes",
-    "threads_launched",
-    "seed_register_estimate",
-    "compile_seconds",
-)
-# The trial log's columns the report reads. ``constraints``: the trial's Optuna constraints,
-# name -> value (> 0: violated), as a JSON object text (``json.dumps(t.constraints)``) or a dict.
-FRAME_COLUMNS = (
-    "number",
-    "state",
-    "status",
-    "reason",
-    *KNOB_NAMES,
-    *MEASURES,
-    *RESOURCES_ALL,
-    "feasible",
-    "baseline",
-    "mode",
-    "constraints",
-)
+# The trial log's columns (``kernel.record.TRIAL_COLUMNS``) are what the report reads.
+# ``constraints``: the trial's Optuna constraints, name -> value (> 0: violated), as a JSON
+# object text (``json.dumps(t.constraints)``) or a dict.
+FRAME_COLUMNS = TRIAL_COLUMNS
 # The resource a constraint bounds: constraint = column value - limit.
 CONSTRAINT_COLUMNS = {
     "spills": "spill_bytes",
@@ -161,7 +134,7 @@ def report_frame(frame: pd.DataFrame, info: StudyInfo) -> pd.DataFrame:
     frame = frame.copy()
     for column in (*MEASURES, *RESOURCES_ALL):  # all-None columns (e.g. no latency) come back as objects
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
-    frame["config"] = [config_label(row) for row in frame[list(KNOB_NAMES)].to_dict("records")]
+    frame["config"] = [config_label(row) for row in frame[list(PARAMS)].to_dict("records")]
     frame["violated"] = [
         ", ".join(k for k, v in sorted(constraints(c).items()) if v > 0) for c in frame.constraints
     ]
@@ -213,7 +186,7 @@ def _hover(row: dict[str, Any]) -> str:
         f"trial {row['number']} · {row['status'] or row['state'].lower()}"
         + (" · baseline (seed default)" if row["baseline"] else ""),
         "C={} bDV={} stages={} threads={} scores={} segments={}".format(
-            *(_plain_text(row[k]) for k in KNOB_NAMES)
+            *(_plain_text(row[k]) for k in PARAMS)
         ),
         (
             f"median {num('median_ms', '.4f', ' ms')} (p20 {num('p20_ms', '.4f')}, "
@@ -340,7 +313,7 @@ def knob_frame(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
         ok.sort_values([knob, "number"]).assign(
             knob=knob, choice=lambda f, k=knob: f[k].map(_plain_text), value=lambda f: f[metric]
         )[cols]
-        for knob in KNOB_NAMES
+        for knob in PARAMS
     ]
     return pd.concat(parts, ignore_index=True) if len(ok) else pd.DataFrame(columns=cols)
 
@@ -364,13 +337,13 @@ def importance(frame: pd.DataFrame, info: StudyInfo, metric: str = "median_ms") 
     if feasible[metric].nunique() < 2:
         return Importance({}, f"all {len(feasible)} feasible trials have the same {metric}")
     scratch = optuna.create_study(directions=["minimize"] * len(objectives))
-    rows = feasible[list(dict.fromkeys([*KNOB_NAMES, *objectives, metric]))].to_dict("records")
+    rows = feasible[list(dict.fromkeys([*PARAMS, *objectives, metric]))].to_dict("records")
     dists = _distributions(rows, info.problem.get("dv"))
     try:
         scratch.add_trials(
             [
                 optuna.trial.create_trial(
-                    params={k: _native(r[k]) for k in KNOB_NAMES},
+                    params={k: _native(r[k]) for k in PARAMS},
                     distributions=dists,
                     values=[float(r[o]) for o in objectives],
                     user_attrs={metric: float(r[metric])},
@@ -399,7 +372,7 @@ def _distributions(
     problem is unknown or a value is not among the choices."""
     table = knob_choices(int(dv)) if isinstance(dv, int) and dv > 0 else {}
     dists = {}
-    for knob in KNOB_NAMES:
+    for knob in PARAMS:
         seen = list(dict.fromkeys(_native(r[knob]) for r in rows))
         choices = table.get(knob, ())
         if not all(v in choices for v in seen):

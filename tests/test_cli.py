@@ -21,9 +21,10 @@ from helpers import LAYOUT_FAILURE, REPO, SMALL, SMALL_PROBLEM, gpu_study, run_s
 import refs
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.deploy import load_config, read_export
+from kernel.record import TRIAL_COLUMNS
 from tuner.cli import COMMANDS, TABLE, build_parser, main
 from tuner.storage import default_study_name
-from tuner.trials import COLUMNS, trials_frame
+from tuner.trials import trials_frame
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_compile_only_study_end_to_end(explored, tmp_path, capsys, monkeypatch):
     assert study.user_attrs["mode"] == "compile-only" and study.user_attrs["objectives"] == ["spill_bytes"]
 
     frame = pd.read_csv(explored.dir / "e2e" / "trials.csv")
-    assert list(frame.columns) == list(COLUMNS) and len(frame) == 4
+    assert list(frame.columns) == list(TRIAL_COLUMNS) and len(frame) == 4
     failed = frame[(frame.chunk == 32) & (frame.scores == "regs")]
     assert (
         len(failed) >= 1

@@ -20,10 +20,11 @@ from optuna.trial import TrialState
 
 from kernel import SMEM_LIMIT_BYTES, KernelConfig, Problem
 from kernel.config import knob_choices
+from kernel.record import TRIAL_COLUMNS
 from refs import TOLERANCE
 from reports import StudyInfo, browser, data, figures, render_report, write_report
 from reports.bench import figure as bench_figure
-from reports.benchmark import COLUMNS, PEERS, synthetic_trials
+from reports.benchmark import PEERS, synthetic_trials
 from tuner.cli import main
 from tuner.trials import trials_frame
 
@@ -140,7 +141,7 @@ def test_trial_log_holds_what_the_report_reads(study):
     trials = trials_frame(study)
     assert set(data.FRAME_COLUMNS) <= set(trials.columns), set(data.FRAME_COLUMNS) - set(trials.columns)
     # The synthetic log of reports.benchmark has exactly the trial log's columns.
-    assert set(COLUMNS) == set(trials.columns) | {"constraints"}
+    assert set(TRIAL_COLUMNS) == set(trials.columns) | {"constraints"}
     assert data.constraints(trials.constraints[4]) == {
         "spills": 64.0,
         "smem": 300_000 - SMEM_LIMIT_BYTES,

@@ -6,8 +6,9 @@ import pytest
 from helpers import SMALL_PROBLEM, gpu_study
 
 from kernel import SEED_CONFIG, KernelConfig
+from kernel.record import TRIAL_COLUMNS
 from tuner import space
-from tuner.trials import COLUMNS, compare, save_frame, trials_frame
+from tuner.trials import compare, save_frame, trials_frame
 
 
 def test_trials_frame_from_hand_built_study():
@@ -29,7 +30,7 @@ def test_trials_frame_from_hand_built_study():
     study.add_trials([ok, failed])
     study.enqueue_trial(KernelConfig(64, 64, 1, 128).to_dict())
     frame = trials_frame(study)
-    assert list(frame.columns) == list(COLUMNS)
+    assert list(frame.columns) == list(TRIAL_COLUMNS)
     assert frame.status.tolist() == ["ok", "compile_failed", "queued"]
     assert frame.feasible.tolist() == [True, False, False] and frame.baseline.tolist() == [True, False, False]
     assert (

@@ -261,7 +261,7 @@ def table(frame: "pd.DataFrame", columns=TABLE) -> str:
     point, empty cells blank, each reason's first line whole."""
     import pandas as pd
 
-    from tuner.trials import PARAMS
+    from kernel.record import PARAMS
 
     shown = frame.assign(
         config=[KernelConfig(**{k: row[k] for k in PARAMS}).label for _, row in frame.iterrows()],
