@@ -10,8 +10,8 @@ from typing import Any
 from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem
 
 _LAZY = {
-    "ScalarDecayKernel": "kernel.build",
-    "build": "kernel.build",
+    "ScalarDecayKernel": "kernel.builder",
+    "build": "kernel.builder",
     "SMEM_LIMIT_BYTES": "kernel.resources",
     "ProbeFailure": "kernel.resources",
     "ProbeResult": "kernel.resources",

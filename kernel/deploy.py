@@ -90,6 +90,6 @@ def check_environment(path: str | Path, saved: dict[str, Any]) -> None:
 
 def load_kernel(path: str | Path, *, problem: Problem | None = None, allow_mismatch: bool = False):
     """Load a best-config file into a kernel ready to call (``kernel.build``)."""
-    from kernel.build import build
+    from kernel.builder import build
 
     return build(*load_config(path, problem=problem, allow_mismatch=allow_mismatch))

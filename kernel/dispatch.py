@@ -79,14 +79,14 @@ class Dispatch:
     def kernel(self, problem: Problem):
         """The built kernel for ``problem`` (compiled on first use, then cached)."""
         if problem not in self._kernels:
-            from kernel.build import build
+            from kernel.builder import build
 
             self._kernels[problem] = build(problem, self.pick(problem).config)
         return self._kernels[problem]
 
     def __call__(self, q, k, v, *, alpha: float, out=None):
         """``o = kernel(q, k, v)`` with the problem read off the tensors ``[B, S, H, D]``."""
-        from kernel.build import TORCH_DTYPES
+        from kernel.builder import TORCH_DTYPES
 
         dtypes = {torch_dtype: name for name, torch_dtype in TORCH_DTYPES.items()}
         if q.dim() != 4 or v.dim() != 4:

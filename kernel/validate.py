@@ -17,13 +17,18 @@ from typing import Any
 import torch
 
 import refs
-from kernel.build import TORCH_DTYPES, ScalarDecayKernel, build, cuda_arch, precompile
+from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, cuda_arch, precompile
 from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem, config_grid
 from kernel.environment import environment
 from kernel.resources import ProbeFailure
 from kernel.timing import bench
 
 ALPHAS = (1.0, 0.99, 0.9, 0.8, 0.5)
+
+
+def validation_grid(dv: int) -> list[KernelConfig]:
+    """Every single-pass config of the knob table (the split is checked at chosen cases)."""
+    return [c for c in config_grid(dv) if c.segments == 1]
 
 
 def random_qkv(problem: Problem, *, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -104,7 +109,7 @@ def sweep(cases: list[tuple[Problem, KernelConfig, bool]], *, log: Path, seed: i
 def headline_cases() -> list[tuple[Problem, KernelConfig, bool]]:
     """Every single-pass config at the headline shape, timed; the notable ones at every
     alpha and dtype."""
-    cases = [(HEADLINE, c, True) for c in config_grid(HEADLINE.dv) if c.segments == 1]
+    cases = [(HEADLINE, c, True) for c in validation_grid(HEADLINE.dv)]
     notable = [SEED_CONFIG, KernelConfig(64, 64, 1, 128), KernelConfig(64, 128, 2, 256)]
     for config, alpha, dtype in itertools.product(notable, ALPHAS, ("float16", "bfloat16")):
         if (alpha, dtype) != (HEADLINE.alpha, HEADLINE.dtype):

@@ -16,10 +16,16 @@ from typing import Any, NamedTuple
 
 # Debian's chromium, never a downloaded browser build (`playwright install` is not used).
 CHROMIUM_ENV = "DECAY_TUNER_CHROMIUM"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
-RENDERED_JS = ("() => [...document.querySelectorAll('.js-plotly-plot')]"
-               ".filter(d => d.querySelector('svg')).length")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+RENDERED_JS = (
+    "() => [...document.querySelectorAll('.js-plotly-plot')].filter(d => d.querySelector('svg')).length"
+)
 GRAPHS_JS = "() => document.querySelectorAll('.plotly-graph-div').length"
 
 
@@ -105,8 +111,13 @@ def screenshot(html: Path, png: Path, *, width: int = 1400, timeout_s: float = 6
 
 
 def _result(page: Any, errors: list[str], blocked: list[str], load_ms: float) -> PageLoad:
-    return PageLoad(graphs=page.evaluate(GRAPHS_JS), rendered=page.evaluate(RENDERED_JS),
-                    console_errors=list(errors), blocked=list(blocked), load_ms=load_ms)
+    return PageLoad(
+        graphs=page.evaluate(GRAPHS_JS),
+        rendered=page.evaluate(RENDERED_JS),
+        console_errors=list(errors),
+        blocked=list(blocked),
+        load_ms=load_ms,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,8 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         parser.error(why)
     load_ = screenshot(args.html, args.screenshot, width=args.width) if args.screenshot else load(args.html)
-    print(f"{load_.rendered}/{load_.graphs} plots rendered in {load_.load_ms:.0f} ms; "
-          f"console errors: {load_.console_errors or 'none'}; blocked requests: {load_.blocked or 'none'}")
+    print(
+        f"{load_.rendered}/{load_.graphs} plots rendered in {load_.load_ms:.0f} ms; "
+        f"console errors: {load_.console_errors or 'none'}; blocked requests: {load_.blocked or 'none'}"
+    )
     return 0 if load_.rendered == load_.graphs and not load_.console_errors and not load_.blocked else 1
 
 

@@ -1,13 +1,17 @@
-"""The report's data: pure functions of a study (``tuner.trials.trials_frame``) and its attrs.
+"""The report's data: pure functions of a study's trial log and its study-level attrs.
 
-Nothing here draws. Every function returns a pandas frame or a NamedTuple that
-``reports.figures`` turns into a plotly figure, so the numbers are tested exactly and the
-drawing only smoke-tested (Optuna's ``_get_pareto_front_info`` / ``_get_pareto_front_plot``).
+The input is the trial log as ``tuner.trials.trials_frame`` returns it (one row per trial;
+``FRAME_COLUMNS`` are the columns read here) and a ``StudyInfo``. Nothing here draws, and
+nothing imports the tuner: the dependency runs tuner -> reports. Every function returns a
+pandas frame or a NamedTuple that ``reports.figures`` turns into a plotly figure, so the
+numbers are tested exactly and the drawing only smoke-tested (Optuna's
+``_get_pareto_front_info`` / ``_get_pareto_front_plot``).
 """
 
+import json
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -15,20 +19,57 @@ import optuna
 import pandas as pd
 import torch
 
+from kernel.config import KernelConfig, knob_choices
+from kernel.record import MEASURES, PARAMS, TRIAL_COLUMNS
+from kernel.record import RESOURCES as RESOURCES_ALL
 from refs import factorised_peak, gamma_table
-from tuner.study import best_trials
-from tuner.trials import MEASURES, PARAMS, trials_frame
-from tuner.trials import RESOURCES as RESOURCES_ALL
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
-# The resource a constraint of ``tuner.study`` bounds: constraint = column value - limit.
-CONSTRAINT_COLUMNS = {"spills": "spill_bytes", "smem": "smem_bytes", "registers": "registers",
-                      "correctness": "rel_l2"}
+# The trial log's columns (``kernel.record.TRIAL_COLUMNS``) are what the report reads.
+# ``constraints``: the trial's Optuna constraints, name -> value (> 0: violated), as a JSON
+# object text (``json.dumps(t.constraints)``) or a dict.
+FRAME_COLUMNS = TRIAL_COLUMNS
+# The resource a constraint bounds: constraint = column value - limit.
+CONSTRAINT_COLUMNS = {
+    "spills": "spill_bytes",
+    "smem": "smem_bytes",
+    "registers": "registers",
+    "correctness": "rel_l2",
+}
 RESOURCES = ("spill_bytes", "smem_bytes", "registers")
 FINISHED = ("COMPLETE", "FAIL", "PRUNED")
 # The seed's tables (section 3): alpha rows and chunk columns of the overflow map.
 OVERFLOW_ALPHAS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
 OVERFLOW_CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+class StudyInfo(NamedTuple):
+    """The study-level facts the page shows, beside the trial log.
+
+    ``problem``: ``Problem.to_dict()`` of the tuned problem; ``mode``: "gpu" or
+    "compile-only" (None: read from the trials); ``objectives``: the frame columns the
+    study minimised, in order (None: ``["median_ms"]``); ``peers``: peer timings,
+    ``{name: median_ms}`` measured in the same run (validated by ``peers``).
+    """
+
+    name: str
+    problem: dict[str, Any]
+    mode: str | None = None
+    objectives: tuple[str, ...] | None = None
+    peers: Any = None
+
+    @classmethod
+    def from_attrs(cls, name: str, attrs: Mapping[str, Any]) -> "StudyInfo":
+        """From a study's name and user attrs ("problem", "mode", "objectives", "peers");
+        other attrs are ignored."""
+        objectives = attrs.get("objectives")
+        return cls(
+            name=name,
+            problem=dict(attrs.get("problem") or {}),
+            mode=attrs.get("mode"),
+            objectives=tuple(objectives) if objectives else None,
+            peers=attrs.get("peers"),
+        )
 
 
 class Summary(NamedTuple):
@@ -83,25 +124,49 @@ class PeerInfo(NamedTuple):
     note: str | None
 
 
-def report_frame(study: optuna.Study) -> pd.DataFrame:
-    """``trials_frame`` plus ``config`` (C/bDV/stages/threads/scores, the ``--enqueue`` form),
-    ``violated`` (names of the violated constraints), ``alpha`` and ``hover`` (the full
-    config and measurements, one HTML line each)."""
-    frame = trials_frame(study)
+def report_frame(frame: pd.DataFrame, info: StudyInfo) -> pd.DataFrame:
+    """A copy of the trial log plus ``config`` (``KernelConfig.label``, the ``--enqueue``
+    form), ``violated`` (names of the violated constraints), ``alpha`` and ``hover`` (the
+    full config and measurements, one HTML line each)."""
+    missing = [c for c in FRAME_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"the trial log lacks the columns {missing} (see reports.data.FRAME_COLUMNS)")
+    frame = frame.copy()
     for column in (*MEASURES, *RESOURCES_ALL):  # all-None columns (e.g. no latency) come back as objects
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
-    over = {t.number: ", ".join(k for k, v in sorted(t.constraints.items()) if v > 0)
-            for t in study.get_trials(deepcopy=False)}
-    frame["config"] = [config_label(row) for row in frame[list(PARAMS)].itertuples(index=False)]
-    frame["violated"] = frame.number.map(over).fillna("")
-    frame["alpha"] = (study.user_attrs.get("problem") or {}).get("alpha", math.nan)
+    frame["config"] = [config_label(row) for row in frame[list(PARAMS)].to_dict("records")]
+    frame["violated"] = [
+        ", ".join(k for k, v in sorted(constraints(c).items()) if v > 0) for c in frame.constraints
+    ]
+    frame["alpha"] = info.problem.get("alpha", math.nan)
     frame["hover"] = [_hover(row) for row in frame.to_dict("records")]
     return frame
 
 
-def config_label(params: Sequence[Any]) -> str:
-    """(64, 32, 2, 128, 'regs', 1) -> '64/32/2/128/regs/1'."""
-    return "/".join(_plain_text(v) for v in params)
+def constraints(value: Any) -> dict[str, float]:
+    """One trial's ``constraints`` cell -> name -> value; names without a value are left out
+    (a Parquet round trip gives every row every name)."""
+    if isinstance(value, str):
+        value = json.loads(value) if value else {}
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): float(v) for k, v in value.items() if v is not None}
+
+
+def config_label(params: Mapping[str, Any]) -> str:
+    """{'chunk': 64, 'block_dv': 32, ...} -> '64/32/2/128/regs/1' (``KernelConfig.label``);
+    a knob without a value shows as '?'."""
+    plain = {k: _native(v) for k, v in params.items()}
+    try:
+        return KernelConfig(**plain).label
+    except (TypeError, ValueError):  # a missing or impossible value: still say what is known
+        return "/".join(_plain_text(v) for v in plain.values())
+
+
+def _native(value: Any) -> Any:
+    """numpy scalars and integral floats (a column with a NaN is float) -> Python int/str."""
+    value = value.item() if isinstance(value, np.generic) else value
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _plain_text(value: Any) -> str:
@@ -120,11 +185,17 @@ def _hover(row: dict[str, Any]) -> str:
     lines = [
         f"trial {row['number']} · {row['status'] or row['state'].lower()}"
         + (" · baseline (seed default)" if row["baseline"] else ""),
-        "C={} bDV={} stages={} threads={} scores={} segments={}".format(*(_plain_text(row[k]) for k in PARAMS)),
-        f"median {num('median_ms', '.4f', ' ms')} (p20 {num('p20_ms', '.4f')}, p80 {num('p80_ms', '.4f')})"
-        f" · rel_l2 {num('rel_l2', '.2e')}",
-        f"registers {num('registers', '.0f')} (seed estimate {num('seed_register_estimate', '.0f')})"
-        f" · spills {num('spill_bytes', ',.0f', ' B')} · smem {num('smem_bytes', ',.0f', ' B')}",
+        "C={} bDV={} stages={} threads={} scores={} segments={}".format(
+            *(_plain_text(row[k]) for k in PARAMS)
+        ),
+        (
+            f"median {num('median_ms', '.4f', ' ms')} (p20 {num('p20_ms', '.4f')}, "
+            f"p80 {num('p80_ms', '.4f')}) · rel_l2 {num('rel_l2', '.2e')}"
+        ),
+        (
+            f"registers {num('registers', '.0f')} (seed estimate {num('seed_register_estimate', '.0f')})"
+            f" · spills {num('spill_bytes', ',.0f', ' B')} · smem {num('smem_bytes', ',.0f', ' B')}"
+        ),
     ]
     if row.get("violated"):
         lines.append(f"constraint violated: {row['violated']}")
@@ -133,14 +204,14 @@ def _hover(row: dict[str, Any]) -> str:
     return "<br>".join(lines)
 
 
-def budgets(study: optuna.Study) -> dict[str, float]:
+def budgets(frame: pd.DataFrame) -> dict[str, float]:
     """Frame column -> the limit its constraint was measured against (constraint = value -
     limit), read from the first trial that has both; e.g. ``{"smem_bytes": 232448.0}``."""
     found: dict[str, float] = {}
-    for t in study.get_trials(deepcopy=False):
-        for name, value in t.constraints.items():
+    for row in frame.sort_values("number").to_dict("records"):
+        for name, value in constraints(row["constraints"]).items():
             column = CONSTRAINT_COLUMNS.get(name)
-            measured = t.user_attrs.get(column) if column else None
+            measured = row.get(column) if column else None
             if column and column not in found and _finite(measured):
                 found[column] = float(measured) - value
     return found
@@ -150,29 +221,47 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def summary(study: optuna.Study, frame: pd.DataFrame) -> Summary:
-    """The header of the page. ``frame`` is ``report_frame(study)``."""
-    attrs = study.user_attrs
-    best = best_trials(study)
+def objectives_of(info: StudyInfo) -> list[str]:
+    return list(info.objectives or ["median_ms"])
+
+
+def best_feasible(frame: pd.DataFrame, objectives: Sequence[str]) -> pd.DataFrame:
+    """The feasible trials, best first by the objectives in order, then by trial number (as
+    ``export`` ranks them)."""
+    ok = frame[frame.feasible.astype(bool) & (frame.state == "COMPLETE")]
+    return ok.sort_values([*objectives, "number"], kind="stable")
+
+
+def summary(frame: pd.DataFrame, info: StudyInfo) -> Summary:
+    """The header of the page. ``frame`` is ``report_frame(trials, info)``."""
+    best = best_feasible(frame, objectives_of(info))
     baseline = frame[frame.baseline]
     timed = bool(frame.median_ms.notna().any())
-    objectives = list(attrs.get("objectives") or ["median_ms"])
-    env = next((t.user_attrs["environment"] for t in study.get_trials(deepcopy=False)
-                if t.user_attrs.get("environment")), {})
+    objectives = objectives_of(info)
     return Summary(
-        study=study.study_name,
-        mode=attrs.get("mode") or _mode_of(frame),
+        study=info.name,
+        mode=info.mode or _mode_of(frame),
         timed=timed,
         metric="median_ms" if timed else _resource_metric(objectives, frame),
         objectives=objectives,
-        problem=dict(attrs.get("problem") or {}),
-        environment=dict(env),
+        problem=dict(info.problem),
+        environment=_environment(frame),
         counts={str(k): int(v) for k, v in frame.status.fillna("unknown").value_counts().items()},
         n_trials=len(frame),
-        best=best[0].number if best else None,
+        best=int(best.number.iloc[0]) if len(best) else None,
         baseline=int(baseline.number.iloc[0]) if len(baseline) else None,
-        budgets=budgets(study),
+        budgets=budgets(frame),
     )
+
+
+def _environment(frame: pd.DataFrame) -> dict[str, Any]:
+    """The ``env_*`` columns of the first trial that recorded an environment, unprefixed."""
+    columns = [c for c in frame.columns if c.startswith("env_")]
+    for row in frame.sort_values("number")[columns].to_dict("records"):
+        known = {c.removeprefix("env_"): v for c, v in row.items() if not pd.isna(v)}
+        if known:
+            return known
+    return {}
 
 
 def _mode_of(frame: pd.DataFrame) -> str:
@@ -206,7 +295,10 @@ def pareto_info(frame: pd.DataFrame, *, x: str, y: str) -> ParetoInfo:
     feasible = both[both.feasible].sort_values("number")
     front = feasible[pareto_mask(feasible[x].to_numpy(), feasible[y].to_numpy())]
     return ParetoInfo(
-        x=x, y=y, feasible=feasible, infeasible=both[~both.feasible].sort_values("number"),
+        x=x,
+        y=y,
+        feasible=feasible,
+        infeasible=both[~both.feasible].sort_values("number"),
         untimed=done[done[x].notna() & done[y].isna()].sort_values("number"),
         front=front.sort_values([x, y, "number"]),
     )
@@ -217,34 +309,55 @@ def knob_frame(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     (as text, ordered by value), ``value`` (the metric), ``number`` and ``hover``."""
     ok = frame[frame.feasible & frame[metric].notna()]
     cols = ["knob", "choice", "value", "number", "hover"]
-    parts = [ok.sort_values([knob, "number"])
-             .assign(knob=knob, choice=lambda f, k=knob: f[k].map(_plain_text), value=lambda f: f[metric])
-             [cols] for knob in PARAMS]
+    parts = [
+        ok.sort_values([knob, "number"]).assign(
+            knob=knob, choice=lambda f, k=knob: f[k].map(_plain_text), value=lambda f: f[metric]
+        )[cols]
+        for knob in PARAMS
+    ]
     return pd.concat(parts, ignore_index=True) if len(ok) else pd.DataFrame(columns=cols)
 
 
-def importance(study: optuna.Study, metric: str = "median_ms") -> Importance:
-    """Each knob's importance for ``metric`` (a measurement the trials store, e.g. the
-    latency), over the feasible trials only. A failure becomes the note, with its class.
+def importance(frame: pd.DataFrame, info: StudyInfo, metric: str = "median_ms") -> Importance:
+    """Each knob's importance for ``metric`` (a column of the trial log, e.g. the latency),
+    over the feasible trials only. A failure becomes the note, with its class.
 
     The evaluator is Optuna's PED-ANOVA: which knobs it takes to reach the best 10 % of the
     feasible trials. Optuna's default, fANOVA, would need scikit-learn, which the tool does
-    not otherwise use; PED-ANOVA needs only numpy and is deterministic.
+    not otherwise use; PED-ANOVA needs only numpy and is deterministic. The trials go to a
+    scratch in-memory study, over the knobs' choices (``kernel.config.knob_choices``).
     """
-    feasible = [t for t in best_trials(study) if _finite(t.user_attrs.get(metric))]
+    objectives = objectives_of(info)
+    ranked = best_feasible(frame, objectives)
+    feasible = ranked[[_finite(v) for v in ranked[metric]]]
     if len(feasible) < 2:
-        return Importance({}, f"needs at least 2 feasible trials with {metric}, the study has "
-                              f"{len(feasible)}")
-    if len({t.user_attrs[metric] for t in feasible}) < 2:
+        return Importance(
+            {}, f"needs at least 2 feasible trials with {metric}, the study has {len(feasible)}"
+        )
+    if feasible[metric].nunique() < 2:
         return Importance({}, f"all {len(feasible)} feasible trials have the same {metric}")
-    scratch = optuna.create_study(directions=study.directions)
-    scratch.add_trials(feasible)
+    scratch = optuna.create_study(directions=["minimize"] * len(objectives))
+    rows = feasible[list(dict.fromkeys([*PARAMS, *objectives, metric]))].to_dict("records")
+    dists = _distributions(rows, info.problem.get("dv"))
     try:
+        scratch.add_trials(
+            [
+                optuna.trial.create_trial(
+                    params={k: _native(r[k]) for k in PARAMS},
+                    distributions=dists,
+                    values=[float(r[o]) for o in objectives],
+                    user_attrs={metric: float(r[metric])},
+                )
+                for r in rows
+            ]
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PED-ANOVA warns when few trials reach the top 10 %
             values = optuna.importance.get_param_importances(
-                scratch, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
-                target=lambda t: float(t.user_attrs[metric]))
+                scratch,
+                evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+                target=lambda t: float(t.user_attrs[metric]),
+            )
     except (ValueError, RuntimeError, ZeroDivisionError) as exc:
         return Importance({}, f"not computed: {type(exc).__name__}: {exc}".splitlines()[0])
     if not values:
@@ -252,14 +365,36 @@ def importance(study: optuna.Study, metric: str = "median_ms") -> Importance:
     return Importance(dict(values), None)
 
 
+def _distributions(
+    rows: list[dict[str, Any]], dv: Any
+) -> dict[str, optuna.distributions.CategoricalDistribution]:
+    """Each knob over its choices for the problem's DV; over the values seen where the
+    problem is unknown or a value is not among the choices."""
+    table = knob_choices(int(dv)) if isinstance(dv, int) and dv > 0 else {}
+    dists = {}
+    for knob in PARAMS:
+        seen = list(dict.fromkeys(_native(r[knob]) for r in rows))
+        choices = table.get(knob, ())
+        if not all(v in choices for v in seen):
+            choices = tuple(sorted(seen, key=lambda v: (isinstance(v, str), v)))
+        dists[knob] = optuna.distributions.CategoricalDistribution(choices)
+    return dists
+
+
 def history(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Finished trials by number: ``value`` (the metric, NaN unless feasible) and ``best``
     (the best feasible value so far, NaN before the first)."""
     done = frame[frame.state.isin(FINISHED)].sort_values("number")
     value = done[metric].where(done.feasible)
-    return pd.DataFrame({"number": done.number.to_numpy(), "value": value.to_numpy(),
-                         "best": value.cummin().ffill().to_numpy(), "feasible": done.feasible.to_numpy(),
-                         "hover": done.hover.to_numpy()})
+    return pd.DataFrame(
+        {
+            "number": done.number.to_numpy(),
+            "value": value.to_numpy(),
+            "best": value.cummin().ffill().to_numpy(),
+            "feasible": done.feasible.to_numpy(),
+            "hover": done.hover.to_numpy(),
+        }
+    )
 
 
 def top_configs(frame: pd.DataFrame, order: Sequence[str], *, n: int = 10) -> pd.DataFrame:
@@ -273,8 +408,20 @@ def top_configs(frame: pd.DataFrame, order: Sequence[str], *, n: int = 10) -> pd
     if len(base) and not base.config.isin(top.config).all():
         top = pd.concat([top, base])
     base_ms = float(base.median_ms.iloc[0]) if len(base) else math.nan
-    cols = ["number", "config", "status", "median_ms", "p20_ms", "p80_ms", "rel_l2", "registers",
-            "seed_register_estimate", "spill_bytes", "smem_bytes", "baseline"]
+    cols = [
+        "number",
+        "config",
+        "status",
+        "median_ms",
+        "p20_ms",
+        "p80_ms",
+        "rel_l2",
+        "registers",
+        "seed_register_estimate",
+        "spill_bytes",
+        "smem_bytes",
+        "baseline",
+    ]
     return top[cols].assign(speedup=base_ms / top.median_ms).reset_index(drop=True)
 
 
@@ -284,10 +431,12 @@ def failures(frame: pd.DataFrame) -> pd.DataFrame:
     bad = frame[frame.state.isin(FINISHED) & ~frame.feasible]
     first = bad.reason.fillna("").astype(str).str.split("\n").str[0].str.strip().str.slice(0, 160)
     why = first.where(first != "", bad.violated.map(lambda o: f"constraint violated: {o}" if o else ""))
-    grouped = (pd.DataFrame({"status": bad.status.fillna("unknown"), "reason": why, "number": bad.number})
-               .groupby(["status", "reason"], sort=False)
-               .agg(count=("number", "size"), trials=("number", lambda s: sorted(s.tolist())))
-               .reset_index())
+    grouped = (
+        pd.DataFrame({"status": bad.status.fillna("unknown"), "reason": why, "number": bad.number})
+        .groupby(["status", "reason"], sort=False)
+        .agg(count=("number", "size"), trials=("number", lambda s: sorted(s.tolist())))
+        .reset_index()
+    )
     grouped = grouped.sort_values(["count", "status", "reason"], ascending=[False, True, True])
     return grouped.reset_index(drop=True)
 
@@ -299,8 +448,12 @@ def gamma_info(alpha: float, chunk: int) -> GammaInfo:
     return GammaInfo(float(alpha), int(chunk), table)
 
 
-def overflow_map(alphas: Sequence[float] = OVERFLOW_ALPHAS, chunks: Sequence[int] = OVERFLOW_CHUNKS,
-                 *, limit: float = FP16_MAX) -> OverflowInfo:
+def overflow_map(
+    alphas: Sequence[float] = OVERFLOW_ALPHAS,
+    chunks: Sequence[int] = OVERFLOW_CHUNKS,
+    *,
+    limit: float = FP16_MAX,
+) -> OverflowInfo:
     """The factorised form's peak weight ``alpha^-(C-1)`` over alpha x C, and where it
     overflows ``limit`` (fp16: 65504)."""
     peak = np.array([[factorised_peak(a, c) for c in chunks] for a in alphas])
@@ -311,26 +464,40 @@ def error_by_alpha(frame: pd.DataFrame) -> pd.DataFrame:
     """Trials with a measured error: ``alpha``, ``rel_l2``, ``feasible``, ``chunk``, ``number``, ``config``,
     ``hover``."""
     has = frame[frame.rel_l2.notna()]
-    return has[["alpha", "rel_l2", "feasible", "chunk", "number", "config", "hover"]].sort_values(
-        ["alpha", "number"]).reset_index(drop=True)
+    return (
+        has[["alpha", "rel_l2", "feasible", "chunk", "number", "config", "hover"]]
+        .sort_values(["alpha", "number"])
+        .reset_index(drop=True)
+    )
 
 
 def register_budget(frame: pd.DataFrame) -> pd.DataFrame:
     """Each compiled config once: the seed's fragment arithmetic next to ptxas' registers and
     spills (``seed_register_estimate``, ``registers``, ``spill_bytes``), plus ``feasible``."""
     has = frame[frame.registers.notna()].sort_values("number").drop_duplicates("config")
-    cols = ["number", "config", "seed_register_estimate", "registers", "spill_bytes", "feasible", "status",
-            "hover"]
+    cols = [
+        "number",
+        "config",
+        "seed_register_estimate",
+        "registers",
+        "spill_bytes",
+        "feasible",
+        "status",
+        "hover",
+    ]
     return has[cols].reset_index(drop=True)
 
 
-def peers(study: optuna.Study, frame: pd.DataFrame) -> PeerInfo:
-    """Peer timings from the study user attr ``"peers"`` = ``{name: median_ms}`` (measured
-    in the same run as the study), plus our best feasible median latency."""
-    raw = study.user_attrs.get("peers")
+def peers(frame: pd.DataFrame, info: StudyInfo) -> PeerInfo:
+    """Peer timings from ``info.peers`` = ``{name: median_ms}`` (the study user attr
+    ``"peers"``, measured in the same run as the study), plus our best feasible median latency."""
+    raw = info.peers
     if not raw:
-        return PeerInfo(_bars([]), 'no peer timings in this study: store them as the study user attr '
-                                   '"peers" = {name: median_ms}, measured in the same run')
+        return PeerInfo(
+            _bars([]),
+            "no peer timings in this study: store them as the study user attr "
+            '"peers" = {name: median_ms}, measured in the same run',
+        )
     valid = isinstance(raw, dict) and all(isinstance(k, str) and _finite(v) and v > 0 for k, v in raw.items())
     if not valid:
         raise ValueError(f'study user attr "peers" must map a name to a positive median in ms, got {raw!r}')

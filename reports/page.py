@@ -1,5 +1,5 @@
-"""Study -> one self-contained HTML page: ``reports.data`` computes, ``reports.figures``
-draws, this module lays the figures and tables out and writes the file.
+"""Trial log + study info -> one self-contained HTML page: ``reports.data`` computes,
+``reports.figures`` draws, this module lays the figures and tables out and writes the file.
 
 The page embeds plotly.js once in its head, so it opens offline; each figure is a div and
 a call to ``Plotly.newPlot`` with a fixed id (``fig-...``), so the output is reproducible.
@@ -13,14 +13,13 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-import optuna
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from kernel.config import SEED_CONFIG
 from reports import data, figures
-from reports.data import Summary
+from reports.data import StudyInfo, Summary
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 CSS = """
@@ -57,31 +56,37 @@ code { font-size: 13px; }
 """
 
 
-def render_report(study: optuna.Study) -> str:
-    """The whole page for ``study`` (GPU or compile-only), as one HTML string."""
-    frame = data.report_frame(study)
+def render_report(frame: pd.DataFrame, info: StudyInfo) -> str:
+    """The whole page for a study (GPU or compile-only), as one HTML string. ``frame`` is its
+    trial log (``tuner.trials.trials_frame``; ``reports.data.FRAME_COLUMNS``), ``info`` its
+    study-level attrs. A malformed ``info.peers`` or a frame without trials is a ``ValueError``."""
     if frame.empty:
-        raise ValueError(f"study {study.study_name!r} has no trials: nothing to report")
-    s = data.summary(study, frame)
+        raise ValueError(f"study {info.name!r} has no trials: nothing to report")
+    frame = data.report_frame(frame, info)
+    s = data.summary(frame, info)
     metric = s.metric
-    body = "\n".join([
-        _header(s, frame),
-        _fronts(s, frame, metric),
-        _insight(study, s, frame, metric),
-        _tables(s, frame),
-        _numerics(s, frame),
-        _peers(study, frame),
-    ])
+    body = "\n".join(
+        [
+            _header(s, frame),
+            _fronts(s, frame, metric),
+            _insight(info, s, frame, metric),
+            _tables(s, frame),
+            _numerics(s, frame),
+            _peers(info, frame),
+        ]
+    )
     title = html.escape(f"decay-tuner report: {s.study}")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{title}</title>'
-            f"<style>{CSS}</style>\n<script>{get_plotlyjs()}</script>\n</head>\n"
-            f"<body><main>\n{body}\n</main></body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{title}</title>'
+        f"<style>{CSS}</style>\n<script>{get_plotlyjs()}</script>\n</head>\n"
+        f"<body><main>\n{body}\n</main></body></html>\n"
+    )
 
 
-def write_report(study: optuna.Study, out: Path) -> Path:
-    """Render ``study`` and write it to ``out`` atomically; return ``out``."""
-    text = render_report(study)
+def write_report(frame: pd.DataFrame, info: StudyInfo, out: Path) -> Path:
+    """``render_report(frame, info)`` written to ``out`` atomically; return ``out``."""
+    text = render_report(frame, info)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
     try:
@@ -97,23 +102,48 @@ def write_report(study: optuna.Study, out: Path) -> Path:
 
 # Sections -----------------------------------------------------------------------------------
 
+
 def _header(s: Summary, frame: pd.DataFrame) -> str:
     p, env = s.problem, s.environment
-    problem = (f"B={p.get('batch')} H={p.get('heads')} S={p.get('seqlen')} DK={p.get('dk')} "
-               f"DV={p.get('dv')} α={p.get('alpha')} {p.get('dtype')}") if p else "unknown"
-    where = (f"{env.get('gpu') or 'no GPU'} · TileLang {env.get('tilelang')} · torch {env.get('torch')} · "
-             f"CUDA {env.get('cuda')}") if env else "unknown"
+    problem = (
+        (
+            f"B={p.get('batch')} H={p.get('heads')} S={p.get('seqlen')} DK={p.get('dk')} "
+            f"DV={p.get('dv')} α={p.get('alpha')} {p.get('dtype')}"
+        )
+        if p
+        else "unknown"
+    )
+    where = (
+        (
+            f"{env.get('gpu') or 'no GPU'} · TileLang {env.get('tilelang')} · torch {env.get('torch')} · "
+            f"CUDA {env.get('cuda')}"
+        )
+        if env
+        else "unknown"
+    )
     counts = " · ".join(f"{n} {k}" for k, n in sorted(s.counts.items(), key=lambda kv: -kv[1]))
-    facts = {"problem": problem, "mode": s.mode, "objectives": ", ".join(s.objectives),
-             "trials": f"{s.n_trials}: {counts}", "environment": where}
+    facts = {
+        "problem": problem,
+        "mode": s.mode,
+        "objectives": ", ".join(s.objectives),
+        "trials": f"{s.n_trials}: {counts}",
+        "environment": where,
+    }
     cells = "".join(f"<div><b>{_e(k)}</b><span>{_e(v)}</span></div>" for k, v in facts.items())
     parts = [f"<h1>decay-tuner report · {_e(s.study)}</h1>", f'<div class="facts">{cells}</div>']
     if not s.timed:
-        parts.append('<div class="banner">Compile-only study: nothing was timed (no GPU). The fronts and '
-                     f"knob plots are over resources ({_e(figures.LABELS[s.metric])}), not latency.</div>")
+        parts.append(
+            '<div class="banner">Compile-only study: nothing was timed (no GPU). The fronts and '
+            f"knob plots are over resources ({_e(figures.LABELS[s.metric])}), not latency.</div>"
+        )
     parts.append(f'<p class="headline">{_headline(s, frame)}</p>')
-    links = {"fronts": "Pareto fronts", "insight": "parameters", "tables": "tables", "numerics": "numerics",
-             "peers": "peers"}
+    links = {
+        "fronts": "Pareto fronts",
+        "insight": "parameters",
+        "tables": "tables",
+        "numerics": "numerics",
+        "peers": "peers",
+    }
     parts.append("<nav>" + "".join(f'<a href="#{k}">{v}</a>' for k, v in links.items()) + "</nav>")
     return _section(parts)
 
@@ -125,85 +155,119 @@ def _headline(s: Summary, frame: pd.DataFrame) -> str:
     best = rows.loc[s.best]
     text = f"Best feasible: <code>{_e(best.config)}</code> (trial {s.best})"
     if not (s.timed and not math.isnan(best.median_ms)):
-        return text + (f", {best.spill_bytes:,.0f} B spilled, {best.smem_bytes:,.0f} B shared memory, "
-                       "no latency measured")
+        return text + (
+            f", {best.spill_bytes:,.0f} B spilled, {best.smem_bytes:,.0f} B shared memory, "
+            "no latency measured"
+        )
     text += f", <strong>{best.median_ms:.4f} ms</strong>"
     if s.baseline is not None and not math.isnan(rows.loc[s.baseline].median_ms):
         base = rows.loc[s.baseline]
-        text += (f": <strong>{base.median_ms / best.median_ms:.2f}×</strong> the seed default "
-                 f"<code>{_e(base.config)}</code> ({base.median_ms:.4f} ms)")
+        text += (
+            f": <strong>{base.median_ms / best.median_ms:.2f}×</strong> the seed default "
+            f"<code>{_e(base.config)}</code> ({base.median_ms:.4f} ms)"
+        )
     return text
 
 
 def _fronts(s: Summary, frame: pd.DataFrame, metric: str) -> str:
-    parts = ['<h2 id="fronts">Pareto fronts</h2>',
-             '<p class="lede">Blue: feasible (correct and within every budget); red ×: infeasible; the line '
-             "joins the configs no other config beats on both axes. Star: the seed's default config; "
-             "diamond: the best feasible config. Hover a point for its full config and measurements.</p>"]
+    parts = [
+        '<h2 id="fronts">Pareto fronts</h2>',
+        (
+            '<p class="lede">Blue: feasible (correct and within every budget); red ×: infeasible; the line '
+            "joins the configs no other config beats on both axes. Star: the seed's default config; "
+            "diamond: the best feasible config. Hover a point for its full config and measurements.</p>"
+        ),
+    ]
     if s.timed:
         info = data.pareto_info(frame, x="median_ms", y="rel_l2")
-        parts.append(_figure(figures.pareto_figure(info, s), "fig-front-error",
-                             "no trial has both a latency and an error"))
+        parts.append(
+            _figure(
+                figures.pareto_figure(info, s), "fig-front-error", "no trial has both a latency and an error"
+            )
+        )
     else:
-        parts.append('<p class="note">Compile-only: no latency or error was measured, so there is no '
-                     "latency-against-error front.</p>")
+        parts.append(
+            '<p class="note">Compile-only: no latency or error was measured, so there is no '
+            "latency-against-error front.</p>"
+        )
     infos = [data.pareto_info(frame, x=r, y=metric) for r in data.RESOURCES if r != metric]
-    parts.append(_figure(figures.resources_figure(infos, s), "fig-front-resources",
-                         "no trial reported resources"))
+    parts.append(
+        _figure(figures.resources_figure(infos, s), "fig-front-resources", "no trial reported resources")
+    )
     untimed = len(infos[0].untimed)
     if s.timed and untimed:
-        parts.append(f'<p class="lede">{untimed} trials compiled but were never timed (over a budget, the '
-                     "dashed lines, or failed on the GPU): they are drawn in the grey band at the top, at "
-                     "their resource value.</p>")
+        parts.append(
+            f'<p class="lede">{untimed} trials compiled but were never timed (over a budget, the '
+            "dashed lines, or failed on the GPU): they are drawn in the grey band at the top, at "
+            "their resource value.</p>"
+        )
     return _section(parts)
 
 
-def _insight(study: optuna.Study, s: Summary, frame: pd.DataFrame, metric: str) -> str:
-    imp = data.importance(study, metric)
+def _insight(info: StudyInfo, s: Summary, frame: pd.DataFrame, metric: str) -> str:
+    imp = data.importance(frame, info, metric)
     knobs = figures.knobs_figure(data.knob_frame(frame, metric), metric)
     history = figures.history_figure(data.history(frame, metric), metric, s)
-    return _section(['<h2 id="insight">Parameter insight</h2>',
-                     _figure(knobs, "fig-knobs", "no feasible trial"),
-                     '<div class="grid2"><div>',
-                     _figure(figures.importance_figure(imp, metric), "fig-importance",
-                             f"parameter importance: {imp.note}"),
-                     "</div><div>",
-                     _figure(history, "fig-history", "no feasible trial"),
-                     "</div></div>"])
+    return _section(
+        [
+            '<h2 id="insight">Parameter insight</h2>',
+            _figure(knobs, "fig-knobs", "no feasible trial"),
+            '<div class="grid2"><div>',
+            _figure(
+                figures.importance_figure(imp, metric), "fig-importance", f"parameter importance: {imp.note}"
+            ),
+            "</div><div>",
+            _figure(history, "fig-history", "no feasible trial"),
+            "</div></div>",
+        ]
+    )
 
 
 def _tables(s: Summary, frame: pd.DataFrame) -> str:
     top, fails = data.top_configs(frame, s.objectives), data.failures(frame)
-    config = "config (C/bDV/stages/threads/scores)"
-    top_shown = pd.DataFrame({
-        "trial": top.number.astype(str) + top.baseline.map({True: " (seed default)", False: ""}),
-        config: top.config,
-        "median ms": top.median_ms.map(lambda v: _num(v, ".4f")),
-        "p20–p80 ms": [f"{_num(a, '.4f')}–{_num(b, '.4f')}" for a, b in zip(top.p20_ms, top.p80_ms)],
-        "speed-up over seed default": top.speedup.map(lambda v: _num(v, ".2f", "×")),
-        "rel L2": top.rel_l2.map(lambda v: _num(v, ".2e")),
-        "registers": top.registers.map(lambda v: _num(v, ".0f")),
-        "seed estimate": top.seed_register_estimate.map(lambda v: _num(v, ".0f")),
-        "spill B": top.spill_bytes.map(lambda v: _num(v, ",.0f")),
-        "smem B": top.smem_bytes.map(lambda v: _num(v, ",.0f")),
-    })
+    config = "config (C/bDV/stages/threads/scores/segments)"
+    top_shown = pd.DataFrame(
+        {
+            "trial": top.number.astype(str) + top.baseline.map({True: " (seed default)", False: ""}),
+            config: top.config,
+            "median ms": top.median_ms.map(lambda v: _num(v, ".4f")),
+            "p20–p80 ms": [f"{_num(a, '.4f')}–{_num(b, '.4f')}" for a, b in zip(top.p20_ms, top.p80_ms)],
+            "speed-up over seed default": top.speedup.map(lambda v: _num(v, ".2f", "×")),
+            "rel L2": top.rel_l2.map(lambda v: _num(v, ".2e")),
+            "registers": top.registers.map(lambda v: _num(v, ".0f")),
+            "seed estimate": top.seed_register_estimate.map(lambda v: _num(v, ".0f")),
+            "spill B": top.spill_bytes.map(lambda v: _num(v, ",.0f")),
+            "smem B": top.smem_bytes.map(lambda v: _num(v, ",.0f")),
+        }
+    )
     if not s.timed:
         timed = ["median ms", "p20–p80 ms", "speed-up over seed default", "rel L2"]
         top_shown = top_shown.drop(columns=timed)
     reason = "reason (first line)"
-    fails_shown = pd.DataFrame({
-        "status": fails.status, reason: fails.reason, "trials": fails["count"],
-        "trial numbers": fails.trials.map(lambda n: ", ".join(map(str, n[:15])) + (" …" * (len(n) > 15))),
-    })
-    return _section([
-        '<h2 id="tables">Tables</h2>',
-        f"<h3>Top configs (feasible, each config once, by {_e(', '.join(s.objectives))}), and the seed "
-        "default</h3>",
-        _table(top_shown, text={"trial", config}, highlight=top.baseline.tolist()) if len(top)
-        else '<p class="note">No feasible config.</p>',
-        "<h3>Failed and infeasible trials, by reason</h3>",
-        _table(fails_shown, text={"status", reason, "trial numbers"}, wrap={reason}) if len(fails)
-        else '<p class="lede">Every finished trial was feasible.</p>'])
+    fails_shown = pd.DataFrame(
+        {
+            "status": fails.status,
+            reason: fails.reason,
+            "trials": fails["count"],
+            "trial numbers": fails.trials.map(lambda n: ", ".join(map(str, n[:15])) + (" …" * (len(n) > 15))),
+        }
+    )
+    return _section(
+        [
+            '<h2 id="tables">Tables</h2>',
+            (
+                f"<h3>Top configs (feasible, each config once, by {_e(', '.join(s.objectives))}), "
+                "and the seed default</h3>"
+            ),
+            _table(top_shown, text={"trial", config}, highlight=top.baseline.tolist())
+            if len(top)
+            else '<p class="note">No feasible config.</p>',
+            "<h3>Failed and infeasible trials, by reason</h3>",
+            _table(fails_shown, text={"status", reason, "trial numbers"}, wrap={reason})
+            if len(fails)
+            else '<p class="lede">Every finished trial was feasible.</p>',
+        ]
+    )
 
 
 def _numerics(s: Summary, frame: pd.DataFrame) -> str:
@@ -214,30 +278,36 @@ def _numerics(s: Summary, frame: pd.DataFrame) -> str:
     overflow = figures.overflow_figure(data.overflow_map(), alpha=alpha, chunks=chunks)
     error = figures.error_figure(data.error_by_alpha(frame), s.budgets.get("rel_l2"))
     registers = figures.registers_figure(data.register_budget(frame), s.budgets.get("registers"))
-    return _section([
-        '<h2 id="numerics">Numerics (from the seed)</h2>',
-        '<p class="lede">The ratio form the kernel uses keeps every weight in (0, 1]; the factorised form '
-        "(Q·α^i)(K·α^-j)ᵀ materialises α^-(C−1) and overflows fp16 where the map is red.</p>",
-        '<div class="grid2"><div>',
-        _figure(figures.gamma_figure(data.gamma_info(alpha, chunk)), "fig-gamma", ""),
-        "</div><div>",
-        _figure(overflow, "fig-overflow", ""),
-        "</div></div>",
-        _figure(error, "fig-error-alpha", "no trial measured an error (compile-only study)"),
-        _figure(registers, "fig-registers", "no config compiled, so ptxas reported no registers")])
+    return _section(
+        [
+            '<h2 id="numerics">Numerics (from the seed)</h2>',
+            (
+                '<p class="lede">The ratio form the kernel uses keeps every weight in (0, 1]; the factorised '
+                "form (Q·α^i)(K·α^-j)ᵀ materialises α^-(C−1) and overflows fp16 where the map is red.</p>"
+            ),
+            '<div class="grid2"><div>',
+            _figure(figures.gamma_figure(data.gamma_info(alpha, chunk)), "fig-gamma", ""),
+            "</div><div>",
+            _figure(overflow, "fig-overflow", ""),
+            "</div></div>",
+            _figure(error, "fig-error-alpha", "no trial measured an error (compile-only study)"),
+            _figure(registers, "fig-registers", "no config compiled, so ptxas reported no registers"),
+        ]
+    )
 
 
-def _peers(study: optuna.Study, frame: pd.DataFrame) -> str:
-    info = data.peers(study, frame)
+def _peers(info: StudyInfo, frame: pd.DataFrame) -> str:
+    peers = data.peers(frame, info)
     parts = ['<h2 id="peers">Peer comparison</h2>']
-    if info.note:
-        parts.append(f'<p class="note">{_e(info.note)}</p>')
-    if not info.bars.empty:
-        parts.append(_figure(figures.peers_figure(info), "fig-peers", ""))
+    if peers.note:
+        parts.append(f'<p class="note">{_e(peers.note)}</p>')
+    if not peers.bars.empty:
+        parts.append(_figure(figures.peers_figure(peers), "fig-peers", ""))
     return _section(parts)
 
 
 # Helpers ------------------------------------------------------------------------------------
+
 
 def _section(parts: list[str]) -> str:
     return "<section>" + "\n".join(parts) + "</section>"
@@ -246,19 +316,32 @@ def _section(parts: list[str]) -> str:
 def _figure(fig: go.Figure | None, div_id: str, missing: str) -> str:
     if fig is None:
         return f'<p class="note">{_e(missing)}</p>'
-    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG,
-                       default_width="100%", default_height=f"{fig.layout.height}px")
+    return fig.to_html(
+        full_html=False,
+        include_plotlyjs=False,
+        div_id=div_id,
+        config=PLOT_CONFIG,
+        default_width="100%",
+        default_height=f"{fig.layout.height}px",
+    )
 
 
-def _table(frame: pd.DataFrame, *, text: Collection[str], wrap: Collection[str] = (),
-           highlight: list[bool] | None = None) -> str:
+def _table(
+    frame: pd.DataFrame,
+    *,
+    text: Collection[str],
+    wrap: Collection[str] = (),
+    highlight: list[bool] | None = None,
+) -> str:
     """Text columns align left, ``wrap`` ones also wrap; ``highlight`` marks rows (the baseline)."""
     head = "".join(f'<th class="{"text" if c in text else ""}">{_e(c)}</th>' for c in frame.columns)
     rows = []
     for i, row in enumerate(frame.itertuples(index=False)):
         cls = ' class="baseline"' if highlight and highlight[i] else ""
-        cells = "".join(f'<td class="{"text" if c in text else ""}{" wrap" if c in wrap else ""}">'
-                        f"{_e(v)}</td>" for c, v in zip(frame.columns, row))
+        cells = "".join(
+            f'<td class="{"text" if c in text else ""}{" wrap" if c in wrap else ""}">{_e(v)}</td>'
+            for c, v in zip(frame.columns, row)
+        )
         rows.append(f"<tr{cls}>{cells}</tr>")
     body = "".join(rows)
     return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
@@ -278,4 +361,3 @@ def _umask() -> int:
 
 def _e(value: Any) -> str:
     return html.escape(str(value))
-

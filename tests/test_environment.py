@@ -44,8 +44,13 @@ def test_prose_and_formatting_keep_the_kernel_key(name, old, new):
     [
         ("scalar_decay.py", "FP32_TINY = 2.0**-126", "FP32_TINY = 2.0**-125"),  # a constant
         ("seq_split.py", "CARRY_THREADS = 128", "CARRY_THREADS = 256"),
-        ("variants.py", "segment_count(problem.seqlen) > 2", "segment_count(problem.seqlen) > 1"),  # an expression
-        ("config.py", "math.ceil(math.ceil(seqlen / segments) / chunk) * chunk", "math.ceil(seqlen / segments)"),
+        # an expression
+        ("variants.py", "segment_count(problem.seqlen) > 2", "segment_count(problem.seqlen) > 1"),
+        (
+            "config.py",
+            "math.ceil(math.ceil(seqlen / segments) / chunk) * chunk",
+            "math.ceil(seqlen / segments)",
+        ),
     ],
 )
 def test_a_changed_constant_or_expression_changes_the_kernel_key(name, old, new):

@@ -258,3 +258,11 @@ def test_states_buffer_has_the_shape_the_split_kernels_declare():
         declared = func.buffer_map[func.params[arg]]
         assert tuple(buffer.shape) == tuple(int(n) for n in declared.shape)
         assert buffer.dtype == torch.float32 and str(declared.dtype) == "float32"
+
+
+def test_the_package_exports_the_build_function_whatever_was_imported_first():
+    """``kernel`` loads ``build`` lazily; no submodule of that name may shadow it."""
+    import kernel.builder
+    from kernel import build, probe
+
+    assert build is kernel.builder.build and callable(build) and callable(probe)

@@ -1,5 +1,6 @@
-"""The report: its data exactly on hand-built studies, its figures by smoke, the CLI, and the
-page itself in headless Chromium (offline, every plot drawn, a clean console).
+"""The report: its data exactly on hand-built studies (turned into the trial log the tuner
+hands the report: ``tuner.trials.trials_frame`` and a ``StudyInfo``), its figures by smoke,
+the CLI, and the page itself in headless Chromium (offline, every plot drawn, a clean console).
 
 The browser tests skip where there is no Chromium or no Playwright, and fail instead under
 CI (CI=true), which installs both: a missing install step must not pass as a skip.
@@ -7,6 +8,8 @@ CI (CI=true), which installs both: a missing install step must not pass as a ski
 
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import optuna
@@ -15,20 +18,35 @@ import plotly.graph_objects as go
 import pytest
 from optuna.trial import TrialState
 
-from kernel import KernelConfig, Problem
-from reports import browser, data, figures, render_report, write_report
-from reports.benchmark import PEERS, synthetic_study
-from tuner import space
+from kernel import SMEM_LIMIT_BYTES, KernelConfig, Problem
+from kernel.config import knob_choices
+from kernel.record import TRIAL_COLUMNS
+from refs import TOLERANCE
+from reports import StudyInfo, browser, data, figures, render_report, write_report
+from reports.bench import figure as bench_figure
+from reports.benchmark import PEERS, synthetic_trials
 from tuner.cli import main
+from tuner.trials import trials_frame
 
 PROBLEM = Problem(1, 2, 256, 64, 64, 0.9)
-BUDGET = {"spills": 0.0, "smem": 232448.0, "registers": 255.0}
-TOLERANCE = 2e-2
+DISTRIBUTIONS = {
+    k: optuna.distributions.CategoricalDistribution(v) for k, v in knob_choices(PROBLEM.dv).items()
+}
+BUDGET = {"spills": 0.0, "smem": float(SMEM_LIMIT_BYTES), "registers": 255.0}
 
 
-def _trial(config: str, status: str, *, ms: float | None = None, err: float | None = None,
-           regs: int = 168, spills: int = 0, smem: int = 100_000, reason: str | None = None,
-           **attrs) -> optuna.trial.FrozenTrial:
+def _trial(
+    config: str,
+    status: str,
+    *,
+    ms: float | None = None,
+    err: float | None = None,
+    regs: int = 168,
+    spills: int = 0,
+    smem: int = 100_000,
+    reason: str | None = None,
+    **attrs,
+) -> optuna.trial.FrozenTrial:
     """One hand-built trial of ``config`` ('C/bDV/stages/threads/scores'), as the tuner records it."""
     c, bdv, st, th, sc = config.split("/")
     params = KernelConfig(int(c), int(bdv), int(st), int(th), sc).to_dict()
@@ -36,18 +54,23 @@ def _trial(config: str, status: str, *, ms: float | None = None, err: float | No
     if reason:
         user["reason"] = reason
     if status == "compile_failed":
-        return optuna.trial.create_trial(params=params, distributions=space.distributions(PROBLEM),
-                                         state=TrialState.FAIL, user_attrs=user)
+        return optuna.trial.create_trial(
+            params=params, distributions=DISTRIBUTIONS, state=TrialState.FAIL, user_attrs=user
+        )
     est = KernelConfig.from_dict(params).seed_register_estimate(PROBLEM)
     user |= {"registers": regs, "spill_bytes": spills, "smem_bytes": smem, "seed_register_estimate": est}
-    constraints = {"spills": spills - BUDGET["spills"], "smem": smem - BUDGET["smem"],
-                   "registers": regs - BUDGET["registers"]}
+    constraints = {
+        "spills": spills - BUDGET["spills"],
+        "smem": smem - BUDGET["smem"],
+        "registers": regs - BUDGET["registers"],
+    }
     if ms is not None:
         user |= {"median_ms": ms, "p20_ms": ms * 0.99, "p80_ms": ms * 1.01, "rel_l2": err}
         constraints["correctness"] = err - TOLERANCE
     value = ms if status == "ok" else math.inf
-    return optuna.trial.create_trial(params=params, distributions=space.distributions(PROBLEM), value=value,
-                                     user_attrs=user, constraints=constraints)
+    return optuna.trial.create_trial(
+        params=params, distributions=DISTRIBUTIONS, value=value, user_attrs=user, constraints=constraints
+    )
 
 
 def _study(*, peers: dict | None = None, storage: str | None = None, name: str = "hand") -> optuna.Study:
@@ -60,18 +83,31 @@ def _study(*, peers: dict | None = None, storage: str | None = None, name: str =
     if peers is not None:
         study.set_user_attr("peers", peers)
     layout = "InternalError: Layout infer conflict between A and A_cast\n    loop Fragment({})"
-    study.add_trials([
-        _trial("64/32/2/128/regs", "ok", ms=0.5, err=3.6e-4, regs=240, baseline=True, smem=110_000),  # 0
-        _trial("64/64/1/256/smem", "ok", ms=0.2, err=3.7e-4, smem=120_000),  # 1
-        _trial("32/64/1/256/smem", "ok", ms=0.3, err=3.5e-4, smem=60_000),  # 2
-        _trial("64/32/1/128/smem", "ok", ms=0.6, err=3.0e-4, regs=240, smem=90_000),  # 3
-        _trial("128/64/2/256/smem", "infeasible", spills=64, smem=300_000),  # 4
-        _trial("32/32/2/128/regs", "compile_failed", reason=layout.format(1)),  # 5
-        _trial("32/16/2/128/regs", "compile_failed", reason=layout.format(2)),  # 6
-        _trial("64/16/1/128/smem", "incorrect", ms=0.4, err=0.5, regs=240),  # 7
-        _trial("64/64/1/256/smem", "ok", ms=0.2, err=3.7e-4, smem=120_000, cached_from=1),  # 8
-    ])
+    study.add_trials(
+        [
+            _trial("64/32/2/128/regs", "ok", ms=0.5, err=3.6e-4, regs=240, baseline=True, smem=110_000),  # 0
+            _trial("64/64/1/256/smem", "ok", ms=0.2, err=3.7e-4, smem=120_000),  # 1
+            _trial("32/64/1/256/smem", "ok", ms=0.3, err=3.5e-4, smem=60_000),  # 2
+            _trial("64/32/1/128/smem", "ok", ms=0.6, err=3.0e-4, regs=240, smem=90_000),  # 3
+            _trial("128/64/2/256/smem", "infeasible", spills=64, smem=300_000),  # 4
+            _trial("32/32/2/128/regs", "compile_failed", reason=layout.format(1)),  # 5
+            _trial("32/16/2/128/regs", "compile_failed", reason=layout.format(2)),  # 6
+            _trial("64/16/1/128/smem", "incorrect", ms=0.4, err=0.5, regs=240),  # 7
+            _trial("64/64/1/256/smem", "ok", ms=0.2, err=3.7e-4, smem=120_000, cached_from=1),  # 8
+        ]
+    )
     return study
+
+
+def _log(study: optuna.Study) -> tuple[pd.DataFrame, StudyInfo]:
+    """What ``python -m tuner report`` hands the report: the trial log and the study's info."""
+    return trials_frame(study), StudyInfo.from_attrs(study.study_name, study.user_attrs)
+
+
+def _report(log: tuple[pd.DataFrame, StudyInfo]) -> tuple[pd.DataFrame, StudyInfo]:
+    """``report_frame`` of a trial log, and its info (the input of ``reports.data``'s functions)."""
+    trials, info = log
+    return data.report_frame(trials, info), info
 
 
 @pytest.fixture(scope="module")
@@ -80,31 +116,93 @@ def study() -> optuna.Study:
 
 
 @pytest.fixture(scope="module")
+def info(study) -> StudyInfo:
+    return _log(study)[1]
+
+
+@pytest.fixture(scope="module")
 def frame(study) -> pd.DataFrame:
-    return data.report_frame(study)
+    return _report(_log(study))[0]
+
+
+# The input ----------------------------------------------------------------------------------
+
+
+def test_study_info_from_attrs(study, info):
+    assert info == StudyInfo(
+        name="hand", problem=PROBLEM.to_dict(), mode="gpu", objectives=("median_ms",), peers=None
+    )
+    bare = StudyInfo.from_attrs("bare", {"unrelated": 1})
+    assert bare == StudyInfo(name="bare", problem={}, mode=None, objectives=None, peers=None)
+    assert StudyInfo.from_attrs("p", {"peers": PEERS}).peers == PEERS
+
+
+def test_trial_log_holds_what_the_report_reads(study):
+    trials = trials_frame(study)
+    assert set(data.FRAME_COLUMNS) <= set(trials.columns), set(data.FRAME_COLUMNS) - set(trials.columns)
+    # The synthetic log of reports.benchmark has exactly the trial log's columns.
+    assert set(TRIAL_COLUMNS) == set(trials.columns) | {"constraints"}
+    assert data.constraints(trials.constraints[4]) == {
+        "spills": 64.0,
+        "smem": 300_000 - SMEM_LIMIT_BYTES,
+        "registers": 168 - 255.0,
+    }
+    with pytest.raises(ValueError, match=r"lacks the columns \['constraints'\]"):
+        data.report_frame(
+            trials.drop(columns=["constraints"]), StudyInfo.from_attrs("hand", study.user_attrs)
+        )
+
+
+def test_constraints_and_config_label_cells():
+    assert data.constraints('{"smem": 1.0, "spills": -2}') == {"smem": 1.0, "spills": -2.0}
+    assert data.constraints({"smem": None, "spills": 0.5}) == {"spills": 0.5}  # as Parquet gives it back
+    assert data.constraints(None) == data.constraints(math.nan) == data.constraints("") == {}
+    knobs = {
+        "chunk": 64,
+        "block_dv": np.int64(32),
+        "num_stages": 2.0,
+        "threads": 128,
+        "scores": "regs",
+        "segments": 1,
+    }
+    assert data.config_label(knobs) == "64/32/2/128/regs/1" == KernelConfig(scores="regs").label
+    assert data.config_label(knobs | {"block_dv": math.nan}) == "64/?/2/128/regs/1"
+
+
+def test_reports_never_import_the_tuner():
+    code = (
+        "import sys, reports, reports.bench, reports.benchmark, reports.browser, reports.data, "
+        "reports.figures, reports.page; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tuner'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 # Data, exactly ------------------------------------------------------------------------------
+
 
 def test_report_frame_labels_and_hover(frame):
     assert frame.config.tolist()[:3] == ["64/32/2/128/regs/1", "64/64/1/256/smem/1", "32/64/1/256/smem/1"]
     assert frame.violated.tolist() == ["", "", "", "", "smem, spills", "", "", "correctness", ""]
     assert (frame.alpha == 0.9).all()
-    assert frame.hover[0].startswith("trial 0 · ok · baseline (seed default)<br>C=64 bDV=32 stages=2 "
-                                     "threads=128 scores=regs segments=1<br>median 0.5000 ms (p20 0.4950, p80 0.5050) "
-                                     "· rel_l2 3.60e-04")
+    assert frame.hover[0].startswith(
+        "trial 0 · ok · baseline (seed default)<br>C=64 bDV=32 stages=2 "
+        "threads=128 scores=regs segments=1<br>median 0.5000 ms (p20 0.4950, p80 0.5050) "
+        "· rel_l2 3.60e-04"
+    )
     assert "registers 240 (seed estimate" in frame.hover[0] and "smem 110,000 B" in frame.hover[0]
     assert frame.hover[4].endswith("constraint violated: smem, spills")
     assert frame.hover[5].endswith("InternalError: Layout infer conflict between A and A_cast")
 
 
-def test_summary_and_budgets(study, frame):
-    s = data.summary(study, frame)
+def test_summary_and_budgets(frame, info):
+    s = data.summary(frame, info)
     assert (s.study, s.mode, s.timed, s.objectives) == ("hand", "gpu", True, ["median_ms"])
     assert s.counts == {"ok": 5, "compile_failed": 2, "infeasible": 1, "incorrect": 1} and s.n_trials == 9
     assert (s.best, s.baseline) == (1, 0)  # 1 and its cached repeat 8 tie; the first wins, as in export
-    assert s.budgets == pytest.approx({"spill_bytes": 0, "smem_bytes": 232448, "registers": 255,
-                                       "rel_l2": TOLERANCE})
+    assert s.budgets == pytest.approx(
+        {"spill_bytes": 0, "smem_bytes": SMEM_LIMIT_BYTES, "registers": 255, "rel_l2": TOLERANCE}
+    )
     assert s.metric == "median_ms"
 
 
@@ -145,7 +243,14 @@ def test_knob_frame(frame):
     assert chunk.choice.tolist() == ["32", "64", "64", "64", "64"]
     assert chunk.number.tolist() == [2, 0, 1, 3, 8]
     assert long[long.knob == "scores"].choice.tolist() == ["regs", "smem", "smem", "smem", "smem"]
-    assert list(dict.fromkeys(long.knob)) == ["chunk", "block_dv", "num_stages", "threads", "scores", "segments"]
+    assert list(dict.fromkeys(long.knob)) == [
+        "chunk",
+        "block_dv",
+        "num_stages",
+        "threads",
+        "scores",
+        "segments",
+    ]
 
 
 def test_history(frame):
@@ -168,8 +273,12 @@ def test_top_configs_speedup_and_baseline(frame):
 def test_failures_grouped_by_first_line(frame):
     f = data.failures(frame)
     assert f.to_dict("records") == [
-        {"status": "compile_failed", "reason": "InternalError: Layout infer conflict between A and A_cast",
-         "count": 2, "trials": [5, 6]},
+        {
+            "status": "compile_failed",
+            "reason": "InternalError: Layout infer conflict between A and A_cast",
+            "count": 2,
+            "trials": [5, 6],
+        },
         {"status": "incorrect", "reason": "constraint violated: correctness", "count": 1, "trials": [7]},
         {"status": "infeasible", "reason": "constraint violated: smem, spills", "count": 1, "trials": [4]},
     ]
@@ -182,12 +291,14 @@ def test_error_and_register_frames(frame):
     reg = data.register_budget(frame)
     assert reg.number.tolist() == [0, 1, 2, 3, 4, 7]  # each compiled config once; failures have no registers
     # The seed's arithmetic: (DK*bDV + C*bDV + 2*C*C) / threads, DK = 64 here.
-    assert reg.seed_register_estimate.tolist() == [math.ceil((64 * 32 + 64 * 32 + 2 * 64 * 64) / 128),
-                                                   math.ceil((64 * 64 + 64 * 64 + 2 * 64 * 64) / 256),
-                                                   math.ceil((64 * 64 + 32 * 64 + 2 * 32 * 32) / 256),
-                                                   math.ceil((64 * 32 + 64 * 32 + 2 * 64 * 64) / 128),
-                                                   math.ceil((64 * 64 + 128 * 64 + 2 * 128 * 128) / 256),
-                                                   math.ceil((64 * 16 + 64 * 16 + 2 * 64 * 64) / 128)]
+    assert reg.seed_register_estimate.tolist() == [
+        math.ceil((64 * 32 + 64 * 32 + 2 * 64 * 64) / 128),
+        math.ceil((64 * 64 + 64 * 64 + 2 * 64 * 64) / 256),
+        math.ceil((64 * 64 + 32 * 64 + 2 * 32 * 32) / 256),
+        math.ceil((64 * 32 + 64 * 32 + 2 * 64 * 64) / 128),
+        math.ceil((64 * 64 + 128 * 64 + 2 * 128 * 128) / 256),
+        math.ceil((64 * 16 + 64 * 16 + 2 * 64 * 64) / 128),
+    ]
     assert reg.registers.tolist() == [240, 168, 168, 240, 168, 240] and reg.spill_bytes.tolist()[4] == 64
 
 
@@ -195,8 +306,11 @@ def test_gamma_is_the_seeds_panel():
     # Seed section 2, panel 2: alpha = 0.5, C = 4; cell (4, 1) is alpha^3 = 0.125.
     g = data.gamma_info(0.5, 4)
     nan = math.nan
-    np.testing.assert_allclose(g.gamma, [[1, nan, nan, nan], [0.5, 1, nan, nan], [0.25, 0.5, 1, nan],
-                                           [0.125, 0.25, 0.5, 1]], rtol=1e-15)  # exp(log) rounding
+    np.testing.assert_allclose(
+        g.gamma,
+        [[1, nan, nan, nan], [0.5, 1, nan, nan], [0.25, 0.5, 1, nan], [0.125, 0.25, 0.5, 1]],
+        rtol=1e-15,
+    )  # exp(log) rounding
     assert (g.alpha, g.chunk) == (0.5, 4)
 
 
@@ -204,66 +318,76 @@ def test_overflow_map_matches_the_seeds_table():
     m = data.overflow_map((1.0, 0.99, 0.8, 0.5), (32, 64))
     assert m.limit == 65504.0
     # Seed section 3: 0.99^-63 = 1.88, 0.8^-31 = 1.01e3 (safe); 0.8^-63 = 1.27e6, 0.5^-31 = 2.15e9 (overflow).
-    np.testing.assert_allclose(m.peak, [[1, 1], [0.99 ** -31, 0.99 ** -63], [0.8 ** -31, 0.8 ** -63],
-                                        [2.0 ** 31, 2.0 ** 63]])
+    np.testing.assert_allclose(
+        m.peak, [[1, 1], [0.99**-31, 0.99**-63], [0.8**-31, 0.8**-63], [2.0**31, 2.0**63]]
+    )
     assert m.overflow.tolist() == [[False, False], [False, False], [False, True], [True, True]]
 
 
-def test_importance_over_feasible_trials_and_its_failures(study):
-    imp = data.importance(synthetic_study(150))
+def test_importance_over_feasible_trials_and_its_failures():
+    imp = data.importance(*_report(synthetic_trials(150)))
     assert imp.note is None and sum(imp.values.values()) == pytest.approx(1.0)
-    assert list(imp.values)[0] == "block_dv"  # the toy model's strongest knob
-    assert set(imp.values) <= set(space.choices(PROBLEM))
+    assert next(iter(imp.values)) == "block_dv"  # the toy model's strongest knob
+    assert set(imp.values) <= set(knob_choices(PROBLEM.dv))
     fast = _trial("64/64/1/256/smem", "ok", ms=0.2, err=3e-4)
     one = optuna.create_study()
     one.add_trials([fast, _trial("64/16/1/128/smem", "incorrect", ms=0.1, err=0.5)])
     expected = "needs at least 2 feasible trials with median_ms, the study has 1"
-    assert data.importance(one) == data.Importance({}, expected)
+    assert data.importance(*_report(_log(one))) == data.Importance({}, expected)
     same = optuna.create_study()
     same.add_trials([fast, _trial("32/64/1/256/smem", "ok", ms=0.2, err=3e-4)])
-    assert data.importance(same).note == "all 2 feasible trials have the same median_ms"
-    assert data.importance(same, "smem_bytes").note == "all 2 feasible trials have the same smem_bytes"
+    assert data.importance(*_report(_log(same))).note == "all 2 feasible trials have the same median_ms"
+    assert (
+        data.importance(*_report(_log(same)), "smem_bytes").note
+        == "all 2 feasible trials have the same smem_bytes"
+    )
 
 
-def test_peers(study, frame):
-    absent = data.peers(study, frame)
+def test_peers(frame, info):
+    absent = data.peers(frame, info)
     assert absent.bars.empty and 'study user attr "peers"' in absent.note
-    with_peers = _study(peers={"fla chunk_simple_gla": 0.39, "torch chunked": 4.0})
-    info = data.peers(with_peers, data.report_frame(with_peers))
-    assert info.note is None
-    assert info.bars.to_dict("records") == [
+    peers = data.peers(*_report(_log(_study(peers={"fla chunk_simple_gla": 0.39, "torch chunked": 4.0}))))
+    assert peers.note is None
+    assert peers.bars.to_dict("records") == [
         {"name": "decay-tuner best (64/64/1/256/smem/1)", "median_ms": 0.2, "ours": True, "vs_ours": 1.0},
         {"name": "fla chunk_simple_gla", "median_ms": 0.39, "ours": False, "vs_ours": pytest.approx(1.95)},
         {"name": "torch chunked", "median_ms": 4.0, "ours": False, "vs_ours": pytest.approx(20.0)},
     ]
     for bad in ({"fla": "fast"}, {"fla": -1.0}, [0.3], {"fla": math.nan}):
-        broken = _study(peers=bad)
+        broken = _report(_log(_study(peers=bad)))
         with pytest.raises(ValueError, match='"peers" must map a name to a positive median'):
-            data.peers(broken, data.report_frame(broken))
+            data.peers(*broken)
 
 
 def test_compile_only_study_reports_resources():
-    study = synthetic_study(60, mode="compile-only")
-    frame = data.report_frame(study)
-    s = data.summary(study, frame)
+    frame, info = _report(synthetic_trials(60, mode="compile-only"))
+    s = data.summary(frame, info)
     # Every feasible config spills 0 B (the objective): the plots are over shared memory.
     assert (s.mode, s.timed, s.objectives, s.metric) == ("compile-only", False, ["spill_bytes"], "smem_bytes")
     assert frame.median_ms.isna().all() and data.error_by_alpha(frame).empty
-    assert data.peers(study, frame).bars.empty
-    assert data.importance(study, "spill_bytes").note == "all 24 feasible trials have the same spill_bytes"
-    assert data.importance(study, "smem_bytes").note is None
+    assert data.peers(frame, info).bars.empty
+    assert (
+        data.importance(frame, info, "spill_bytes").note == "all 24 feasible trials have the same spill_bytes"
+    )
+    assert data.importance(frame, info, "smem_bytes").note is None
     top = data.top_configs(frame, s.objectives)
     assert (top.spill_bytes[~top.baseline] == 0).all() and top.speedup.isna().all()
 
 
 # Figures, by smoke --------------------------------------------------------------------------
 
-def test_figures_draw_what_they_are_given(study, frame):
-    s = data.summary(study, frame)
+
+def test_figures_draw_what_they_are_given(frame, info):
+    s = data.summary(frame, info)
     error = figures.pareto_figure(data.pareto_info(frame, x="median_ms", y="rel_l2"), s)
     names = [t.name for t in error.data]
-    assert names == ["infeasible", "feasible", "Pareto front", "best feasible (by median_ms)",
-                     "baseline (seed default)"]
+    assert names == [
+        "infeasible",
+        "feasible",
+        "Pareto front",
+        "best feasible (by median_ms)",
+        "baseline (seed default)",
+    ]
     infos = [data.pareto_info(frame, x=r, y="median_ms") for r in data.RESOURCES]
     res = figures.resources_figure(infos, s)
     assert "compiled but not timed (drawn at the top)" in [t.name for t in res.data]
@@ -276,7 +400,7 @@ def test_figures_draw_what_they_are_given(study, frame):
         figures.overflow_figure(data.overflow_map(), alpha=0.99, chunks=(32, 64)),
         figures.error_figure(data.error_by_alpha(frame), TOLERANCE),
         figures.registers_figure(data.register_budget(frame), 255.0),
-        figures.peers_figure(data.peers(_study(peers=PEERS), frame)),
+        figures.peers_figure(data.peers(frame, info._replace(peers=PEERS))),
     ]
     assert all(isinstance(f, go.Figure) and f.data for f in drawn)
     assert len(drawn[4].layout.shapes) == 2  # the study's alpha row, two chunks outlined
@@ -284,11 +408,29 @@ def test_figures_draw_what_they_are_given(study, frame):
     assert figures.knobs_figure(data.knob_frame(empty, "median_ms"), "median_ms") is None
     assert figures.importance_figure(data.Importance({}, "why"), "median_ms") is None
     assert figures.error_figure(data.error_by_alpha(empty), TOLERANCE) is None
-    assert figures.peers_figure(data.peers(study, frame)) is None
+    assert figures.peers_figure(data.peers(frame, info)) is None
+
+
+def test_bench_figure():
+    shape = {"batch": 8, "heads": 16, "seqlen": 4096}
+    rows = [
+        shape | {"impl": "floor", "median_ms": 0.1, "x_floor": 1.0},
+        shape | {"impl": "tuned", "config": "64/128/2/256/smem/1", "median_ms": 0.2, "x_floor": 2.0},
+        shape | {"impl": "candidate", "config": "64/64/1/256/smem/1", "median_ms": 0.3, "x_floor": 3.0},
+        shape | {"impl": "seed config", "config": "64/32/2/128/regs/1", "median_ms": 0.5, "x_floor": 5.0},
+        shape | {"impl": "torch chunked", "median_ms": 4.0, "x_floor": 40.0},
+        shape | {"impl": "fla chunk_simple_gla", "rel_l2": 0.5},
+    ]  # incorrect: never timed
+    fig = bench_figure(rows)
+    assert [t.name for t in fig.data] == ["tuned", "seed config", "fla chunk_simple_gla", "torch chunked"]
+    assert [list(t.y) for t in fig.data] == [[2.0], [5.0], [], [40.0]]
+    assert fig.data[0].x == ("B=8 H=16 S=4096",) and fig.data[0].text == ("0.200 ms",)
+    assert fig.data[0].hovertext == ("64/128/2/256/smem/1",) and fig.data[3].hovertext == ("",)
+    assert fig.layout.yaxis.type == "log" and len(fig.layout.shapes) == 1  # the floor, dashed at 1
 
 
 def test_page_is_self_contained(study):
-    page = render_report(study)
+    page = render_report(*_log(study))
     assert page.count("<script") == 1 + 9  # plotly.js once, then one call per figure
     assert page.count('class="plotly-graph-div"') == 9 and page.count("Plotly.newPlot(") == 9
     body = page.split("<body>")[1]
@@ -298,11 +440,17 @@ def test_page_is_self_contained(study):
 
 
 def test_compile_only_page_says_so():
-    page = render_report(synthetic_study(60, mode="compile-only"))
+    page = render_report(*synthetic_trials(60, mode="compile-only"))
     assert "Compile-only study: nothing was timed" in page and "no latency-against-error front" in page
 
 
+def test_empty_trial_log_is_refused(study, info):
+    with pytest.raises(ValueError, match="study 'hand' has no trials: nothing to report"):
+        render_report(trials_frame(study).iloc[:0], info)
+
+
 # The CLI ------------------------------------------------------------------------------------
+
 
 def test_report_command(tmp_path, capsys, monkeypatch):
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
@@ -323,7 +471,7 @@ def test_report_command(tmp_path, capsys, monkeypatch):
     "argv,message",
     [
         (["report", "--study", "nope"], "no study 'nope'"),
-        (["report", "--study", "hand", "--out", "x.png"], "--out wants an .html file path"),
+        (["report", "--study", "hand", "--out", "x.png"], "--out wants a .html or .htm file path"),
         (["report", "--study", "empty"], "has no trials yet"),
         (["report", "--study", "badpeers"], '"peers" must map a name'),
     ],
@@ -340,6 +488,7 @@ def test_report_mistakes_exit_2_with_one_line(argv, message, tmp_path, capsys):
 
 # In a real browser --------------------------------------------------------------------------
 
+
 def _need_browser() -> None:
     why = browser.unavailable()
     if why is None:
@@ -350,12 +499,14 @@ def _need_browser() -> None:
 
 
 @pytest.mark.browser
-def test_pages_render_offline_in_chromium(study, tmp_path):
+def test_pages_render_offline_in_chromium(tmp_path):
     _need_browser()
     # GPU: 10 plots. Compile-only: no error front, no error by alpha, no peers: 7.
-    for name, s, graphs in (("gpu", _study(peers=PEERS), 10),
-                            ("compile-only", synthetic_study(60, mode="compile-only"), 7)):
-        html = write_report(s, tmp_path / f"{name}.html")
+    for name, log, graphs in (
+        ("gpu", _log(_study(peers=PEERS)), 10),
+        ("compile-only", synthetic_trials(60, mode="compile-only"), 7),
+    ):
+        html = write_report(*log, tmp_path / f"{name}.html")
         load = browser.load(html)
         assert load.graphs == load.rendered == graphs, (name, load)
         assert load.console_errors == [] and load.blocked == [], (name, load)
@@ -365,8 +516,10 @@ def test_pages_render_offline_in_chromium(study, tmp_path):
 def test_browser_check_sees_network_and_errors(tmp_path):
     _need_browser()
     page = tmp_path / "bad.html"
-    page.write_text('<html><body><img src="http://example.invalid/x.png">'
-                    '<div class="plotly-graph-div"></div><script>undefinedFunction()</script></body></html>')
+    page.write_text(
+        '<html><body><img src="http://example.invalid/x.png">'
+        '<div class="plotly-graph-div"></div><script>undefinedFunction()</script></body></html>'
+    )
     load = browser.load(page, timeout_s=2)
     assert load.blocked == ["http://example.invalid/x.png"]
     assert any("undefinedFunction" in e for e in load.console_errors)
@@ -376,7 +529,7 @@ def test_browser_check_sees_network_and_errors(tmp_path):
 @pytest.mark.browser
 def test_thousand_trials_stay_usable(tmp_path):
     _need_browser()
-    html = write_report(synthetic_study(1000), tmp_path / "big.html")
+    html = write_report(*synthetic_trials(1000), tmp_path / "big.html")
     load = browser.load(html)
     assert load.rendered == load.graphs == 10 and load.console_errors == [] and load.blocked == []
     assert html.stat().st_size < 12e6 and load.load_ms < 30_000, (html.stat().st_size, load.load_ms)

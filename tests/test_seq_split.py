@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import refs
-from kernel import KernelConfig, Problem, Resources, probe, seq_split
+from kernel import KernelConfig, Problem, Resources, probe
 from kernel.config import segment_length
 from kernel.resources import compile_kernel
 from refs.chunk import chunk_weights
@@ -54,8 +54,9 @@ def test_carry_algebra_matches_the_recurrence(s, chunk, segments, alpha):
 
 @pytest.mark.parametrize("alpha", [1.0, 0.99, 0.5])
 def test_reverse_states_walk_reaches_the_forward_end_state(alpha):
-    """The states kernel walks a segment's chunks last to first: iteration ``c`` reads chunk ``n - 1 - c`` and weights its row ``r`` by
-    ``alpha^(C*c + C-1-r)``, the token's distance to the segment's end."""
+    """The states kernel walks a segment's chunks last to first: iteration ``c`` reads chunk
+    ``n - 1 - c`` and weights its row ``r`` by ``alpha^(C*c + C-1-r)``, the token's distance
+    to the segment's end."""
     chunk, n = 16, 7
     gen = torch.Generator().manual_seed(3)
     k, v = (

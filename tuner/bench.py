@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 import refs
-from kernel.build import build, cuda_arch, precompile, sm_count
+from kernel.builder import build, cuda_arch, precompile, sm_count
 from kernel.config import SEED_CONFIG, KernelConfig, Problem
 from kernel.dispatch import Dispatch
 from kernel.resources import ProbeFailure

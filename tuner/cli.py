@@ -55,7 +55,9 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.default in (None, False, True, []) or "default" in text or action.nargs == 0:
+        default = action.default  # not `in (None, False, True, [])`, which also hides 0 and 1 (0 == False)
+        hidden = default is None or isinstance(default, bool) or default == []
+        if hidden or "default" in text or action.nargs == 0:
             return text
         return f"{text} (default: %(default)s)"
 
@@ -259,7 +261,7 @@ def table(frame: "pd.DataFrame", columns=TABLE) -> str:
     point, empty cells blank, each reason's first line whole."""
     import pandas as pd
 
-    from tuner.trials import PARAMS
+    from kernel.record import PARAMS
 
     shown = frame.assign(
         config=[KernelConfig(**{k: row[k] for k in PARAMS}).label for _, row in frame.iterrows()],
@@ -411,7 +413,7 @@ def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, round
 
     import torch
 
-    from kernel.build import build
+    from kernel.builder import build
     from kernel.timing import alternating
     from kernel.validate import random_qkv
 

@@ -9,7 +9,8 @@ import optuna
 from kernel.deploy import FORMAT, VERSION
 from kernel.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
 from kernel.environment import write_json
-from tuner.trials import TIMES, best_trials, trial_config
+from kernel.record import TIMES
+from tuner.trials import best_trials, trial_config
 
 
 def export_best(study: optuna.Study, path: Path, *, top: int = 5) -> dict[str, Any]:

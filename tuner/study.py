@@ -33,15 +33,16 @@ from concurrent.futures import Future, ProcessPoolExecutor
 import optuna
 from optuna.trial import TrialState
 
-from kernel.build import cuda_arch, sm_count
+from kernel.builder import cuda_arch, sm_count
 from kernel.config import SEED_CONFIG, KernelConfig, Problem
 from kernel.environment import env_key, environment
+from kernel.record import MEASURES
 from kernel.resources import DEFAULT_ARCH, ProbeFailure, Resources, probe
 from tuner import space
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
 from tuner.storage import fail_interrupted, open_study
-from tuner.trials import MEASURES, best_trials, measured_before, trial_config, trial_params
+from tuner.trials import best_trials, measured_before, trial_config, trial_params
 from tuner.worker import GpuWorker
 
 

@@ -1,6 +1,7 @@
 """Queries on a study's trials, and the trial log: one pandas row per trial. Pure
 functions of the study."""
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,44 +11,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from kernel.config import KernelConfig
 from kernel.environment import ENVIRONMENT_KEYS
+from kernel.record import MEASURES, PARAMS, RESOURCES, TRIAL_COLUMNS
 
-# The knobs, and their defaults: a study made before a knob existed ran it at its default
+# The knobs' defaults: a study made before a knob existed ran it at its default
 # (segments: the single-pass kernel).
 PARAM_DEFAULTS = KernelConfig().to_dict()
-PARAMS = tuple(PARAM_DEFAULTS)
-TIMES = ("median_ms", "p20_ms", "p80_ms")
-# What a GPU measurement records (a cached trial copies them, with "finite").
-MEASURES = (*TIMES, "reps", "rel_l2", "nan_count")
-RESOURCES = (
-    "registers",
-    "spill_bytes",
-    "spill_stores",
-    "spill_loads",
-    "stack_frame",
-    "static_smem",
-    "dynamic_smem",
-    "smem_bytes",
-    "threads_launched",
-    "seed_register_estimate",
-    "compile_seconds",
-)
-COLUMNS = (
-    "number",
-    "state",
-    "status",
-    "reason",
-    *PARAMS,
-    *MEASURES,
-    *RESOURCES,
-    "feasible",
-    "baseline",
-    "gpu_evaluated",
-    "cached_from",
-    "mode",
-    "wall_s",
-    "started",
-    *(f"env_{k}" for k in ENVIRONMENT_KEYS),
-)
 # Outcomes that cost a GPU launch (a cached trial reuses an earlier launch and costs none).
 GPU_OUTCOMES = ("ok", "incorrect", "runtime_failed")
 
@@ -86,7 +54,7 @@ def measured_before(study: optuna.Study, params: dict[str, Any], key: str) -> Fr
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
-    """One row per trial with ``COLUMNS``: params, latency, error, resources, status, why
+    """One row per trial with ``kernel.record.TRIAL_COLUMNS``: params, latency, error, resources, status, why
     it failed, wall time and environment. Missing measurements are NaN/None."""
     rows = []
     for t in study.get_trials(deepcopy=False):
@@ -110,9 +78,10 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
             "wall_s": attrs.get("wall_s"),
             "started": t.datetime_start,
             **{f"env_{k}": env.get(k) for k in ENVIRONMENT_KEYS},
+            "constraints": json.dumps(t.constraints, sort_keys=True),
         }
         rows.append(row)
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    return pd.DataFrame(rows, columns=list(TRIAL_COLUMNS))
 
 
 def save_frame(frame: pd.DataFrame, stem: Path) -> list[Path]:

@@ -45,7 +45,7 @@ def _inject(config: KernelConfig) -> None:
 
 
 def _measure(job: dict[str, Any]) -> dict[str, Any]:
-    from kernel.build import build
+    from kernel.builder import build
     from kernel.validate import check_and_time
 
     problem, config = Problem.from_dict(job["problem"]), KernelConfig.from_dict(job["config"])

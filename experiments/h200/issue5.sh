@@ -18,7 +18,7 @@
 # Results land in experiments/h200/issue5/; on the device they come back as $OUT/<stage>.tgz.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-DEST=experiments/h200/issue5
+DEST=${DEST:-experiments/h200/issue5}  # another folder for a later re-ranking
 mkdir -p "$DEST"
 export DECAY_TUNER_STUDIES="$DEST/studies"
 SHAPES=8x16x4096,2x16x16384,1x8x32768

@@ -1,0 +1,84 @@
+"""What several tuner test files share: a problem small enough to compile in seconds, a
+compile-only run of it through the CLI, and hand-written best-config and dispatch files."""
+
+from pathlib import Path
+
+import optuna
+
+from kernel import KernelConfig, Problem
+from kernel.deploy import FORMAT, VERSION
+from kernel.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
+from kernel.environment import environment, write_json
+from tuner import space
+from tuner.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+# Small enough that one config compiles in a few seconds on one core.
+SMALL = ["--dk", "64", "--dv", "64", "--batch", "1", "--heads", "2", "--seqlen", "256"]
+SMALL_PROBLEM = Problem(1, 2, 256, 64, 64, 0.99)
+LAYOUT_FAILURE = "32/32/2/128/regs"  # TileLang 0.1.15 cannot lay out register scores at C = 32
+WARP_FAILURE = "32/16/1/256/regs"  # nor split a 32x16 tile over 8 warps ("No valid warp partition")
+
+
+def run_small(storage: str, study: str, *extra: str) -> int:
+    """``python -m tuner run`` on ``SMALL_PROBLEM`` with two compile workers."""
+    return main(
+        ["run", *SMALL, "--storage", storage, "--study", study, "--workers", "2", "--no-progress", *extra]
+    )
+
+
+def best_config_file(tmp_path: Path, **changes) -> Path:
+    """A best-config file of this environment for ``SMALL_PROBLEM``, with ``changes``."""
+    data = {
+        "format": FORMAT,
+        "version": VERSION,
+        "problem": SMALL_PROBLEM.to_dict(),
+        "environment": environment(),
+        "configs": [{"config": KernelConfig(64, 64, 1, 128).to_dict()}],
+    }
+    path = tmp_path / "best.json"
+    write_json(path, data | changes)
+    return path
+
+
+def dispatch_file(tmp_path: Path, pairs: list[tuple[Problem, KernelConfig]], **changes) -> Path:
+    """A dispatch table of this environment with one entry per (tuned problem, config)."""
+    data = {
+        "format": DISPATCH_FORMAT,
+        "version": DISPATCH_VERSION,
+        "environment": environment(),
+        "entries": [{"problem": p.to_dict(), "config": c.to_dict(), "median_ms": 0.1} for p, c in pairs],
+    }
+    path = tmp_path / "dispatch.json"
+    write_json(path, data | changes)
+    return path
+
+
+def gpu_study(
+    latencies: list[float | None],
+    *,
+    storage: str | None = None,
+    name: str | None = None,
+    env: dict | None = None,
+) -> optuna.Study:
+    """A hand-built GPU study of ``SMALL_PROBLEM``: one trial per latency (None: failed to
+    compile), on the configs of ``space.grid`` in order."""
+    study = optuna.create_study(storage=storage, study_name=name)
+    study.set_user_attr("problem", SMALL_PROBLEM.to_dict())
+    study.set_user_attr("mode", "gpu")
+    study.set_user_attr("objectives", ["median_ms"])
+    dists = space.distributions(SMALL_PROBLEM)
+    for config, ms in zip(space.grid(SMALL_PROBLEM), latencies):
+        attrs = {"mode": "gpu", "status": "ok" if ms else "compile_failed", "environment": env}
+        state = optuna.trial.TrialState.COMPLETE if ms else optuna.trial.TrialState.FAIL
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=config.to_dict(),
+                distributions=dists,
+                state=state,
+                value=ms,
+                user_attrs=attrs | ({"median_ms": ms, "rel_l2": 1e-3} if ms else {}),
+            )
+        )
+    return study

@@ -1,0 +1,324 @@
+"""tuner.cli: ``python -m tuner`` end to end on the CPU (a compile-only exploration with
+real TileLang compiles, real Optuna and real SQLite), what it prints, and the user's
+mistakes: exit code 2 with one line."""
+
+import argparse
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from types import SimpleNamespace
+
+import optuna
+import pandas as pd
+import pytest
+import torch
+from helpers import LAYOUT_FAILURE, REPO, SMALL, SMALL_PROBLEM, gpu_study, run_small
+
+import refs
+from kernel import SEED_CONFIG, KernelConfig, Problem
+from kernel.deploy import load_config, read_export
+from kernel.record import TRIAL_COLUMNS
+from tuner.cli import COMMANDS, TABLE, build_parser, main
+from tuner.storage import default_study_name
+from tuner.trials import trials_frame
+
+
+@pytest.fixture(scope="module")
+def explored(tmp_path_factory) -> SimpleNamespace:
+    """A compile-only study "e2e" of ``SMALL_PROBLEM``: 4 trials, the first the seed's
+    config, one a config TileLang cannot lay out; run once for the tests that read it."""
+    tmp = tmp_path_factory.mktemp("explored")
+    storage = f"sqlite:///{tmp / 'db.sqlite'}"
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), redirect_stderr(err):
+        mp.setattr("tuner.cli.STUDIES_DIR", tmp)
+        code = run_small(storage, "e2e", "--n-trials", "4", "--enqueue", LAYOUT_FAILURE)
+    return SimpleNamespace(dir=tmp, storage=storage, code=code, out=out.getvalue(), err=err.getvalue())
+
+
+def _on(explored: SimpleNamespace, command: str, *extra: str) -> list[str]:
+    return [command, *SMALL, "--storage", explored.storage, "--study", "e2e", *extra]
+
+
+def test_compile_only_study_end_to_end(explored, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", explored.dir)
+    assert explored.code == 0
+    assert "no CUDA device: compile-only exploration" in explored.err
+    assert "compile-only" in explored.out and "no latency" in explored.out
+
+    study = optuna.load_study(study_name="e2e", storage=explored.storage)
+    assert len(study.trials) == 4
+    assert study.trials[0].params == SEED_CONFIG.to_dict()  # the baseline goes first
+    assert study.user_attrs["mode"] == "compile-only" and study.user_attrs["objectives"] == ["spill_bytes"]
+
+    frame = pd.read_csv(explored.dir / "e2e" / "trials.csv")
+    assert list(frame.columns) == list(TRIAL_COLUMNS) and len(frame) == 4
+    failed = frame[(frame.chunk == 32) & (frame.scores == "regs")]
+    assert (
+        len(failed) >= 1
+        and (failed.status == "compile_failed").all()
+        and failed.reason.str.contains("Layout infer conflict").all()
+    )
+    ok = frame[frame.status == "ok"]
+    assert len(ok) >= 1 and ok.median_ms.isna().all()  # compile-only: nothing is timed
+    assert (ok.smem_bytes > 0).all() and (ok.env_tilelang == "0.1.15").all()
+    assert frame.loc[frame.number == 0, "baseline"].item()
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(explored.dir / "e2e" / "trials.parquet"), trials_frame(study), check_dtype=False
+    )
+
+    exported = read_export(explored.dir / "e2e" / "best.json")
+    assert exported["mode"] == "compile-only" and exported["problem"] == SMALL_PROBLEM.to_dict()
+    best = min(ok.itertuples(), key=lambda r: (r.spill_bytes, r.number))
+    assert exported["configs"][0]["spill_bytes"] == best.spill_bytes
+    problem, config = load_config(explored.dir / "e2e" / "best.json")  # same environment: accepted
+    assert problem == SMALL_PROBLEM and config == KernelConfig.from_dict(exported["configs"][0]["config"])
+
+    # The study is kept: its trials and its export can be read back by later commands.
+    assert main(_on(explored, "trials")) == 0
+    assert "compile_failed" in capsys.readouterr().out
+    assert main(_on(explored, "export", "--out", str(tmp_path / "x.json"))) == 0
+    assert read_export(tmp_path / "x.json")["configs"] == exported["configs"]
+
+
+def _table_lines(out: str) -> tuple[str, list[str], list[str]]:
+    """(heading, header columns, rows) of what `trials` or `best` printed."""
+    heading, header, *rows = out.splitlines()
+    return heading, header.split(), rows
+
+
+def test_trials_prints_whole_numbers_blank_cells_and_first_lines(explored, capsys):
+    assert main(_on(explored, "trials")) == 0
+    heading, header, rows = _table_lines(capsys.readouterr().out)
+    assert heading == "study 'e2e' (compile-only: resources from the compiler, no latency measured)"
+    assert header == list(TABLE) and len(rows) == 4
+    printed = "\n".join(rows)
+    assert not re.search(r"\d\.0\b", printed)  # smem bytes, registers, spills: no ".0"
+    assert not re.search(r"\b(None|NaN|nan|NA|<NA>)\b", printed)  # empty cells are blank
+    frame = trials_frame(optuna.load_study(study_name="e2e", storage=explored.storage))
+    for row, trial in zip(rows, frame.itertuples()):
+        config = KernelConfig(**{k: getattr(trial, k) for k in KernelConfig().to_dict()}).label
+        assert row.split()[:3] == [str(trial.number), trial.status, config]
+        if trial.status == "ok":  # compile-only: a size in bytes, no latency
+            assert row.split()[3:6] == [
+                f"{trial.spill_bytes:.0f}",
+                f"{trial.smem_bytes:.0f}",
+                f"{trial.registers:.0f}",
+            ]
+            assert len(row.split()) == 6
+    layout = frame[frame.status == "compile_failed"].reason.iloc[0].splitlines()
+    assert len(layout) > 1 and layout[0] in printed  # the whole first line, and only that
+    assert layout[1].strip() not in printed
+
+
+def test_best_prints_the_columns_of_trials(explored, capsys):
+    assert main(_on(explored, "trials")) == 0
+    _, trials_header, trials_rows = _table_lines(capsys.readouterr().out)
+    assert main(_on(explored, "best", "--top", "1")) == 0
+    heading, header, rows = _table_lines(capsys.readouterr().out)
+    assert heading.startswith("study 'e2e' (compile-only") and header == trials_header
+    (best,) = rows
+    assert best.split() in [row.split() for row in trials_rows]  # the same cells as in `trials`
+    assert best.split()[1] == "ok"
+
+
+def test_compare_refuses_a_compile_only_study(explored, capsys):
+    """Whichever side is compile-only, the error names it."""
+    storage = explored.storage
+    gpu_study([0.5, 0.3], storage=storage, name="timed")
+    for study, against in (("e2e", "timed"), ("timed", "e2e")):
+        argv = ["compare", *SMALL, "--storage", storage, "--study", study, "--against", against]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert "study 'e2e' is compile-only" in err and "'timed'" not in err
+
+
+def test_export_to_a_directory_exits_2_and_writes_nothing(explored, tmp_path, capsys):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    assert main(_on(explored, "export", "--out", str(folder))) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out wants a .json file path" in err and str(folder) in err
+    assert list(tmp_path.rglob("*")) == [folder]
+
+
+def test_the_summary_counts_queued_configs_apart(tmp_path, capsys, monkeypatch):
+    """One trial asked: the seed config runs, the one-wave seeds wait for the next run."""
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    argv = ["run", "--dk", "64", "--dv", "64", "--batch", "1", "--heads", "2", "--seqlen", "4096"]
+    assert main([*argv, "--storage", storage, "--workers", "2", "--no-progress", "--n-trials", "1"]) == 0
+    study = optuna.load_study(
+        study_name=default_study_name(Problem(1, 2, 4096, 64, 64, 0.99)), storage=storage
+    )
+    waiting = sum(t.state == optuna.trial.TrialState.WAITING for t in study.trials)
+    assert waiting >= 1
+    assert f": 1 trial ({waiting} queued for the next run), 0 GPU evaluations" in capsys.readouterr().out
+    frame = pd.read_csv(tmp_path / study.study_name / "trials.csv")
+    queued = frame[frame.status == "queued"]
+    fixed = [
+        t.system_attrs["fixed_params"] for t in study.trials if t.state == optuna.trial.TrialState.WAITING
+    ]
+    assert queued[list(fixed[0])].to_dict("records") == fixed  # the enqueued configs, not defaults
+
+
+# Runs ``python -m tuner ARGV`` (ARGV as JSON) and prints, last, its exit code and which
+# heavy libraries it imported.
+HELP_PROBE = """
+import json, runpy, sys
+sys.argv = ["tuner", *json.loads(sys.argv[1])]
+code = None
+try:
+    runpy.run_module("tuner", run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    code = exc.code
+heavy = sorted(m for m in ("torch", "tilelang", "optuna", "pandas") if m in sys.modules)
+print(json.dumps({"code": code, "heavy": heavy}))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], *([name, "--help"] for name in COMMANDS)], ids=" ".join)
+def test_help_answers_without_loading_heavy_libraries(argv):
+    done = subprocess.run(
+        [sys.executable, "-c", HELP_PROBE, json.dumps(argv)],
+        cwd=REPO,
+        env=os.environ | {"PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    *shown, last = done.stdout.splitlines()
+    assert json.loads(last) == {"code": 0, "heavy": []}, done.stderr[-2000:]
+    assert shown[0].startswith("usage: python -m tuner") and done.stderr == ""
+
+
+def _help_entries(command: str) -> dict[str, str]:
+    """Each option's entry in ``command --help``, by its first flag, on one line."""
+    out = io.StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit) as exit:
+        build_parser().parse_args([command, "--help"])
+    assert exit.value.code == 0
+    entries: dict[str, str] = {}
+    current = None
+    for line in out.getvalue().splitlines():
+        if match := re.match(r"  (--?[\w-]+)", line):
+            current = match.group(1)
+            entries[current] = line.strip()
+        elif current and line.startswith("    "):
+            entries[current] += " " + line.strip()
+        else:
+            current = None
+    return entries
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_flag_has_help_and_shows_its_default(command):
+    parser = build_parser()
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    entries = _help_entries(command)
+    for action in sub.choices[command]._actions:
+        flag = action.option_strings[0]
+        if flag == "-h":
+            continue
+        assert action.help, flag
+        entry = entries[flag]
+        assert " ".join(action.help.split()) in entry, (flag, entry)
+        value = (
+            action.nargs != 0 and action.default not in (None, []) and not isinstance(action.default, bool)
+        )
+        if value and "default" not in action.help:  # unless its help already says what it defaults to
+            assert entry.endswith(f"(default: {action.default})"), (flag, entry)
+    if command == "run":
+        assert entries["--seed"].endswith("(default: 0)")  # 0 is a default too
+        assert entries["--max-spill-bytes"].endswith("(default: 0)")
+        assert entries["--n-trials"].endswith("(default: 40)")
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["run", "--dk", "0"], "dk must be a positive integer"),
+        (["run", "--dk", "100"], "dk must be a multiple of 16"),
+        (["run", "--alpha", "1.5"], "alpha must be in (0, 1]"),
+        (["run", "--alpha", "0"], "alpha must be in (0, 1]"),
+        (["run", "--storage", "nosuchdb://x"], "cannot open storage"),
+        (["run", "--sampler", "random"], "invalid choice"),
+        (["run", "--enqueue", "64/32"], "--enqueue wants"),
+        (["run", "--enqueue", "64/48/1/128"], "outside the search space"),
+        (["trials", "--study", "nope", "--storage", "sqlite:///:memory:"], "no study 'nope'"),
+        (["frobnicate"], "invalid choice"),
+        (["run", "--workers", "0"], "--workers must be positive"),
+        (["run", "--tolerance", "-1"], "--tolerance must be positive"),
+        (["run", "--timeout", "nan"], "--timeout must be positive"),
+        (["run", "--max-spill-bytes", "-1"], "--max-spill-bytes must be >= 0"),
+        (["run", "--enqueue", "64/32/1/128/smem/0"], "segments must be a positive integer"),
+        (["best", "--top", "0"], "--top must be positive"),
+        (["dispatch", "--shapes", "1x2"], "--shapes wants BxHxS"),
+        (["dispatch", "--dv", "20"], "dv must be a multiple of 16"),
+        (["dispatch", "--out", "/"], "--out wants a file path"),
+        (["bench", "--dispatch", "/nonexistent/table.json"], "cannot read dispatch table"),
+        (["bench", "--shapes", "8x16"], "--shapes wants BxHxS"),
+    ],
+)
+def test_user_mistakes_exit_2_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unreadable_json_exits_2(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": ')
+    assert main(["run", "--enqueue-from", str(bad)]) == 2
+    assert "cannot read best-config file" in capsys.readouterr().err
+    assert main(["run", "--enqueue-from", str(tmp_path / "missing.json")]) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the command would tune; see the gpu test")
+def test_dispatch_needs_a_gpu(capsys):
+    assert main(["dispatch", "--shapes", "1x2x256", "--dk", "64", "--dv", "64"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_gpu_study_end_to_end(tmp_path, monkeypatch, capsys):
+    """On a GPU: trials are timed and checked, and the export loads into a kernel that runs."""
+    from kernel.deploy import load_kernel
+    from kernel.validate import check
+
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    assert run_small(storage, "gpu", "--n-trials", "3", "--enqueue", "64/64/1/128") == 0
+    assert "median" in capsys.readouterr().out
+    frame = pd.read_csv(tmp_path / "gpu" / "trials.csv")
+    ok = frame[frame.status == "ok"]
+    assert len(ok) >= 2 and (ok.median_ms > 0).all() and ok.gpu_evaluated.all()
+    assert (ok.rel_l2 < refs.TOLERANCE).all()
+    assert (ok.p20_ms <= ok.median_ms).all() and (ok.median_ms <= ok.p80_ms).all()
+    kernel = load_kernel(tmp_path / "gpu" / "best.json")
+    assert check(kernel, seed=5)["rel_l2"] < refs.TOLERANCE
+
+
+@pytest.mark.gpu
+def test_gpu_dispatch_end_to_end(tmp_path, monkeypatch, capsys):
+    """On a GPU: two shapes tuned, the table written, and a kernel it serves matches C."""
+    from kernel.dispatch import load_dispatch
+    from kernel.validate import random_qkv
+
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    argv = ["dispatch", "--dk", "64", "--dv", "64", "--shapes", "4x8x512,1x2x4096", "--storage", storage]
+    argv += ["--n-trials", "3", "--enqueue", "64/64/1/128/smem/8", "--workers", "4", "--no-progress"]
+    assert main(argv) == 0
+    table = load_dispatch(tmp_path / "dispatch.json")
+    assert [e.problem.seqlen for e in table.entries] == [512, 4096]
+    problem = Problem(1, 3, 3000, 64, 64, 0.95)  # an untuned shape, served by the nearest bucket
+    q, k, v = random_qkv(problem, seed=8)
+    out = table(q, k, v, alpha=problem.alpha)
+    ref = refs.kernel_mimic(q, k, v, problem.alpha, table.pick(problem).config.chunk)
+    assert refs.rel_l2(out, ref) < refs.TOLERANCE

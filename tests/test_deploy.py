@@ -1,0 +1,50 @@
+"""kernel.deploy: the best-config loader refuses a file measured elsewhere or for another problem."""
+
+import pytest
+from helpers import best_config_file
+
+from kernel import KernelConfig, Problem
+from kernel.deploy import ExportError, load_config, read_export
+from kernel.environment import environment
+
+
+def test_loader_refuses_other_environment_or_problem(tmp_path):
+    assert load_config(best_config_file(tmp_path))[1] == KernelConfig(64, 64, 1, 128)
+    elsewhere = best_config_file(
+        tmp_path,
+        environment={
+            "gpu": "NVIDIA H200",
+            "capability": "9.0",
+            "tilelang": "0.1.15",
+            "torch": "2.11.0",
+            "cuda": "13.0",
+        },
+    )
+    with pytest.raises(ExportError, match="another environment"):
+        load_config(elsewhere)
+    edited = best_config_file(tmp_path, environment=environment() | {"kernel": "0" * 12})  # code changed
+    with pytest.raises(ExportError, match="kernel: file '000000000000'"):
+        load_config(edited)
+    assert load_config(elsewhere, allow_mismatch=True)[1] == KernelConfig(64, 64, 1, 128)
+    other = Problem(2, 2, 256, 64, 64, 0.99)
+    with pytest.raises(ExportError, match="was tuned for"):
+        load_config(best_config_file(tmp_path), problem=other)
+    with pytest.raises(ExportError, match="version"):
+        load_config(best_config_file(tmp_path, version=99))
+    with pytest.raises(ExportError, match="block_dv must divide dv"):
+        load_config(best_config_file(tmp_path), problem=Problem(1, 2, 256, 64, 32, 0.99), allow_mismatch=True)
+
+
+def test_unreadable_or_foreign_files_are_export_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": ')
+    with pytest.raises(ExportError, match="cannot read best-config file"):
+        read_export(bad)
+    with pytest.raises(ExportError, match="cannot read best-config file"):
+        read_export(tmp_path / "missing.json")
+    with pytest.raises(ExportError, match="is not a decay-tuner/best-configs file"):
+        read_export(best_config_file(tmp_path, format="something/else"))
+    with pytest.raises(ExportError, match="holds no configs"):
+        read_export(best_config_file(tmp_path, configs=[]))
+    with pytest.raises(ExportError, match="malformed entry"):
+        load_config(best_config_file(tmp_path, configs=[{"config": {"chunk": 65}}]))

@@ -1,0 +1,80 @@
+"""kernel.dispatch: the table picks the nearest tuned shape and keeps its grid."""
+
+import dataclasses
+
+import pandas as pd
+import pytest
+from helpers import DATA, SMALL_PROBLEM, best_config_file, dispatch_file
+
+from kernel import KernelConfig, Problem
+from kernel.deploy import ExportError
+from kernel.dispatch import load_dispatch
+
+
+def test_dispatch_picks_the_nearest_shape_and_keeps_its_grid(tmp_path):
+    many = KernelConfig(64, 128, 2, 256)  # tuned at B*H = 128, S = 4096: 128 blocks
+    few = KernelConfig(64, 128, 2, 256, segments=16)  # tuned at B*H = 8, S = 32768: 128 blocks
+    narrow = KernelConfig(64, 32, 1, 128)  # tuned for DV = 64
+    table = load_dispatch(
+        dispatch_file(
+            tmp_path,
+            [
+                (Problem(8, 16, 4096, 128, 128, 0.99), many),
+                (Problem(1, 8, 32768, 128, 128, 0.99), few),
+                (Problem(8, 16, 4096, 128, 64, 0.99), narrow),
+            ],
+        )
+    )
+    pick = lambda *shape, dv=128, alpha=0.9: table.pick(Problem(*shape, 128, dv, alpha)).config
+    segments = lambda config, n: dataclasses.replace(config, segments=n)
+    assert pick(8, 16, 4096) == many and pick(1, 8, 32768) == few
+    assert pick(2, 4, 16384) == few  # nearer in log2(B*H) + log2(S); B*H = 8 as tuned
+    # Other B*H: the segment count that keeps about 128 blocks.
+    assert pick(1, 4, 65536) == segments(few, 32) and pick(4, 16, 4096) == segments(many, 2)
+    assert pick(16, 16, 2048) == many  # 256 blocks already with one segment
+    assert pick(8, 16, 4096, dv=64) == narrow
+    # 512 tokens hold 8 chunks: 2 stages leave at most 4 segments, 32 blocks.
+    assert pick(1, 8, 512) == segments(few, 4)
+    # Too short for any split: the nearest config as a single-pass kernel, pipeline shortened.
+    assert table.pick(Problem(1, 1, 64, 128, 128, 0.9)).config == KernelConfig(64, 128, 1, 256, segments=1)
+    with pytest.raises(ExportError, match=r"no dispatch entry for dk=128, dv=32"):
+        pick(8, 16, 4096, dv=32)
+    with pytest.raises(ExportError, match="no dispatch entry"):
+        table.pick(Problem(8, 16, 4096, 128, 128, 0.99, "bfloat16"))
+
+
+def test_the_committed_table_serves_untuned_shapes_the_segment_count_measured_best():
+    """The H200 table (retable) serves three shapes it was not tuned at (oos); for each,
+    the pick's segment count is the fastest one the oos study measured with its other
+    knobs, while the nearest entry's own count was 1.6x slower at two of them."""
+    table = load_dispatch(DATA / "retable" / "dispatch.json", allow_mismatch=True)
+    slower = 0
+    for b, h, s in [(1, 16, 16384), (4, 8, 8192), (1, 4, 65536)]:
+        problem = Problem(b, h, s, 128, 128, 0.99)
+        pick = table.pick(problem)
+        trials = pd.read_csv(DATA / f"oos/studies/b{b}-h{h}-s{s}-dk128-dv128-a0.99-float16/trials.csv")
+        ok = trials[trials.status == "ok"]
+        knobs = pd.Series({k: v for k, v in pick.config.to_dict().items() if k != "segments"})
+        same = ok[(ok[knobs.index] == knobs).all(axis=1)]
+        by_segments = same.groupby("segments").median_ms.min()
+        assert pick.config.segments == by_segments.idxmin(), (b, h, s, by_segments.to_dict())
+        nearest = min(table.entries, key=lambda e: e.distance(problem))
+        slower += by_segments[nearest.config.segments] > 1.5 * by_segments.min()
+    assert slower == 2
+
+
+def test_dispatch_loader_refuses_bad_tables(tmp_path):
+    entry = [(SMALL_PROBLEM, KernelConfig(64, 64, 1, 128))]
+    with pytest.raises(ExportError, match="another environment"):
+        load_dispatch(dispatch_file(tmp_path, entry, environment={"gpu": "NVIDIA H200"}))
+    assert load_dispatch(
+        dispatch_file(tmp_path, entry, environment={"gpu": "x"}), allow_mismatch=True
+    ).entries
+    with pytest.raises(ExportError, match="version"):
+        load_dispatch(dispatch_file(tmp_path, entry, version=2))
+    with pytest.raises(ExportError, match="holds no entries"):
+        load_dispatch(dispatch_file(tmp_path, []))
+    with pytest.raises(ExportError, match="malformed entry"):
+        load_dispatch(dispatch_file(tmp_path, entry, entries=[{"problem": {"batch": 1}}]))
+    with pytest.raises(ExportError, match="is not a decay-tuner/dispatch file"):
+        load_dispatch(best_config_file(tmp_path))

@@ -1,0 +1,50 @@
+"""tuner.export: a study's best configs as the files a deployment loads."""
+
+import pytest
+from helpers import SMALL_PROBLEM, gpu_study
+
+from kernel.deploy import load_config, read_export
+from kernel.dispatch import load_dispatch
+from kernel.environment import environment
+from tuner import space
+from tuner.export import export_best, export_dispatch
+
+
+def test_best_configs_are_written_best_first(tmp_path):
+    study = gpu_study([0.5, None, 0.2, 0.3], env=environment())
+    data = export_best(study, tmp_path / "best.json", top=2)
+    assert read_export(tmp_path / "best.json") == data
+    configs = list(space.grid(SMALL_PROBLEM))
+    assert [c["trial"] for c in data["configs"]] == [2, 3]
+    assert [c["median_ms"] for c in data["configs"]] == [0.2, 0.3]
+    assert data["configs"][0]["config"] == configs[2].to_dict()
+    assert data["mode"] == "gpu" and data["problem"] == SMALL_PROBLEM.to_dict()
+    assert load_config(tmp_path / "best.json") == (SMALL_PROBLEM, configs[2])  # this environment
+
+
+def test_nothing_feasible_is_nothing_written(tmp_path):
+    with pytest.raises(LookupError, match="no feasible, correct trial"):
+        export_best(gpu_study([None]), tmp_path / "best.json")
+    with pytest.raises(LookupError, match="no feasible, correct trial"):
+        export_dispatch([gpu_study([None])], tmp_path / "dispatch.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dispatch_table_takes_each_studys_best(tmp_path):
+    env = environment()
+    studies = [gpu_study([0.5, 0.2], env=env), gpu_study([0.1, 0.3], env=env)]
+    export_dispatch(studies, tmp_path / "dispatch.json")
+    table = load_dispatch(tmp_path / "dispatch.json")
+    configs = list(space.grid(SMALL_PROBLEM))
+    assert [(e.config, e.median_ms) for e in table.entries] == [(configs[1], 0.2), (configs[0], 0.1)]
+
+
+def test_dispatch_refuses_compile_only_and_mixed_studies(tmp_path):
+    compile_only = gpu_study([0.5])
+    compile_only.set_user_attr("mode", "compile-only")
+    with pytest.raises(LookupError, match="compile-only"):
+        export_dispatch([compile_only], tmp_path / "dispatch.json")
+    here, there = environment(), environment() | {"gpu": "NVIDIA H200"}
+    with pytest.raises(LookupError, match="different environments"):
+        export_dispatch([gpu_study([0.5], env=here), gpu_study([0.5], env=there)], tmp_path / "dispatch.json")
+    assert list(tmp_path.iterdir()) == []

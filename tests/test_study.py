@@ -1,0 +1,162 @@
+"""tuner.study: the Tuner loop on the CPU, a compile-only exploration with real TileLang
+compiles, real Optuna and real SQLite: outcomes told as values with their reasons, every
+sampler, the wave seeds measured first, and a kill -9 that loses no finished trial."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pandas as pd
+import pytest
+from helpers import REPO, SMALL, WARP_FAILURE, run_small
+
+from kernel import SEED_CONFIG, KernelConfig, Problem
+from kernel.deploy import read_export
+from tuner import space
+from tuner.options import Options
+from tuner.study import Tuner
+
+
+def _count(storage: str, name: str, state: optuna.trial.TrialState) -> int:
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return 0
+    return len(study.get_trials(states=(state,)))
+
+
+def test_kill_9_mid_study_loses_no_finished_trial(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "run",
+        *SMALL,
+        "--storage",
+        storage,
+        "--study",
+        "k9",
+        "--workers",
+        "1",
+        "--n-trials",
+        "12",
+        "--no-progress",
+    ]
+    # A cold TileLang cache keeps every trial compiling for seconds, so the kill below
+    # lands while a trial is in flight, whatever earlier tests or runs left cached.
+    env = os.environ | {
+        "PYTHONPATH": str(REPO),
+        "DECAY_TUNER_STUDIES": str(tmp_path),
+        "TILELANG_CACHE_DIR": str(tmp_path / "tilelang-cache"),
+    }
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    complete, running = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _count(storage, "k9", complete) >= 2 and _count(storage, "k9", running) >= 1:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it could be killed mid-trial"
+    os.killpg(proc.pid, signal.SIGKILL)  # the run and its compile workers, mid-trial
+    proc.wait()
+    before = {
+        t.number: t.values
+        for t in optuna.load_study(study_name="k9", storage=storage).get_trials(states=(complete,))
+    }
+    assert len(before) >= 2, proc.stderr.read().decode()[-2000:]
+
+    done = subprocess.run(
+        [*cmd[:-3], "--n-trials", "2", "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "of a killed run as failed" in done.stderr
+    study = optuna.load_study(study_name="k9", storage=storage)
+    after = {t.number: t.values for t in study.get_trials(states=(complete,))}
+    assert all(after[n] == v for n, v in before.items())  # nothing finished was lost or changed
+    assert len(after) >= len(before) + 1
+    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    interrupted = [t for t in study.trials if t.user_attrs.get("status") == "interrupted"]
+    assert interrupted and all(t.state == optuna.trial.TrialState.FAIL for t in interrupted)
+
+
+@pytest.fixture(scope="module")
+def over_budget(tmp_path_factory) -> tuple[subprocess.CompletedProcess, pd.DataFrame]:
+    """A compile-only run of two trials with a budget of one register per thread: the seed
+    config, which compiles (to far more), then a config TileLang cannot lay out. Run as
+    a user would, so its output is exactly what a terminal would show."""
+    tmp = tmp_path_factory.mktemp("over_budget")
+    storage = f"sqlite:///{tmp / 'db.sqlite'}"
+    argv = ["run", *SMALL, "--storage", storage, "--study", "budget", "--workers", "2", "--no-progress"]
+    argv += ["--n-trials", "2", "--max-registers", "1", "--enqueue", WARP_FAILURE]
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", *argv],
+        cwd=tmp,
+        env=os.environ | {"PYTHONPATH": str(REPO), "DECAY_TUNER_STUDIES": str(tmp)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return done, pd.read_csv(tmp / "budget" / "trials.csv")
+
+
+def test_a_trial_over_a_budget_says_which_budget(over_budget):
+    done, frame = over_budget
+    assert done.returncode == 1 and "no feasible, correct trial" in done.stderr  # nothing to export
+    (seed,) = frame[frame.baseline].itertuples()
+    assert (seed.status, seed.state) == ("infeasible", "COMPLETE") and seed.registers > 1
+    assert seed.reason == f"registers: {seed.registers:.0f} per thread, over the budget of 1"
+    assert not frame.feasible.any()
+
+
+def test_a_compile_failure_keeps_the_diagnostic_and_off_the_terminal(over_budget):
+    done, frame = over_budget
+    (failed,) = frame[frame.status == "compile_failed"].itertuples()
+    assert (
+        f"{failed.chunk}/{failed.block_dv}/{failed.num_stages}/{failed.threads}/{failed.scores}"
+        == WARP_FAILURE
+    )
+    assert "No valid warp partition for T.gemm: M=32, N=16" in failed.reason
+    assert failed.reason.startswith("InternalError: ")
+    for printed in (done.stdout, done.stderr):
+        assert "warp partition" not in printed and "Fatal" not in printed and "T.gemm" not in printed
+
+
+@pytest.mark.parametrize("sampler,multi", [("nsga2", True), ("gp", False), ("grid", False), ("tpe", True)])
+def test_every_sampler_and_mode_runs(sampler, multi, tmp_path, monkeypatch):
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    assert (
+        run_small(storage, sampler, "--n-trials", "2", "--sampler", sampler, *(["--multi-objective"] * multi))
+        == 0
+    )
+    study = optuna.load_study(study_name=sampler, storage=storage)
+    assert len(study.trials) == 2 and len(study.directions) == (2 if multi else 1)
+    assert study.user_attrs["objectives"] == (["spill_bytes", "smem_bytes"] if multi else ["spill_bytes"])
+    assert read_export(tmp_path / sampler / "best.json")["objectives"] == study.user_attrs["objectives"]
+
+
+@pytest.mark.parametrize(
+    "options,seeded",
+    [(Options(), True), (Options(wave_seeds=False), False), (Options(sampler="grid"), False)],
+)
+def test_studies_measure_the_wave_seeds_first(options, seeded, tmp_path):
+    """A study enqueues the seed config, then the wave seeds (unless turned off, or for the grid)."""
+    problem = Problem(2, 8, 2048, 64, 64, 0.99)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    expected = [SEED_CONFIG, *(space.wave_seeds(problem) if seeded else [])]
+    assert len(expected) > 1 or not seeded
+    for _ in range(2):  # a second run over a queue nobody asked yet does not duplicate it
+        study = Tuner(problem, options, name="s", storage=storage).study
+        queued = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
+        assert [KernelConfig.from_dict(p) for p in queued] == expected

@@ -1,0 +1,63 @@
+"""tuner.trials: the trial log as a pandas frame, and a study against a yardstick."""
+
+import optuna
+import pandas as pd
+import pytest
+from helpers import SMALL_PROBLEM, gpu_study
+
+from kernel import SEED_CONFIG, KernelConfig
+from kernel.record import TRIAL_COLUMNS
+from tuner import space
+from tuner.trials import compare, save_frame, trials_frame
+
+
+def test_trials_frame_from_hand_built_study():
+    study = optuna.create_study()
+    study.set_user_attr("problem", SMALL_PROBLEM.to_dict())
+    dists = space.distributions(SMALL_PROBLEM)
+    ok = optuna.trial.create_trial(
+        params=SEED_CONFIG.to_dict(),
+        distributions=dists,
+        value=0.25,
+        user_attrs={"status": "ok", "median_ms": 0.25, "rel_l2": 3e-4, "baseline": True},
+    )
+    failed = optuna.trial.create_trial(
+        params=KernelConfig(32, 32, 2, 128, "regs").to_dict(),
+        distributions=dists,
+        state=optuna.trial.TrialState.FAIL,
+        user_attrs={"status": "compile_failed", "reason": "InternalError: x"},
+    )
+    study.add_trials([ok, failed])
+    study.enqueue_trial(KernelConfig(64, 64, 1, 128).to_dict())
+    frame = trials_frame(study)
+    assert list(frame.columns) == list(TRIAL_COLUMNS)
+    assert frame.status.tolist() == ["ok", "compile_failed", "queued"]
+    assert frame.feasible.tolist() == [True, False, False] and frame.baseline.tolist() == [True, False, False]
+    assert (
+        frame.median_ms[0] == 0.25 and pd.isna(frame.median_ms[1]) and frame.reason[1] == "InternalError: x"
+    )
+    assert frame.loc[2, ["chunk", "block_dv", "num_stages"]].tolist() == [64, 64, 1]  # the enqueued config
+
+
+def test_the_log_is_saved_as_csv_and_parquet(tmp_path):
+    frame = trials_frame(gpu_study([0.5, None]))
+    paths = save_frame(frame, tmp_path / "s" / "trials")
+    assert [p.name for p in paths] == ["trials.csv", "trials.parquet"]
+    assert pd.read_csv(paths[0]).median_ms.tolist()[0] == 0.5
+    pd.testing.assert_frame_equal(pd.read_parquet(paths[1]), frame, check_dtype=False)
+
+
+def test_compare_against_yardstick():
+    grid = trials_frame(gpu_study([0.5, None, 0.2, 0.3, 0.25, 0.4]))
+    tpe = trials_frame(gpu_study([0.5, 0.3, None, 0.205]))
+    summary = compare(tpe, grid)
+    assert summary["best_ms"] == 0.205 and summary["yardstick_best_ms"] == 0.2
+    assert summary["gpu_evaluations"] == 3 and summary["yardstick_gpu_evaluations"] == 5
+    assert summary["best_over_yardstick"] == pytest.approx(1.025)
+    assert summary["gpu_evaluations_to_within_0.05"] == 3  # 0.5, 0.3, then 0.205 (the failure cost no GPU)
+    assert (
+        summary["yardstick_best_config"]
+        == KernelConfig(**list(space.grid(SMALL_PROBLEM))[2].to_dict()).to_dict()
+    )
+    with pytest.raises(LookupError, match="no feasible, timed trial"):
+        compare(trials_frame(gpu_study([None])), grid)
