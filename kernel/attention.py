@@ -9,12 +9,14 @@ same, and the state is fp32 ``[B, H, DK, DV]`` in both.
 """
 
 import math
+import warnings
 from typing import Any
 
 import torch
 
-from kernel.build import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay, sm_count
+from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay, sm_count
 from kernel.config import Call, KernelConfig, Problem
+from kernel.deploy import ExportError
 from kernel.dispatch import Dispatch, default_config
 
 _KERNELS: dict[tuple[Problem, KernelConfig, Call], ScalarDecayKernel] = {}
@@ -155,12 +157,28 @@ def _check_state(state: torch.Tensor | None, problem: Problem, device: torch.dev
 
 
 def _kernel(problem: Problem, call: Call) -> ScalarDecayKernel:
-    table = _TABLE[0]
-    config = table.pick(problem).config if table is not None else default_config(problem, sm_count())
+    config = config_for(problem, _TABLE[0], sm_count())
     key = (problem, config, call)
     if key not in _KERNELS:
         _KERNELS[key] = build(problem, config, call)
     return _KERNELS[key]
+
+
+def config_for(problem: Problem, table: Dispatch | None, sms: int) -> KernelConfig:
+    """The table's pick for ``problem``; where there is no table, or it holds no entry of
+    the problem's DK, DV and dtype, the default config (``default_config``), with a
+    warning naming the command that tunes it."""
+    if table is not None:
+        try:
+            return table.pick(problem).config
+        except ExportError as exc:
+            p = problem
+            warnings.warn(
+                f"{exc}; serving the default config. Tune it: python -m tuner dispatch "
+                f"--dk {p.dk} --dv {p.dv} --dtype {p.dtype}",
+                stacklevel=3,
+            )
+    return default_config(problem, sms)
 
 
 def _describe(x: Any) -> str:

@@ -127,12 +127,20 @@ def build(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL) -> Sc
 
 
 def precompile(
-    jobs: Sequence[tuple[Problem, KernelConfig]], *, arch: str, workers: int | None = None
+    jobs: Sequence[tuple[Problem, KernelConfig] | tuple[Problem, KernelConfig, Call]],
+    *,
+    arch: str,
+    workers: int | None = None,
 ) -> list[ProbeResult]:
-    """Probe many (problem, config) pairs in parallel processes. Each probe compiles through
-    TileLang's disk cache, so a later ``build`` of the same pair is a cache hit."""
-    problems, configs = zip(*jobs) if jobs else ((), ())
+    """Probe many (problem, config[, call]) jobs in parallel processes. Each probe compiles
+    through TileLang's disk cache, so a later ``build`` of the same job is a cache hit."""
+    full = [(*job[:2], job[2] if len(job) > 2 else PLAIN_CALL) for job in jobs]
+    problems, configs, calls = zip(*full) if full else ((), (), ())
     workers = workers or min(len(problems), os.cpu_count() or 1) or 1
     # spawn: the parent may hold a CUDA context, which a forked child must not inherit
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(functools.partial(probe, arch=arch), problems, configs))
+        return list(pool.map(functools.partial(_probe, arch=arch), problems, configs, calls))
+
+
+def _probe(problem: Problem, config: KernelConfig, call: Call, *, arch: str) -> ProbeResult:
+    return probe(problem, config, arch=arch, call=call)

@@ -146,7 +146,9 @@ def _compile(funcs: list, arch: str) -> tuple[Any, ...]:
     return tuple(tilelang.compile(f, target=target) for f in funcs)
 
 
-def probe(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH) -> ProbeResult:
+def probe(
+    problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH, call: Call = PLAIN_CALL
+) -> ProbeResult:
     """Compile ``(problem, config)`` for ``arch`` and report its resources, or the failure.
 
     The compile goes through TileLang's disk cache (see ``compile_kernel``). Raises
@@ -157,7 +159,7 @@ def probe(problem: Problem, config: KernelConfig, *, arch: str = DEFAULT_ARCH) -
     start = time.perf_counter()
     try:
         with _captured_output() as printed:
-            funcs = prim_funcs(problem, config)
+            funcs = prim_funcs(problem, config, call)
             kernels = _compile(funcs, arch)
     except Exception as exc:  # TVM raises many types; each is recorded, none is swallowed
         stage: FailureStage = "nvcc" if "Compilation error" in str(exc) else "lower"

@@ -9,6 +9,7 @@ the headline shape.
 import argparse
 import itertools
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 import refs
-from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, cuda_arch, precompile
+from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay, cuda_arch, precompile
 from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem, config_grid
 from kernel.environment import environment
 from kernel.resources import ProbeFailure
@@ -42,22 +43,46 @@ def random_qkv(problem: Problem, *, seed: int) -> tuple[torch.Tensor, torch.Tens
     return (randn(p.dk) * p.dk**-0.5).to(dtype), randn(p.dk).to(dtype), randn(p.dv).to(dtype)
 
 
-def check(kernel: ScalarDecayKernel, *, seed: int) -> dict[str, Any]:
-    """Run ``kernel`` once on fresh inputs into a NaN-filled output; compare with reference C.
+def check(kernel: ScalarDecayKernel, *, seed: int, decay: torch.Tensor | None = None) -> dict[str, Any]:
+    """Run ``kernel`` once on fresh inputs into NaN-filled outputs; compare with reference C.
 
-    Returns ``rel_l2`` (fp64, against C computed from the same rounded inputs), the count
-    of output elements still NaN (unwritten, or NaN produced) and whether all are finite.
+    ``decay``: fp32 ``[H]`` alphas (default: the problem's alpha for every head). Where the
+    kernel takes an initial state, it gets a fresh random one; where it returns a final
+    state, that lands in a NaN-filled buffer too. Returns ``rel_l2``: the larger relative
+    L2 of the outputs and of the final state (fp64, against C computed from the same
+    rounded inputs), ``state_rel_l2`` for the state alone (None without one), the count of
+    elements still NaN (unwritten, or NaN produced) and whether all are finite.
     """
-    p = kernel.problem
+    p, call = kernel.problem, kernel.call
     q, k, v = random_qkv(p, seed=seed)
-    out = torch.full((p.batch, p.seqlen, p.heads, p.dv), float("nan"), dtype=q.dtype, device="cuda")
-    kernel(q, k, v, out=out)
+    decay = constant_decay(p.alpha, p.heads, q.device) if decay is None else decay
+    state_shape = (p.batch, p.heads, p.dk, p.dv)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    h0 = torch.randn(state_shape, generator=gen, device="cuda") if call.initial_state else None
+    nan = float("nan")
+    out = torch.full((p.batch, p.seqlen, p.heads, p.dv), nan, dtype=q.dtype, device="cuda")
+    ht = torch.full(state_shape, nan, device="cuda") if call.final_state else None
+    kernel(q, k, v, decay=decay, initial_state=h0, final_state=ht, out=out)
     torch.cuda.synchronize()
-    ref = refs.kernel_mimic(q, k, v, p.alpha, kernel.config.chunk, block_dv=kernel.config.block_dv)
+    ref, ref_state = refs.kernel_mimic(
+        q,
+        k,
+        v,
+        decay,
+        kernel.config.chunk,
+        block_dv=kernel.config.block_dv,
+        scale=call.scale,
+        initial_state=h0,
+        output_final_state=True,
+    )
+    results = [out] + ([ht] if ht is not None else [])
+    state_err = refs.rel_l2(ht, ref_state) if ht is not None else None
+    errors = [refs.rel_l2(out, ref)] + ([state_err] if ht is not None else [])
     return {
-        "rel_l2": refs.rel_l2(out, ref),
-        "nan_count": int(torch.isnan(out).sum()),
-        "finite": bool(torch.isfinite(out).all()),
+        "rel_l2": math.nan if any(math.isnan(e) for e in errors) else max(errors),
+        "state_rel_l2": state_err,
+        "nan_count": sum(int(torch.isnan(t).sum()) for t in results),
+        "finite": all(bool(torch.isfinite(t).all()) for t in results),
     }
 
 
@@ -68,9 +93,14 @@ def check_and_time(
     on other fresh inputs."""
     result = check(kernel, seed=seed)
     if result["finite"] and result["rel_l2"] < tolerance:
-        q, k, v = random_qkv(kernel.problem, seed=seed + 1)
+        p, call = kernel.problem, kernel.call
+        q, k, v = random_qkv(p, seed=seed + 1)
         out = torch.empty_like(v)
-        result |= bench(lambda: kernel(q, k, v, out=out)).to_dict()
+        states = {
+            name: torch.randn(p.batch, p.heads, p.dk, p.dv, device="cuda") if wanted else None
+            for name, wanted in (("initial_state", call.initial_state), ("final_state", call.final_state))
+        }
+        result |= bench(lambda: kernel(q, k, v, out=out, **states)).to_dict()
     return result
 
 

@@ -1,0 +1,61 @@
+"""kernel.attention without a GPU: the custom op's schema and fake implementation (what
+torch.compile traces), and the checks that need no device."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kernel.attention import decay_attention
+
+
+def test_the_custom_op_is_registered_with_its_schema():
+    schema = str(torch.ops.decay_tuner.decay_attention.default._schema)
+    assert schema.startswith(
+        "decay_tuner::decay_attention(Tensor q, Tensor k, Tensor v, Tensor? decay, float"
+    )
+    assert schema.endswith("-> (Tensor, Tensor)")
+
+
+@pytest.mark.parametrize("final", [True, False])
+def test_fake_tensors_give_the_shapes_torch_compile_traces(final):
+    with FakeTensorMode():
+        q = torch.empty(2, 100, 4, 64, dtype=torch.bfloat16, device="cuda")
+        v = torch.empty(2, 100, 4, 32, dtype=torch.bfloat16, device="cuda")
+        o, state = decay_attention(q, q, v, torch.full((4,), 0.9, device="cuda"), output_final_state=final)
+        assert o.shape == (2, 100, 4, 32) and o.dtype == torch.bfloat16
+        assert (state.shape, state.dtype) == ((2, 4, 64, 32), torch.float32) if final else state is None
+
+
+def test_cpu_tensors_are_refused_with_one_line():
+    q = torch.randn(1, 8, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="must be on a CUDA device"):
+        decay_attention(q, q, q, 0.9)
+
+
+def test_a_table_without_the_problem_s_head_sizes_serves_the_default_config_with_a_warning():
+    from kernel.attention import config_for
+    from kernel.config import KernelConfig, Problem
+    from kernel.dispatch import Dispatch, DispatchEntry, default_config
+
+    tuned = KernelConfig(64, 128, 3, 256, "smem", 1)
+    table = Dispatch([DispatchEntry(Problem(8, 16, 4096, 128, 128, 1.0), tuned)], {})
+    same = Problem(8, 16, 4096, 128, 128, 1.0)
+    assert config_for(same, table, 132) == tuned
+    other = Problem(8, 16, 4096, 64, 64, 1.0)
+    with pytest.warns(UserWarning, match="python -m tuner dispatch --dk 64 --dv 64 --dtype float16"):
+        assert config_for(other, table, 132) == default_config(other, 132)
+    assert config_for(other, None, 132) == default_config(other, 132)
+
+
+@pytest.mark.parametrize(
+    "shape,segments",
+    [((8, 16, 4096), 1), ((2, 16, 16384), 4), ((1, 8, 32768), 16), ((1, 1, 65), 1)],
+)
+def test_the_default_config_launches_about_one_block_per_sm(shape, segments):
+    """The segment counts the H200's tuned tables chose at these shapes (128 blocks on 132
+    SMs), and the single-pass kernel where a sequence has too few chunks to split."""
+    from kernel.config import Problem
+    from kernel.dispatch import default_config
+
+    config = default_config(Problem(*shape, 128, 128, 1.0), 132)
+    assert (config.chunk, config.block_dv, config.threads, config.segments) == (64, 128, 256, segments)

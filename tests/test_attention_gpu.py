@@ -1,0 +1,167 @@
+"""The model form on a real GPU (marked ``gpu``): per-head decay read at run time, the query
+scale, a state in and out, for both variants, against reference C in fp64; the public
+``decay_attention`` chained over calls, under ``torch.compile`` and in a CUDA graph."""
+
+import math
+
+import pytest
+import torch
+
+import refs
+from kernel.attention import decay_attention
+from kernel.builder import build, cuda_arch, precompile
+from kernel.config import Call, KernelConfig, Problem
+from kernel.resources import Resources
+from kernel.validate import check, random_qkv
+from refs import TOLERANCE
+
+pytestmark = pytest.mark.gpu
+
+
+def retnet(heads: int) -> list[float]:
+    """RetNet's decays: gamma_h = 1 - 2^(-5-h)."""
+    return [1 - 2 ** (-5 - h) for h in range(heads)]
+
+
+def lightning(heads: int) -> list[float]:
+    """Lightning Attention's per-head slopes s_h = 2^(-8(h+1)/H), as decays exp(-s_h)."""
+    return [math.exp(-(2 ** (-8 * (h + 1) / heads))) for h in range(heads)]
+
+
+DECAYS = {
+    "retnet8": retnet(8),
+    "retnet16": retnet(16),
+    "lightning8": lightning(8),
+    "small": [0.05] * 8,  # alpha^C underflows fp32 at C = 64
+    "mixed": [1.0, 0.9, 0.5, 0.05, 0.999, 0.8, 0.3, 0.99],
+}
+MODEL = Call(scale=0.125, initial_state=True, final_state=True)
+CONFIGS = [
+    KernelConfig(64, 128, 2, 256),  # the transposed step
+    KernelConfig(64, 64, 2, 256),  # the async step
+    KernelConfig(32, 32, 2, 128),  # the sync step
+    KernelConfig(64, 32, 1, 128, "regs"),  # scores in registers
+    KernelConfig(64, 128, 2, 256, segments=4),  # the split, carry launched
+    KernelConfig(64, 64, 1, 128, segments=2),  # two segments: the carry runs for the initial state
+    KernelConfig(32, 64, 2, 128, segments=8),
+]
+# (problem, config, call, decay): ragged chunks, S < C, DK != DV, bf16, every decay family.
+CASES = [(Problem(2, 8, 300, 128, 128, 0.9), c, MODEL, "retnet8") for c in CONFIGS] + [
+    (Problem(1, 8, 1000, 64, 128, 0.9, "bfloat16"), CONFIGS[0], MODEL, "lightning8"),
+    (Problem(1, 8, 1000, 64, 128, 0.9, "bfloat16"), CONFIGS[4], MODEL, "small"),
+    (Problem(1, 8, 777, 128, 128, 0.9), CONFIGS[6], MODEL, "mixed"),
+    (Problem(3, 8, 17, 64, 64, 0.9), CONFIGS[1], MODEL, "small"),
+    (Problem(1, 16, 2048, 128, 128, 0.9), CONFIGS[4], Call(1.0, False, True), "retnet16"),
+    (Problem(1, 16, 2048, 128, 128, 0.9, "bfloat16"), CONFIGS[0], Call(0.5, True, False), "retnet16"),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled() -> None:
+    """Compile every case once, in parallel; the tests then build from TileLang's cache."""
+    for res in precompile([case[:3] for case in CASES], arch=cuda_arch()):
+        assert isinstance(res, Resources), res
+
+
+def _decay(name: str) -> torch.Tensor:
+    return torch.tensor(DECAYS[name], dtype=torch.float32, device="cuda")
+
+
+@pytest.mark.parametrize("problem,config,call,decay", CASES, ids=str)
+def test_model_form_matches_c(problem, config, call, decay):
+    result = check(build(problem, config, call), seed=11, decay=_decay(decay))
+    assert result["nan_count"] == 0 and result["finite"], result
+    assert result["rel_l2"] < TOLERANCE, result
+
+
+def _qkv(b: int, s: int, h: int, dk: int, dv: int, seed: int):
+    return random_qkv(Problem(b, h, s, dk, dv, 0.5), seed=seed)
+
+
+@pytest.mark.parametrize("cuts", [(1000,), (300, 1000), (1, 64, 999, 1000)])
+def test_a_sequence_cut_into_calls_gives_one_call_s_output(cuts):
+    q, k, v = _qkv(2, 1000, 8, 128, 128, seed=3)
+    decay = _decay("retnet8")
+    whole, whole_state = decay_attention(q, k, v, decay, output_final_state=True)
+    parts, state, start = [], None, 0
+    for end in cuts:
+        sl = slice(start, end)
+        o, state = decay_attention(
+            q[:, sl].contiguous(), k[:, sl].contiguous(), v[:, sl].contiguous(), decay,
+            initial_state=state, output_final_state=True,
+        )  # fmt: skip
+        parts.append(o)
+        start = end
+    ref, ref_state = refs.recurrent(q, k, v, decay, scale=128**-0.5, output_final_state=True)
+    assert refs.rel_l2(torch.cat(parts, dim=1), ref) < TOLERANCE
+    assert refs.rel_l2(state, ref_state) < TOLERANCE
+    assert refs.rel_l2(torch.cat(parts, dim=1), whole) < 5e-3  # fp16 outputs, fp32 state
+    assert refs.rel_l2(state, whole_state) < 1e-4
+
+
+def test_a_float_decay_is_every_head_s_decay():
+    q, k, v = _qkv(1, 300, 4, 64, 64, seed=5)
+    o, _ = decay_attention(q, k, v, 0.9)
+    o_heads, _ = decay_attention(q, k, v, torch.full((4,), 0.9, device="cuda"))
+    assert torch.equal(o, o_heads)
+    assert refs.rel_l2(o, refs.recurrent(q, k, v, 0.9, scale=64**-0.5)) < TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(decay=torch.full((3,), 0.9)), "tensor of 4 alphas"),
+        (dict(decay=torch.tensor([0.9, 0.9, 1.5, 0.9])), "head 2"),
+        (dict(decay=torch.tensor([0.9, 0.0, 0.9, 0.9])), "head 1"),
+        (dict(decay=torch.tensor([0.9, float("nan"), 0.9, 0.9])), "head 1"),
+        (dict(decay=1.5), r"\(0, 1\]"),
+        (dict(initial_state=torch.zeros(1, 4, 64, 32)), "initial_state must be float32"),
+        (dict(initial_state=torch.zeros(1, 4, 64, 64, dtype=torch.float16)), "initial_state must be float32"),
+    ],
+)
+def test_bad_input_is_one_value_error(change, message):
+    q, k, v = _qkv(1, 100, 4, 64, 64, seed=1)
+    args = dict(decay=torch.full((4,), 0.9), initial_state=None) | change
+    args = {n: a.cuda() if isinstance(a, torch.Tensor) else a for n, a in args.items()}
+    with pytest.raises(ValueError, match=message):
+        decay_attention(q, k, v, args.pop("decay"), **args)
+    with pytest.raises(ValueError, match="share dtype and device|CUDA"):
+        decay_attention(q, k.cpu(), v, 0.9)
+
+
+def test_runs_under_torch_compile_fullgraph():
+    q, k, v = _qkv(2, 500, 8, 64, 64, seed=2)
+    decay, h0 = _decay("lightning8"), torch.randn(2, 8, 64, 64, device="cuda")
+
+    def layer(q, k, v, decay, h0):
+        o, state = decay_attention(q, k, v, decay, scale=0.2, initial_state=h0, output_final_state=True)
+        return o * 2, state
+
+    compiled = torch.compile(layer, fullgraph=True)
+    eager_o, eager_state = layer(q, k, v, decay, h0)
+    o, state = compiled(q, k, v, decay, h0)
+    assert torch.equal(o, eager_o) and torch.equal(state, eager_state)
+
+
+def test_runs_inside_a_captured_cuda_graph():
+    q, k, v = (x.clone() for x in _qkv(1, 700, 8, 128, 128, seed=8))
+    decay, h0 = _decay("retnet8"), torch.randn(1, 8, 128, 128, device="cuda")
+    decay_attention(q, k, v, decay, initial_state=h0, output_final_state=True)  # compile outside
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, state = decay_attention(q, k, v, decay, initial_state=h0, output_final_state=True)
+    for seed in (20, 21):  # new inputs into the captured buffers, then a replay
+        for dst, src in zip((q, k, v), _qkv(1, 700, 8, 128, 128, seed=seed)):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager_o, eager_state = decay_attention(q, k, v, decay, initial_state=h0, output_final_state=True)
+        assert torch.equal(o, eager_o) and torch.equal(state, eager_state)
+
+
+def test_the_custom_op_passes_torch_s_opcheck():
+    q, k, v = _qkv(1, 130, 4, 64, 64, seed=9)
+    decay, h0 = torch.full((4,), 0.8, device="cuda"), torch.randn(1, 4, 64, 64, device="cuda")
+    args = (q, k, v, decay, 1.0, 0.125, h0, True)
+    torch.library.opcheck(torch.ops.decay_tuner.decay_attention.default, args)
