@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import refs
-from kernel.builder import build, constant_decay
+from kernel.builder import build, constant_decay, cuda_arch, precompile
 from kernel.config import Call, KernelConfig, Problem
 from kernel.timing import alternating
 from kernel.validate import check, random_qkv
@@ -32,6 +32,13 @@ CASES = [
 ]
 
 
+def model_calls(problem: Problem) -> list[Call]:
+    """The model form: the query scale DK^-1/2 and the final state out, without and with
+    an initial state in."""
+    scale = problem.dk**-0.5
+    return [Call(scale, False, True), Call(scale, True, True)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -40,6 +47,9 @@ def main() -> int:
     sys.path.insert(0, str(args.static))
     static_builder = importlib.import_module("kernel_static.builder")
     args.out.mkdir(parents=True, exist_ok=True)
+    arch = cuda_arch()
+    static_builder.precompile(CASES, arch=arch)
+    precompile([(p, c, call) for p, c in CASES for call in (Call(), *model_calls(p))], arch=arch)
     log = (args.out / "runtime_decay.jsonl").open("w")
     for problem, config in CASES:
         p = problem
@@ -50,8 +60,7 @@ def main() -> int:
         final = torch.empty_like(state)
         static = static_builder.build(p, config)
         runtime = build(p, config)
-        model = build(p, config, Call(p.dk**-0.5, False, True))
-        model_state = build(p, config, Call(p.dk**-0.5, True, True))
+        model, model_state = (build(p, config, call) for call in model_calls(p))
         ref = refs.kernel_mimic(q, k, v, p.alpha, config.chunk)
         errors = {"static": refs.rel_l2(static(q, k, v), ref), "runtime": refs.rel_l2(runtime(q, k, v), ref)}
         errors |= {
