@@ -54,7 +54,9 @@ def _positive_int(name: str, value: Any) -> None:
 class Problem:
     """One attention call: Q, K ``[batch, seqlen, heads, dk]``; V, O ``[batch, seqlen, heads, dv]``.
 
-    ``alpha`` is the constant per-step decay in (0, 1]; the kernel is compiled for it.
+    ``alpha`` is the per-step decay in (0, 1] that a plain call (``kernel(q, k, v)``) and the
+    tuner's correctness check use for every head; the kernels read the decay at run time,
+    so it does not change what is compiled.
     """
 
     batch: int

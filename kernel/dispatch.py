@@ -44,11 +44,10 @@ class Dispatch:
     segment count is set so that the grid launches about as many blocks on the new shape
     as it did on the tuned one (``same_wave``). The grid is what the segment count tunes:
     at every shape measured on the H200 the best count gave about one block per SM, and
-    the worse counts fell off on both sides (experiments/h200/README.md, "oos"). Alpha is a
-    compile-time constant of the kernel but does not change its speed, so an entry serves
-    every alpha. When no segment count can run the problem with the nearest config (a
-    sequence too short for its pipeline), it runs as the single-pass kernel with a
-    pipeline no deeper than the sequence's chunks.
+    the worse counts fell off on both sides (experiments/h200/README.md, "oos"). The kernels
+    read the decay at run time, so an entry serves every alpha. When no segment count can
+    run the problem with the nearest config (a sequence too short for its pipeline), it
+    runs as the single-pass kernel with a pipeline no deeper than the sequence's chunks.
     """
 
     entries: list[DispatchEntry]
