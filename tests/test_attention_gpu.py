@@ -96,20 +96,23 @@ def _qkv(b: int, s: int, h: int, dk: int, dv: int, seed: int):
 )
 def test_a_sequence_cut_into_calls_gives_one_call_s_output(cuts):
     q, k, v = _qkv(2, 1000, 8, 128, 128, seed=3)
-    decay = _decay("retnet8")
+    decay, scale = _decay("retnet8"), 128**-0.5
     whole, whole_state = decay_attention(q, k, v, decay, output_final_state=True)
-    parts, state, start = [], None, 0
+    parts, state, start, errors = [], None, 0, []
     for end in cuts:
-        sl = slice(start, end)
-        o, state = decay_attention(
-            q[:, sl].contiguous(), k[:, sl].contiguous(), v[:, sl].contiguous(), decay,
-            initial_state=state, output_final_state=True,
-        )  # fmt: skip
+        piece = [x[:, start:end].contiguous() for x in (q, k, v)]
+        o, state_out = decay_attention(*piece, decay, initial_state=state, output_final_state=True)
+        # Each call against reference A from the same incoming state: a failure names its call.
+        ref_o, ref_s = refs.recurrent(
+            *piece, decay, scale=scale, initial_state=state, output_final_state=True
+        )
+        errors.append((start, end, refs.rel_l2(o, ref_o), refs.rel_l2(state_out, ref_s)))
         parts.append(o)
-        start = end
-    ref, ref_state = refs.recurrent(q, k, v, decay, scale=128**-0.5, output_final_state=True)
-    assert refs.rel_l2(torch.cat(parts, dim=1), ref) < TOLERANCE
-    assert refs.rel_l2(state, ref_state) < TOLERANCE
+        state, start = state_out, end
+    assert all(e < TOLERANCE for *_, out_err, state_err in errors for e in (out_err, state_err)), errors
+    ref, ref_state = refs.recurrent(q, k, v, decay, scale=scale, output_final_state=True)
+    assert refs.rel_l2(torch.cat(parts, dim=1), ref) < TOLERANCE, errors
+    assert refs.rel_l2(state, ref_state) < TOLERANCE, errors
     # The keys are weighted, then rounded to fp16 (2^-11), by their distance to the end of
     # their chunk, and the chunks fall elsewhere when the sequence is cut: the two runs agree
     # to about that rounding (2.5e-4 measured on the H200 for the state), not bit for bit.
