@@ -151,3 +151,54 @@ def test_exports_are_keyed_by_storage_and_study(tmp_path):
     assert len(folders) == 3 and tmp_path / "s" in folders  # the default storage keeps studies/<study>
     assert export_dir(a, "s", tmp_path) == export_dir(f"sqlite:///{tmp_path}/./a.db", "s", tmp_path)
     assert all(f.resolve().is_relative_to(tmp_path) for f in folders)
+
+
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_a_study_opens_in_optuna_dashboard(kind, tmp_path):
+    """optuna-dashboard, started on loopback, serves the study back over its HTTP API."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from helpers import gpu_study
+
+    url = f"journal:{tmp_path / 'j.log'}" if kind == "journal" else f"sqlite:///{tmp_path / 'db.sqlite'}"
+    gpu_study([0.5, None, 0.3], storage=get_storage(url), name="dash")
+    port = _free_port()
+    target = str(tmp_path / "j.log") if kind == "journal" else url  # a plain path, as the README says
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from optuna_dashboard._cli import main; main()",
+            target,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    def get(path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return json.loads(response.read())
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                studies = get("/api/studies")["study_summaries"]
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, server.stderr.read()[-2000:]
+                time.sleep(0.3)
+        (study,) = [s for s in studies if s["study_name"] == "dash"]
+        detail = get(f"/api/studies/{study['study_id']}")
+        assert [t["state"] for t in detail["trials"]] == ["Complete", "Fail", "Complete"]
+        assert detail["trials"][0]["values"] == [0.5]
+    finally:
+        server.kill()
+        server.wait()

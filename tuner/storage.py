@@ -120,14 +120,14 @@ def _missing(url: str) -> UsageError:
 
 
 def _journal(path: str, create: bool) -> BaseStorage:
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     file = Path(path)
     if not create and not file.is_file():
         raise _missing(path)
     file.parent.mkdir(parents=True, exist_ok=True)
-    # The open lock (O_EXCL) also works where symlinks do not (some network file systems).
-    return JournalStorage(JournalFileBackend(str(file), lock_obj=JournalFileOpenLock(str(file))))
+    # Optuna's default lock (a symlink), the one optuna-dashboard and Optuna scripts take too.
+    return JournalStorage(JournalFileBackend(str(file)))
 
 
 def _grpc(target: str) -> BaseStorage:
@@ -290,7 +290,9 @@ def fail_stale(study: optuna.Study, grace_s: float) -> int:
     storage = study._storage
     if optuna.storages._heartbeat.is_heartbeat_enabled(storage):
         before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
-        optuna.storages.fail_stale_trials(study)  # Optuna's: atomic, the callback requeues
+        with warnings.catch_warnings():  # experimental in Optuna 5.0
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)  # Optuna's: atomic, the callback requeues
         return len(
             [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.number not in before]
         )
