@@ -142,6 +142,12 @@ def _grpc(target: str) -> BaseStorage:
 
 
 def _rdb(url: str, create: bool, heartbeat_s: int | None, grace_s: int | None) -> BaseStorage:
+    with warnings.catch_warnings():  # the heartbeat's arguments are experimental in Optuna 5.0
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _open_rdb(url, create, heartbeat_s, grace_s)
+
+
+def _open_rdb(url: str, create: bool, heartbeat_s: int | None, grace_s: int | None) -> BaseStorage:
     kwargs: dict = {}
     if heartbeat_s:
         kwargs = {
