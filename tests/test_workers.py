@@ -105,9 +105,14 @@ def test_three_workers_share_a_study_and_survive_a_kill_9(kind, tmp_path, reques
     deadline = time.monotonic() + 300
     while killed is None and time.monotonic() < deadline and victim.poll() is None:
         study = _study(storage)
-        for t in study.get_trials(states=(TrialState.RUNNING,)) if study else []:
-            if t.user_attrs.get("pid") == victim.pid and "claim_attempt" in t.user_attrs:
-                killed = t
+        trials = study.get_trials() if study else []
+        # Kill once the survivors run trials (past their start-up check of dead pids), so only
+        # their heartbeat check can find the dead trial.
+        if {p.pid for p in survivors} <= {t.user_attrs.get("pid") for t in trials}:
+            for t in trials:
+                running = t.state == TrialState.RUNNING and "claim_attempt" in t.user_attrs
+                if running and t.user_attrs.get("pid") == victim.pid:
+                    killed = t
         time.sleep(0.1)
     assert killed is not None, "the victim ended before it claimed a config"
     os.killpg(victim.pid, signal.SIGKILL)  # the worker and its compile process, mid-trial
