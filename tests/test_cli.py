@@ -23,7 +23,7 @@ from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.deploy import load_config, read_export
 from kernel.record import TRIAL_COLUMNS
 from tuner.cli import COMMANDS, TABLE, build_parser, main
-from tuner.storage import default_study_name
+from tuner.storage import default_study_name, export_dir
 from tuner.trials import trials_frame
 
 
@@ -55,7 +55,7 @@ def test_compile_only_study_end_to_end(explored, tmp_path, capsys, monkeypatch):
     assert study.trials[0].params == SEED_CONFIG.to_dict()  # the baseline goes first
     assert study.user_attrs["mode"] == "compile-only" and study.user_attrs["objectives"] == ["spill_bytes"]
 
-    frame = pd.read_csv(explored.dir / "e2e" / "trials.csv")
+    frame = pd.read_csv(export_dir(explored.storage, "e2e", explored.dir) / "trials.csv")
     assert list(frame.columns) == list(TRIAL_COLUMNS) and len(frame) == 4
     failed = frame[(frame.chunk == 32) & (frame.scores == "regs")]
     assert (
@@ -68,14 +68,18 @@ def test_compile_only_study_end_to_end(explored, tmp_path, capsys, monkeypatch):
     assert (ok.smem_bytes > 0).all() and (ok.env_tilelang == "0.1.15").all()
     assert frame.loc[frame.number == 0, "baseline"].item()
     pd.testing.assert_frame_equal(
-        pd.read_parquet(explored.dir / "e2e" / "trials.parquet"), trials_frame(study), check_dtype=False
+        pd.read_parquet(export_dir(explored.storage, "e2e", explored.dir) / "trials.parquet"),
+        trials_frame(study),
+        check_dtype=False,
     )
 
-    exported = read_export(explored.dir / "e2e" / "best.json")
+    exported = read_export(export_dir(explored.storage, "e2e", explored.dir) / "best.json")
     assert exported["mode"] == "compile-only" and exported["problem"] == SMALL_PROBLEM.to_dict()
     best = min(ok.itertuples(), key=lambda r: (r.spill_bytes, r.number))
     assert exported["configs"][0]["spill_bytes"] == best.spill_bytes
-    problem, config = load_config(explored.dir / "e2e" / "best.json")  # same environment: accepted
+    problem, config = load_config(
+        export_dir(explored.storage, "e2e", explored.dir) / "best.json"
+    )  # same environment: accepted
     assert problem == SMALL_PROBLEM and config == KernelConfig.from_dict(exported["configs"][0]["config"])
 
     # The study is kept: its trials and its export can be read back by later commands.
@@ -159,7 +163,7 @@ def test_the_summary_counts_queued_configs_apart(tmp_path, capsys, monkeypatch):
     waiting = sum(t.state == optuna.trial.TrialState.WAITING for t in study.trials)
     assert waiting >= 1
     assert f": 1 trial ({waiting} queued for the next run), 0 GPU evaluations" in capsys.readouterr().out
-    frame = pd.read_csv(tmp_path / study.study_name / "trials.csv")
+    frame = pd.read_csv(export_dir(storage, study.study_name, tmp_path) / "trials.csv")
     queued = frame[frame.status == "queued"]
     fixed = [
         t.system_attrs["fixed_params"] for t in study.trials if t.state == optuna.trial.TrialState.WAITING
@@ -250,7 +254,7 @@ def test_every_flag_has_help_and_shows_its_default(command):
         (["run", "--sampler", "random"], "invalid choice"),
         (["run", "--enqueue", "64/32"], "--enqueue wants"),
         (["run", "--enqueue", "64/48/1/128"], "outside the search space"),
-        (["trials", "--study", "nope", "--storage", "sqlite:///:memory:"], "no study 'nope'"),
+        (["trials", "--study", "nope", "--storage", "sqlite:///:memory:"], "no storage at"),
         (["frobnicate"], "invalid choice"),
         (["run", "--workers", "0"], "--workers must be positive"),
         (["run", "--tolerance", "-1"], "--tolerance must be positive"),
@@ -269,6 +273,38 @@ def test_user_mistakes_exit_2_with_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["trials", "best", "export", "report", "compare"])
+@pytest.mark.parametrize("storage", ["sqlite:///{}/no.db", "journal:{}/no.log", "{}/no.log"])
+def test_read_only_commands_never_create_a_storage(command, storage, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    extra = ["--against", "other"] if command == "compare" else []
+    assert main([command, "--storage", storage.format(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert "no storage at" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["run", "trials", "export", "report"])
+@pytest.mark.parametrize("name", ["../../tmp/evil", "/tmp/evil", "a/../../evil"])
+def test_a_study_name_outside_the_studies_folder_exits_2_and_writes_nothing(
+    command, name, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path / "studies")
+    argv = [command, *SMALL, "--storage", f"journal:{tmp_path / 'j.log'}", "--study", name]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "would leave the studies folder" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_as_a_folder_path_exits_2_and_writes_nothing(explored, tmp_path, capsys):
+    for out in (str(tmp_path / "new") + "/", str(tmp_path)):
+        assert main(_on(explored, "export", "--out", out)) == 2
+        err = capsys.readouterr().err
+        assert "--out wants a .json file path" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unreadable_json_exits_2(tmp_path, capsys):
@@ -295,12 +331,12 @@ def test_gpu_study_end_to_end(tmp_path, monkeypatch, capsys):
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     assert run_small(storage, "gpu", "--n-trials", "3", "--enqueue", "64/64/1/128") == 0
     assert "median" in capsys.readouterr().out
-    frame = pd.read_csv(tmp_path / "gpu" / "trials.csv")
+    frame = pd.read_csv(export_dir(storage, "gpu", tmp_path) / "trials.csv")
     ok = frame[frame.status == "ok"]
     assert len(ok) >= 2 and (ok.median_ms > 0).all() and ok.gpu_evaluated.all()
     assert (ok.rel_l2 < refs.TOLERANCE).all()
     assert (ok.p20_ms <= ok.median_ms).all() and (ok.median_ms <= ok.p80_ms).all()
-    kernel = load_kernel(tmp_path / "gpu" / "best.json")
+    kernel = load_kernel(export_dir(storage, "gpu", tmp_path) / "best.json")
     assert check(kernel, seed=5)["rel_l2"] < refs.TOLERANCE
 
 

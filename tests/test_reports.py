@@ -26,6 +26,7 @@ from reports import StudyInfo, browser, data, figures, render_report, write_repo
 from reports.bench import figure as bench_figure
 from reports.benchmark import PEERS, synthetic_trials
 from tuner.cli import main
+from tuner.storage import export_dir
 from tuner.trials import trials_frame
 
 PROBLEM = Problem(1, 2, 256, 64, 64, 0.9)
@@ -463,7 +464,7 @@ def test_report_command(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("webbrowser.open", lambda url: opened.append(url) or True)
     monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path / "studies")
     assert main(["report", "--study", "hand", "--storage", storage, "--open"]) == 0
-    default = tmp_path / "studies" / "hand" / "report.html"
+    default = export_dir(storage, "hand", tmp_path / "studies") / "report.html"  # keyed by storage
     assert default.is_file() and opened == [default.resolve().as_uri()]
 
 

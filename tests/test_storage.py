@@ -10,7 +10,14 @@ from helpers import SMALL_PROBLEM
 
 from kernel import Problem
 from tuner.options import UsageError
-from tuner.storage import default_study_name, fail_interrupted, get_storage, load_study, open_study
+from tuner.storage import (
+    default_study_name,
+    export_dir,
+    fail_interrupted,
+    get_storage,
+    load_study,
+    open_study,
+)
 
 
 def test_default_study_name_is_the_problem():
@@ -46,3 +53,152 @@ def test_trials_of_a_dead_process_are_marked_interrupted(tmp_path):
     assert first.state == optuna.trial.TrialState.FAIL and first.user_attrs["status"] == "interrupted"
     assert f"process {dead} died" in first.user_attrs["reason"]
     assert second.state == optuna.trial.TrialState.RUNNING
+
+
+def test_storage_strings_name_every_kind(tmp_path):
+    from optuna.storages import JournalStorage, RDBStorage
+
+    journal = tmp_path / "j.log"
+    assert isinstance(get_storage(f"journal:{journal}"), JournalStorage) and journal.is_file()
+    assert isinstance(get_storage(str(journal)), JournalStorage)  # a plain path, as optuna-dashboard
+    db = tmp_path / "db.sqlite"
+    optuna.create_study(study_name="x", storage=f"sqlite:///{db}")
+    assert isinstance(get_storage(str(db)), RDBStorage)  # a plain path to an SQLite file
+    assert load_study("x", str(db)).study_name == "x"
+    with pytest.raises(UsageError, match="grpc://HOST:PORT wants a host and a port"):
+        get_storage("grpc://nohost")
+
+
+def test_the_grpc_proxy_serves_a_study(tmp_path):
+    import subprocess
+    import sys
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import optuna, sys; optuna.storages.run_grpc_proxy_server("
+            "optuna.storages.get_storage(sys.argv[1]), host='127.0.0.1', port=int(sys.argv[2]))",
+            f"sqlite:///{tmp_path / 'db.sqlite'}",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        study = open_study(SMALL_PROBLEM, name="g", storage=f"grpc://127.0.0.1:{port}")
+        assert study.user_attrs["problem"] == SMALL_PROBLEM.to_dict()
+        assert load_study("g", f"grpc://127.0.0.1:{port}").user_attrs == study.user_attrs
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _open_at_once(url: str, barrier) -> str:
+    barrier.wait()
+    try:
+        open_study(SMALL_PROBLEM, name="s", storage=url)
+        return "ok"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_processes_creating_one_new_storage_at_once_all_succeed(kind, tmp_path):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    url = f"sqlite:///{tmp_path / 'new.db'}" if kind == "sqlite" else f"journal:{tmp_path / 'new.log'}"
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Manager().Barrier(4)
+    with ProcessPoolExecutor(4, mp_context=ctx) as pool:
+        results = list(pool.map(_open_at_once, [url] * 4, [barrier] * 4))
+    assert results == ["ok"] * 4
+    assert len(optuna.get_all_study_names(storage=get_storage(url))) == 1
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite:///{}/no.db", "journal:{}/no.log", "{}/no.log", "sqlite:///{}/d/no.db"]
+)
+def test_read_only_opening_never_creates_a_storage(url, tmp_path):
+    url = url.format(tmp_path)
+    with pytest.raises(UsageError, match="no storage at"):
+        load_study("s", url)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["../../tmp/evil", "/abs", "a/../../b", "..", "", "a//b", "s/claim/x"])
+def test_a_study_name_leaving_the_studies_folder_is_refused(name, tmp_path):
+    with pytest.raises(UsageError, match="study name"):
+        export_dir(f"sqlite:///{tmp_path / 'db'}", name, tmp_path)
+    with pytest.raises(UsageError, match="study name"):
+        open_study(SMALL_PROBLEM, name=name, storage=f"journal:{tmp_path / 'j.log'}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_exports_are_keyed_by_storage_and_study(tmp_path):
+    from tuner.options import default_storage
+
+    a, b = f"sqlite:///{tmp_path / 'a.db'}", f"journal:{tmp_path / 'a.db'}"
+    folders = {export_dir(url, "s", tmp_path) for url in (a, b, default_storage())}
+    assert len(folders) == 3 and tmp_path / "s" in folders  # the default storage keeps studies/<study>
+    assert export_dir(a, "s", tmp_path) == export_dir(f"sqlite:///{tmp_path}/./a.db", "s", tmp_path)
+    assert all(f.resolve().is_relative_to(tmp_path) for f in folders)
+
+
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_a_study_opens_in_optuna_dashboard(kind, tmp_path):
+    """optuna-dashboard, started on loopback, serves the study back over its HTTP API."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from helpers import gpu_study
+
+    url = f"journal:{tmp_path / 'j.log'}" if kind == "journal" else f"sqlite:///{tmp_path / 'db.sqlite'}"
+    gpu_study([0.5, None, 0.3], storage=get_storage(url), name="dash")
+    port = _free_port()
+    target = str(tmp_path / "j.log") if kind == "journal" else url  # a plain path, as the README says
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from optuna_dashboard._cli import main; main()",
+            target,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    def get(path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return json.loads(response.read())
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                studies = get("/api/studies")["study_summaries"]
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, server.stderr.read()[-2000:]
+                time.sleep(0.3)
+        (study,) = [s for s in studies if s["study_name"] == "dash"]
+        detail = get(f"/api/studies/{study['study_id']}")
+        assert [t["state"] for t in detail["trials"]] == ["Complete", "Fail", "Complete"]
+        assert detail["trials"][0]["values"] == [0.5]
+    finally:
+        server.kill()
+        server.wait()

@@ -17,6 +17,7 @@ from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.deploy import read_export
 from tuner import space
 from tuner.options import Options
+from tuner.storage import export_dir
 from tuner.study import Tuner
 
 
@@ -107,7 +108,7 @@ def over_budget(tmp_path_factory) -> tuple[subprocess.CompletedProcess, pd.DataF
         text=True,
         timeout=600,
     )
-    return done, pd.read_csv(tmp / "budget" / "trials.csv")
+    return done, pd.read_csv(export_dir(storage, "budget", tmp) / "trials.csv")
 
 
 def test_a_trial_over_a_budget_says_which_budget(over_budget):
@@ -143,7 +144,10 @@ def test_every_sampler_and_mode_runs(sampler, multi, tmp_path, monkeypatch):
     study = optuna.load_study(study_name=sampler, storage=storage)
     assert len(study.trials) == 2 and len(study.directions) == (2 if multi else 1)
     assert study.user_attrs["objectives"] == (["spill_bytes", "smem_bytes"] if multi else ["spill_bytes"])
-    assert read_export(tmp_path / sampler / "best.json")["objectives"] == study.user_attrs["objectives"]
+    assert (
+        read_export(export_dir(storage, sampler, tmp_path) / "best.json")["objectives"]
+        == study.user_attrs["objectives"]
+    )
 
 
 @pytest.mark.parametrize(

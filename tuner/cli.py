@@ -63,7 +63,12 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
 
 def _storage_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--storage", default=None, help=f"Optuna storage URL (default: {default_storage()})")
+    p.add_argument(
+        "--storage",
+        default=None,
+        help="Optuna storage: an SQLAlchemy URL, journal:PATH (or a plain file path) or grpc://HOST:PORT "
+        f"(default: {default_storage()})",
+    )
 
 
 def _study_flags(p: argparse.ArgumentParser) -> None:
@@ -160,16 +165,31 @@ def _options(args: argparse.Namespace) -> Options:
 
 def _where(args: argparse.Namespace) -> tuple[str, str]:
     """(study name, storage URL) from the flags, defaulting to the problem's study in studies/."""
-    from tuner.storage import default_study_name
+    from tuner.storage import check_study_name, default_study_name
 
-    return args.study or default_study_name(_problem(args)), args.storage or default_storage()
+    return check_study_name(
+        args.study or default_study_name(_problem(args))
+    ), args.storage or default_storage()
+
+
+def _exports(storage: str, name: str) -> Path:
+    """The folder of the study's files, keyed by storage and study (``tuner.storage.export_dir``)."""
+    from tuner.storage import export_dir
+
+    return export_dir(storage, name, STUDIES_DIR)
 
 
 def _open(args: argparse.Namespace, name: str | None = None) -> "optuna.Study":
+    """An existing study (read-only commands: a missing storage or study is a ``UsageError``)."""
     from tuner.storage import load_study
 
     default_name, storage = _where(args)
     return load_study(name or default_name, storage)
+
+
+def _default_out(args: argparse.Namespace, file: str) -> Path:
+    name, storage = _where(args)
+    return _exports(storage, name) / file
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -186,8 +206,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     if tuner.interrupted:
         print(f"marked {tuner.interrupted} trial(s) of a killed run as failed", file=sys.stderr)
-    study = _run_and_log(tuner)
-    out = STUDIES_DIR / name / "best.json"
+    study = _run_and_log(tuner, _exports(storage, name))
+    out = _exports(storage, name) / "best.json"
     try:
         data = export_best(study, out)
     except LookupError as exc:
@@ -203,12 +223,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_and_log(tuner: "Tuner") -> "optuna.Study":
-    """Run the study, then save its trial log (CSV and Parquet) next to its exports."""
+def _run_and_log(tuner: "Tuner", folder: Path) -> "optuna.Study":
+    """Run the study, then save its trial log (CSV and Parquet) in ``folder``, with its exports."""
     from tuner.trials import save_frame, trials_frame
 
     study = tuner.run()
-    paths = save_frame(trials_frame(study), STUDIES_DIR / study.study_name / "trials")
+    paths = save_frame(trials_frame(study), folder / "trials")
     finished = sum(t.state.is_finished() for t in study.trials)
     queued = len(study.trials) - finished  # enqueued configs the next run measures first
     print(
@@ -239,7 +259,10 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     storage = args.storage or default_storage()
     opts = _options(args)
     studies = [
-        _run_and_log(Tuner(problem, opts, name=default_study_name(problem), storage=storage))
+        _run_and_log(
+            Tuner(problem, opts, name=default_study_name(problem), storage=storage),
+            _exports(storage, default_study_name(problem)),
+        )
         for problem in problems
     ]
     try:
@@ -313,8 +336,8 @@ def cmd_best(args: argparse.Namespace) -> int:
 def _out_file(args: argparse.Namespace, default: Path, suffixes: tuple[str, ...]) -> Path:
     """``--out`` or ``default``: a file path with one of ``suffixes``, never a directory."""
     out = Path(args.out) if args.out else default
-    if out.is_dir() or out.suffix.lower() not in suffixes:
-        raise UsageError(f"--out wants a {' or '.join(suffixes)} file path, got {str(out)!r}")
+    if out.is_dir() or args.out and args.out.endswith(("/", "\\")) or out.suffix.lower() not in suffixes:
+        raise UsageError(f"--out wants a {' or '.join(suffixes)} file path, got {str(args.out or out)!r}")
     return out
 
 
@@ -322,13 +345,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Write the best-config JSON of a study (what ``kernel.deploy.load_kernel`` loads)."""
     from tuner.export import export_best
 
+    out = _out_file(args, _default_out(args, "best.json"), (".json",))
     study = _open(args)
-    out = _out_file(args, STUDIES_DIR / study.study_name / "best.json", (".json",))
     try:
         export_best(study, out)
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return 1
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(out)
     return 0
 
@@ -371,8 +396,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from reports import StudyInfo, write_report
     from tuner.trials import trials_frame
 
+    out = _out_file(args, _default_out(args, "report.html"), (".html", ".htm"))
     study = _open(args)
-    out = _out_file(args, STUDIES_DIR / study.study_name / "report.html", (".html", ".htm"))
     if not study.trials:
         raise UsageError(f"study {study.study_name!r} has no trials yet: nothing to report")
     try:
@@ -456,13 +481,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["dispatch"].add_argument("--out", help="path of the table (default: studies/dispatch.json)")
     sub.choices["trials"].add_argument("--all-columns", action="store_true", help="every column of the log")
     sub.choices["best"].add_argument("--top", type=int, default=5, help="how many configs to print")
-    sub.choices["export"].add_argument("--out", help="path of the JSON (default: studies/<study>/best.json)")
+    sub.choices["export"].add_argument(
+        "--out", help="path of the JSON (default: best.json in the study's folder)"
+    )
     cmp = sub.choices["compare"]
     cmp.add_argument("--against", required=True, help="the yardstick study, in the same storage")
     cmp.add_argument("--remeasure", action="store_true", help="time both best configs again, alternately")
     cmp.add_argument("--out", help="also write the summary JSON here")
     report = sub.choices["report"]
-    report.add_argument("--out", help="path of the HTML (default: studies/<study>/report.html)")
+    report.add_argument("--out", help="path of the HTML (default: report.html in the study's folder)")
     report.add_argument("--open", action="store_true", help="open the report in a web browser")
     bench = sub.choices["bench"]
     _shape_flags(bench, "the shapes to time")

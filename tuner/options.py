@@ -49,6 +49,15 @@ class Options:
     workers: int | None = option(
         None, "parallel compile processes (default: every core, less two beside a GPU)", minimum=1
     )
+    heartbeat_s: int = option(
+        10, "seconds between a worker's heartbeats for its live trials", flag="--heartbeat", minimum=1
+    )
+    grace_s: int = option(
+        60,
+        "seconds without a heartbeat before a trial's worker counts as dead (its config is measured again)",
+        flag="--grace",
+        minimum=1,
+    )
     seed: int = option(0, "seed of the sampler and of the random inputs")
     enqueue: tuple[KernelConfig, ...] = option((), "configs measured first", flag="")
     wave_seeds: bool = option(

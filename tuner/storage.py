@@ -1,15 +1,42 @@
-"""Where studies live: the studies folder, study names, Optuna storages, and the trials a
-dead process left running."""
+"""Where studies live: the studies folder, study names, Optuna storages, where a study's
+files go, and the trials a dead worker left running.
 
+A storage is named by one string (``--storage``):
+
+- an SQLAlchemy URL (``sqlite:///PATH``, ``postgresql://user@host/db``, ...): an RDB;
+- ``journal:PATH``, or a plain file path as optuna-dashboard reads one: Optuna's journal
+  file (a plain path to an existing SQLite file opens that database);
+- ``grpc://HOST:PORT``: Optuna's gRPC storage proxy (``optuna.storages.run_grpc_proxy_server``).
+
+Several ``run`` processes (workers) share one study through its storage. A dead worker's
+trials are found through heartbeats: each worker records one per live trial every
+``heartbeat_s`` seconds (``record_heartbeat`` on an RDB, a trial system attribute on the
+other storages), and any worker fails a trial whose heartbeat is older than ``grace_s``,
+then queues its config again (``fail_stale``).
+"""
+
+import contextlib
+import fcntl
+import hashlib
 import os
 import socket
+import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
-from optuna.trial import TrialState
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, TrialState
 
 from kernel.config import Problem
-from tuner.options import UsageError
+from tuner.options import STUDIES_DIR, UsageError, default_storage
+
+# The trial system attribute holding a worker's last heartbeat (seconds since the epoch) on
+# storages without Optuna's heartbeat table (the journal, the gRPC proxy).
+HEARTBEAT_ATTR = "decay_tuner:heartbeat"
+# Where claims (``tuner.claims``) live inside a study's name; refused in a user's study name.
+CLAIM_MARK = "/claim/"
 
 
 def default_study_name(problem: Problem) -> str:
@@ -17,31 +44,191 @@ def default_study_name(problem: Problem) -> str:
     return f"b{p.batch}-h{p.heads}-s{p.seqlen}-dk{p.dk}-dv{p.dv}-a{p.alpha:g}-{p.dtype}"
 
 
-def get_storage(url: str) -> optuna.storages.BaseStorage:
-    """Optuna storage for ``url``; a URL that cannot be opened is a ``UsageError``."""
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+def _kind(url: str) -> tuple[str, str]:
+    """(kind, target) of a storage string: ("rdb", URL), ("journal", PATH) or ("grpc", "HOST:PORT")."""
+    if url.startswith("journal:"):
+        return "journal", url.removeprefix("journal:")
+    if url.startswith("grpc://"):
+        return "grpc", url.removeprefix("grpc://").rstrip("/")
+    if "://" in url:
+        return "rdb", url
+    path = Path(url)
+    if path.is_file():
+        with path.open("rb") as f:
+            if f.read(16) == b"SQLite format 3\0":
+                return "rdb", f"sqlite:///{path}"
+    return "journal", url
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The database file of an ``sqlite:///`` URL; None for other URLs and ``:memory:``."""
+    if not url.startswith("sqlite:///"):
+        return None
+    rest = url.removeprefix("sqlite:///").split("?")[0]
+    return None if rest in ("", ":memory:") else Path(rest)
+
+
+def storage_key(url: str) -> str:
+    """A stable identity of the storage ``url`` names (a file storage by its absolute path)."""
+    kind, target = _kind(url)
+    if kind == "journal":
+        return f"journal:{Path(target).resolve()}"
+    if kind == "rdb" and (path := _sqlite_path(target)) is not None:
+        return f"sqlite:{path.resolve()}"
+    return target if kind == "rdb" else url
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on ``folder`` (flock on the directory itself: no file is left behind)."""
+    fd = os.open(folder, os.O_RDONLY)
     try:
-        return optuna.storages.get_storage(url)
-    except Exception as exc:  # SQLAlchemy and Optuna raise many types for a bad URL
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def get_storage(
+    url: str, *, create: bool = True, heartbeat_s: int | None = None, grace_s: int | None = None
+) -> BaseStorage:
+    """Optuna storage for ``url`` (module docstring).
+
+    ``create=False`` (the read-only commands) never creates anything: a storage that does
+    not exist yet is a ``UsageError``. Several processes may create the same new storage at
+    once. ``heartbeat_s``/``grace_s`` turn on Optuna's heartbeat on an RDB. A URL that
+    cannot be opened is a ``UsageError``.
+    """
+    kind, target = _kind(url)
+    try:
+        if kind == "journal":
+            return _journal(target, create)
+        if kind == "grpc":
+            return _grpc(target)
+        return _rdb(target, create, heartbeat_s, grace_s)
+    except UsageError:
+        raise
+    except Exception as exc:  # SQLAlchemy, gRPC and Optuna raise many types for a bad URL
         raise UsageError(
             f"cannot open storage {url!r}: {type(exc).__name__}: {exc}".splitlines()[0]
         ) from None
+
+
+def _missing(url: str) -> UsageError:
+    return UsageError(f"no storage at {url!r} (read-only commands create none; `run` makes one)")
+
+
+def _journal(path: str, create: bool) -> BaseStorage:
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    file = Path(path)
+    if not create and not file.is_file():
+        raise _missing(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    # Optuna's default lock (a symlink), the one optuna-dashboard and Optuna scripts take too.
+    return JournalStorage(JournalFileBackend(str(file)))
+
+
+def _grpc(target: str) -> BaseStorage:
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--storage grpc://HOST:PORT wants a host and a port, got 'grpc://{target}'")
+    with warnings.catch_warnings():  # experimental in Optuna 5.0
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        proxy = optuna.storages.GrpcStorageProxy(host=host, port=int(port))
+    proxy.wait_server_ready(timeout=10)
+    return proxy
+
+
+def _rdb(url: str, create: bool, heartbeat_s: int | None, grace_s: int | None) -> BaseStorage:
+    with warnings.catch_warnings():  # the heartbeat's arguments are experimental in Optuna 5.0
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _open_rdb(url, create, heartbeat_s, grace_s)
+
+
+def _open_rdb(url: str, create: bool, heartbeat_s: int | None, grace_s: int | None) -> BaseStorage:
+    kwargs: dict = {}
+    if heartbeat_s:
+        kwargs = {
+            "heartbeat_interval": heartbeat_s,
+            "grace_period": grace_s,
+            "heartbeat_stale_trial_callback": _stale_callback,
+        }
+    path = _sqlite_path(url)
+    if not create:
+        if path is not None and not path.is_file():
+            raise _missing(url)
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(url)
+        try:
+            if not sqlalchemy.inspect(engine).has_table("studies"):
+                raise _missing(url)
+        finally:
+            engine.dispose()
+        return optuna.storages.RDBStorage(url, skip_table_creation=True, **kwargs)
+    if path is not None:  # one creator at a time: SQLite's schema set-up is not atomic
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _folder_lock(path.parent):
+            return optuna.storages.RDBStorage(url, **kwargs)
+    for attempt in range(5):  # a server's schema set-up can race with another creator's
+        try:
+            return optuna.storages.RDBStorage(url, **kwargs)
+        except Exception as exc:
+            if "IntegrityError" not in type(exc).__name__ + repr(exc) or attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def check_study_name(name: str) -> str:
+    """``name``, or a ``UsageError`` when it is unusable as a folder of the studies folder."""
+    parts = name.replace("\\", "/").split("/")
+    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts) or CLAIM_MARK in name:
+        raise UsageError(
+            f"study name {name!r} would leave the studies folder (or is reserved): "
+            "use letters, digits, '.', '-', '_' and '/' between names"
+        )
+    return name
+
+
+def export_dir(storage: str, name: str, studies: Path | None = None) -> Path:
+    """The folder of a study's files (trials.csv, best.json, report.html): ``STUDIES/<study>``
+    for the default storage, ``STUDIES/storages/<storage>/<study>`` for any other, so two
+    storages holding a study of the same name never write to the same files."""
+    studies = STUDIES_DIR if studies is None else studies
+    check_study_name(name)
+    if storage_key(storage) == storage_key(default_storage()):
+        root = studies
+    else:
+        key = storage_key(storage)
+        stem = (
+            Path(key.split(":", 1)[-1]).stem if key.startswith(("sqlite:", "journal:")) else key.split(":")[0]
+        )
+        root = studies / "storages" / f"{stem}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+    out = (root / name).resolve()
+    if not out.is_relative_to(studies.resolve()):
+        raise UsageError(f"study name {name!r} would leave the studies folder {str(studies)!r}")
+    return root / name
 
 
 def open_study(
     problem: Problem,
     *,
     name: str,
-    storage: str,
+    storage: str | BaseStorage,
     sampler: optuna.samplers.BaseSampler | None = None,
     directions: list[str] | None = None,
 ) -> optuna.Study:
-    """Create the study, or load it when it exists (resuming a killed run)."""
+    """Create the study, or load it when it exists (resuming a killed run, or joining the
+    workers already on it)."""
+    check_study_name(name)
+    backend = get_storage(storage) if isinstance(storage, str) else storage
     try:
         study = optuna.create_study(
             study_name=name,
-            storage=get_storage(storage),
+            storage=backend,
             sampler=sampler,
             directions=directions or ["minimize"],
             load_if_exists=True,
@@ -57,24 +244,81 @@ def open_study(
 
 
 def load_study(name: str, storage: str) -> optuna.Study:
-    """An existing study; ``UsageError`` naming the study and storage when there is none."""
+    """An existing study; ``UsageError`` naming the study and storage when there is none.
+    Creates nothing, not even an empty storage."""
+    check_study_name(name)
     try:
-        return optuna.load_study(study_name=name, storage=get_storage(storage))
+        return optuna.load_study(study_name=name, storage=get_storage(storage, create=False))
     except KeyError:
         raise UsageError(f"no study {name!r} in {storage}") from None
 
 
+def _stale_callback(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Optuna's callback for a trial it failed for a stale heartbeat: queue its config again."""
+    requeue(study, trial)
+
+
+def record_heartbeat(storage: BaseStorage, trial_id: int) -> None:
+    """One heartbeat of a live trial (Optuna's where the storage has it, else an attribute)."""
+    if optuna.storages._heartbeat.is_heartbeat_enabled(storage):
+        storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+    else:
+        storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
+
+
+def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Queue the config of an interrupted trial again, so a live worker measures it."""
+    if trial.params:
+        study.enqueue_trial(
+            trial.params,
+            user_attrs={"requeued_from": trial.number, "baseline": trial.user_attrs.get("baseline", False)},
+        )
+
+
+def interrupt(study: optuna.Study, trial: FrozenTrial, reason: str) -> bool:
+    """Fail a trial whose worker died or stopped and queue its config again; False when
+    another worker got there first (then that one queues it)."""
+    storage = study._storage
+    try:
+        storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
+        storage.set_trial_user_attr(trial._trial_id, "reason", reason)
+        if not storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
+            return False
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    requeue(study, trial)
+    return True
+
+
+def fail_stale(study: optuna.Study, grace_s: float) -> int:
+    """Fail the RUNNING trials of workers that stopped sending heartbeats (on any host) and
+    queue their configs again; return how many this call failed."""
+    storage = study._storage
+    if optuna.storages._heartbeat.is_heartbeat_enabled(storage):
+        before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
+        with warnings.catch_warnings():  # experimental in Optuna 5.0
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)  # Optuna's: atomic, the callback requeues
+        return len(
+            [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.number not in before]
+        )
+    now, count = time.time(), 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        beat = t.system_attrs.get(HEARTBEAT_ATTR)
+        if beat is not None and now - beat > grace_s:
+            count += interrupt(study, t, f"no heartbeat for {now - beat:.0f} s: its worker died")
+    return count
+
+
 def fail_interrupted(study: optuna.Study) -> int:
-    """Mark this host's trials left RUNNING by a dead process as failed; return how many."""
+    """Fail this host's trials left RUNNING by a dead process (found at once by pid, before
+    any heartbeat goes stale) and queue their configs again; return how many."""
     host = socket.gethostname()
     count = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         pid, owner = t.user_attrs.get("pid"), t.user_attrs.get("host")
         if owner == host and pid is not None and not _alive(pid):
-            study._storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
-            study._storage.set_trial_user_attr(t._trial_id, "reason", f"process {pid} died mid-trial")
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-            count += 1
+            count += interrupt(study, t, f"process {pid} died mid-trial")
     return count
 
 

@@ -4,7 +4,14 @@ Each round asks the sampler for a batch of configs, probes them across the CPU c
 (compile for sm_90a: resources or a compiler failure, no GPU), then measures the
 feasible ones one at a time on the GPU in an isolated worker. Every trial is told to the
 storage as soon as it is known, so a killed run loses only the trials in flight; those
-are marked failed ("interrupted") when the study is opened again.
+are marked failed ("interrupted") and their configs queued again: at once on Ctrl-C,
+when the study is opened again on the same host (by pid), or by any live worker on any
+host once their heartbeats stop (``tuner.storage.fail_stale``).
+
+Workers: several ``run`` processes on one study (same --storage, same --study) share the
+work. Each claims a config in the storage before it compiles it (``tuner.claims``), so no
+config is compiled or measured twice in one environment; a trial whose config another
+trial owns waits for that owner and copies its outcome (``cached_from``).
 
 Trial outcomes (Kernel Tuner's "failures are values"):
 - restricted: breaks a named restriction of ``tuner.space``; COMPLETE, value inf,
@@ -26,7 +33,10 @@ import math
 import multiprocessing
 import os
 import socket
+import sys
+import threading
 import time
+import warnings
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 
@@ -39,9 +49,10 @@ from kernel.environment import env_key, environment
 from kernel.record import MEASURES
 from kernel.resources import DEFAULT_ARCH, ProbeFailure, Resources, probe
 from tuner import space
+from tuner.claims import Claimed, Claims, Owned, interrupted
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
-from tuner.storage import fail_interrupted, open_study
+from tuner.storage import fail_interrupted, fail_stale, get_storage, interrupt, open_study, record_heartbeat
 from tuner.trials import best_trials, measured_before, trial_config, trial_params
 from tuner.worker import GpuWorker
 
@@ -51,8 +62,19 @@ def objective_names(gpu: bool, multi: bool) -> list[str]:
     return [first, "rel_l2" if gpu else "smem_bytes"] if multi else [first]
 
 
+# User attributes of a trial that belong to it alone, not to its config's outcome.
+OWN_ATTRS = ("host", "pid", "wall_s", "cached_from", "baseline", "requeued_from", "claim_attempt")
+
+
 def _enqueue(study: optuna.Study, configs: list[KernelConfig]) -> None:
-    seen = [trial_params(t) for t in study.get_trials(deepcopy=False)]
+    """Queue ``configs`` unless a trial has them already (an interrupted one does not count:
+    a config only ever interrupted is queued again)."""
+    trials = study.get_trials(deepcopy=False)
+    seen = [trial_params(t) for t in trials if not interrupted(t)]
+    for t in trials:  # interrupted configs with no other trial (e.g. a study from before requeuing)
+        if interrupted(t) and t.params and t.params not in seen:
+            study.enqueue_trial(t.params, user_attrs={"requeued_from": t.number})
+            seen.append(t.params)
     for config in configs:
         if config.to_dict() not in seen:
             study.enqueue_trial(config.to_dict(), user_attrs={"baseline": config == SEED_CONFIG})
@@ -77,10 +99,11 @@ class Tuner:
         self.env_key = env_key(self.env)
         self.objectives = objective_names(self.gpu, options.multi_objective)
         sampler = make_sampler(options.sampler, problem, options.seed)
+        self.storage = get_storage(storage, heartbeat_s=options.heartbeat_s, grace_s=options.grace_s)
         self.study = open_study(
             problem,
             name=name,
-            storage=storage,
+            storage=self.storage,
             sampler=sampler,
             directions=["minimize"] * len(self.objectives),
         )
@@ -92,7 +115,10 @@ class Tuner:
             )
         self.study.set_user_attr("objectives", self.objectives)
         self.study.set_user_attr("mode", mode)
-        self.interrupted = fail_interrupted(self.study)
+        self.interrupted = fail_interrupted(self.study) + fail_stale(self.study, options.grace_s)
+        self.claims = Claims(self.study, self.env_key, options.grace_s)
+        self._live: set[int] = set()  # ids of this worker's trials in flight, kept alive by heartbeats
+        self._pool: ProcessPoolExecutor | None = None
         sms = sm_count() if self.gpu else space.H200_SMS
         seeds = space.wave_seeds(problem, sms) if options.wave_seeds and options.sampler != "grid" else []
         _enqueue(self.study, [SEED_CONFIG, *options.enqueue, *seeds])
@@ -120,10 +146,14 @@ class Tuner:
         deadline = time.monotonic() + opts.timeout_s if opts.timeout_s else math.inf
         bar = tqdm(total=opts.n_trials, disable=not opts.progress, unit="trial", dynamic_ncols=True)
         worker = GpuWorker(opts.trial_timeout_s) if self.gpu else None
-        pending: deque[tuple[optuna.Trial, KernelConfig, Future | None]] = deque()
+        pending: deque[tuple[optuna.Trial, KernelConfig, Future | Owned | None]] = deque()
         asked = 0
+        stop = threading.Event()
+        beats = threading.Thread(target=self._heartbeats, args=(stop,), daemon=True)
+        beats.start()
         try:
             with ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                self._pool = pool
                 while True:
                     while (
                         asked < opts.n_trials
@@ -135,30 +165,95 @@ class Tuner:
                         asked += 1
                     if not pending:
                         break
-                    trial, config, future = pending.popleft()
-                    self._evaluate(trial, config, None if future is None else future.result(), worker)
+                    trial, config, job = pending[0]  # stays pending (failed on Ctrl-C) until told
+                    try:
+                        if isinstance(job, Owned):
+                            self._follow(trial, config, worker)
+                        else:
+                            self._evaluate(trial, config, None if job is None else job.result(), worker)
+                    except optuna.exceptions.UpdateFinishedTrialError:
+                        print(
+                            f"trial {trial.number} was failed by another worker (no heartbeat for "
+                            f"{opts.grace_s} s); its config is queued again",
+                            file=sys.stderr,
+                        )
+                    pending.popleft()
+                    self._live.discard(trial._trial_id)
                     bar.update()
                     bar.set_postfix_str(self._best_text(), refresh=True)
         finally:
+            stop.set()
             for trial, _, _ in pending:  # asked but never evaluated: Ctrl-C or an error
-                self._fail(
-                    trial,
-                    "interrupted",
-                    "the run stopped before this trial was measured",
-                    time.perf_counter(),
-                )
+                frozen = self.study._storage.get_trial(trial._trial_id)
+                if not frozen.state.is_finished():
+                    interrupt(self.study, frozen, "the run stopped before this trial was measured")
+            self._live.clear()
+            self._pool = None
             bar.close()
             if worker is not None:
                 worker.close()
         return self.study
 
-    def _ask(self, pool: ProcessPoolExecutor) -> tuple[optuna.Trial, KernelConfig, Future | None]:
-        trial = self.study.ask(self.distributions)
+    def _heartbeats(self, stop: threading.Event) -> None:
+        """Keep this worker's trials alive, and fail the trials of dead workers (any host)."""
+        while not stop.wait(self.options.heartbeat_s):
+            try:
+                for trial_id in list(self._live):
+                    record_heartbeat(self.study._storage, trial_id)
+                fail_stale(self.study, self.options.grace_s)
+            except Exception as exc:  # a storage hiccup: the next beat tries again
+                print(f"heartbeat: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
+
+    def _ask(self, pool: ProcessPoolExecutor) -> tuple[optuna.Trial, KernelConfig, Future | Owned | None]:
+        """Ask a trial and claim its config: compile it when the claim is this trial's."""
+        with warnings.catch_warnings():  # Optuna warns that its heartbeat suits Study.optimize:
+            warnings.filterwarnings("ignore", "Heartbeat of storage")  # this loop records its own
+            trial = self.study.ask(self.distributions)
+        record_heartbeat(self.study._storage, trial._trial_id)
+        self._live.add(trial._trial_id)
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("pid", os.getpid())
         config = KernelConfig(**trial.params)
-        restricted = space.violated(self.problem, config)
-        return trial, config, None if restricted else pool.submit(probe, self.problem, config, arch=self.arch)
+        if space.violated(self.problem, config):
+            return trial, config, None  # nothing to compile or measure
+        state = self.claims.claim(config, trial.number)
+        if isinstance(state, Owned):
+            return trial, config, state
+        trial.set_user_attr("claim_attempt", state.attempt)
+        return trial, config, pool.submit(probe, self.problem, config, arch=self.arch)
+
+    def _follow(self, trial: optuna.Trial, config: KernelConfig, worker: GpuWorker | None) -> None:
+        """A trial whose config another trial owns: wait for the owner and copy its outcome;
+        should the owner be interrupted, claim the config and evaluate it here."""
+        while True:
+            state = self.claims.claim(config, trial.number)
+            if isinstance(state, Claimed):
+                trial.set_user_attr("claim_attempt", state.attempt)
+                assert self._pool is not None
+                res = self._pool.submit(probe, self.problem, config, arch=self.arch).result()
+                self._evaluate(trial, config, res, worker)
+                return
+            if state.finished:
+                self._copy(trial, state.owner)
+                return
+            time.sleep(0.5)
+
+    def _copy(self, trial: optuna.Trial, owner) -> None:
+        """Tell ``trial`` the outcome its config's owner got (no compile, no measurement)."""
+        start = time.perf_counter()
+        trial.set_user_attr("cached_from", owner.number)
+        for key, value in owner.user_attrs.items():
+            if key not in OWN_ATTRS and key not in ("status", "reason"):
+                trial.set_user_attr(key, value)
+        if owner.state == TrialState.FAIL:
+            status = owner.user_attrs.get("status", "runtime_failed")
+            self._fail(trial, status, owner.user_attrs.get("reason", ""), start)
+            return
+        for key, value in owner.constraints.items():
+            trial.set_constraint(key, value)
+        if "reason" in owner.user_attrs:
+            trial.set_user_attr("reason", owner.user_attrs["reason"])
+        self._tell(trial, list(owner.values), owner.user_attrs.get("status", "ok"), start)
 
     def _grid_exhausted(self) -> bool:
         sampler = self.study.sampler

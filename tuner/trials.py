@@ -64,8 +64,11 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         row: dict[str, Any] = {
             "number": t.number,
             "state": t.state.name,
-            "status": attrs.get("status") or {"RUNNING": "running", "WAITING": "queued"}.get(t.state.name),
-            "reason": attrs.get("reason"),
+            # A FAIL with no status: Optuna failed it for a stale heartbeat (tuner.storage.fail_stale).
+            "status": attrs.get("status")
+            or {"RUNNING": "running", "WAITING": "queued", "FAIL": "interrupted"}.get(t.state.name),
+            "reason": attrs.get("reason")
+            or ("no heartbeat within the grace period: its worker died" if t.state.name == "FAIL" else None),
             **{k: params.get(k, PARAM_DEFAULTS[k]) for k in PARAMS},
             **{k: attrs.get(k) for k in (*MEASURES, *RESOURCES)},
             "feasible": is_feasible(t),

@@ -1,0 +1,146 @@
+"""Many workers, one study: three compile-only ``run`` processes share a study on a real
+PostgreSQL server and on a journal file. No config is compiled twice, none is lost, and a
+worker killed with -9 mid-trial has its trial failed by the survivors' heartbeat check and
+its config measured again by a survivor."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+from helpers import REPO
+from optuna.trial import TrialState
+
+from tuner.trials import trial_config
+
+TINY = ["--batch", "1", "--heads", "2", "--seqlen", "256", "--dk", "64", "--dv", "64", "--alpha", "0.9"]
+MEASURED = ("ok", "infeasible", "compile_failed")  # outcomes that took a compile
+
+
+def _pg_bin() -> Path | None:
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).resolve().parent
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    return versions[-1].parent if versions else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """A PostgreSQL server of its own on a free loopback port; its SQLAlchemy URL."""
+    bindir = _pg_bin()
+    if bindir is None:
+        if os.environ.get("DECAY_TUNER_REQUIRE_POSTGRES"):  # .ci/run sets it: CI never skips
+            pytest.fail("no PostgreSQL server binaries, and DECAY_TUNER_REQUIRE_POSTGRES is set")
+        pytest.skip("no PostgreSQL server binaries (.ci/run installs Debian's postgresql)")
+    # Not under pytest's temporary folder: that is private to root, and the server runs as postgres.
+    data = Path(tempfile.mkdtemp(prefix="decay-tuner-pg-")) / "data"
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # initdb refuses root: run the server as Debian's postgres user
+        shutil.chown(data.parent, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = _free_port()
+    run = lambda *cmd: subprocess.run([*as_user, *map(str, cmd)], check=True, capture_output=True)
+    run(bindir / "initdb", "-D", data, "-A", "trust", "-U", "postgres")
+    opts = f"-p {port} -k {data.parent} -c listen_addresses=127.0.0.1"
+    run(bindir / "pg_ctl", "-D", data, "-o", opts, "-l", data.parent / "log", "-w", "start")
+    yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    run(bindir / "pg_ctl", "-D", data, "-m", "immediate", "stop")
+    shutil.rmtree(data.parent, ignore_errors=True)
+
+
+def _worker(storage: str, tmp: Path, n_trials: int, cache: Path | None = None) -> subprocess.Popen:
+    env = os.environ | {"PYTHONPATH": str(REPO), "DECAY_TUNER_STUDIES": str(tmp)}
+    if cache is not None:
+        env["TILELANG_CACHE_DIR"] = str(cache)
+    argv = ["run", *TINY, "--storage", storage, "--study", "w", "--workers", "1", "--no-progress"]
+    argv += ["--n-trials", str(n_trials), "--heartbeat", "1", "--grace", "4"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "tuner", *argv],
+        cwd=tmp,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _study(storage: str) -> optuna.Study | None:
+    from tuner.storage import get_storage
+
+    try:
+        return optuna.load_study(study_name="w", storage=get_storage(storage))
+    except KeyError:
+        return None
+
+
+@pytest.mark.parametrize("kind", ["journal", "postgres"])
+def test_three_workers_share_a_study_and_survive_a_kill_9(kind, tmp_path, request):
+    storage = request.getfixturevalue("postgres") if kind == "postgres" else f"journal:{tmp_path / 'j.log'}"
+    if kind == "postgres":  # one study name per test on the shared server
+        from tuner.storage import get_storage
+
+        for name in optuna.get_all_study_names(get_storage(storage)):
+            optuna.delete_study(study_name=name, storage=get_storage(storage))
+    # The victim compiles with a cold cache, so its trials stay in flight for seconds.
+    victim = _worker(storage, tmp_path, 6, cache=tmp_path / "cold-cache")
+    survivors = [_worker(storage, tmp_path, 8) for _ in range(2)]
+    killed = None
+    deadline = time.monotonic() + 300
+    while killed is None and time.monotonic() < deadline and victim.poll() is None:
+        study = _study(storage)
+        trials = study.get_trials() if study else []
+        # Kill once the survivors run trials (past their start-up check of dead pids), so only
+        # their heartbeat check can find the dead trial.
+        if {p.pid for p in survivors} <= {t.user_attrs.get("pid") for t in trials}:
+            for t in trials:
+                running = t.state == TrialState.RUNNING and "claim_attempt" in t.user_attrs
+                if running and t.user_attrs.get("pid") == victim.pid:
+                    killed = t
+        time.sleep(0.1)
+    assert killed is not None, "the victim ended before it claimed a config"
+    os.killpg(victim.pid, signal.SIGKILL)  # the worker and its compile process, mid-trial
+    victim.wait()
+    for proc in survivors:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-2000:]
+
+    study = _study(storage)
+    trials = study.get_trials()
+    assert not [t for t in trials if t.state == TrialState.RUNNING]  # none left in flight
+    # The killed trial was failed by a survivor's heartbeat check (no pid check ran after the kill).
+    dead = study._storage.get_trial(killed._trial_id)
+    assert dead.state == TrialState.FAIL and "died mid-trial" not in dead.user_attrs.get("reason", "")
+    # No config compiled twice in this environment; every other trial of it copied the owner.
+    measured = [
+        t for t in trials if t.user_attrs.get("status") in MEASURED and "cached_from" not in t.user_attrs
+    ]
+    twice = [c for c, n in Counter(trial_config(t) for t in measured).items() if n > 1]
+    assert not twice, twice
+    # The killed config was measured again, by a survivor.
+    again = [t for t in measured if trial_config(t) == trial_config(killed)]
+    assert again and again[0].user_attrs["pid"] in {p.pid for p in survivors}
+    assert again[0].user_attrs["claim_attempt"] >= 1
+    # None lost: every interrupted config was measured (or waits in the queue for the next run).
+    for t in trials:
+        if t.state == TrialState.FAIL and t.user_attrs.get("status", "interrupted") == "interrupted":
+            assert any(
+                trial_config(u) == trial_config(t) and (u in measured or u.state == TrialState.WAITING)
+                for u in trials
+            ), t.number
