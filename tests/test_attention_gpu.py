@@ -53,6 +53,10 @@ CASES = [(Problem(2, 8, 300, 128, 128, 0.9), c, MODEL, "retnet8") for c in CONFI
     (Problem(3, 8, 17, 64, 64, 0.9), CONFIGS[1], MODEL, "small"),
     (Problem(1, 16, 2048, 128, 128, 0.9), CONFIGS[4], Call(1.0, False, True), "retnet16"),
     (Problem(1, 16, 2048, 128, 128, 0.9, "bfloat16"), CONFIGS[0], Call(0.5, True, False), "retnet16"),
+    # The transposed step with one stage over a sequence shorter than a chunk (what
+    # decay_attention runs for S < 64), the calls suspected in the chained-call failure.
+    (Problem(2, 8, 63, 128, 128, 0.9), KernelConfig(64, 128, 1, 256), MODEL, "retnet8"),
+    (Problem(2, 8, 1, 128, 128, 0.9), KernelConfig(64, 128, 1, 256), MODEL, "retnet8"),
 ]
 
 
