@@ -23,14 +23,11 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from kernel.config import KernelConfig
+from tuner.storage import CLAIM_MARK
 
 
 def claim_name(study: str, env_key: str, config: KernelConfig, attempt: int) -> str:
-    return f"{study}/claim/{env_key}/{config.label}/{attempt}"
-
-
-def is_claim(study_name: str) -> bool:
-    return "/claim/" in study_name
+    return f"{study}{CLAIM_MARK}{env_key}/{config.label}/{attempt}"
 
 
 @dataclass(frozen=True)
