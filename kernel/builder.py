@@ -84,7 +84,12 @@ class ScalarDecayKernel:
 
 @functools.cache
 def constant_decay(alpha: float, heads: int, device: torch.device) -> torch.Tensor:
-    """One alpha for every head, as the fp32 ``[H]`` tensor the kernels read (made once)."""
+    """One alpha for every head, as the fp32 ``[H]`` tensor the kernels read (made once).
+
+    Made during a CUDA-graph capture, its fill would run only on replay while the cache
+    kept it: a first call with a new float decay must come before the capture."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise ValueError(f"call once with decay={alpha} before capturing a CUDA graph, then capture")
     return torch.full((heads,), alpha, dtype=torch.float32, device=device)
 
 

@@ -185,6 +185,16 @@ def test_runs_inside_a_captured_cuda_graph():
         assert torch.equal(o, eager_o) and torch.equal(state, eager_state)
 
 
+def test_a_float_decay_first_seen_inside_a_capture_is_refused():
+    """Its constant [H] tensor would be filled only on replay: one line, nothing cached."""
+    q, k, v = _qkv(1, 100, 4, 64, 64, seed=4)
+    decay_attention(q, k, v, 0.5)  # compile outside the capture
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match="before capturing a CUDA graph"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            decay_attention(q, k, v, 0.123)
+
+
 def test_the_custom_op_passes_torch_s_opcheck():
     q, k, v = _qkv(1, 130, 4, 64, 64, seed=9)
     decay, h0 = torch.full((4,), 0.8, device="cuda"), torch.randn(1, 4, 64, 64, device="cuda")
