@@ -5,9 +5,11 @@ and inside a captured CUDA graph.
 
 fla's arguments map one to one: ``g_gamma`` (log-decay per head) is ``log(decay)``, i.e.
 ``decay = exp(g_gamma)``; ``scale``, ``initial_state`` and ``output_final_state`` mean the
-same, and the state is fp32 ``[B, H, DK, DV]`` in both.
+same, and the state is fp32 ``[B, H, DK, DV]`` in both; ``cu_seqlens`` packs sequences as
+fla's does (q, k, v ``[1, T, H, D]``, states ``[N, H, DK, DV]``).
 """
 
+import dataclasses
 import math
 import warnings
 from typing import Any
@@ -39,6 +41,7 @@ def decay_attention(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``o_t = (scale * q_t) S_t`` with ``S_t = decay_h * S_{t-1} + k_t^T v_t`` per head.
 
@@ -47,13 +50,16 @@ def decay_attention(
     multiplies the queries (default ``DK ** -0.5``, as fla). initial_state: fp32
     ``[B, H, DK, DV]``, the state before the first token (default zero). Returns ``(o,
     final_state)``: ``o`` ``[B, S, H, DV]`` in q's dtype, and the fp32 ``[B, H, DK, DV]``
-    state after the last token when ``output_final_state``, else ``None``. A wrong input
-    raises ``ValueError`` before anything is launched.
+    state after the last token when ``output_final_state``, else ``None``. cu_seqlens:
+    packed sequences, an int32 (or int64) tensor ``[N + 1]`` of offsets from 0 to T, strictly
+    increasing, with q, k, v ``[1, T, H, D]`` and states ``[N, H, DK, DV]``; no state
+    crosses from one sequence to the next. A wrong input raises ``ValueError`` before
+    anything is launched.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     alpha, per_head = (float(decay), None) if isinstance(decay, (int, float)) else (1.0, decay)
     o, final = torch.ops.decay_tuner.decay_attention(
-        q, k, v, per_head, alpha, float(scale), initial_state, output_final_state
+        q, k, v, per_head, alpha, float(scale), initial_state, output_final_state, cu_seqlens
     )
     return o, (final if output_final_state else None)
 
@@ -68,13 +74,18 @@ def _decay_attention_op(
     scale: float,
     initial_state: torch.Tensor | None,
     output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     problem = _problem(q, k, v)
     decay = _decay_tensor(decay, alpha, problem.heads, q.device)
-    _check_state(initial_state, problem, q.device)
-    call = Call(scale, initial_state is not None, output_final_state)
-    final = _empty_state(q, problem, output_final_state)
-    kernel = _kernel(problem, call)
+    sequences = problem.batch
+    if cu_seqlens is not None:
+        cu_seqlens = _check_offsets(cu_seqlens, problem, q.device)
+        sequences = cu_seqlens.numel() - 1
+    _check_state(initial_state, problem, sequences, q.device)
+    call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None)
+    final = _empty_state(q, problem, sequences, output_final_state)
+    kernel = _kernel(problem, call, sequences)
     o = kernel(
         q.contiguous(),
         k.contiguous(),
@@ -82,19 +93,21 @@ def _decay_attention_op(
         decay=decay,
         initial_state=None if initial_state is None else initial_state.contiguous(),
         final_state=final if output_final_state else None,
+        cu_seqlens=cu_seqlens,
     )
     return o, final
 
 
 @_decay_attention_op.register_fake
-def _(q, k, v, decay, alpha, scale, initial_state, output_final_state):
+def _(q, k, v, decay, alpha, scale, initial_state, output_final_state, cu_seqlens):
     b, s, h, dk = q.shape
-    final = q.new_empty((b, h, dk, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
+    n = b if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    final = q.new_empty((n, h, dk, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
     return q.new_empty(b, s, h, v.shape[-1]), final
 
 
-def _empty_state(q: torch.Tensor, problem: Problem, wanted: bool) -> torch.Tensor:
-    shape = (problem.batch, problem.heads, problem.dk, problem.dv) if wanted else (0,)
+def _empty_state(q: torch.Tensor, problem: Problem, sequences: int, wanted: bool) -> torch.Tensor:
+    shape = (sequences, problem.heads, problem.dk, problem.dv) if wanted else (0,)
     return torch.empty(shape, dtype=torch.float32, device=q.device)
 
 
@@ -144,20 +157,56 @@ def _decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: 
     return decay
 
 
-def _check_state(state: torch.Tensor | None, problem: Problem, device: torch.device) -> None:
+def _check_offsets(cu_seqlens: torch.Tensor, problem: Problem, device: torch.device) -> torch.Tensor:
+    """The int32 offsets the packed kernel reads: ``[N + 1]``, 0 first, T last, strictly
+    increasing (the values are checked but while a CUDA graph is captured)."""
+    if problem.batch != 1:
+        raise ValueError(f"with cu_seqlens, q, k, v must be [1, T, H, D], got a batch of {problem.batch}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            "cu_seqlens must be an int32 or int64 tensor [N + 1], "
+            f"got {cu_seqlens.dtype} {list(cu_seqlens.shape)}"
+        )
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {device}")
+    if not torch.cuda.is_current_stream_capturing():
+        offsets = cu_seqlens.tolist()
+        steps = [b - a for a, b in zip(offsets, offsets[1:])]
+        if offsets[0] != 0 or offsets[-1] != problem.seqlen or min(steps) < 1:
+            raise ValueError(
+                f"cu_seqlens must rise strictly from 0 to T = {problem.seqlen}, got {_clip(offsets)}"
+            )
+    return cu_seqlens.to(torch.int32).contiguous()
+
+
+def _clip(values: list[int]) -> str:
+    return str(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:4]))}, ..., {values[-1]}]"
+
+
+def _check_state(state: torch.Tensor | None, problem: Problem, sequences: int, device: torch.device) -> None:
     if state is None:
         return
-    shape = [problem.batch, problem.heads, problem.dk, problem.dv]
+    shape = [sequences, problem.heads, problem.dk, problem.dv]
     if list(state.shape) != shape or state.dtype != torch.float32:
+        what = "[N, H, DK, DV] for N packed sequences" if sequences != problem.batch else "[B, H, DK, DV]"
         raise ValueError(
-            f"initial_state must be float32 {shape} [B, H, DK, DV], got {state.dtype} {list(state.shape)}"
+            f"initial_state must be float32 {shape} {what}, got {state.dtype} {list(state.shape)}"
         )
     if state.device != device:
         raise ValueError(f"initial_state is on {state.device} but q is on {device}")
 
 
-def _kernel(problem: Problem, call: Call) -> ScalarDecayKernel:
-    config = config_for(problem, _TABLE[0], sm_count())
+def _kernel(problem: Problem, call: Call, sequences: int) -> ScalarDecayKernel:
+    """The compiled kernel for the call, from the table's config for its shape. Packed
+    sequences run the single-pass kernel with the config picked for ``sequences`` sequences
+    of the mean length; one compiled kernel serves every T and N."""
+    if call.packed:
+        p = problem
+        mean = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, 1.0, p.dtype)
+        config = dataclasses.replace(config_for(mean, _TABLE[0], sm_count()), segments=1)
+        problem = dataclasses.replace(problem, seqlen=1)
+    else:
+        config = config_for(problem, _TABLE[0], sm_count())
     key = (problem, config, call)
     if key not in _KERNELS:
         _KERNELS[key] = build(problem, config, call)

@@ -26,7 +26,9 @@ class ScalarDecayKernel:
     the problem's alpha for every head). With ``call.initial_state``, ``initial_state`` is
     the fp32 ``[B, H, DK, DV]`` state before the first token; with ``call.final_state``,
     ``final_state`` is the fp32 ``[B, H, DK, DV]`` tensor that receives the state after
-    the last. Pass ``out=`` to write into an existing ``[B, S, H, DV]`` tensor.
+    the last. Pass ``out=`` to write into an existing ``[B, S, H, DV]`` tensor. A kernel
+    compiled for packed sequences (``call.packed``) takes q, k, v ``[1, T, H, D]`` of any
+    T, the int32 ``cu_seqlens`` ``[N + 1]`` and states ``[N, H, DK, DV]``.
     """
 
     problem: Problem
@@ -44,11 +46,24 @@ class ScalarDecayKernel:
         initial_state: torch.Tensor | None = None,
         final_state: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         p, call = self.problem, self.call
-        qk_shape = (p.batch, p.seqlen, p.heads, p.dk)
-        vo_shape = (p.batch, p.seqlen, p.heads, p.dv)
-        state_shape = (p.batch, p.heads, p.dk, p.dv)
+        if (cu_seqlens is not None) != call.packed:
+            raise ValueError(f"this kernel was compiled {'with' if call.packed else 'without'} cu_seqlens")
+        batch, seqlen, sequences = p.batch, p.seqlen, p.batch
+        if call.packed:
+            tensors = (q, cu_seqlens)
+            if (
+                not all(isinstance(t, torch.Tensor) for t in tensors)
+                or (q.dim(), cu_seqlens.dim()) != (4, 1)
+                or cu_seqlens.numel() < 2
+            ):
+                raise ValueError("a packed call takes q [1, T, H, DK] and cu_seqlens [N + 1]")
+            batch, seqlen, sequences = 1, q.shape[1], cu_seqlens.numel() - 1
+        qk_shape = (batch, seqlen, p.heads, p.dk)
+        vo_shape = (batch, seqlen, p.heads, p.dv)
+        state_shape = (sequences, p.heads, p.dk, p.dv)
         dtype = TORCH_DTYPES[p.dtype]
         check_tensor("q", q, qk_shape, dtype)
         if out is None:
@@ -65,6 +80,8 @@ class ScalarDecayKernel:
         tensors = [("k", k, qk_shape, dtype), ("v", v, vo_shape, dtype), ("out", out, vo_shape, dtype)]
         tensors.append(("decay", decay, (p.heads,), torch.float32))
         tensors += [(n, t, state_shape, torch.float32) for n, (t, _) in states.items() if t is not None]
+        if call.packed:
+            tensors.append(("cu_seqlens", cu_seqlens, (sequences + 1,), torch.int32))
         for name, tensor, shape, kind in tensors:
             check_tensor(name, tensor, shape, kind)
             if tensor.device != q.device:
@@ -73,7 +90,7 @@ class ScalarDecayKernel:
             state_buffer(p, q.device) if t is None else t.view(-1, 1, p.dk, p.dv)
             for t in (initial_state, final_state)
         )
-        launch(p, self.config, call, self.compiled, q, k, v, decay, h0, out, ht)
+        launch(p, self.config, call, self.compiled, q, k, v, decay, h0, out, ht, cu_seqlens)
         return out
 
     @property

@@ -12,7 +12,6 @@ rejects comes back as a :class:`ProbeFailure` carrying the compiler's message.
 """
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
-from kernel.variants import prim_funcs
+from kernel.variants import PASS_CONFIGS, prim_funcs
 
 # Largest shared memory one block may opt into on H100 and H200 (227 KiB).
 SMEM_LIMIT_BYTES = 232_448
@@ -119,7 +118,7 @@ def lower(func: Any, *, arch: str = DEFAULT_ARCH):
     from tilelang import tvm
 
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
-    with target:
+    with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIGS):
         return tilelang.lower(func, target=target)
 
 
@@ -143,7 +142,7 @@ def _compile(funcs: list, arch: str) -> tuple[Any, ...]:
     # each reuse from its memory cache, which is the reuse we want.
     logging.getLogger("tilelang.cache.kernel_cache").setLevel(logging.ERROR)
     target = {"kind": "cuda", "arch": arch}
-    return tuple(tilelang.compile(f, target=target) for f in funcs)
+    return tuple(tilelang.compile(f, target=target, pass_configs=PASS_CONFIGS) for f in funcs)
 
 
 def probe(
@@ -221,8 +220,9 @@ def _captured_output() -> Iterator[_Printed]:
 def launch_figures(artifact: Any) -> tuple[int, int]:
     """(dynamic shared memory bytes, threads per block) of a lowered TileLang artifact."""
     (device_func,) = artifact.device_mod.functions.values()
-    extent = json.loads(str(device_func.attrs["thread_extent"]))
-    return int(device_func.attrs.get("dyn_shared_memory_buf", 0)), int(extent["threadIdx.x"])
+    # The extents are JSON but for a symbolic grid (packed sequences), so read the one we need.
+    threads = re.search(r'"threadIdx\.x": *(\d+)', str(device_func.attrs["thread_extent"]))
+    return int(device_func.attrs.get("dyn_shared_memory_buf", 0)), int(threads[1])
 
 
 def _ptxas(source: str, arch: str) -> tuple[bool, str]:

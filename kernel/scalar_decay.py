@@ -47,6 +47,7 @@ def chunk_loop_macro(
     threads: int,
     scores: str,
     dtype: str,
+    packed: bool = False,
 ):
     """The chunk loop of one block, as a ``@T.macro``: its buffers, the decay mask, the
     starting state, then ``n_chunks`` chunks from row ``s_begin`` (tokens up to ``s_end``)
@@ -59,10 +60,13 @@ def chunk_loop_macro(
     ragged last chunk (``m < C`` tokens) weights its keys by their distance to its last
     token and decays the state by ``alpha^m``, so the state carried out is exact. Shared by
     the single-pass kernel and the sequence-split variant (``kernel.seq_split``)."""
-    knobs = dict(chunk=chunk, dk=dk, block_dv=block_dv, scale=scale, num_stages=num_stages, dtype=dtype)
+    knobs = dict(
+        chunk=chunk, dk=dk, block_dv=block_dv, scale=scale, num_stages=num_stages, dtype=dtype, packed=packed
+    )
     if transposes(chunk=chunk, block_dv=block_dv, threads=threads, scores=scores):
         return transposed_chunk_loop_macro(**knobs)
     C, accum = chunk, "float32"
+    store = store_macro(chunk=C, block_dv=block_dv, packed=packed)
     # wgmma needs 64-row tiles: chunks of 32 wait for each MMA (T.gemm).
     async_step = C % 64 == 0
 
@@ -70,7 +74,7 @@ def chunk_loop_macro(
     def chunk_loop(Q, K, V, O, Decay, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, p_in, final):
         Q_s = T.alloc_shared([C, dk], dtype)
         K_s = T.alloc_shared([C, dk], dtype)
-        Kw_s = T.alloc_shared([C, dk], dtype)  # K rows * alpha^(m-1-r): writes the state
+        Kw_s = T.alloc_shared([C, dk], dtype)  # K rows r < m, * alpha^(m-1-r): writes the state
         V_s = T.alloc_shared([C, block_dv], dtype)
         S_s = T.alloc_shared([dk, block_dv], dtype)
         O_s = T.alloc_shared([C, block_dv], dtype)
@@ -106,7 +110,9 @@ def chunk_loop_macro(
             T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
             if not async_step:
                 for r, d in T.Parallel(C, dk):
-                    Kw_s[r, d] = K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, T.max(m - 1 - r, 0)))
+                    Kw_s[r, d] = T.if_then_else(
+                        r < m, K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, m - 1 - r)), T.Cast(dtype, 0)
+                    )
 
             if async_step:
                 # The pipeliner hands a stage's buffer back to the producer after the last
@@ -117,7 +123,9 @@ def chunk_loop_macro(
                 T.wgmma_gemm(Q_s, S_s, acc_o, clear_accum=True)
                 T.wait_wgmma(1)  # A is ready and K_s free; Q @ S may still run
                 for r, d in T.Parallel(C, dk):
-                    Kw_s[r, d] = K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, T.max(m - 1 - r, 0)))
+                    Kw_s[r, d] = T.if_then_else(
+                        r < m, K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, m - 1 - r)), T.Cast(dtype, 0)
+                    )
                 for i, j in T.Parallel(C, C):
                     A_cast[i, j] = A[i, j] * Gamma[i, j]
                 T.wait_wgmma(0)
@@ -130,7 +138,7 @@ def chunk_loop_macro(
                 T.wgmma_gemm(Kw_s, V_s, S_f, transpose_A=True)
                 T.wait_wgmma(1)  # the outputs are ready; the state update may still run
                 T.copy(acc_o, O_s)
-                T.copy(O_s, O[bb, s0 : s0 + C, bh, v0 : v0 + block_dv])
+                store(O_s, O, bb, s0, m, bh, v0)
                 T.wait_wgmma(0)
                 touch[0] = V_s[0, 0]
             else:
@@ -145,7 +153,7 @@ def chunk_loop_macro(
                     A_cast[i, j] = A[i, j] * Gamma[i, j]
                 T.gemm(A_cast, V_s, acc_o)  # [C, C] @ [C, bDV] -> [C, bDV]
                 T.copy(acc_o, O_s)
-                T.copy(O_s, O[bb, s0 : s0 + C, bh, v0 : v0 + block_dv])
+                store(O_s, O, bb, s0, m, bh, v0)
 
                 # State update after the output (the output reads the state before this
                 # chunk), decaying the old state before adding this chunk's keys.
@@ -158,8 +166,25 @@ def chunk_loop_macro(
     return chunk_loop
 
 
+def store_macro(*, chunk: int, block_dv: int, packed: bool):
+    """The store of one chunk's output tile ``O_s`` (``[C, block_dv]``) to rows ``s0 :
+    s0 + C``. Dense, one TMA store (TMA drops the rows past S). Packed, the rows past ``m``
+    belong to the next sequence: only the first ``m`` rows are written."""
+
+    @T.macro
+    def store(O_s, O, bb, s0, m, bh, v0):
+        if packed:
+            for i, v in T.Parallel(chunk, block_dv):
+                if i < m:
+                    O[bb, s0 + i, bh, v0 + v] = O_s[i, v]
+        else:
+            T.copy(O_s, O[bb, s0 : s0 + chunk, bh, v0 : v0 + block_dv])
+
+    return store
+
+
 def transposed_chunk_loop_macro(
-    *, chunk: int, dk: int, block_dv: int, scale: float, num_stages: int, dtype: str
+    *, chunk: int, dk: int, block_dv: int, scale: float, num_stages: int, dtype: str, packed: bool
 ):
     """``chunk_loop_macro``'s loop with the state transposed: the block keeps ``S^T``
     (``[block_dv, DK]``, fp32) as the accumulator of ``V^T @ Kw``, so its fp16 cast is the
@@ -171,13 +196,14 @@ def transposed_chunk_loop_macro(
     store. Each consumer warpgroup owns 64 rows of ``S^T`` and ``O^T``
     (``GemmWarpPolicy.FullRow``), so a warpgroup's state never leaves its registers."""
     C, accum = chunk, "float32"
+    store = store_macro(chunk=C, block_dv=block_dv, packed=packed)
     rows = T.GemmWarpPolicy.FullRow
 
     @T.macro
     def chunk_loop(Q, K, V, O, Decay, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, p_in, final):
         Q_s = T.alloc_shared([C, dk], dtype)
         K_s = T.alloc_shared([C, dk], dtype)
-        Kw_s = T.alloc_shared([C, dk], dtype)  # K rows * alpha^(m-1-r): writes the state
+        Kw_s = T.alloc_shared([C, dk], dtype)  # K rows r < m, * alpha^(m-1-r): writes the state
         V_s = T.alloc_shared([C, block_dv], dtype)
         O_s = T.alloc_shared([C, block_dv], dtype)
         AT_cast = T.alloc_shared([C, C], dtype)
@@ -213,7 +239,9 @@ def transposed_chunk_loop_macro(
             T.wgmma_gemm(ST_h, Q_s, OT, transpose_B=True, clear_accum=True, policy=rows)
             T.wait_wgmma(1)  # A^T is ready and K_s free; S^T @ Q^T may still run
             for r, d in T.Parallel(C, dk):
-                Kw_s[r, d] = K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, T.max(m - 1 - r, 0)))
+                Kw_s[r, d] = T.if_then_else(
+                    r < m, K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, m - 1 - r)), T.Cast(dtype, 0)
+                )
             for j, i in T.Parallel(C, C):
                 AT_cast[j, i] = AT[j, i] * GammaT[j, i]
             T.wait_wgmma(0)
@@ -227,7 +255,7 @@ def transposed_chunk_loop_macro(
             T.wait_wgmma(1)  # the outputs are ready; the state update may still run
             for i, v in T.Parallel(C, block_dv):
                 O_s[i, v] = OT[v, i]
-            T.copy(O_s, O[bb, s0 : s0 + C, bh, v0 : v0 + block_dv])
+            store(O_s, O, bb, s0, m, bh, v0)
             T.wait_wgmma(0)
             touch[0] = V_s[0, 0]
         if Final is not None and final:
@@ -305,11 +333,90 @@ def scalar_decay_fwd(
     return main
 
 
-def prim_func(problem: Problem, config: KernelConfig, **call):
-    """``scalar_decay_fwd`` for a validated problem and a single-pass config; ``call``:
-    ``scale``, ``initial_state``, ``final_state``."""
+def prim_func(problem: Problem, config: KernelConfig, *, packed: bool = False, **call):
+    """``scalar_decay_fwd`` (or, ``packed``, ``packed_fwd``) for a validated problem and a
+    single-pass config; ``call``: ``scale``, ``initial_state``, ``final_state``."""
     knobs = config.to_dict()
     if knobs.pop("segments") != 1:
         raise ValueError(f"the single-pass kernel runs one segment, got segments={config.segments}")
     shape = {k: v for k, v in problem.to_dict().items() if k != "alpha"}
+    if packed:
+        return packed_fwd(**{k: shape[k] for k in ("heads", "dk", "dv", "dtype")}, **knobs, **call)
     return scalar_decay_fwd(**shape, **knobs, **call)
+
+
+def packed_fwd(
+    *,
+    heads: int,
+    dk: int,
+    dv: int,
+    chunk: int,
+    block_dv: int,
+    num_stages: int,
+    threads: int,
+    dtype: str = "float16",
+    scores: str = "smem",
+    scale: float = 1.0,
+    initial_state: bool = False,
+    final_state: bool = False,
+):
+    """Return the ``@T.prim_func`` ``main(Q, K, V, Decay, H0, O, HT, CuSeqlens)`` for
+    packed sequences: one kernel for every token count ``T`` and sequence count ``N``
+    (both symbolic, read from the tensors at launch).
+
+    Q, K: ``[1, T, H, DK]``; V, O: ``[1, T, H, DV]``. CuSeqlens: int32 ``[N + 1]``, the
+    offsets of the sequences, from 0 to T. H0, HT: fp32 ``[N*H, 1, DK, DV]`` (``[1, 1, DK,
+    DV]`` placeholders where the call has no state in, or out). One block per (value slice,
+    sequence, head) walks its sequence from its first token; a chunk's tile reaches into
+    the next sequence, whose rows are kept out of the state (their key weight is 0) and out
+    of the output (``store_macro``)."""
+    chunk_loop = chunk_loop_macro(
+        chunk=chunk,
+        dk=dk,
+        block_dv=block_dv,
+        scale=scale,
+        num_stages=num_stages,
+        threads=threads,
+        scores=scores,
+        dtype=dtype,
+        packed=True,
+    )
+    tokens, offsets, h0_rows, ht_rows = (T.dynamic(n) for n in ("tokens", "offsets", "h0_rows", "ht_rows"))
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([1, tokens, heads, dk], dtype),
+        K: T.Tensor([1, tokens, heads, dk], dtype),
+        V: T.Tensor([1, tokens, heads, dv], dtype),
+        Decay: T.Tensor([heads], "float32"),
+        H0: T.Tensor([h0_rows, 1, dk, dv], "float32"),
+        O: T.Tensor([1, tokens, heads, dv], dtype),
+        HT: T.Tensor([ht_rows, 1, dk, dv], "float32"),
+        CuSeqlens: T.Tensor([offsets], "int32"),
+    ):
+        with T.Kernel(T.ceildiv(dv, block_dv), (offsets - 1) * heads, threads=threads) as (bv, bnh):
+            n = bnh // heads
+            bh = bnh % heads
+            bos = CuSeqlens[n]
+            eos = CuSeqlens[n + 1]
+            start, end = H0 if initial_state else None, HT if final_state else None
+            chunk_loop(
+                Q,
+                K,
+                V,
+                O,
+                Decay,
+                0,
+                bh,
+                bv * block_dv,
+                bos,
+                T.ceildiv(eos - bos, chunk),
+                eos,
+                start,
+                end,
+                bnh,
+                0,
+                True,
+            )
+
+    return main

@@ -6,6 +6,15 @@ from typing import Any
 
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
 
+# TileLang's compile options for every kernel. Shared-memory reuse is off: TileLang lets
+# buffers whose lifetimes do not overlap share memory, and judges a lifetime by the last
+# statement that names the buffer, but a wgmma issued there reads its operands after it.
+# Where a sequence has one chunk the chunk loop is unrolled, and with reuse on, O_s took
+# Kw_s's memory while the state's MMA still read Kw_s (and AT_cast K_s's): output and state
+# came 15% from reference C on the H200 (experiments/h200/model/README.md). Where the loop
+# is kept, no buffer was shared: reuse bought no memory there.
+PASS_CONFIGS = {"tl.disable_shared_memory_reuse": True}
+
 
 def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL) -> list:
     """The ``@T.prim_func`` kernels of ``config``'s variant, in launch order."""
@@ -13,18 +22,34 @@ def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL) 
 
     if config.segments == 1:
         return [scalar_decay.prim_func(problem, config, **call.to_dict())]
-    return list(seq_split.prim_funcs(problem, config, **call.to_dict()))
+    if call.packed:
+        raise ValueError(f"packed sequences run the single-pass kernel, got segments={config.segments}")
+    knobs = call.to_dict()
+    del knobs["packed"]
+    return list(seq_split.prim_funcs(problem, config, **knobs))
 
 
 def launch(
-    problem: Problem, config: KernelConfig, call: Call, compiled: tuple[Any, ...], q, k, v, decay, h0, out, ht
+    problem: Problem,
+    config: KernelConfig,
+    call: Call,
+    compiled: tuple[Any, ...],
+    q,
+    k,
+    v,
+    decay,
+    h0,
+    out,
+    ht,
+    cu_seqlens=None,
 ) -> None:
     """Run the compiled kernels of ``prim_funcs`` once on checked tensors: ``decay`` fp32
     ``[H]``; ``h0`` and ``ht`` fp32 ``[B*H, 1, DK, DV]`` (read, or written, only where
-    ``call`` asks for a state in, or out); the outputs into ``out``."""
+    ``call`` asks for a state in, or out); the outputs into ``out``. A packed call passes
+    its int32 ``cu_seqlens`` and states ``[N*H, 1, DK, DV]``."""
     if config.segments == 1:
         (single,) = compiled
-        single(q, k, v, decay, h0, out, ht)
+        single(q, k, v, decay, h0, out, ht, *([cu_seqlens] if call.packed else []))
         return
     states_kernel, carry_kernel, outputs_kernel = compiled
     states = states_buffer(problem, config, q.device)

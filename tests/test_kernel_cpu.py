@@ -6,7 +6,7 @@ import re
 import pytest
 
 from kernel import SEED_CONFIG, SMEM_LIMIT_BYTES, KernelConfig, ProbeFailure, Problem, Resources, probe
-from kernel.config import HEADLINE
+from kernel.config import HEADLINE, Call
 from kernel.resources import parse_ptxas
 
 
@@ -197,6 +197,26 @@ def test_chunk_step_never_hands_back_a_tile_an_mma_still_reads(config, step, seg
     if step != "sync":
         unsafe = re.sub(r"tl::(wait_wgmma|warpgroup_wait)<\d>\(\);", "", source)
         assert set(_tiles_released_under_a_pending_mma(unsafe)) == {"Q_s", "K_s", "V_s"}
+
+
+@pytest.mark.parametrize("seqlen", [1, 63, 1000])
+@pytest.mark.parametrize(
+    "config",
+    [KernelConfig(64, 128, 1, 256), KernelConfig(64, 64, 1, 256), KernelConfig(32, 32, 1, 128)],
+    ids=lambda c: c.label,
+)
+def test_no_two_shared_buffers_share_memory(config, seqlen):
+    """With one chunk the loop is unrolled and TileLang, judging lifetimes by the statements
+    that name a buffer, gave Kw_s's memory to O_s while the state's wgmma still read Kw_s
+    (kernel.variants.PASS_CONFIGS): every buffer must own its bytes."""
+    from kernel.resources import lower
+    from kernel.variants import prim_funcs
+
+    problem = Problem(2, 8, seqlen, 128, 128, 0.9)
+    (func,) = prim_funcs(problem, config, Call(0.125, True, True))
+    source = lower(func).kernel_source
+    offsets = re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", source)
+    assert len(offsets) >= 5 and len({offset for _, offset in offsets}) == len(offsets), offsets
 
 
 @pytest.mark.parametrize(
