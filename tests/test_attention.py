@@ -13,6 +13,7 @@ def test_the_custom_op_is_registered_with_its_schema():
     assert schema.startswith(
         "decay_tuner::decay_attention(Tensor q, Tensor k, Tensor v, Tensor? decay, float"
     )
+    assert "Tensor? cu_seqlens" in schema
     assert schema.endswith("-> (Tensor, Tensor)")
 
 
@@ -24,6 +25,15 @@ def test_fake_tensors_give_the_shapes_torch_compile_traces(final):
         o, state = decay_attention(q, q, v, torch.full((4,), 0.9, device="cuda"), output_final_state=final)
         assert o.shape == (2, 100, 4, 32) and o.dtype == torch.bfloat16
         assert (state.shape, state.dtype) == ((2, 4, 64, 32), torch.float32) if final else state is None
+
+
+def test_fake_tensors_give_the_packed_shapes():
+    """With cu_seqlens ``[N + 1]`` the final state is one per sequence, ``[N, H, DK, DV]``."""
+    with FakeTensorMode():
+        q = torch.empty(1, 700, 4, 64, dtype=torch.float16, device="cuda")
+        cu = torch.empty(6, dtype=torch.int32, device="cuda")
+        o, state = decay_attention(q, q, q, 0.9, output_final_state=True, cu_seqlens=cu)
+        assert o.shape == (1, 700, 4, 64) and state.shape == (5, 4, 64, 64)
 
 
 def test_cpu_tensors_are_refused_with_one_line():

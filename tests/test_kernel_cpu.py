@@ -264,3 +264,22 @@ def test_the_package_exports_the_build_function_whatever_was_imported_first():
     from kernel import build, probe
 
     assert build is kernel.builder.build and callable(build) and callable(probe)
+
+
+def test_the_packed_kernel_compiles_once_for_every_token_and_sequence_count():
+    """Packed sequences: T and N are symbolic in the kernel's signature (one compile serves
+    every packing), and the probe reads its figures from a grid that is symbolic too."""
+    from kernel.variants import prim_funcs
+
+    call = Call(scale=0.125, initial_state=True, final_state=True, packed=True)
+    problem, config = Problem(1, 8, 1, 128, 128, 0.9), KernelConfig(64, 128, 2, 256)
+    (func,) = prim_funcs(problem, config, call)
+    q_shape = func.buffer_map[func.params[0]].shape
+    offsets = func.buffer_map[func.params[-1]].shape
+    assert [str(n) for n in q_shape] == ["1", "tokens", "8", "128"] and [str(n) for n in offsets] == [
+        "offsets"
+    ]
+    res = probe(problem, config, call=call)
+    assert isinstance(res, Resources) and res.threads_launched == 384 and res.spill_stores == 0
+    with pytest.raises(ValueError, match="packed sequences run the single-pass kernel"):
+        prim_funcs(problem, KernelConfig(64, 128, 2, 256, segments=2), call)

@@ -1,4 +1,4 @@
-"""Issue 16: the kernel inside fla's RetNet, on the GPU (not yet run).
+"""Issue 16: the kernel inside fla's RetNet, on the GPU.
 
 fla's ``MultiScaleRetention`` layer calls ``chunk_retention`` for prompts longer than 64
 tokens (and without autograd) and ``fused_recurrent_retention`` for decoding. Swapping
@@ -8,7 +8,8 @@ its state to fla's decoding.
 
 1. The layer, randomly initialised, once with fla's kernel and once with ours, in fp16 and
    bf16: relative L2 of the outputs, and the layer's forward time for both (alternating
-   CUDA-event medians, L2 flushed: ``kernel.timing.alternating``).
+   CUDA-event medians, L2 flushed: ``kernel.timing.alternating``); and the layer over
+   packed sequences (``cu_seqlens``, lengths 1 to 3000).
 2. A small RetNet (``RetNetForCausalLM``, random weights), greedy generation of 64 tokens
    after a 512-token prompt, with fla's kernels and with ours in the prefill: the tokens.
 
@@ -39,11 +40,16 @@ def retnet_decays(heads: int, device: torch.device) -> torch.Tensor:
 
 def ours(q, k, v, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, **_):
     """``chunk_retention``'s signature, served by ``decay_attention``."""
-    if cu_seqlens is not None:
-        raise NotImplementedError("packed sequences are not served yet")
     decays = retnet_decays(q.shape[2], q.device)
     return decay_attention(
-        q, k, v, decays, scale=scale, initial_state=initial_state, output_final_state=output_final_state
+        q,
+        k,
+        v,
+        decays,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
     )
 
 
@@ -86,6 +92,21 @@ def layer_check(dtype: torch.dtype) -> dict:
     }
 
 
+def packed_check(dtype: torch.dtype) -> dict:
+    from fla.layers import MultiScaleRetention
+
+    torch.manual_seed(1)
+    layer = MultiScaleRetention(hidden_size=1024, num_heads=8, mode="chunk").cuda().to(dtype).eval()
+    lengths = [1, 700, 65, 3000, 64, 129]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    x = torch.randn(1, sum(lengths), 1024, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        fla_out = layer(x, cu_seqlens=cu)[0]
+        with swapped():
+            our_out = layer(x, cu_seqlens=cu)[0]
+    return {"dtype": str(dtype), "lengths": lengths, "rel_l2": refs.rel_l2(our_out, fla_out)}
+
+
 def generation_check() -> dict:
     from fla.models import RetNetConfig, RetNetForCausalLM
 
@@ -114,6 +135,7 @@ def main() -> int:
     args = parser.parse_args()
     result = {
         "layer": [layer_check(d) for d in (torch.float16, torch.bfloat16)],
+        "packed_layer": [packed_check(d) for d in (torch.float16, torch.bfloat16)],
         "generate": generation_check(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
