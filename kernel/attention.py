@@ -12,6 +12,7 @@ fla's does (q, k, v ``[1, T, H, D]``, states ``[N, H, DK, DV]``).
 import dataclasses
 import math
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -24,6 +25,8 @@ from kernel.dispatch import Dispatch, default_config
 _KERNELS: dict[tuple[Problem, KernelConfig, Call], ScalarDecayKernel] = {}
 _DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 _TABLE: list[Dispatch | None] = [None]
+# id -> (weak reference, version) of the decay tensors whose values were found in (0, 1].
+_CHECKED: dict[int, tuple[weakref.ref, int]] = {}
 
 
 def use_table(table: Dispatch | None) -> None:
@@ -146,7 +149,11 @@ def _decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: 
     if decay.device != device:
         raise ValueError(f"decay is on {decay.device} but q is on {device}")
     decay = decay.to(torch.float32).contiguous()
-    # Checking the values waits for the GPU: skipped while a CUDA graph is captured.
+    # Checking the values waits for the GPU: done once per tensor and version (a model's
+    # decay buffer is checked on its first call), never while a CUDA graph is captured.
+    seen = _CHECKED.get(id(decay))
+    if seen is not None and seen[0]() is decay and seen[1] == decay._version:
+        return decay
     if not torch.cuda.is_current_stream_capturing():
         bad = ~((decay > 0) & (decay <= 1))
         if bool(bad.any()):
@@ -154,7 +161,13 @@ def _decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: 
             raise ValueError(
                 f"decay must lie in (0, 1] for every head, got {decay[head].item()} at head {head}"
             )
+        _remember(decay)
     return decay
+
+
+def _remember(decay: torch.Tensor) -> None:
+    key = id(decay)
+    _CHECKED[key] = (weakref.ref(decay, lambda _: _CHECKED.pop(key, None)), decay._version)
 
 
 def _check_offsets(cu_seqlens: torch.Tensor, problem: Problem, device: torch.device) -> torch.Tensor:

@@ -163,6 +163,16 @@ def test_bad_input_is_one_value_error(change, message):
         decay_attention(q, k.cpu(), v, 0.9)
 
 
+def test_a_decay_changed_in_place_is_checked_again():
+    """Values are checked once per tensor and version: a model's buffer costs one wait."""
+    q, k, v = _qkv(1, 100, 4, 64, 64, seed=1)
+    decay = torch.full((4,), 0.9, device="cuda")
+    decay_attention(q, k, v, decay)
+    decay[2] = 1.5
+    with pytest.raises(ValueError, match="head 2"):
+        decay_attention(q, k, v, decay)
+
+
 def test_runs_under_torch_compile_fullgraph():
     q, k, v = _qkv(2, 500, 8, 64, 64, seed=2)
     decay, h0 = _decay("lightning8"), torch.randn(2, 8, 64, 64, device="cuda")

@@ -21,6 +21,7 @@ experiments/README.md). Writes DIR/retnet.json and prints it.
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 from collections.abc import Iterator
@@ -34,7 +35,9 @@ from kernel.attention import decay_attention
 from kernel.timing import alternating
 
 
+@functools.cache
 def retnet_decays(heads: int, device: torch.device) -> torch.Tensor:
+    """Made once, as a model holds its decays in a buffer."""
     return 1 - 2.0 ** (-5.0 - torch.arange(heads, dtype=torch.float32, device=device))
 
 
