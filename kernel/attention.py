@@ -99,7 +99,7 @@ def _empty_state(q: torch.Tensor, problem: Problem, wanted: bool) -> torch.Tenso
 
 
 def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
-    """The shape of the call, validated; alpha is a placeholder (read at run time)."""
+    """The shape of the call, validated."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-d tensor [B, S, H, D], got {_describe(t)}")
@@ -115,7 +115,7 @@ def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
         got = ", ".join(f"{t.dtype} on {t.device}" for t in (q, k, v))
         raise ValueError(f"q, k, v must share dtype and device, got {got}")
     b, s, h, dk = q.shape
-    return Problem(b, h, s, dk, v.shape[-1], 1.0, _DTYPE_NAMES[q.dtype])
+    return Problem(b, h, s, dk, v.shape[-1], _DTYPE_NAMES[q.dtype])
 
 
 def _decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: torch.device) -> torch.Tensor:

@@ -311,5 +311,5 @@ def prim_func(problem: Problem, config: KernelConfig, **call):
     knobs = config.to_dict()
     if knobs.pop("segments") != 1:
         raise ValueError(f"the single-pass kernel runs one segment, got segments={config.segments}")
-    shape = {k: v for k, v in problem.to_dict().items() if k != "alpha"}
+    shape = problem.to_dict()
     return scalar_decay_fwd(**shape, **knobs, **call)
