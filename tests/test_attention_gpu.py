@@ -46,17 +46,17 @@ CONFIGS = [
     KernelConfig(32, 64, 2, 128, segments=8),
 ]
 # (problem, config, call, decay): ragged chunks, S < C, DK != DV, bf16, every decay family.
-CASES = [(Problem(2, 8, 300, 128, 128, 0.9), c, MODEL, "retnet8") for c in CONFIGS] + [
-    (Problem(1, 8, 1000, 64, 128, 0.9, "bfloat16"), CONFIGS[0], MODEL, "lightning8"),
-    (Problem(1, 8, 1000, 64, 128, 0.9, "bfloat16"), CONFIGS[4], MODEL, "small"),
-    (Problem(1, 8, 777, 128, 128, 0.9), CONFIGS[6], MODEL, "mixed"),
-    (Problem(3, 8, 17, 64, 64, 0.9), CONFIGS[1], MODEL, "small"),
-    (Problem(1, 16, 2048, 128, 128, 0.9), CONFIGS[4], Call(1.0, False, True), "retnet16"),
-    (Problem(1, 16, 2048, 128, 128, 0.9, "bfloat16"), CONFIGS[0], Call(0.5, True, False), "retnet16"),
+CASES = [(Problem(2, 8, 300, 128, 128), c, MODEL, "retnet8") for c in CONFIGS] + [
+    (Problem(1, 8, 1000, 64, 128, "bfloat16"), CONFIGS[0], MODEL, "lightning8"),
+    (Problem(1, 8, 1000, 64, 128, "bfloat16"), CONFIGS[4], MODEL, "small"),
+    (Problem(1, 8, 777, 128, 128), CONFIGS[6], MODEL, "mixed"),
+    (Problem(3, 8, 17, 64, 64), CONFIGS[1], MODEL, "small"),
+    (Problem(1, 16, 2048, 128, 128), CONFIGS[4], Call(1.0, False, True), "retnet16"),
+    (Problem(1, 16, 2048, 128, 128, "bfloat16"), CONFIGS[0], Call(0.5, True, False), "retnet16"),
     # The transposed step with one stage over a sequence shorter than a chunk (what
     # decay_attention runs for S < 64), the calls suspected in the chained-call failure.
-    (Problem(2, 8, 63, 128, 128, 0.9), KernelConfig(64, 128, 1, 256), MODEL, "retnet8"),
-    (Problem(2, 8, 1, 128, 128, 0.9), KernelConfig(64, 128, 1, 256), MODEL, "retnet8"),
+    (Problem(2, 8, 63, 128, 128), KernelConfig(64, 128, 1, 256), MODEL, "retnet8"),
+    (Problem(2, 8, 1, 128, 128), KernelConfig(64, 128, 1, 256), MODEL, "retnet8"),
 ]
 
 
@@ -79,7 +79,7 @@ def test_model_form_matches_c(problem, config, call, decay):
 
 
 def _qkv(b: int, s: int, h: int, dk: int, dv: int, seed: int):
-    return random_qkv(Problem(b, h, s, dk, dv, 0.5), seed=seed)
+    return random_qkv(Problem(b, h, s, dk, dv), seed=seed)
 
 
 @pytest.mark.parametrize(
