@@ -115,7 +115,7 @@ def _empty_state(q: torch.Tensor, problem: Problem, sequences: int, wanted: bool
 
 
 def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
-    """The shape of the call, validated; alpha is a placeholder (read at run time)."""
+    """The shape of the call, validated."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-d tensor [B, S, H, D], got {_describe(t)}")
@@ -131,7 +131,7 @@ def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
         got = ", ".join(f"{t.dtype} on {t.device}" for t in (q, k, v))
         raise ValueError(f"q, k, v must share dtype and device, got {got}")
     b, s, h, dk = q.shape
-    return Problem(b, h, s, dk, v.shape[-1], 1.0, _DTYPE_NAMES[q.dtype])
+    return Problem(b, h, s, dk, v.shape[-1], _DTYPE_NAMES[q.dtype])
 
 
 def _decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: torch.device) -> torch.Tensor:
@@ -215,7 +215,7 @@ def _kernel(problem: Problem, call: Call, sequences: int) -> ScalarDecayKernel:
     of the mean length; one compiled kernel serves every T and N."""
     if call.packed:
         p = problem
-        mean = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, 1.0, p.dtype)
+        mean = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
         config = dataclasses.replace(config_for(mean, _TABLE[0], sm_count()), segments=1)
         problem = dataclasses.replace(problem, seqlen=1)
     else:

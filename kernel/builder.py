@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
+from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, retnet_decay
 from kernel.resources import ProbeResult, compile_kernel, probe
 from kernel.variants import launch, state_buffer
 
@@ -23,7 +23,7 @@ class ScalarDecayKernel:
 
     q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; contiguous CUDA tensors of the problem's
     dtype. ``decay``: each head's alpha in (0, 1], an fp32 CUDA tensor ``[H]`` (default:
-    the problem's alpha for every head). With ``call.initial_state``, ``initial_state`` is
+    RetNet's, ``kernel.config.retnet_decay``). With ``call.initial_state``, ``initial_state`` is
     the fp32 ``[B, H, DK, DV]`` state before the first token; with ``call.final_state``,
     ``final_state`` is the fp32 ``[B, H, DK, DV]`` tensor that receives the state after
     the last. Pass ``out=`` to write into an existing ``[B, S, H, DV]`` tensor. A kernel
@@ -69,7 +69,7 @@ class ScalarDecayKernel:
         if out is None:
             out = torch.empty(vo_shape, dtype=dtype, device=q.device)
         if decay is None:
-            decay = constant_decay(p.alpha, p.heads, q.device)
+            decay = constant_decay(retnet_decay(p.heads), p.heads, q.device)
         states = {
             "initial_state": (initial_state, call.initial_state),
             "final_state": (final_state, call.final_state),
@@ -100,14 +100,16 @@ class ScalarDecayKernel:
 
 
 @functools.cache
-def constant_decay(alpha: float, heads: int, device: torch.device) -> torch.Tensor:
-    """One alpha for every head, as the fp32 ``[H]`` tensor the kernels read (made once).
+def constant_decay(alpha: float | tuple[float, ...], heads: int, device: torch.device) -> torch.Tensor:
+    """One alpha for every head, or a tuple of one per head, as the fp32 ``[H]`` tensor
+    the kernels read (made once).
 
     Made during a CUDA-graph capture, its fill would run only on replay while the cache
     kept it: a first call with a new float decay must come before the capture."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise ValueError(f"call once with decay={alpha} before capturing a CUDA graph, then capture")
-    return torch.full((heads,), alpha, dtype=torch.float32, device=device)
+    alphas = alpha if isinstance(alpha, tuple) else (alpha,) * heads
+    return torch.tensor(alphas, dtype=torch.float32, device=device)
 
 
 def check_tensor(name: str, tensor: Any, shape: tuple[int, ...], dtype: torch.dtype) -> None:

@@ -54,9 +54,10 @@ def _positive_int(name: str, value: Any) -> None:
 class Problem:
     """One attention call: Q, K ``[batch, seqlen, heads, dk]``; V, O ``[batch, seqlen, heads, dv]``.
 
-    ``alpha`` is the per-step decay in (0, 1] that a plain call (``kernel(q, k, v)``) and the
-    tuner's correctness check use for every head; the kernels read the decay at run time,
-    so it does not change what is compiled.
+    No decay: the kernels read each head's decay at run time, so one compiled kernel, one
+    study and one dispatch entry serve every decay. A problem dict written before that
+    (best-config files, dispatch tables) names one ``alpha``; ``from_dict`` reads it and
+    ignores the alpha (``LEGACY_FIELDS``).
     """
 
     batch: int
@@ -64,7 +65,6 @@ class Problem:
     seqlen: int
     dk: int
     dv: int
-    alpha: float
     dtype: str = "float16"
 
     def __post_init__(self) -> None:
@@ -78,12 +78,6 @@ class Problem:
                     f"{name} must be a multiple of {HEAD_DIM_MULTIPLE} in "
                     f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {value}"
                 )
-        alpha = self.alpha
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-            raise ValueError(f"alpha must be a number in (0, 1], got {alpha!r}")
-        if not (math.isfinite(alpha) and 0.0 < alpha <= 1.0):
-            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
-        object.__setattr__(self, "alpha", float(alpha))
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
 
@@ -92,7 +86,7 @@ class Problem:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        return cls(**_known_fields(cls, data))
+        return cls(**_known_fields(cls, {k: v for k, v in data.items() if k not in LEGACY_FIELDS}))
 
 
 @dataclass(frozen=True)
@@ -207,13 +201,33 @@ class Call:
         return dataclasses.asdict(self)
 
 
-# A call with scale 1 and no state in or out: what the tuner measures.
+# A call with scale 1 and no state in or out: what ``build`` and ``probe`` compile unless told.
 PLAIN_CALL = Call()
+
+
+def retnet_decay(heads: int) -> tuple[float, ...]:
+    """RetNet's per-head decays ``gamma_h = 1 - 2^(-5-h)`` for h = 0 .. heads-1 (0.969,
+    0.984, ... towards 1), as fla's ``MultiScaleRetention`` / ``chunk_retention`` computes
+    them: the decay the tuner, the validation sweep and the bench check with."""
+    _positive_int("heads", heads)
+    return tuple(1.0 - 2.0 ** (-5 - h) for h in range(heads))
+
+
+def model_call(problem: Problem) -> Call:
+    """What the tuner measures and the bench times: the model form of a call, as a RetNet
+    layer makes it, with the query scale ``DK^-1/2`` and the final state returned (no
+    state in: a prefill from zero). Its decay is ``retnet_decay(problem.heads)``; the
+    correctness bound covers the output and the final state (``kernel.validate.check``)."""
+    return Call(scale=problem.dk**-0.5, final_state=True)
 
 
 def segment_length(seqlen: int, chunk: int, segments: int) -> int:
     """Tokens per segment: whole chunks, so only the last segment is ragged."""
     return math.ceil(math.ceil(seqlen / segments) / chunk) * chunk
+
+
+# Problem fields of earlier formats, read and ignored: the decay became a run-time input.
+LEGACY_FIELDS = ("alpha",)
 
 
 def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
@@ -227,4 +241,4 @@ def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
 # The seed's default: C = 64, block_DV = 32, 2 stages, 128 threads, scores in registers.
 SEED_CONFIG = KernelConfig(scores="regs")
 # The headline problem: the tuner's default and the bench's first shape.
-HEADLINE = Problem(batch=8, heads=16, seqlen=4096, dk=128, dv=128, alpha=0.99)
+HEADLINE = Problem(batch=8, heads=16, seqlen=4096, dk=128, dv=128)

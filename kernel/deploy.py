@@ -3,7 +3,7 @@
 Format ``decay-tuner/best-configs`` version 1::
 
     {"format": "decay-tuner/best-configs", "version": 1,
-     "problem": {batch, heads, seqlen, dk, dv, alpha, dtype},
+     "problem": {batch, heads, seqlen, dk, dv, dtype},   # earlier files: an alpha too, ignored
      "environment": {gpu, capability, tilelang, torch, cuda, nvcc, kernel},
      "mode": "gpu" | "compile-only",
      "configs": [{"config": {...}, "median_ms": .., "p20_ms": .., "p80_ms": .., "rel_l2": ..,

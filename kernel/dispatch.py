@@ -45,7 +45,7 @@ class Dispatch:
     as it did on the tuned one (``same_wave``). The grid is what the segment count tunes:
     at every shape measured on the H200 the best count gave about one block per SM, and
     the worse counts fell off on both sides (experiments/h200/README.md, "oos"). The kernels
-    read the decay at run time, so an entry serves every alpha. When no segment count can
+    read the decay at run time, so an entry serves every decay. When no segment count can
     run the problem with the nearest config (a sequence too short for its pipeline), it
     runs as the single-pass kernel with a pipeline no deeper than the sequence's chunks.
     """
@@ -83,9 +83,12 @@ class Dispatch:
             self._kernels[problem] = build(problem, self.pick(problem).config)
         return self._kernels[problem]
 
-    def __call__(self, q, k, v, *, alpha: float, out=None):
-        """``o = kernel(q, k, v)`` with the problem read off the tensors ``[B, S, H, D]``."""
-        from kernel.builder import TORCH_DTYPES
+    def __call__(self, q, k, v, *, decay=None, out=None):
+        """``o = kernel(q, k, v)`` with the problem read off the tensors ``[B, S, H, D]``.
+
+        ``decay``: a float for every head, or an fp32 ``[H]`` tensor of one per head, on
+        q's device (default: RetNet's, ``kernel.config.retnet_decay``)."""
+        from kernel.builder import TORCH_DTYPES, constant_decay
 
         dtypes = {torch_dtype: name for name, torch_dtype in TORCH_DTYPES.items()}
         if q.dim() != 4 or v.dim() != 4:
@@ -93,7 +96,12 @@ class Dispatch:
         if q.dtype not in dtypes:
             raise ValueError(f"q must be float16 or bfloat16, got {q.dtype}")
         b, s, h, dk = q.shape
-        return self.kernel(Problem(b, h, s, dk, v.shape[-1], alpha, dtypes[q.dtype]))(q, k, v, out=out)
+        if isinstance(decay, (int, float)):
+            if not (math.isfinite(decay) and 0.0 < decay <= 1.0):
+                raise ValueError(f"decay must be in (0, 1], got {decay}")
+            decay = constant_decay(float(decay), h, q.device)
+        kernel = self.kernel(Problem(b, h, s, dk, v.shape[-1], dtypes[q.dtype]))
+        return kernel(q, k, v, decay=decay, out=out)
 
 
 def same_wave(entry: DispatchEntry, problem: Problem) -> KernelConfig | None:

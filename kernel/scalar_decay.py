@@ -339,7 +339,7 @@ def prim_func(problem: Problem, config: KernelConfig, *, packed: bool = False, *
     knobs = config.to_dict()
     if knobs.pop("segments") != 1:
         raise ValueError(f"the single-pass kernel runs one segment, got segments={config.segments}")
-    shape = {k: v for k, v in problem.to_dict().items() if k != "alpha"}
+    shape = problem.to_dict()
     if packed:
         return packed_fwd(**{k: shape[k] for k in ("heads", "dk", "dv", "dtype")}, **knobs, **call)
     return scalar_decay_fwd(**shape, **knobs, **call)

@@ -2,8 +2,8 @@
 
 ``check`` is what the GPU tests assert on; ``python -m kernel.validate --out DIR`` runs the
 sweep that fills the seed's "GPU measurements pending" table: error against reference C by
-alpha, dtype and config, and the latency of every single-pass config of the knob table at
-the headline shape.
+decay, dtype and config, and the latency of every single-pass config of the knob table at
+the headline shape, all in the model form the tuner measures (``kernel.config.model_call``).
 """
 
 import argparse
@@ -19,12 +19,16 @@ import torch
 
 import refs
 from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay, cuda_arch, precompile
-from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem, config_grid
+from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem, config_grid, model_call, retnet_decay
 from kernel.environment import environment
 from kernel.resources import ProbeFailure
 from kernel.timing import bench
 
+# Constant decays (one alpha for every head) checked besides RetNet's per-head gammas.
 ALPHAS = (1.0, 0.99, 0.9, 0.8, 0.5)
+# A sweep case: the problem, the config, whether to time it, and its decay: one alpha for
+# every head, or None for RetNet's gammas (``kernel.config.retnet_decay``).
+Case = tuple[Problem, KernelConfig, bool, float | None]
 
 
 def validation_grid(dv: int) -> list[KernelConfig]:
@@ -46,7 +50,7 @@ def random_qkv(problem: Problem, *, seed: int) -> tuple[torch.Tensor, torch.Tens
 def check(kernel: ScalarDecayKernel, *, seed: int, decay: torch.Tensor | None = None) -> dict[str, Any]:
     """Run ``kernel`` once on fresh inputs into NaN-filled outputs; compare with reference C.
 
-    ``decay``: fp32 ``[H]`` alphas (default: the problem's alpha for every head). Where the
+    ``decay``: fp32 ``[H]`` alphas (default: RetNet's, ``retnet_decay``). Where the
     kernel takes an initial state, it gets a fresh random one; where it returns a final
     state, that lands in a NaN-filled buffer too. Returns ``rel_l2``: the larger relative
     L2 of the outputs and of the final state (fp64, against C computed from the same
@@ -55,7 +59,7 @@ def check(kernel: ScalarDecayKernel, *, seed: int, decay: torch.Tensor | None = 
     """
     p, call = kernel.problem, kernel.call
     q, k, v = random_qkv(p, seed=seed)
-    decay = constant_decay(p.alpha, p.heads, q.device) if decay is None else decay
+    decay = constant_decay(retnet_decay(p.heads), p.heads, q.device) if decay is None else decay
     state_shape = (p.batch, p.heads, p.dk, p.dv)
     gen = torch.Generator(device="cuda").manual_seed(seed + 1)
     h0 = torch.randn(state_shape, generator=gen, device="cuda") if call.initial_state else None
@@ -87,11 +91,17 @@ def check(kernel: ScalarDecayKernel, *, seed: int, decay: torch.Tensor | None = 
 
 
 def check_and_time(
-    kernel: ScalarDecayKernel, *, seed: int, tolerance: float = refs.TOLERANCE
+    kernel: ScalarDecayKernel,
+    *,
+    seed: int,
+    tolerance: float = refs.TOLERANCE,
+    decay: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """``check``; then, when the kernel is correct, its latency (``kernel.timing.bench``)
-    on other fresh inputs."""
-    result = check(kernel, seed=seed)
+    on other fresh inputs with the same decay. The tuner passes a kernel built for
+    ``model_call``: correct means the output and the final state are within
+    ``tolerance``."""
+    result = check(kernel, seed=seed, decay=decay)
     if result["finite"] and result["rel_l2"] < tolerance:
         p, call = kernel.problem, kernel.call
         q, k, v = random_qkv(p, seed=seed + 1)
@@ -100,25 +110,29 @@ def check_and_time(
             name: torch.randn(p.batch, p.heads, p.dk, p.dv, device="cuda") if wanted else None
             for name, wanted in (("initial_state", call.initial_state), ("final_state", call.final_state))
         }
-        result |= bench(lambda: kernel(q, k, v, out=out, **states)).to_dict()
+        result |= bench(lambda: kernel(q, k, v, decay=decay, out=out, **states)).to_dict()
     return result
 
 
-def sweep(cases: list[tuple[Problem, KernelConfig, bool]], *, log: Path, seed: int = 0) -> list[dict]:
-    """Compile all ``cases`` in parallel, then check (and time, where asked) each in turn.
+def sweep(cases: list[Case], *, log: Path, seed: int = 0) -> list[dict]:
+    """Compile all ``cases`` in the model form (``model_call``) in parallel, then check (and
+    time, where asked) each in turn with its decay.
 
     Rows are appended to ``log`` (JSON lines) as they are measured, so a crash keeps them.
     """
     arch = cuda_arch()
     t0 = time.perf_counter()
-    compiled = precompile([(p, c) for p, c, _ in cases], arch=arch)
-    print(f"compiled {len(cases)} kernels in {time.perf_counter() - t0:.0f} s", flush=True)
+    jobs = list(dict.fromkeys((p, c, model_call(p)) for p, c, _, _ in cases))
+    probes = dict(zip(jobs, precompile(jobs, arch=arch)))
+    print(f"compiled {len(jobs)} kernels in {time.perf_counter() - t0:.0f} s", flush=True)
     rows = []
-    for (problem, config, timed), res in zip(cases, compiled):
+    for problem, config, timed, alpha in cases:
+        res = probes[problem, config, model_call(problem)]
         row: dict[str, Any] = {
             **problem.to_dict(),
             **config.to_dict(),
             "config": config.label,
+            "decay": "retnet" if alpha is None else alpha,
             **res.to_dict(),
         }
         if isinstance(res, ProbeFailure):
@@ -126,8 +140,9 @@ def sweep(cases: list[tuple[Problem, KernelConfig, bool]], *, log: Path, seed: i
         elif not res.fits_smem:
             row["status"] = "over_smem_limit"
         else:
-            kernel = build(problem, config)
-            row |= (check_and_time if timed else check)(kernel, seed=seed)
+            kernel = build(problem, config, model_call(problem))
+            decay = None if alpha is None else constant_decay(alpha, problem.heads, torch.device("cuda"))
+            row |= (check_and_time if timed else check)(kernel, seed=seed, decay=decay)
             row["status"] = "ok" if row["rel_l2"] < refs.TOLERANCE else "incorrect"
         rows.append(row)
         with log.open("a") as f:
@@ -136,35 +151,37 @@ def sweep(cases: list[tuple[Problem, KernelConfig, bool]], *, log: Path, seed: i
     return rows
 
 
-def headline_cases() -> list[tuple[Problem, KernelConfig, bool]]:
-    """Every single-pass config at the headline shape, timed; the notable ones at every
-    alpha and dtype."""
-    cases = [(HEADLINE, c, True) for c in validation_grid(HEADLINE.dv)]
+def headline_cases() -> list[Case]:
+    """Every single-pass config at the headline shape with RetNet's decays, timed; the
+    notable ones also at every constant decay of ``ALPHAS``, and in bfloat16."""
+    cases: list[Case] = [(HEADLINE, c, True, None) for c in validation_grid(HEADLINE.dv)]
     notable = [SEED_CONFIG, KernelConfig(64, 64, 1, 128), KernelConfig(64, 128, 2, 256)]
-    for config, alpha, dtype in itertools.product(notable, ALPHAS, ("float16", "bfloat16")):
-        if (alpha, dtype) != (HEADLINE.alpha, HEADLINE.dtype):
-            problem = Problem(**(HEADLINE.to_dict() | {"alpha": alpha, "dtype": dtype}))
-            cases.append((problem, config, True))
+    bf16 = Problem(**(HEADLINE.to_dict() | {"dtype": "bfloat16"}))
+    for config, problem, alpha in itertools.product(notable, (HEADLINE, bf16), (None, *ALPHAS)):
+        if (problem, alpha) != (HEADLINE, None):
+            cases.append((problem, config, True, alpha))
     return cases
 
 
 def markdown(rows: list[dict], env: dict[str, Any]) -> str:
-    """The committed table: config, alpha, dtype, error against C, latency."""
+    """The committed table: config, decay, dtype, error against C, latency."""
     lines = [
         f"GPU: {env['gpu']} (sm {env['capability']}), torch {env['torch']}, CUDA {env['cuda']}, "
         f"tilelang {env['tilelang']}. Shape B={HEADLINE.batch}, H={HEADLINE.heads}, "
         f"S={HEADLINE.seqlen}, DK=DV={HEADLINE.dk}. Latency: median of CUDA-event timings "
-        "after warm-up, L2 flushed before each repetition.",
+        "after warm-up, L2 flushed before each repetition. Model form: scale DK^-1/2, the final "
+        "state returned; the error is the larger of the output's and the state's; decay "
+        "'retnet': RetNet's per-head gammas, a number: that alpha for every head.",
         "",
-        "| config | alpha | dtype | status | rel L2 vs C | median ms | p20-p80 ms |",
+        "| config | decay | dtype | status | rel L2 vs C | median ms | p20-p80 ms |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(rows, key=lambda r: (r.get("median_ms", float("inf")), -r["alpha"])):
+    for r in sorted(rows, key=lambda r: (r.get("median_ms", float("inf")), str(r["decay"]))):
         err = f"{r['rel_l2']:.2e}" if "rel_l2" in r else "-"
         lat = f"{r['median_ms']:.3f}" if "median_ms" in r else "-"
         spread = f"{r['p20_ms']:.3f}-{r['p80_ms']:.3f}" if "median_ms" in r else "-"
         lines.append(
-            f"| {r['config']} | {r['alpha']} | {r['dtype']} | {r['status']} | {err} | {lat} | {spread} |"
+            f"| {r['config']} | {r['decay']} | {r['dtype']} | {r['status']} | {err} | {lat} | {spread} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -2,7 +2,9 @@
 HBM floor per shape and implementation, from the bench's rows (``tuner.bench.run``).
 
 Each row is a dict with ``batch``, ``heads``, ``seqlen``, ``impl`` and, where it was timed,
-``median_ms`` and ``x_floor`` (and ``config``, the hover text, for kernel rows).
+``median_ms`` and ``x_floor`` (and ``config``, the hover text, for kernel rows). A packed
+batch's rows name it in ``packed``; there ``batch`` counts its sequences and ``seqlen``
+their tokens.
 """
 
 from typing import Any
@@ -15,9 +17,12 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
     fig = go.Figure()
 
     def shape(r: dict[str, Any]) -> str:
+        if r.get("packed"):  # batch: the sequences; seqlen: their tokens in all
+            return f"packed: {r['packed']}, T={r['seqlen']} H={r['heads']}"
         return f"B={r['batch']} H={r['heads']} S={r['seqlen']}"
 
-    for impl in ("tuned", "seed config", "fla chunk_simple_gla", "torch chunked"):
+    ours = sorted({r["impl"] for r in rows if r["impl"].startswith("decay_attention")})
+    for impl in ("tuned", *ours, "seed config", "fla chunk_simple_gla", "torch chunked"):
         sel = [r for r in rows if r["impl"] == impl and "x_floor" in r]
         fig.add_bar(
             name=impl,
@@ -31,6 +36,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
         barmode="group",
         yaxis_type="log",
         yaxis_title="time / HBM floor",
-        title="Scalar-decay linear attention forward, one GPU",
+        title="Scalar-decay linear attention forward in the model form "
+        "(RetNet's decay per head, scale, final state), one GPU",
     )
     return fig

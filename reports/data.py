@@ -19,7 +19,7 @@ import optuna
 import pandas as pd
 import torch
 
-from kernel.config import KernelConfig, knob_choices
+from kernel.config import KernelConfig, knob_choices, retnet_decay
 from kernel.record import MEASURES, PARAMS, TRIAL_COLUMNS
 from kernel.record import RESOURCES as RESOURCES_ALL
 from refs import factorised_peak, gamma_table
@@ -126,8 +126,8 @@ class PeerInfo(NamedTuple):
 
 def report_frame(frame: pd.DataFrame, info: StudyInfo) -> pd.DataFrame:
     """A copy of the trial log plus ``config`` (``KernelConfig.label``, the ``--enqueue``
-    form), ``violated`` (names of the violated constraints), ``alpha`` and ``hover`` (the
-    full config and measurements, one HTML line each)."""
+    form), ``violated`` (names of the violated constraints), ``decay`` (``decay_label``) and
+    ``hover`` (the full config and measurements, one HTML line each)."""
     missing = [c for c in FRAME_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"the trial log lacks the columns {missing} (see reports.data.FRAME_COLUMNS)")
@@ -138,7 +138,7 @@ def report_frame(frame: pd.DataFrame, info: StudyInfo) -> pd.DataFrame:
     frame["violated"] = [
         ", ".join(k for k, v in sorted(constraints(c).items()) if v > 0) for c in frame.constraints
     ]
-    frame["alpha"] = info.problem.get("alpha", math.nan)
+    frame["decay"] = decay_label(info.problem)
     frame["hover"] = [_hover(row) for row in frame.to_dict("records")]
     return frame
 
@@ -460,13 +460,30 @@ def overflow_map(
     return OverflowInfo(tuple(alphas), tuple(chunks), peak, peak > limit, float(limit))
 
 
-def error_by_alpha(frame: pd.DataFrame) -> pd.DataFrame:
-    """Trials with a measured error: ``alpha``, ``rel_l2``, ``feasible``, ``chunk``, ``number``, ``config``,
+def study_decays(problem: Mapping[str, Any]) -> tuple[float, ...]:
+    """The decays a study checked its trials with: RetNet's per head
+    (``kernel.config.retnet_decay``, what the tuner uses), or the one ``alpha`` a study
+    made before the decay became a run-time input names in its problem."""
+    if "alpha" in problem:
+        return (float(problem["alpha"]),)
+    return retnet_decay(int(problem.get("heads", 1)))
+
+
+def decay_label(problem: Mapping[str, Any]) -> str:
+    """The study's decays in a few characters: ``α = 0.99``, or ``RetNet γ, H = 16: 0.969-1``."""
+    if "alpha" in problem:
+        return f"α = {float(problem['alpha']):g}"
+    decays = study_decays(problem)
+    return f"RetNet γ, H = {len(decays)}: {min(decays):.3g}-{max(decays):.3g}"
+
+
+def error_by_decay(frame: pd.DataFrame) -> pd.DataFrame:
+    """Trials with a measured error: ``decay``, ``rel_l2``, ``feasible``, ``chunk``, ``number``, ``config``,
     ``hover``."""
     has = frame[frame.rel_l2.notna()]
     return (
-        has[["alpha", "rel_l2", "feasible", "chunk", "number", "config", "hover"]]
-        .sort_values(["alpha", "number"])
+        has[["decay", "rel_l2", "feasible", "chunk", "number", "config", "hover"]]
+        .sort_values(["decay", "number"])
         .reset_index(drop=True)
     )
 

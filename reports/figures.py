@@ -300,7 +300,7 @@ def overflow_figure(
     info: OverflowInfo, *, alpha: float | None = None, chunks: tuple[int, ...] = ()
 ) -> go.Figure:
     """alpha x C cells: green where the factorised form's peak weight fits fp16, red where
-    it overflows; the study's alpha and tuned chunks are outlined."""
+    it overflows; ``alpha`` (the study's smallest decay) at the tuned chunks is outlined."""
     text = [[_peak_text(p) for p in row] for row in info.peak]
     fig = go.Figure(
         go.Heatmap(
@@ -335,8 +335,8 @@ def overflow_figure(
     return _layout(
         fig,
         title=f"overflow map of the factorised form: peak weight α^-(C−1)<br><sup>green: "
-        f"fits fp16 (≤ {info.limit:,.0f}); red: overflows; outlined: this study's α "
-        "and chunks</sup>",
+        f"fits fp16 (≤ {info.limit:,.0f}); red: overflows; outlined: this study's smallest α "
+        "and its chunks</sup>",
         height=540,
         margin={"l": 70, "r": 30, "t": 80, "b": 60},
     )
@@ -349,7 +349,8 @@ def _peak_text(p: float) -> str:
 
 
 def error_figure(err: pd.DataFrame, tolerance: float | None) -> go.Figure | None:
-    """The kernel's measured error per alpha, one point per trial, a colour per chunk."""
+    """The kernel's measured error (the worse of the output's and the final state's) at
+    the study's decays, one point per trial, a colour per chunk."""
     if err.empty:
         return None
     fig = go.Figure()
@@ -367,15 +368,17 @@ def error_figure(err: pd.DataFrame, tolerance: float | None) -> go.Figure | None
             annotation={"text": f"tolerance {tolerance:g}", "font": {"color": INFEASIBLE}},
         )
     below = "" if tolerance is None else f"; tolerance {tolerance:g}"
-    fig.update_xaxes(title="α (one study tunes one α)", type="category")
+    fig.update_xaxes(title="the study's decays", type="category")
     fig.update_yaxes(title=LABELS["rel_l2"], **_value_axis(err.rel_l2))
-    return _layout(fig, title=f"kernel error against α (stored trials{below})", height=430, boxmode="group")
+    return _layout(
+        fig, title=f"kernel error against reference C (stored trials{below})", height=430, boxmode="group"
+    )
 
 
 def _strip(part: pd.DataFrame, *, name: str, color: str | None) -> go.Box:
     """A thin box with every trial as a jittered point."""
     return go.Box(
-        x=part.alpha.map(lambda a: f"{a:g}"),
+        x=part.decay,
         y=part.rel_l2,
         name=name,
         boxpoints="all",

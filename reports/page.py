@@ -108,7 +108,7 @@ def _header(s: Summary, frame: pd.DataFrame) -> str:
     problem = (
         (
             f"B={p.get('batch')} H={p.get('heads')} S={p.get('seqlen')} DK={p.get('dk')} "
-            f"DV={p.get('dv')} α={p.get('alpha')} {p.get('dtype')}"
+            f"DV={p.get('dv')} {data.decay_label(p)} {p.get('dtype')}"
         )
         if p
         else "unknown"
@@ -271,12 +271,13 @@ def _tables(s: Summary, frame: pd.DataFrame) -> str:
 
 
 def _numerics(s: Summary, frame: pd.DataFrame) -> str:
-    alpha = float(s.problem.get("alpha", 0.99))
+    alpha = min(data.study_decays(s.problem))  # the fastest decay: the smallest weights
     best = frame[frame.number == s.best]
     chunk = int(best.chunk.iloc[0]) if len(best) else SEED_CONFIG.chunk
     chunks = tuple(sorted({int(c) for c in frame.chunk.dropna()}))
-    overflow = figures.overflow_figure(data.overflow_map(), alpha=alpha, chunks=chunks)
-    error = figures.error_figure(data.error_by_alpha(frame), s.budgets.get("rel_l2"))
+    overflow_map = data.overflow_map(sorted({*data.OVERFLOW_ALPHAS, alpha}))
+    overflow = figures.overflow_figure(overflow_map, alpha=alpha, chunks=chunks)
+    error = figures.error_figure(data.error_by_decay(frame), s.budgets.get("rel_l2"))
     registers = figures.registers_figure(data.register_budget(frame), s.budgets.get("registers"))
     return _section(
         [
@@ -290,7 +291,7 @@ def _numerics(s: Summary, frame: pd.DataFrame) -> str:
             "</div><div>",
             _figure(overflow, "fig-overflow", ""),
             "</div></div>",
-            _figure(error, "fig-error-alpha", "no trial measured an error (compile-only study)"),
+            _figure(error, "fig-error-decay", "no trial measured an error (compile-only study)"),
             _figure(registers, "fig-registers", "no config compiled, so ptxas reported no registers"),
         ]
     )

@@ -48,10 +48,10 @@ def test_a_table_without_the_problem_s_head_sizes_serves_the_default_config_with
     from kernel.dispatch import Dispatch, DispatchEntry, default_config
 
     tuned = KernelConfig(64, 128, 3, 256, "smem", 1)
-    table = Dispatch([DispatchEntry(Problem(8, 16, 4096, 128, 128, 1.0), tuned)], {})
-    same = Problem(8, 16, 4096, 128, 128, 1.0)
+    table = Dispatch([DispatchEntry(Problem(8, 16, 4096, 128, 128), tuned)], {})
+    same = Problem(8, 16, 4096, 128, 128)
     assert config_for(same, table, 132) == tuned
-    other = Problem(8, 16, 4096, 64, 64, 1.0)
+    other = Problem(8, 16, 4096, 64, 64)
     with pytest.warns(UserWarning, match="python -m tuner dispatch --dk 64 --dv 64 --dtype float16"):
         assert config_for(other, table, 132) == default_config(other, 132)
     assert config_for(other, None, 132) == default_config(other, 132)
@@ -67,5 +67,5 @@ def test_the_default_config_launches_about_one_block_per_sm(shape, segments):
     from kernel.config import Problem
     from kernel.dispatch import default_config
 
-    config = default_config(Problem(*shape, 128, 128, 1.0), 132)
+    config = default_config(Problem(*shape, 128, 128), 132)
     assert (config.chunk, config.block_dv, config.threads, config.segments) == (64, 128, 256, segments)

@@ -47,17 +47,17 @@ CONFIGS = [
     KernelConfig(32, 64, 2, 128, segments=8),
 ]
 # (problem, config, call, decay): ragged chunks, S < C, DK != DV, bf16, every decay family.
-CASES = [(Problem(2, 8, 300, 128, 128, 0.9), c, MODEL, "retnet8") for c in CONFIGS] + [
-    (Problem(1, 8, 1000, 64, 128, 0.9, "bfloat16"), CONFIGS[0], MODEL, "lightning8"),
-    (Problem(1, 8, 1000, 64, 128, 0.9, "bfloat16"), CONFIGS[4], MODEL, "small"),
-    (Problem(1, 8, 777, 128, 128, 0.9), CONFIGS[6], MODEL, "mixed"),
-    (Problem(3, 8, 17, 64, 64, 0.9), CONFIGS[1], MODEL, "small"),
-    (Problem(1, 16, 2048, 128, 128, 0.9), CONFIGS[4], Call(1.0, False, True), "retnet16"),
-    (Problem(1, 16, 2048, 128, 128, 0.9, "bfloat16"), CONFIGS[0], Call(0.5, True, False), "retnet16"),
+CASES = [(Problem(2, 8, 300, 128, 128), c, MODEL, "retnet8") for c in CONFIGS] + [
+    (Problem(1, 8, 1000, 64, 128, "bfloat16"), CONFIGS[0], MODEL, "lightning8"),
+    (Problem(1, 8, 1000, 64, 128, "bfloat16"), CONFIGS[4], MODEL, "small"),
+    (Problem(1, 8, 777, 128, 128), CONFIGS[6], MODEL, "mixed"),
+    (Problem(3, 8, 17, 64, 64), CONFIGS[1], MODEL, "small"),
+    (Problem(1, 16, 2048, 128, 128), CONFIGS[4], Call(1.0, False, True), "retnet16"),
+    (Problem(1, 16, 2048, 128, 128, "bfloat16"), CONFIGS[0], Call(0.5, True, False), "retnet16"),
     # The transposed step with one stage over a sequence shorter than a chunk (what
     # decay_attention runs for S < 64), the calls suspected in the chained-call failure.
-    (Problem(2, 8, 63, 128, 128, 0.9), KernelConfig(64, 128, 1, 256), MODEL, "retnet8"),
-    (Problem(2, 8, 1, 128, 128, 0.9), KernelConfig(64, 128, 1, 256), MODEL, "retnet8"),
+    (Problem(2, 8, 63, 128, 128), KernelConfig(64, 128, 1, 256), MODEL, "retnet8"),
+    (Problem(2, 8, 1, 128, 128), KernelConfig(64, 128, 1, 256), MODEL, "retnet8"),
 ]
 
 
@@ -76,7 +76,7 @@ def compiled() -> None:
     """Compile every case once, in parallel; the tests then build from TileLang's cache."""
     packed = Call(scale=128**-0.5, initial_state=True, final_state=True, packed=True)
     jobs = [case[:3] for case in CASES] + [
-        (Problem(1, 8, 1, 128, 128, 0.5, dtype), config, packed)
+        (Problem(1, 8, 1, 128, 128, dtype), config, packed)
         for config in PACKED_CONFIGS
         for dtype in ("float16", "bfloat16")
     ]
@@ -96,7 +96,7 @@ def test_model_form_matches_c(problem, config, call, decay):
 
 
 def _qkv(b: int, s: int, h: int, dk: int, dv: int, seed: int):
-    return random_qkv(Problem(b, h, s, dk, dv, 0.5), seed=seed)
+    return random_qkv(Problem(b, h, s, dk, dv), seed=seed)
 
 
 @pytest.mark.parametrize(
@@ -224,7 +224,7 @@ def test_the_custom_op_passes_torch_s_opcheck():
 
 
 def _packed(lengths: list[int], h: int, dk: int, dv: int, seed: int, dtype: str = "float16"):
-    q, k, v = random_qkv(Problem(1, h, sum(lengths), dk, dv, 0.5, dtype), seed=seed)
+    q, k, v = random_qkv(Problem(1, h, sum(lengths), dk, dv, dtype), seed=seed)
     cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
     return q, k, v, cu
 
@@ -236,7 +236,7 @@ def test_packed_sequences_match_a_and_each_sequence_alone(config, dtype):
     every output and final state before the call, each against reference A and C with the
     same cu_seqlens, and each sequence against its own call (no state leaks across)."""
     call = Call(scale=128**-0.5, initial_state=True, final_state=True, packed=True)
-    kernel = build(Problem(1, 8, 1, 128, 128, 0.5, dtype), config, call)
+    kernel = build(Problem(1, 8, 1, 128, 128, dtype), config, call)
     decay = _decay("mixed")
     for lengths, seed in ((LENGTHS, 1), ([5, 4000, 129], 2)):
         q, k, v, cu = _packed(lengths, 8, 128, 128, seed, dtype)

@@ -1,21 +1,66 @@
-"""tuner.bench on the CPU: the HBM floor's bytes and where a row's config came from (the
-bench itself times kernels on a GPU)."""
+"""tuner.bench on the CPU: the HBM floor's bytes, the packed batch, and where a row's
+config came from (the bench itself times kernels on a GPU: ``test_bench_gpu``)."""
 
+import importlib.util
+import json
+
+import pytest
 from helpers import dispatch_file
 
 from kernel import KernelConfig, Problem
 from kernel.dispatch import load_dispatch
 from tuner.bench import served_by, traffic_bytes
+from tuner.options import BENCH_PACKED, Packed
 
 
 def test_traffic_of_the_headline_shape():
-    # 537 MB of HBM traffic at B=8, H=16, S=4096, DK=DV=128, fp16
-    assert traffic_bytes(Problem(8, 16, 4096, 128, 128, 0.99)) == 536_870_912
+    # 537 MB of Q, K, V and O at B=8, H=16, S=4096, DK=DV=128, fp16, and the fp32 final
+    # state [8, 16, 128, 128] of the model form: 8.4 MB
+    assert traffic_bytes(Problem(8, 16, 4096, 128, 128)) == 536_870_912 + 8_388_608
+    # A packed batch of 64 sequences is one [1, T, H, D] call with 64 final states.
+    packed = Problem(1, 16, 117_671, 128, 128)
+    assert traffic_bytes(packed, sequences=64) == 117_671 * 16 * 512 * 2 + 64 * 16 * 128 * 128 * 4
+
+
+def test_the_packed_batch_is_seeded_and_spans_its_lengths():
+    lengths = BENCH_PACKED.lengths()
+    assert len(lengths) == 64 and (min(lengths), max(lengths)) == (100, 8000)
+    assert lengths == BENCH_PACKED.lengths() and lengths != sorted(lengths)  # seeded, shuffled
+    offsets = BENCH_PACKED.cu_seqlens()
+    assert offsets[0] == 0 and offsets[-1] == sum(lengths) == 117_671 and len(offsets) == 65
+    assert Packed(sequences=1).lengths() == [100]
 
 
 def test_bench_rows_say_which_entry_served_a_shape(tmp_path):
     table = load_dispatch(
-        dispatch_file(tmp_path, [(Problem(1, 8, 32768, 128, 128, 0.99), KernelConfig(64, 128, 2, 256))])
+        dispatch_file(tmp_path, [(Problem(1, 8, 32768, 128, 128), KernelConfig(64, 128, 2, 256))])
     )
-    assert served_by(table, Problem(1, 8, 32768, 128, 128, 0.9)) == "dispatch table: tuned at this shape"
-    assert served_by(table, Problem(1, 4, 65536, 128, 128, 0.99)).endswith("the entry tuned at 1x8x32768")
+    assert served_by(table, Problem(1, 8, 32768, 128, 128)) == "dispatch table: tuned at this shape"
+    assert served_by(table, Problem(1, 4, 65536, 128, 128)).endswith("the entry tuned at 1x8x32768")
+
+
+@pytest.mark.gpu
+def test_bench_gpu(tmp_path):
+    """A small bench end to end: every implementation in the model form (RetNet's decays,
+    scale, final state) within tolerance of C on the output and the state, and timed;
+    then a packed batch (ours where decay_attention takes cu_seqlens) against fla."""
+    import inspect
+
+    import refs
+    from kernel.attention import decay_attention
+    from tuner.bench import bench_and_write
+
+    packed = Packed(sequences=5, shortest=1, longest=700, heads=4)
+    bench_and_write([(2, 4, 512)], tmp_path, dk=64, dv=64, packed=packed)
+    rows = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    assert (tmp_path / "bench.csv").exists() and (tmp_path / "bench.html").exists()
+    impls = {(r["impl"], bool(r.get("packed"))) for r in rows}
+    assert {("seed config", False), ("torch chunked", False)} <= impls
+    for r in rows:
+        assert r["rel_l2"] < refs.TOLERANCE and r["state_rel_l2"] <= r["rel_l2"], r
+        assert r["median_ms"] > 0 and r["x_floor"] > 0.5 and r["decay"] == "retnet", r
+    packed_impls = {impl for impl, is_packed in impls if is_packed}
+    if importlib.util.find_spec("fla") is not None:
+        assert ("fla chunk_simple_gla", False) in impls and "fla chunk_simple_gla" in packed_impls
+    if "cu_seqlens" in inspect.signature(decay_attention).parameters:
+        assert "decay_attention (default config)" in packed_impls

@@ -20,6 +20,7 @@ from helpers import LAYOUT_FAILURE, REPO, SMALL, SMALL_PROBLEM, gpu_study, run_s
 
 import refs
 from kernel import SEED_CONFIG, KernelConfig, Problem
+from kernel.config import retnet_decay
 from kernel.deploy import load_config, read_export
 from kernel.record import TRIAL_COLUMNS
 from tuner.cli import COMMANDS, TABLE, build_parser, main
@@ -157,9 +158,7 @@ def test_the_summary_counts_queued_configs_apart(tmp_path, capsys, monkeypatch):
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     argv = ["run", "--dk", "64", "--dv", "64", "--batch", "1", "--heads", "2", "--seqlen", "4096"]
     assert main([*argv, "--storage", storage, "--workers", "2", "--no-progress", "--n-trials", "1"]) == 0
-    study = optuna.load_study(
-        study_name=default_study_name(Problem(1, 2, 4096, 64, 64, 0.99)), storage=storage
-    )
+    study = optuna.load_study(study_name=default_study_name(Problem(1, 2, 4096, 64, 64)), storage=storage)
     waiting = sum(t.state == optuna.trial.TrialState.WAITING for t in study.trials)
     assert waiting >= 1
     assert f": 1 trial ({waiting} queued for the next run), 0 GPU evaluations" in capsys.readouterr().out
@@ -248,8 +247,9 @@ def test_every_flag_has_help_and_shows_its_default(command):
     [
         (["run", "--dk", "0"], "dk must be a positive integer"),
         (["run", "--dk", "100"], "dk must be a multiple of 16"),
-        (["run", "--alpha", "1.5"], "alpha must be in (0, 1]"),
-        (["run", "--alpha", "0"], "alpha must be in (0, 1]"),
+        (["run", "--alpha", "0.9"], "unrecognized arguments: --alpha 0.9"),  # the decay is a run-time input
+        (["bench", "--alpha", "0.9"], "unrecognized arguments: --alpha 0.9"),
+        (["bench", "--packed", "-1"], "--packed wants a number of sequences >= 0"),
         (["run", "--storage", "nosuchdb://x"], "cannot open storage"),
         (["run", "--sampler", "random"], "invalid choice"),
         (["run", "--enqueue", "64/32"], "--enqueue wants"),
@@ -353,8 +353,11 @@ def test_gpu_dispatch_end_to_end(tmp_path, monkeypatch, capsys):
     assert main(argv) == 0
     table = load_dispatch(tmp_path / "dispatch.json")
     assert [e.problem.seqlen for e in table.entries] == [512, 4096]
-    problem = Problem(1, 3, 3000, 64, 64, 0.95)  # an untuned shape, served by the nearest bucket
+    problem = Problem(1, 3, 3000, 64, 64)  # an untuned shape, served by the nearest bucket
     q, k, v = random_qkv(problem, seed=8)
-    out = table(q, k, v, alpha=problem.alpha)
-    ref = refs.kernel_mimic(q, k, v, problem.alpha, table.pick(problem).config.chunk)
+    out = table(q, k, v, decay=0.95)
+    ref = refs.kernel_mimic(q, k, v, 0.95, table.pick(problem).config.chunk)
     assert refs.rel_l2(out, ref) < refs.TOLERANCE
+    gammas = torch.tensor(retnet_decay(problem.heads), device="cuda")
+    ref = refs.kernel_mimic(q, k, v, gammas, table.pick(problem).config.chunk)
+    assert refs.rel_l2(table(q, k, v), ref) < refs.TOLERANCE  # RetNet's decays by default

@@ -26,13 +26,13 @@ def test_loader_refuses_other_environment_or_problem(tmp_path):
     with pytest.raises(ExportError, match="kernel: file '000000000000'"):
         load_config(edited)
     assert load_config(elsewhere, allow_mismatch=True)[1] == KernelConfig(64, 64, 1, 128)
-    other = Problem(2, 2, 256, 64, 64, 0.99)
+    other = Problem(2, 2, 256, 64, 64)
     with pytest.raises(ExportError, match="was tuned for"):
         load_config(best_config_file(tmp_path), problem=other)
     with pytest.raises(ExportError, match="version"):
         load_config(best_config_file(tmp_path, version=99))
     with pytest.raises(ExportError, match="block_dv must divide dv"):
-        load_config(best_config_file(tmp_path), problem=Problem(1, 2, 256, 64, 32, 0.99), allow_mismatch=True)
+        load_config(best_config_file(tmp_path), problem=Problem(1, 2, 256, 64, 32), allow_mismatch=True)
 
 
 def test_unreadable_or_foreign_files_are_export_errors(tmp_path):
@@ -48,3 +48,12 @@ def test_unreadable_or_foreign_files_are_export_errors(tmp_path):
         read_export(best_config_file(tmp_path, configs=[]))
     with pytest.raises(ExportError, match="malformed entry"):
         load_config(best_config_file(tmp_path, configs=[{"config": {"chunk": 65}}]))
+
+
+def test_a_file_written_with_one_alpha_loads_without_it(tmp_path):
+    """A best-config file from before the decay became a run-time input names one alpha in
+    its problem: it is read and the alpha ignored (the config serves every decay)."""
+    from helpers import SMALL_PROBLEM
+
+    old = best_config_file(tmp_path, problem=SMALL_PROBLEM.to_dict() | {"alpha": 0.99})
+    assert load_config(old) == (SMALL_PROBLEM, KernelConfig(64, 64, 1, 128))

@@ -1,9 +1,11 @@
 """kernel.dispatch: the table picks the nearest tuned shape and keeps its grid."""
 
 import dataclasses
+import json
 
 import pandas as pd
 import pytest
+import torch
 from helpers import DATA, SMALL_PROBLEM, best_config_file, dispatch_file
 
 from kernel import KernelConfig, Problem
@@ -19,13 +21,13 @@ def test_dispatch_picks_the_nearest_shape_and_keeps_its_grid(tmp_path):
         dispatch_file(
             tmp_path,
             [
-                (Problem(8, 16, 4096, 128, 128, 0.99), many),
-                (Problem(1, 8, 32768, 128, 128, 0.99), few),
-                (Problem(8, 16, 4096, 128, 64, 0.99), narrow),
+                (Problem(8, 16, 4096, 128, 128), many),
+                (Problem(1, 8, 32768, 128, 128), few),
+                (Problem(8, 16, 4096, 128, 64), narrow),
             ],
         )
     )
-    pick = lambda *shape, dv=128, alpha=0.9: table.pick(Problem(*shape, 128, dv, alpha)).config
+    pick = lambda *shape, dv=128: table.pick(Problem(*shape, 128, dv)).config
     segments = lambda config, n: dataclasses.replace(config, segments=n)
     assert pick(8, 16, 4096) == many and pick(1, 8, 32768) == few
     assert pick(2, 4, 16384) == few  # nearer in log2(B*H) + log2(S); B*H = 8 as tuned
@@ -36,11 +38,11 @@ def test_dispatch_picks_the_nearest_shape_and_keeps_its_grid(tmp_path):
     # 512 tokens hold 8 chunks: 2 stages leave at most 4 segments, 32 blocks.
     assert pick(1, 8, 512) == segments(few, 4)
     # Too short for any split: the nearest config as a single-pass kernel, pipeline shortened.
-    assert table.pick(Problem(1, 1, 64, 128, 128, 0.9)).config == KernelConfig(64, 128, 1, 256, segments=1)
+    assert table.pick(Problem(1, 1, 64, 128, 128)).config == KernelConfig(64, 128, 1, 256, segments=1)
     with pytest.raises(ExportError, match=r"no dispatch entry for dk=128, dv=32"):
         pick(8, 16, 4096, dv=32)
     with pytest.raises(ExportError, match="no dispatch entry"):
-        table.pick(Problem(8, 16, 4096, 128, 128, 0.99, "bfloat16"))
+        table.pick(Problem(8, 16, 4096, 128, 128, "bfloat16"))
 
 
 def test_the_committed_table_serves_untuned_shapes_the_segment_count_measured_best():
@@ -50,7 +52,7 @@ def test_the_committed_table_serves_untuned_shapes_the_segment_count_measured_be
     table = load_dispatch(DATA / "retable" / "dispatch.json", allow_mismatch=True)
     slower = 0
     for b, h, s in [(1, 16, 16384), (4, 8, 8192), (1, 4, 65536)]:
-        problem = Problem(b, h, s, 128, 128, 0.99)
+        problem = Problem(b, h, s, 128, 128)
         pick = table.pick(problem)
         trials = pd.read_csv(DATA / f"oos/studies/b{b}-h{h}-s{s}-dk128-dv128-a0.99-float16/trials.csv")
         ok = trials[trials.status == "ok"]
@@ -78,3 +80,23 @@ def test_dispatch_loader_refuses_bad_tables(tmp_path):
         load_dispatch(dispatch_file(tmp_path, entry, entries=[{"problem": {"batch": 1}}]))
     with pytest.raises(ExportError, match="is not a decay-tuner/dispatch file"):
         load_dispatch(best_config_file(tmp_path))
+
+
+def test_a_table_written_with_one_alpha_serves_every_decay(tmp_path):
+    """The committed H200 table names alpha = 0.99 in each entry's problem, as tables did
+    before the decay became a run-time input: it loads, keyed by shape alone."""
+    raw = json.loads((DATA / "retable" / "dispatch.json").read_text())
+    assert all(e["problem"]["alpha"] == 0.99 for e in raw["entries"])
+    table = load_dispatch(DATA / "retable" / "dispatch.json", allow_mismatch=True)
+    assert all("alpha" not in e.problem.to_dict() for e in table.entries)
+    assert table.pick(Problem(8, 16, 4096, 128, 128)).problem == Problem(8, 16, 4096, 128, 128)
+
+
+def test_a_call_checks_a_float_decay_before_building(tmp_path):
+    table = load_dispatch(
+        dispatch_file(tmp_path, [(Problem(1, 2, 256, 64, 64), KernelConfig(64, 64, 1, 128))])
+    )
+    q = torch.zeros(1, 256, 2, 64, dtype=torch.float16)
+    for bad in (1.5, 0.0, float("nan")):
+        with pytest.raises(ValueError, match=r"decay must be in \(0, 1\]"):
+            table(q, q, q, decay=bad)

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from kernel import SEED_CONFIG, SMEM_LIMIT_BYTES, KernelConfig, ProbeFailure, Problem, Resources, probe
-from kernel.config import HEADLINE, Call
+from kernel.config import HEADLINE, Call, model_call, retnet_decay
 from kernel.resources import parse_ptxas
 
 
@@ -16,16 +16,14 @@ from kernel.resources import parse_ptxas
         ({"dk": 0}, "dk must be a positive integer"),
         ({"dk": 100}, "dk must be a multiple of 16"),
         ({"dv": 512}, r"dv must be a multiple of 16 in \[16, 256\]"),
-        ({"alpha": 0.0}, r"alpha must be in \(0, 1\]"),
-        ({"alpha": 1.5}, r"alpha must be in \(0, 1\]"),
-        ({"alpha": float("nan")}, "alpha"),
+        ({"alpha": 0.9}, "unexpected keyword argument 'alpha'"),
         ({"dtype": "float32"}, "dtype must be one of"),
         ({"seqlen": -3}, "seqlen must be a positive integer"),
         ({"batch": True}, "batch must be a positive integer"),
     ],
 )
 def test_problem_rejects(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         Problem(**(HEADLINE.to_dict() | kwargs))
 
 
@@ -47,15 +45,35 @@ def test_config_rejects(kwargs, match):
 
 def test_config_must_tile_problem():
     with pytest.raises(ValueError, match="block_dv must divide dv"):
-        probe(Problem(1, 1, 64, 64, 96, 0.9), KernelConfig(block_dv=64))
+        probe(Problem(1, 1, 64, 64, 96), KernelConfig(block_dv=64))
 
 
 def test_round_trip_and_unknown_fields():
     config = KernelConfig(128, 64, 3, 256, "regs")
     assert KernelConfig.from_dict(config.to_dict()) == config
     assert Problem.from_dict(HEADLINE.to_dict()) == HEADLINE
+    with pytest.raises(ValueError, match="unknown Problem fields"):
+        Problem.from_dict(HEADLINE.to_dict() | {"decay": 0.9})
     with pytest.raises(ValueError, match="unknown KernelConfig fields"):
         KernelConfig.from_dict({"chunk": 64, "blockdv": 32})
+
+
+def test_a_problem_written_with_one_alpha_reads_without_it():
+    """Best-config files and dispatch tables from before the decay became a run-time input
+    name one alpha: it is read and ignored, as the tuned config serves every decay."""
+    assert Problem.from_dict(HEADLINE.to_dict() | {"alpha": 0.99}) == HEADLINE
+    assert "alpha" not in HEADLINE.to_dict()
+
+
+def test_the_model_form_is_retnets():
+    """What the tuner measures: RetNet's gammas 1 - 2^(-5-h) (fla's chunk_retention), the
+    query scale DK^-1/2 and the final state out, no state in."""
+    assert retnet_decay(4) == (1 - 1 / 32, 1 - 1 / 64, 1 - 1 / 128, 1 - 1 / 256)
+    assert all(0 < g < 1 for g in retnet_decay(16)) and retnet_decay(64)[-1] == 1.0  # 1 - 2^-68
+    with pytest.raises(ValueError, match="heads must be a positive integer"):
+        retnet_decay(0)
+    call = model_call(Problem(2, 8, 100, 64, 128))
+    assert call == Call(scale=0.125, initial_state=False, final_state=True)
 
 
 @pytest.mark.parametrize(
@@ -110,34 +128,19 @@ def test_probe_c128_bdv128_exceeds_shared_memory():
 )
 def test_probe_reports_layout_failure_as_value(config):
     """TileLang 0.1.15 cannot lay out register scores at C = 32 or 256 threads."""
-    res = probe(Problem(1, 2, 256, 64, 64, 0.9), config)
+    res = probe(Problem(1, 2, 256, 64, 64), config)
     assert isinstance(res, ProbeFailure)
     assert res.stage == "lower"
     assert "Layout infer conflict" in res.message
 
 
 def test_scores_in_smem_unlock_the_layout_failures():
-    res = probe(Problem(1, 2, 256, 64, 64, 0.9), KernelConfig(32, 32, 2, 256, "smem"))
+    res = probe(Problem(1, 2, 256, 64, 64), KernelConfig(32, 32, 2, 256, "smem"))
     assert isinstance(res, Resources), res
 
 
 def test_seed_config_is_the_seed():
     assert SEED_CONFIG == KernelConfig(64, 32, 2, 128, "regs")
-
-
-@pytest.mark.parametrize("chunk,segments", [(128, 1), (64, 4)])
-def test_one_compiled_kernel_serves_every_decay(chunk, segments):
-    """The decay is read at run time: problems that differ only in alpha (0.5^256 and
-    0.3^128 underflow fp32, 1.0 does not decay) generate the same CUDA. A decay compiled in
-    as a literal had to be flushed to 0 below fp32's range, where nvcc reads it as +inf."""
-    from kernel.resources import compile_kernel
-
-    sources = {
-        "\n".join(k.get_kernel_source() for k in compile_kernel(Problem(1, 1, 1024, 64, 64, alpha), config))
-        for alpha in (0.3, 0.5, 1.0)
-        for config in [KernelConfig(chunk, 32, 1, 128, segments=segments)]
-    }
-    assert len(sources) == 1
 
 
 def _tiles_released_under_a_pending_mma(source: str) -> list[str]:
@@ -189,7 +192,7 @@ def test_chunk_step_never_hands_back_a_tile_an_mma_still_reads(config, step, seg
     from kernel.resources import compile_kernel
 
     config = dataclasses.replace(config, segments=segments)
-    source = compile_kernel(Problem(1, 2, 1024, 128, 128, 0.9), config)[-1].get_kernel_source()
+    source = compile_kernel(Problem(1, 2, 1024, 128, 128), config)[-1].get_kernel_source()
     assert ("wait_wgmma" in source) == (step != "sync")
     assert ("wgmma_rs" in source) == (step == "transposed")  # the state as a register operand
     assert ("S_s" in source) == (step != "transposed")
@@ -212,7 +215,7 @@ def test_no_two_shared_buffers_share_memory(config, seqlen):
     from kernel.resources import lower
     from kernel.variants import prim_funcs
 
-    problem = Problem(2, 8, seqlen, 128, 128, 0.9)
+    problem = Problem(2, 8, seqlen, 128, 128)
     (func,) = prim_funcs(problem, config, Call(0.125, True, True))
     source = lower(func).kernel_source
     offsets = re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", source)
@@ -239,7 +242,7 @@ def test_configs_without_the_transposed_layout_fall_back_and_compile(config, tra
 
     knobs = config.to_dict()
     assert transposes(**{k: knobs[k] for k in ("chunk", "block_dv", "threads", "scores")}) == transposed
-    source = compile_kernel(Problem(1, 2, 1024, 128, 128, 0.9), config)[-1].get_kernel_source()
+    source = compile_kernel(Problem(1, 2, 1024, 128, 128), config)[-1].get_kernel_source()
     assert ("ST_h" in source, "S_s" in source) == (transposed, not transposed)  # S^T in registers
     assert ("wait_wgmma" in source) == (config.chunk >= 64)
 
@@ -250,7 +253,7 @@ def test_states_buffer_has_the_shape_the_split_kernels_declare():
     from kernel.seq_split import prim_funcs
     from kernel.variants import states_buffer
 
-    problem, config = Problem(2, 3, 1000, 64, 128, 0.9), KernelConfig(64, 64, 2, 128, segments=4)
+    problem, config = Problem(2, 3, 1000, 64, 128), KernelConfig(64, 64, 2, 128, segments=4)
     buffer = states_buffer(problem, config, "cpu")
     for func, arg in zip(prim_funcs(problem, config), (4, 1, 4)):  # states, carry, outputs
         declared = func.buffer_map[func.params[arg]]
@@ -272,7 +275,7 @@ def test_the_packed_kernel_compiles_once_for_every_token_and_sequence_count():
     from kernel.variants import prim_funcs
 
     call = Call(scale=0.125, initial_state=True, final_state=True, packed=True)
-    problem, config = Problem(1, 8, 1, 128, 128, 0.9), KernelConfig(64, 128, 2, 256)
+    problem, config = Problem(1, 8, 1, 128, 128), KernelConfig(64, 128, 2, 256)
     (func,) = prim_funcs(problem, config, call)
     q_shape = func.buffer_map[func.params[0]].shape
     offsets = func.buffer_map[func.params[-1]].shape

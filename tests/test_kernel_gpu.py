@@ -1,7 +1,8 @@
 """The kernel against reference C on a real GPU (marked ``gpu``; skipped without CUDA).
 
 Every case runs on fresh random inputs into an output pre-filled with NaN, so an element
-the kernel skips fails the test as surely as a wrong one.
+the kernel skips fails the test as surely as a wrong one. A case's decay is one alpha for
+every head, or RetNet's per-head gammas where it names none (``check``'s default).
 """
 
 import itertools
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from kernel import SEED_CONFIG, KernelConfig, Problem, build
-from kernel.builder import cuda_arch, precompile
+from kernel.builder import constant_decay, cuda_arch, precompile
 from kernel.resources import ProbeFailure, ProbeResult, Resources
 from kernel.validate import ALPHAS, check, validation_grid
 from refs import TOLERANCE
@@ -27,21 +28,22 @@ SHAPES = [
     (3, 1, 129, 64, 64),
 ]
 DTYPES = ["float16", "bfloat16"]
-CONFIG_SWEEP = [(Problem(2, 3, 300, d, d, 0.9), c) for d in (128, 64) for c in validation_grid(d)]
+CONFIG_SWEEP = [(Problem(2, 3, 300, d, d), c, 0.9) for d in (128, 64) for c in validation_grid(d)]
+# (problem, config, alpha): every alpha of the validation sweep, and RetNet's decays (None).
 NUMERIC_CASES = [
-    (Problem(*shape, alpha, dtype), SEED_CONFIG)
-    for shape, alpha, dtype in itertools.product(SHAPES, ALPHAS, DTYPES)
+    (Problem(*shape, dtype), SEED_CONFIG, alpha)
+    for shape, alpha, dtype in itertools.product(SHAPES, (*ALPHAS, None), DTYPES)
 ]
 NUMERIC_CASES += [
-    (Problem(2, 3, 300, 128, 128, alpha, dtype), KernelConfig(64, 64, 1, 128))
-    for alpha, dtype in itertools.product(ALPHAS, DTYPES)
+    (Problem(2, 3, 300, 128, 128, dtype), KernelConfig(64, 64, 1, 128), alpha)
+    for alpha, dtype in itertools.product((*ALPHAS, None), DTYPES)
 ]
 
 
 @pytest.fixture(scope="session")
 def compiled() -> dict[tuple[Problem, KernelConfig], ProbeResult]:
     """Compile every case once, in parallel; tests then build from TileLang's disk cache."""
-    cases = CONFIG_SWEEP + NUMERIC_CASES
+    cases = list(dict.fromkeys((p, c) for p, c, _ in CONFIG_SWEEP + NUMERIC_CASES))
     return dict(zip(cases, precompile(cases, arch=cuda_arch())))
 
 
@@ -54,33 +56,36 @@ def _build_or_skip(problem: Problem, config: KernelConfig, compiled: dict) -> ob
     return build(problem, config)
 
 
-def _assert_matches_c(kernel, seed: int) -> None:
-    result = check(kernel, seed=seed)
+def _assert_matches_c(kernel, seed: int, alpha: float | None = None) -> None:
+    """``check`` with one ``alpha`` for every head, or RetNet's decays where None."""
+    p = kernel.problem
+    decay = None if alpha is None else constant_decay(alpha, p.heads, torch.device("cuda"))
+    result = check(kernel, seed=seed, decay=decay)
     assert result["nan_count"] == 0, result
     assert result["rel_l2"] < TOLERANCE, result
 
 
-@pytest.mark.parametrize("problem,config", NUMERIC_CASES, ids=str)
-def test_alphas_dtypes_shapes(problem, config, compiled):
+@pytest.mark.parametrize("problem,config,alpha", NUMERIC_CASES, ids=str)
+def test_alphas_dtypes_shapes(problem, config, alpha, compiled):
     assert isinstance(compiled[problem, config], Resources)  # these configs always compile
     kernel = _build_or_skip(problem, config, compiled)
-    _assert_matches_c(kernel, seed=zlib.crc32(repr((problem, config)).encode()))
+    _assert_matches_c(kernel, seed=zlib.crc32(repr((problem, config, alpha)).encode()), alpha=alpha)
 
 
-@pytest.mark.parametrize("problem,config", CONFIG_SWEEP, ids=str)
-def test_every_accepted_config(problem, config, compiled):
-    _assert_matches_c(_build_or_skip(problem, config, compiled), seed=7)
+@pytest.mark.parametrize("problem,config,alpha", CONFIG_SWEEP, ids=str)
+def test_every_accepted_config(problem, config, alpha, compiled):
+    _assert_matches_c(_build_or_skip(problem, config, compiled), seed=7, alpha=alpha)
 
 
 def test_fresh_inputs_each_call_and_reuse_of_output():
     """Two calls with different inputs into the same output buffer both match C."""
-    kernel = build(Problem(2, 2, 200, 64, 64, 0.95), SEED_CONFIG)
-    _assert_matches_c(kernel, seed=1)
-    _assert_matches_c(kernel, seed=2)
+    kernel = build(Problem(2, 2, 200, 64, 64), SEED_CONFIG)
+    _assert_matches_c(kernel, seed=1, alpha=0.95)
+    _assert_matches_c(kernel, seed=2, alpha=0.95)
 
 
 def test_rejects_bad_tensors():
-    problem = Problem(1, 2, 64, 64, 64, 0.9)
+    problem = Problem(1, 2, 64, 64, 64)
     kernel = build(problem, SEED_CONFIG)
     q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.float16)
     with pytest.raises(ValueError, match="float16"):
@@ -97,7 +102,7 @@ def test_exported_config_loads_into_a_ready_kernel(tmp_path):
     from kernel.deploy import FORMAT, VERSION, load_kernel
     from kernel.environment import environment, write_json
 
-    problem = Problem(2, 3, 300, 64, 64, 0.9)
+    problem = Problem(2, 3, 300, 64, 64)
     path = tmp_path / "best.json"
     write_json(
         path,
@@ -111,42 +116,57 @@ def test_exported_config_loads_into_a_ready_kernel(tmp_path):
     )
     kernel = load_kernel(path)
     assert kernel.problem == problem and kernel.config == KernelConfig(64, 64, 1, 128)
-    _assert_matches_c(kernel, seed=3)
+    _assert_matches_c(kernel, seed=3, alpha=0.9)
 
 
 @pytest.mark.parametrize("alpha", [0.3, 1e-3])
 def test_decay_underflowing_fp32_keeps_the_state_finite(alpha):
     """alpha^C below fp32's range (0.3^128 = 1e-67) must decay the state to 0, not to NaN
     (every power of alpha is computed at run time: exp2 of a large negative number is 0)."""
-    _assert_matches_c(build(Problem(2, 2, 300, 64, 64, alpha), KernelConfig(128, 32, 1, 128)), seed=4)
+    _assert_matches_c(build(Problem(2, 2, 300, 64, 64), KernelConfig(128, 32, 1, 128)), seed=4, alpha=alpha)
 
 
 # The sequence-split variant: ragged last segment, S barely over one chunk, a bf16 carry
 # that underflows fp32 (0.5^256), scores in registers, DK != DV, 64 segments, and two
 # segments (no carry kernel launched).
 SPLIT_CASES = [
-    (Problem(2, 3, 1000, 64, 128, 0.9, "bfloat16"), KernelConfig(64, 128, 3, 256, segments=2)),
-    (Problem(2, 3, 300, 64, 64, 0.9), KernelConfig(64, 32, 2, 128, segments=3)),
-    (Problem(1, 2, 1000, 128, 128, 0.5, "bfloat16"), KernelConfig(64, 64, 1, 256, segments=4)),
-    (Problem(1, 4, 4096, 128, 128, 0.99), KernelConfig(64, 128, 2, 256, segments=16)),
-    (Problem(1, 1, 65, 64, 64, 1.0), KernelConfig(64, 32, 1, 128, segments=2)),
-    (Problem(2, 2, 777, 64, 128, 0.8, "bfloat16"), KernelConfig(32, 64, 2, 128, segments=8)),
-    (Problem(1, 2, 1000, 128, 128, 0.95), KernelConfig(64, 32, 1, 128, "regs", segments=5)),
-    (Problem(1, 3, 4096, 128, 128, 0.999), KernelConfig(64, 128, 2, 256, segments=64)),
+    (Problem(2, 3, 1000, 64, 128, "bfloat16"), KernelConfig(64, 128, 3, 256, segments=2), 0.9),
+    (Problem(2, 3, 300, 64, 64), KernelConfig(64, 32, 2, 128, segments=3), 0.9),
+    (Problem(1, 2, 1000, 128, 128, "bfloat16"), KernelConfig(64, 64, 1, 256, segments=4), 0.5),
+    (Problem(1, 4, 4096, 128, 128), KernelConfig(64, 128, 2, 256, segments=16), 0.99),
+    (Problem(1, 1, 65, 64, 64), KernelConfig(64, 32, 1, 128, segments=2), 1.0),
+    (Problem(2, 2, 777, 64, 128, "bfloat16"), KernelConfig(32, 64, 2, 128, segments=8), 0.8),
+    (Problem(1, 2, 1000, 128, 128), KernelConfig(64, 32, 1, 128, "regs", segments=5), 0.95),
+    (Problem(1, 3, 4096, 128, 128), KernelConfig(64, 128, 2, 256, segments=64), 0.999),
+    (Problem(2, 16, 4096, 128, 128), KernelConfig(64, 128, 2, 256, segments=8), None),  # RetNet's
 ]
 
 
-@pytest.mark.parametrize("problem,config", SPLIT_CASES, ids=str)
-def test_sequence_split_variant_matches_c(problem, config):
-    _assert_matches_c(build(problem, config), seed=6)
+@pytest.mark.parametrize("problem,config,alpha", SPLIT_CASES, ids=str)
+def test_sequence_split_variant_matches_c(problem, config, alpha):
+    _assert_matches_c(build(problem, config), seed=6, alpha=alpha)
 
 
-@pytest.mark.parametrize("problem,config", [SPLIT_CASES[0], SPLIT_CASES[1], SPLIT_CASES[4]], ids=str)
-def test_sequence_split_writes_every_state_it_reads(problem, config, monkeypatch):
+@pytest.mark.parametrize("problem,config,alpha", [SPLIT_CASES[0], SPLIT_CASES[1], SPLIT_CASES[4]], ids=str)
+def test_sequence_split_writes_every_state_it_reads(problem, config, alpha, monkeypatch):
     """The split's states buffer is uninitialised memory: with it NaN-filled before each
     call, the outputs still match (two segments, where no carry kernel runs, and three)."""
     from kernel import variants
 
     empty = variants.states_buffer
     monkeypatch.setattr(variants, "states_buffer", lambda *a: empty(*a).fill_(float("nan")))
-    _assert_matches_c(build(problem, config), seed=7)
+    _assert_matches_c(build(problem, config), seed=7, alpha=alpha)
+
+
+def test_a_trial_measures_the_model_form():
+    """What a tuner trial measures (``tuner.worker``): the kernel built for ``model_call``
+    (scale DK^-1/2, the final state out), checked with RetNet's decays on the output and
+    the final state against C, then timed."""
+    from tuner.worker import _measure
+
+    problem, config = Problem(2, 16, 1000, 128, 128), KernelConfig(64, 128, 2, 256)
+    job = {"problem": problem.to_dict(), "config": config.to_dict(), "seed": 0, "tolerance": TOLERANCE}
+    result = _measure(job)
+    assert result["nan_count"] == 0 and result["finite"], result
+    assert result["state_rel_l2"] is not None and result["state_rel_l2"] <= result["rel_l2"] < TOLERANCE
+    assert result["median_ms"] > 0

@@ -29,7 +29,7 @@ from tuner.cli import main
 from tuner.storage import export_dir
 from tuner.trials import trials_frame
 
-PROBLEM = Problem(1, 2, 256, 64, 64, 0.9)
+PROBLEM = Problem(1, 2, 256, 64, 64)
 DISTRIBUTIONS = {
     k: optuna.distributions.CategoricalDistribution(v) for k, v in knob_choices(PROBLEM.dv).items()
 }
@@ -185,7 +185,7 @@ def test_reports_never_import_the_tuner():
 def test_report_frame_labels_and_hover(frame):
     assert frame.config.tolist()[:3] == ["64/32/2/128/regs/1", "64/64/1/256/smem/1", "32/64/1/256/smem/1"]
     assert frame.violated.tolist() == ["", "", "", "", "smem, spills", "", "", "correctness", ""]
-    assert (frame.alpha == 0.9).all()
+    assert (frame.decay == "RetNet γ, H = 2: 0.969-0.984").all()
     assert frame.hover[0].startswith(
         "trial 0 · ok · baseline (seed default)<br>C=64 bDV=32 stages=2 "
         "threads=128 scores=regs segments=1<br>median 0.5000 ms (p20 0.4950, p80 0.5050) "
@@ -286,8 +286,8 @@ def test_failures_grouped_by_first_line(frame):
 
 
 def test_error_and_register_frames(frame):
-    err = data.error_by_alpha(frame)
-    assert err.number.tolist() == [0, 1, 2, 3, 7, 8] and (err.alpha == 0.9).all()
+    err = data.error_by_decay(frame)
+    assert err.number.tolist() == [0, 1, 2, 3, 7, 8] and (err.decay == frame.decay[0]).all()
     assert err.feasible.tolist() == [True, True, True, True, False, True]
     reg = data.register_budget(frame)
     assert reg.number.tolist() == [0, 1, 2, 3, 4, 7]  # each compiled config once; failures have no registers
@@ -313,6 +313,16 @@ def test_gamma_is_the_seeds_panel():
         rtol=1e-15,
     )  # exp(log) rounding
     assert (g.alpha, g.chunk) == (0.5, 4)
+
+
+def test_the_decays_a_study_used():
+    """RetNet's per head (what the tuner checks with); a study from before the run-time
+    decay: its one alpha."""
+    new = PROBLEM.to_dict()
+    assert data.study_decays(new) == (0.96875, 0.984375)
+    assert data.decay_label(new) == "RetNet γ, H = 2: 0.969-0.984"
+    old = new | {"alpha": 0.9}
+    assert data.study_decays(old) == (0.9,) and data.decay_label(old) == "α = 0.9"
 
 
 def test_overflow_map_matches_the_seeds_table():
@@ -365,7 +375,7 @@ def test_compile_only_study_reports_resources():
     s = data.summary(frame, info)
     # Every feasible config spills 0 B (the objective): the plots are over shared memory.
     assert (s.mode, s.timed, s.objectives, s.metric) == ("compile-only", False, ["spill_bytes"], "smem_bytes")
-    assert frame.median_ms.isna().all() and data.error_by_alpha(frame).empty
+    assert frame.median_ms.isna().all() and data.error_by_decay(frame).empty
     assert data.peers(frame, info).bars.empty
     assert (
         data.importance(frame, info, "spill_bytes").note == "all 24 feasible trials have the same spill_bytes"
@@ -399,7 +409,7 @@ def test_figures_draw_what_they_are_given(frame, info):
         figures.history_figure(data.history(frame, "median_ms"), "median_ms", s),
         figures.gamma_figure(data.gamma_info(0.9, 16)),
         figures.overflow_figure(data.overflow_map(), alpha=0.99, chunks=(32, 64)),
-        figures.error_figure(data.error_by_alpha(frame), TOLERANCE),
+        figures.error_figure(data.error_by_decay(frame), TOLERANCE),
         figures.registers_figure(data.register_budget(frame), 255.0),
         figures.peers_figure(data.peers(frame, info._replace(peers=PEERS))),
     ]
@@ -408,7 +418,7 @@ def test_figures_draw_what_they_are_given(frame, info):
     empty = frame.iloc[:0]
     assert figures.knobs_figure(data.knob_frame(empty, "median_ms"), "median_ms") is None
     assert figures.importance_figure(data.Importance({}, "why"), "median_ms") is None
-    assert figures.error_figure(data.error_by_alpha(empty), TOLERANCE) is None
+    assert figures.error_figure(data.error_by_decay(empty), TOLERANCE) is None
     assert figures.peers_figure(data.peers(frame, info)) is None
 
 
@@ -502,7 +512,7 @@ def _need_browser() -> None:
 @pytest.mark.browser
 def test_pages_render_offline_in_chromium(tmp_path):
     _need_browser()
-    # GPU: 10 plots. Compile-only: no error front, no error by alpha, no peers: 7.
+    # GPU: 10 plots. Compile-only: no error front, no error by decay, no peers: 7.
     for name, log, graphs in (
         ("gpu", _log(_study(peers=PEERS)), 10),
         ("compile-only", synthetic_trials(60, mode="compile-only"), 7),

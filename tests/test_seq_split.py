@@ -86,8 +86,8 @@ def test_segments_are_whole_chunks():
 @pytest.mark.parametrize(
     "problem,config",
     [
-        (Problem(2, 3, 300, 64, 64, 0.9), KernelConfig(64, 32, 2, 128, segments=3)),
-        (Problem(1, 2, 1000, 128, 128, 0.5, "bfloat16"), KernelConfig(64, 64, 1, 128, "regs", segments=4)),
+        (Problem(2, 3, 300, 64, 64), KernelConfig(64, 32, 2, 128, segments=3)),
+        (Problem(1, 2, 1000, 128, 128, "bfloat16"), KernelConfig(64, 64, 1, 128, "regs", segments=4)),
     ],
 )
 def test_three_kernels_compile_for_sm90a(problem, config):
@@ -100,12 +100,12 @@ def test_three_kernels_compile_for_sm90a(problem, config):
 def test_a_split_that_leaves_one_segment_is_refused():
     # 64 tokens in 2 segments of whole 64-token chunks: one segment.
     with pytest.raises(ValueError, match="use segments=1"):
-        KernelConfig(64, 32, 1, 128, segments=2).check_fits(Problem(1, 1, 64, 64, 64, 0.9))
-    KernelConfig(64, 32, 1, 128, segments=2).check_fits(Problem(1, 1, 65, 64, 64, 0.9))
+        KernelConfig(64, 32, 1, 128, segments=2).check_fits(Problem(1, 1, 64, 64, 64))
+    KernelConfig(64, 32, 1, 128, segments=2).check_fits(Problem(1, 1, 65, 64, 64))
 
 
 def test_single_pass_kernel_refuses_segments():
     from kernel.scalar_decay import prim_func
 
     with pytest.raises(ValueError, match="one segment"):
-        prim_func(Problem(1, 1, 300, 64, 64, 0.9), KernelConfig(segments=2))
+        prim_func(Problem(1, 1, 300, 64, 64), KernelConfig(segments=2))

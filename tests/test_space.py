@@ -10,12 +10,12 @@ SHALLOW = "num_stages={} is deeper than the {} chunk(s) of a segment"
 
 
 def test_space_table_and_restrictions():
-    table = space.choices(Problem(1, 1, 64, 128, 96, 0.9))
+    table = space.choices(Problem(1, 1, 64, 128, 96))
     assert table["block_dv"] == (16, 32, 48, 96)
     assert table["scores"] == ("smem", "regs")
     assert table["segments"][0] == 1  # the single-pass kernel, then the sequence-split variant
     assert len(list(space.grid(SMALL_PROBLEM))) == 3 * 3 * 4 * 2 * 2 * len(SEGMENT_COUNTS)
-    short = Problem(1, 1, 40, 64, 64, 0.9)  # one chunk of 64: a 2-stage pipeline has nothing to overlap
+    short = Problem(1, 1, 40, 64, 64)  # one chunk of 64: a 2-stage pipeline has nothing to overlap
     assert space.violated(short, KernelConfig(64, 32, 2, 128)) == [SHALLOW.format(2, 1)]
     assert space.violated(short, KernelConfig(32, 32, 2, 128)) == []
     assert space.violated(short, KernelConfig(32, 32, 1, 128, segments=2)) == []  # 32 + 8 tokens
@@ -25,13 +25,13 @@ def test_space_table_and_restrictions():
         "use segments=1 (the single-pass kernel)"
     ]
     # 4096 tokens: 8 segments hold 8 chunks of 64 each; 16 segments, 2 chunks of 128, too few for 4 stages
-    long = Problem(1, 1, 4096, 64, 64, 0.9)
+    long = Problem(1, 1, 4096, 64, 64)
     assert space.violated(long, KernelConfig(64, 32, 4, 128, segments=8)) == []
     assert space.violated(long, KernelConfig(128, 32, 4, 128, segments=16)) == [SHALLOW.format(4, 2)]
 
 
 def test_every_broken_restriction_is_a_reason():
-    narrow = Problem(1, 1, 64, 64, 32, 0.9)  # block_dv 64 cannot tile DV = 32, nor 2 stages one chunk
+    narrow = Problem(1, 1, 64, 64, 32)  # block_dv 64 cannot tile DV = 32, nor 2 stages one chunk
     assert space.violated(narrow, KernelConfig(64, 64, 2, 128)) == [
         "block_dv must divide dv: dv=32 is not a multiple of block_dv=64",
         SHALLOW.format(2, 1),
@@ -41,17 +41,17 @@ def test_every_broken_restriction_is_a_reason():
 def test_wave_seeds_launch_about_one_wave_and_are_allowed():
     # 2x16x16384, DV = 128 at block_dv 128: 32 blocks per segment count, 4 segments = 128
     # blocks, the nearest to 132 SMs; its neighbours 2 and 8, at 2 and 3 stages.
-    problem = Problem(2, 16, 16384, 128, 128, 0.99)
+    problem = Problem(2, 16, 16384, 128, 128)
     seeds = space.wave_seeds(problem, sms=132)
     assert sorted((c.segments, c.num_stages) for c in seeds) == [(n, s) for n in (2, 4, 8) for s in (2, 3)]
     assert {(c.chunk, c.block_dv, c.threads, c.scores) for c in seeds} == {(64, 128, 256, "smem")}
     # twice the SMs: one more doubling of segments
     assert {c.segments for c in space.wave_seeds(problem, sms=264)} == {4, 8, 16}
     # 1 segment at most: the headline's 128 (batch, head) pairs already fill the GPU
-    assert {c.segments for c in space.wave_seeds(Problem(8, 16, 4096, 128, 128, 0.99))} == {1, 2}
+    assert {c.segments for c in space.wave_seeds(Problem(8, 16, 4096, 128, 128))} == {1, 2}
     # DV = 256 is split in two 128-wide blocks; restricted configs are never seeded
-    for problem in (Problem(3, 5, 3000, 128, 256, 0.9), Problem(1, 2, 256, 64, 64, 0.99)):
+    for problem in (Problem(3, 5, 3000, 128, 256), Problem(1, 2, 256, 64, 64)):
         seeds = space.wave_seeds(problem)
         assert all(c.block_dv == min(128, problem.dv) for c in seeds)
         assert all(space.violated(problem, c) == [] for c in seeds)
-    assert space.wave_seeds(Problem(1, 2, 256, 64, 64, 0.99)) == []  # 64-token segments: no pipeline
+    assert space.wave_seeds(Problem(1, 2, 256, 64, 64)) == []  # 64-token segments: no pipeline

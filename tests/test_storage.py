@@ -21,7 +21,7 @@ from tuner.storage import (
 
 
 def test_default_study_name_is_the_problem():
-    assert default_study_name(SMALL_PROBLEM) == "b1-h2-s256-dk64-dv64-a0.99-float16"
+    assert default_study_name(SMALL_PROBLEM) == "b1-h2-s256-dk64-dv64-float16"
     assert json.loads(json.dumps(SMALL_PROBLEM.to_dict())) == SMALL_PROBLEM.to_dict()
 
 
@@ -31,9 +31,19 @@ def test_a_study_keeps_its_problem(tmp_path):
     assert study.user_attrs["problem"] == SMALL_PROBLEM.to_dict()
     assert open_study(SMALL_PROBLEM, name="s", storage=storage).study_name == "s"  # resumed
     with pytest.raises(UsageError, match="study 's' was made for"):
-        open_study(Problem(2, 2, 256, 64, 64, 0.99), name="s", storage=storage)
+        open_study(Problem(2, 2, 256, 64, 64), name="s", storage=storage)
     with pytest.raises(UsageError, match="no study 'other' in"):
         load_study("other", storage)
+
+
+def test_a_study_tuned_with_one_alpha_is_not_resumed(tmp_path):
+    """A study made before the decay became a run-time input measured the plain call at
+    one alpha; the tuner now measures the model form, so a run refuses to add to it."""
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    old = optuna.create_study(study_name="old", storage=storage)
+    old.set_user_attr("problem", SMALL_PROBLEM.to_dict() | {"alpha": 0.99})
+    with pytest.raises(UsageError, match=r"study 'old' was tuned with one compile-time alpha \(0.99\)"):
+        open_study(SMALL_PROBLEM, name="old", storage=storage)
     with pytest.raises(UsageError, match="cannot open storage 'nosuchdb://x'"):
         get_storage("nosuchdb://x")
 

@@ -156,7 +156,7 @@ def test_every_sampler_and_mode_runs(sampler, multi, tmp_path, monkeypatch):
 )
 def test_studies_measure_the_wave_seeds_first(options, seeded, tmp_path):
     """A study enqueues the seed config, then the wave seeds (unless turned off, or for the grid)."""
-    problem = Problem(2, 8, 2048, 64, 64, 0.99)
+    problem = Problem(2, 8, 2048, 64, 64)
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     expected = [SEED_CONFIG, *(space.wave_seeds(problem) if seeded else [])]
     assert len(expected) > 1 or not seeded

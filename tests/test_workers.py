@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 
 from tuner.trials import trial_config
 
-TINY = ["--batch", "1", "--heads", "2", "--seqlen", "256", "--dk", "64", "--dv", "64", "--alpha", "0.9"]
+TINY = ["--batch", "1", "--heads", "2", "--seqlen", "256", "--dk", "64", "--dv", "64"]
 MEASURED = ("ok", "infeasible", "compile_failed")  # outcomes that took a compile
 
 

@@ -1,16 +1,24 @@
 """Benchmark over a grid of shapes, all in one process on one GPU: the tuned kernel, the
 seed's default config, fla's ``chunk_simple_gla`` and plain torch, each against the
-shape's HBM floor (the bytes of Q, K, V and O over the copy bandwidth measured in the
-same run).
+shape's HBM floor (the bytes of Q, K, V and O and of the final state, over the copy
+bandwidth measured in the same run); then a packed batch of sequences of mixed lengths,
+``kernel.attention.decay_attention`` against fla with ``cu_seqlens``.
+
+Every implementation runs the model form, with the same arguments: RetNet's decay per
+head (``kernel.config.retnet_decay``; fla's ``g_gamma`` is its log), the query scale
+``DK^-1/2`` and the final state returned (``kernel.config.model_call``). Each is checked
+against reference C before timing; its error is the larger of the output's and the final
+state's.
 
 "Tuned" is the config a dispatch table (``python -m tuner dispatch``) picks for the shape
 when one is given; otherwise the fastest correct config among the tuner's first configs
-(``tuner.space.wave_seeds``), timed on that very shape. Every implementation is checked
-against reference C before timing.
+(``tuner.space.wave_seeds``), timed on that very shape.
 """
 
 import csv
+import inspect
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,22 +27,27 @@ from typing import Any
 import torch
 
 import refs
-from kernel.builder import build, cuda_arch, precompile, sm_count
-from kernel.config import SEED_CONFIG, KernelConfig, Problem
+from kernel.builder import build, constant_decay, cuda_arch, precompile, sm_count
+from kernel.config import SEED_CONFIG, KernelConfig, Problem, model_call, retnet_decay
 from kernel.dispatch import Dispatch
 from kernel.resources import ProbeFailure
 from kernel.timing import bench
 from kernel.validate import random_qkv
 from tuner import space
+from tuner.options import BENCH_PACKED, Packed
 from tuner.peers import fla_simple_gla, torch_chunked
 
 COPY_BYTES = 1 << 30
+STATE_BYTES = 4  # the final state is fp32
 
 
-def traffic_bytes(problem: Problem) -> int:
-    """Fewest bytes a forward pass moves: Q, K and V read once, O written once."""
+def traffic_bytes(problem: Problem, *, sequences: int | None = None) -> int:
+    """Fewest bytes a forward pass moves: Q, K and V read once, O written once (fp16 /
+    bf16 elements), and the fp32 final state of each sequence (``problem.batch``, or
+    ``sequences`` of a packed batch) written once."""
     p = problem
-    return p.batch * p.seqlen * p.heads * (2 * p.dk + 2 * p.dv) * 2  # fp16 / bf16 elements
+    n = p.batch if sequences is None else sequences
+    return p.batch * p.seqlen * p.heads * (2 * p.dk + 2 * p.dv) * 2 + n * p.heads * p.dk * p.dv * STATE_BYTES
 
 
 def copy_bandwidth() -> float:
@@ -44,28 +57,25 @@ def copy_bandwidth() -> float:
     return 2 * COPY_BYTES / (bench(lambda: dst.copy_(src)).median_ms * 1e-3)
 
 
+def model_error(got: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor]) -> dict:
+    """``rel_l2``: the larger relative L2 of the output and of the final state against
+    reference C (NaN if either is); ``state_rel_l2``: the state's alone."""
+    errors = [refs.rel_l2(g, r) for g, r in zip(got, ref)]
+    worst = math.nan if any(math.isnan(e) for e in errors) else max(errors)
+    return {"rel_l2": worst, "state_rel_l2": errors[1]}
+
+
 def _row(
-    problem: Problem,
+    shape: dict[str, Any],
     impl: str,
     config: KernelConfig | None,
-    fn: Callable[[], torch.Tensor],
-    ref: torch.Tensor,
+    fn: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    ref: tuple[torch.Tensor, torch.Tensor],
     floor_ms: float,
     log: Path | None,
 ) -> dict[str, Any]:
-    err = refs.rel_l2(fn(), ref)
-    row = {
-        "batch": problem.batch,
-        "heads": problem.heads,
-        "seqlen": problem.seqlen,
-        "dk": problem.dk,
-        "dv": problem.dv,
-        "alpha": problem.alpha,
-        "impl": impl,
-        "config": config.label if config else "",
-        "rel_l2": err,
-    }
-    if err < refs.TOLERANCE:
+    row = {**shape, "impl": impl, "config": config.label if config else "", **model_error(fn(), ref)}
+    if row["rel_l2"] < refs.TOLERANCE:
         row |= bench(fn).to_dict()
         row["x_floor"] = row["median_ms"] / floor_ms
     print(row, flush=True)
@@ -73,6 +83,16 @@ def _row(
         with log.open("a") as f:
             f.write(json.dumps(row) + "\n")
     return row
+
+
+def _floor_row(shape: dict[str, Any], floor_ms: float, bandwidth: float) -> dict[str, Any]:
+    return {
+        **shape,
+        "impl": "floor",
+        "median_ms": floor_ms,
+        "x_floor": 1.0,
+        "bandwidth_tb_s": bandwidth / 1e12,
+    }
 
 
 def served_by(dispatch: Dispatch, problem: Problem) -> str:
@@ -84,47 +104,52 @@ def served_by(dispatch: Dispatch, problem: Problem) -> str:
     return f"dispatch table: served by the entry tuned at {tuned.batch}x{tuned.heads}x{tuned.seqlen}"
 
 
+def _shape(problem: Problem) -> dict[str, Any]:
+    p = problem
+    return {"batch": p.batch, "heads": p.heads, "seqlen": p.seqlen, "dk": p.dk, "dv": p.dv, "decay": "retnet"}
+
+
 def run(
     shapes: list[tuple[int, int, int]],
     *,
     dk: int = 128,
     dv: int = 128,
-    alpha: float = 0.99,
+    dtype: str = "float16",
     dispatch: Dispatch | None = None,
+    packed: Packed | None = BENCH_PACKED,
     log: Path | None = None,
 ) -> list[dict]:
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
-    problems = [Problem(b, h, s, dk, dv, alpha) for b, h, s in shapes]
+    problems = [Problem(b, h, s, dk, dv, dtype) for b, h, s in shapes]
     candidates = {
         p: [dispatch.pick(p).config] if dispatch else space.wave_seeds(p, sm_count()) for p in problems
     }
-    jobs = [(p, c) for p in problems for c in dict.fromkeys([SEED_CONFIG, *candidates[p]])]
+    jobs = [(p, c, model_call(p)) for p in problems for c in dict.fromkeys([SEED_CONFIG, *candidates[p]])]
     probes = dict(zip(jobs, precompile(jobs, arch=cuda_arch())))
     rows = []
     for problem in problems:
+        shape, call = _shape(problem), model_call(problem)
         floor_ms = traffic_bytes(problem) / bandwidth * 1e3
         q, k, v = random_qkv(problem, seed=0)
-        ref = refs.kernel_mimic(q, k, v, problem.alpha, 64)
-        rows.append(
-            {
-                "batch": problem.batch,
-                "heads": problem.heads,
-                "seqlen": problem.seqlen,
-                "impl": "floor",
-                "median_ms": floor_ms,
-                "x_floor": 1.0,
-                "bandwidth_tb_s": bandwidth / 1e12,
-            }
-        )
+        decay = constant_decay(retnet_decay(problem.heads), problem.heads, q.device)
+        g_gamma = decay.log()  # fla's log-decay, made once as a model holds it
+        ref = refs.kernel_mimic(q, k, v, decay, 64, scale=call.scale, output_final_state=True)
+        rows.append(_floor_row(shape, floor_ms, bandwidth))
         out = torch.empty_like(v)
+        final = torch.empty(problem.batch, problem.heads, dk, dv, device=q.device)
         timed = {}
         for config in dict.fromkeys([SEED_CONFIG, *candidates[problem]]):
-            if isinstance(probes[problem, config], ProbeFailure) or not probes[problem, config].fits_smem:
+            res = probes[problem, config, call]
+            if isinstance(res, ProbeFailure) or not res.fits_smem:
                 continue
-            kern = build(problem, config)
+            kern = build(problem, config, call)
+
+            def ours(kern=kern):
+                return kern(q, k, v, decay=decay, final_state=final, out=out), final
+
             impl = "seed config" if config == SEED_CONFIG else "candidate"
-            timed[config] = _row(problem, impl, config, lambda: kern(q, k, v, out=out), ref, floor_ms, log)
+            timed[config] = _row(shape, impl, config, ours, ref, floor_ms, log)
         rows += timed.values()
         ok = [r for c, r in timed.items() if c in candidates[problem] and "median_ms" in r]
         if ok:
@@ -133,31 +158,68 @@ def run(
             )
             rows.append(min(ok, key=lambda r: r["median_ms"]) | {"impl": "tuned", "tuned_by": tuned_by})
         try:
-            rows.append(
-                _row(
-                    problem,
-                    "fla chunk_simple_gla",
-                    None,
-                    lambda: fla_simple_gla(q, k, v, problem.alpha),
-                    ref,
-                    floor_ms,
-                    log,
-                )
-            )
+            fla = lambda: fla_simple_gla(q, k, v, g_gamma, scale=call.scale)  # noqa: E731
+            rows.append(_row(shape, "fla chunk_simple_gla", None, fla, ref, floor_ms, log))
         except ImportError:
             print("fla is not installed: no fla column", file=sys.stderr)
-        rows.append(
-            _row(
-                problem,
-                "torch chunked",
-                None,
-                lambda: torch_chunked(q, k, v, problem.alpha),
-                ref,
-                floor_ms,
-                log,
-            )
-        )
+        plain = lambda: torch_chunked(q, k, v, decay, scale=call.scale)  # noqa: E731
+        rows.append(_row(shape, "torch chunked", None, plain, ref, floor_ms, log))
         del ref
+    if packed is not None:
+        rows += run_packed(packed, dk=dk, dv=dv, dtype=dtype, dispatch=dispatch, bandwidth=bandwidth, log=log)
+    return rows
+
+
+def run_packed(
+    packed: Packed,
+    *,
+    dk: int,
+    dv: int,
+    dtype: str,
+    dispatch: Dispatch | None,
+    bandwidth: float,
+    log: Path | None = None,
+) -> list[dict]:
+    """The packed batch: ``decay_attention`` (serving ``dispatch``'s picks where given,
+    else the default config) and fla, each with ``cu_seqlens``, in the model form."""
+    from kernel import attention
+
+    offsets = packed.cu_seqlens()
+    problem = Problem(1, packed.heads, offsets[-1], dk, dv, dtype)  # [1, T, H, D]
+    n = packed.sequences
+    shape = _shape(problem) | {"batch": n, "packed": f"{n} sequences of {packed.shortest}-{packed.longest}"}
+    floor_ms = traffic_bytes(problem, sequences=n) / bandwidth * 1e3
+    q, k, v = random_qkv(problem, seed=1)
+    decay = constant_decay(retnet_decay(problem.heads), problem.heads, q.device)
+    g_gamma, scale = decay.log(), model_call(problem).scale
+    cu = torch.tensor(offsets, dtype=torch.int32, device=q.device)
+    cu_long, cu_cpu = cu.long(), torch.tensor(offsets, dtype=torch.long)
+    ref = refs.kernel_mimic(q, k, v, decay, 64, scale=scale, cu_seqlens=cu, output_final_state=True)
+    rows = [_floor_row(shape, floor_ms, bandwidth)]
+    # Needs the packed decay_attention (issue 16, item 4: cu_seqlens int32 [N + 1] over
+    # [1, T, H, D], states [N, H, DK, DV]); without it the packed batch has no row of ours.
+    if "cu_seqlens" in inspect.signature(attention.decay_attention).parameters:
+        attention.use_table(dispatch)
+        try:
+
+            def ours():
+                return attention.decay_attention(
+                    q, k, v, decay, scale=scale, output_final_state=True, cu_seqlens=cu
+                )
+
+            impl = "decay_attention" + (" (dispatch table)" if dispatch else " (default config)")
+            rows.append(_row(shape, impl, None, ours, ref, floor_ms, log))
+        finally:
+            attention.use_table(None)
+    else:
+        print("decay_attention takes no cu_seqlens here: no packed row of ours", file=sys.stderr)
+    try:
+        fla = lambda: fla_simple_gla(  # noqa: E731
+            q, k, v, g_gamma, scale=scale, cu_seqlens=cu_long, cu_seqlens_cpu=cu_cpu
+        )
+        rows.append(_row(shape, "fla chunk_simple_gla", None, fla, ref, floor_ms, log))
+    except ImportError:
+        print("fla is not installed: no fla column", file=sys.stderr)
     return rows
 
 
@@ -176,8 +238,9 @@ def bench_and_write(
     *,
     dk: int,
     dv: int,
-    alpha: float,
+    dtype: str = "float16",
     dispatch: Dispatch | None = None,
+    packed: Packed | None = BENCH_PACKED,
 ) -> None:
     """Run the bench and write ``out``/bench.csv, bench.jsonl and bench.html; print a table."""
     from reports.bench import figure
@@ -185,7 +248,7 @@ def bench_and_write(
     out.mkdir(parents=True, exist_ok=True)
     log = out / "bench.jsonl"
     log.unlink(missing_ok=True)
-    rows = run(shapes, dk=dk, dv=dv, alpha=alpha, dispatch=dispatch, log=log)
+    rows = run(shapes, dk=dk, dv=dv, dtype=dtype, dispatch=dispatch, packed=packed, log=log)
     write_csv(rows, out / "bench.csv")
     figure(rows).write_html(out / "bench.html", include_plotlyjs=True)
     for r in rows:

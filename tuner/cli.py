@@ -13,9 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernel.config import HEADLINE, KernelConfig, Problem
+from kernel.config import HEADLINE, KernelConfig, Problem, model_call
 from tuner import options
 from tuner.options import (
+    BENCH_PACKED,
     BENCH_SHAPES,
     PROBLEM_FLAGS,
     STUDIES_DIR,
@@ -118,11 +119,11 @@ def _shape_flags(p: argparse.ArgumentParser, what: str) -> None:
         default=",".join("x".join(map(str, s)) for s in BENCH_SHAPES),
         help=f"{what}: comma-separated BxHxS",
     )
-    _problem_flags(p, ("dk", "dv", "alpha", "dtype"))
+    _problem_flags(p, ("dk", "dv", "dtype"))
 
 
 def _problem(args: argparse.Namespace) -> Problem:
-    return Problem(args.batch, args.heads, args.seqlen, args.dk, args.dv, args.alpha, args.dtype)
+    return Problem(args.batch, args.heads, args.seqlen, args.dk, args.dv, args.dtype)
 
 
 def _config(text: str) -> KernelConfig:
@@ -248,9 +249,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     from tuner.storage import default_study_name
     from tuner.study import Tuner
 
-    problems = [
-        Problem(b, h, s, args.dk, args.dv, args.alpha, args.dtype) for b, h, s in parse_shapes(args.shapes)
-    ]
+    problems = [Problem(b, h, s, args.dk, args.dv, args.dtype) for b, h, s in parse_shapes(args.shapes)]
     out = Path(args.out) if args.out else STUDIES_DIR / "dispatch.json"
     if out.is_dir():
         raise UsageError(f"--out wants a file path for the table, got the directory {str(out)!r}")
@@ -414,22 +413,26 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Time the tuned kernel, the seed's config, fla and plain torch over shapes, against
-    the HBM floor."""
+    """Time the tuned kernel, the seed's config, fla and plain torch over shapes, then a
+    packed batch, in the model form (RetNet's decays, scale, final state), against the HBM
+    floor."""
     import torch
 
     from kernel.dispatch import load_dispatch
     from tuner.bench import bench_and_write
 
     shapes = parse_shapes(args.shapes)
-    Problem(1, 1, 1, args.dk, args.dv, args.alpha, args.dtype)  # validates the flags up front
+    Problem(1, 1, 1, args.dk, args.dv, args.dtype)  # validates the flags up front
+    if args.packed < 0:
+        raise UsageError(f"--packed wants a number of sequences >= 0, got {args.packed}")
+    packed = BENCH_PACKED._replace(sequences=args.packed) if args.packed else None
     dispatch = load_dispatch(args.dispatch, allow_mismatch=args.allow_mismatch) if args.dispatch else None
     if not torch.cuda.is_available():
         raise UsageError("bench times kernels and needs a CUDA device; none is visible")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out wants a directory, got the file {str(out)!r}")
-    bench_and_write(shapes, out, dk=args.dk, dv=args.dv, alpha=args.alpha, dispatch=dispatch)
+    bench_and_write(shapes, out, dk=args.dk, dv=args.dv, dtype=args.dtype, dispatch=dispatch, packed=packed)
     return 0
 
 
@@ -446,9 +449,12 @@ def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, round
         raise UsageError("--remeasure needs a CUDA device")
     q, k, v = random_qkv(problem, seed=12345)
     out = torch.empty_like(v)
-    kernels = {"study": build(problem, mine), "yardstick": build(problem, theirs)}
+    final = torch.empty(problem.batch, problem.heads, problem.dk, problem.dv, device=q.device)
+    call = model_call(problem)  # the form the studies measured, with its default decay
+    kernels = {"study": build(problem, mine, call), "yardstick": build(problem, theirs, call)}
     times = alternating(
-        {name: partial(kern, q, k, v, out=out) for name, kern in kernels.items()}, rounds=rounds
+        {name: partial(kern, q, k, v, out=out, final_state=final) for name, kern in kernels.items()},
+        rounds=rounds,
     )
     med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     return {"median_ms": med, "all_ms": times, "study_over_yardstick": med["study"] / med["yardstick"]}
@@ -494,6 +500,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.choices["bench"]
     _shape_flags(bench, "the shapes to time")
     bench.add_argument("--dispatch", help="a dispatch table (python -m tuner dispatch): its pick is 'tuned'")
+    bench.add_argument(
+        "--packed",
+        type=int,
+        default=BENCH_PACKED.sequences,
+        help=f"sequences in the packed batch timed after the shapes, {BENCH_PACKED.shortest} to "
+        f"{BENCH_PACKED.longest} tokens each, {BENCH_PACKED.heads} heads (0: none)",
+    )
     bench.add_argument(
         "--allow-mismatch",
         action="store_true",

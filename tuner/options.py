@@ -2,12 +2,14 @@
 and help text (the CLI builds its flags from them), and the error for a mistake in it."""
 
 import dataclasses
+import itertools
 import os
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from kernel.config import KernelConfig
+from kernel.config import HEADLINE, KernelConfig
 from refs import TOLERANCE
 
 SAMPLERS = ("tpe", "nsga2", "gp", "grid")
@@ -80,6 +82,32 @@ def flag(f: dataclasses.Field) -> str:
 # The shapes ``bench`` times and ``dispatch`` tunes by default, (batch, heads, seqlen): the
 # headline, then fewer and longer sequences.
 BENCH_SHAPES = ((8, 16, 4096), (16, 16, 2048), (4, 16, 8192), (2, 16, 16384), (1, 8, 32768))
+
+
+class Packed(NamedTuple):
+    """A packed batch of ``sequences`` of mixed lengths, as a serving engine hands them over
+    (``cu_seqlens``): lengths spread evenly in log from ``shortest`` to ``longest`` tokens,
+    in a seeded random order, each with ``heads`` heads."""
+
+    sequences: int = 64
+    shortest: int = 100
+    longest: int = 8000
+    heads: int = HEADLINE.heads
+    seed: int = 0
+
+    def lengths(self) -> list[int]:
+        n, ratio = self.sequences, self.longest / self.shortest
+        spread = [round(self.shortest * ratio ** (i / max(n - 1, 1))) for i in range(n)]
+        random.Random(self.seed).shuffle(spread)
+        return spread
+
+    def cu_seqlens(self) -> list[int]:
+        """The N + 1 offsets ``0, L_0, L_0 + L_1, ..., T``."""
+        return [0, *itertools.accumulate(self.lengths())]
+
+
+# The packed batch ``bench`` times after its shapes.
+BENCH_PACKED = Packed()
 # The help text of each problem flag.
 PROBLEM_FLAGS = {
     "batch": "sequences per call (B)",
@@ -87,7 +115,6 @@ PROBLEM_FLAGS = {
     "seqlen": "tokens per sequence (S)",
     "dk": "query/key head dimension (DK), a multiple of 16 up to 256",
     "dv": "value head dimension (DV), a multiple of 16 up to 256",
-    "alpha": "decay per token, in (0, 1]",
     "dtype": "element type of Q, K, V and O: float16 or bfloat16",
 }
 

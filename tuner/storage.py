@@ -29,7 +29,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from kernel.config import Problem
+from kernel.config import LEGACY_FIELDS, Problem
 from tuner.options import STUDIES_DIR, UsageError, default_storage
 
 # The trial system attribute holding a worker's last heartbeat (seconds since the epoch) on
@@ -41,7 +41,7 @@ CLAIM_MARK = "/claim/"
 
 def default_study_name(problem: Problem) -> str:
     p = problem
-    return f"b{p.batch}-h{p.heads}-s{p.seqlen}-dk{p.dk}-dv{p.dv}-a{p.alpha:g}-{p.dtype}"
+    return f"b{p.batch}-h{p.heads}-s{p.seqlen}-dk{p.dk}-dv{p.dv}-{p.dtype}"
 
 
 def _kind(url: str) -> tuple[str, str]:
@@ -238,6 +238,11 @@ def open_study(
     saved = study.user_attrs.get("problem")
     if saved is None:
         study.set_user_attr("problem", problem.to_dict())
+    elif any(key in saved for key in LEGACY_FIELDS):
+        raise UsageError(
+            f"study {name!r} was tuned with one compile-time alpha ({saved.get('alpha')}) and the plain "
+            "call; the tuner now measures the model form (kernel.config.model_call): use another --study"
+        )
     elif saved != problem.to_dict():
         raise UsageError(f"study {name!r} was made for {Problem.from_dict(saved)}, not {problem}")
     return study

@@ -44,7 +44,7 @@ import optuna
 from optuna.trial import TrialState
 
 from kernel.builder import cuda_arch, sm_count
-from kernel.config import SEED_CONFIG, KernelConfig, Problem
+from kernel.config import SEED_CONFIG, KernelConfig, Problem, model_call
 from kernel.environment import env_key, environment
 from kernel.record import MEASURES
 from kernel.resources import DEFAULT_ARCH, ProbeFailure, Resources, probe
@@ -86,6 +86,7 @@ class Tuner:
 
     def __init__(self, problem: Problem, options: Options, *, name: str, storage: str) -> None:
         self.problem, self.options = problem, options
+        self.call = model_call(problem)  # what the worker builds and measures: probe the same kernel
         table = space.choices(problem)
         for config in options.enqueue:
             outside = {k: v for k, v in config.to_dict().items() if v not in table[k]}
@@ -220,7 +221,7 @@ class Tuner:
         if isinstance(state, Owned):
             return trial, config, state
         trial.set_user_attr("claim_attempt", state.attempt)
-        return trial, config, pool.submit(probe, self.problem, config, arch=self.arch)
+        return trial, config, pool.submit(probe, self.problem, config, arch=self.arch, call=self.call)
 
     def _follow(self, trial: optuna.Trial, config: KernelConfig, worker: GpuWorker | None) -> None:
         """A trial whose config another trial owns: wait for the owner and copy its outcome;
@@ -230,7 +231,7 @@ class Tuner:
             if isinstance(state, Claimed):
                 trial.set_user_attr("claim_attempt", state.attempt)
                 assert self._pool is not None
-                res = self._pool.submit(probe, self.problem, config, arch=self.arch).result()
+                res = self._pool.submit(probe, self.problem, config, arch=self.arch, call=self.call).result()
                 self._evaluate(trial, config, res, worker)
                 return
             if state.finished:
