@@ -25,7 +25,8 @@ from kernel.dispatch import Dispatch, default_config
 _KERNELS: dict[tuple[Problem, KernelConfig, Call], ScalarDecayKernel] = {}
 _DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 _TABLE: list[Dispatch | None] = [None]
-# id -> (weak reference, version) of the decay tensors whose values were found in (0, 1].
+# id -> (weak reference, version) of the decay and cu_seqlens tensors whose values passed
+# their check: the check waits for the GPU, so a model's buffers pay it once.
 _CHECKED: dict[int, tuple[weakref.ref, int]] = {}
 
 
@@ -149,12 +150,8 @@ def _decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: 
     if decay.device != device:
         raise ValueError(f"decay is on {decay.device} but q is on {device}")
     decay = decay.to(torch.float32).contiguous()
-    # Checking the values waits for the GPU: done once per tensor and version (a model's
-    # decay buffer is checked on its first call), never while a CUDA graph is captured.
-    seen = _CHECKED.get(id(decay))
-    if seen is not None and seen[0]() is decay and seen[1] == decay._version:
-        return decay
-    if not torch.cuda.is_current_stream_capturing():
+    # The values: checked once per tensor and version, never while a graph is captured.
+    if not _checked_before(decay) and not torch.cuda.is_current_stream_capturing():
         bad = ~((decay > 0) & (decay <= 1))
         if bool(bad.any()):
             head = int(bad.nonzero()[0])
@@ -165,14 +162,20 @@ def _decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: 
     return decay
 
 
-def _remember(decay: torch.Tensor) -> None:
-    key = id(decay)
-    _CHECKED[key] = (weakref.ref(decay, lambda _: _CHECKED.pop(key, None)), decay._version)
+def _checked_before(tensor: torch.Tensor) -> bool:
+    """Whether this tensor's values, unchanged since, passed their check (``_remember``)."""
+    seen = _CHECKED.get(id(tensor))
+    return seen is not None and seen[0]() is tensor and seen[1] == tensor._version
+
+
+def _remember(tensor: torch.Tensor) -> None:
+    key = id(tensor)
+    _CHECKED[key] = (weakref.ref(tensor, lambda _: _CHECKED.pop(key, None)), tensor._version)
 
 
 def _check_offsets(cu_seqlens: torch.Tensor, problem: Problem, device: torch.device) -> torch.Tensor:
     """The int32 offsets the packed kernel reads: ``[N + 1]``, 0 first, T last, strictly
-    increasing (the values are checked but while a CUDA graph is captured)."""
+    increasing (values checked as the decay's are, ``_checked_before``)."""
     if problem.batch != 1:
         raise ValueError(f"with cu_seqlens, q, k, v must be [1, T, H, D], got a batch of {problem.batch}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype not in (torch.int32, torch.int64):
@@ -182,13 +185,14 @@ def _check_offsets(cu_seqlens: torch.Tensor, problem: Problem, device: torch.dev
         )
     if cu_seqlens.device != device:
         raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {device}")
-    if not torch.cuda.is_current_stream_capturing():
+    if not _checked_before(cu_seqlens) and not torch.cuda.is_current_stream_capturing():
         offsets = cu_seqlens.tolist()
         steps = [b - a for a, b in zip(offsets, offsets[1:])]
         if offsets[0] != 0 or offsets[-1] != problem.seqlen or min(steps) < 1:
             raise ValueError(
                 f"cu_seqlens must rise strictly from 0 to T = {problem.seqlen}, got {_clip(offsets)}"
             )
+        _remember(cu_seqlens)
     return cu_seqlens.to(torch.int32).contiguous()
 
 

@@ -16,7 +16,6 @@ when one is given; otherwise the fastest correct config among the tuner's first 
 """
 
 import csv
-import inspect
 import json
 import math
 import sys
@@ -196,23 +195,18 @@ def run_packed(
     cu_long, cu_cpu = cu.long(), torch.tensor(offsets, dtype=torch.long)
     ref = refs.kernel_mimic(q, k, v, decay, 64, scale=scale, cu_seqlens=cu, output_final_state=True)
     rows = [_floor_row(shape, floor_ms, bandwidth)]
-    # Needs the packed decay_attention (issue 16, item 4: cu_seqlens int32 [N + 1] over
-    # [1, T, H, D], states [N, H, DK, DV]); without it the packed batch has no row of ours.
-    if "cu_seqlens" in inspect.signature(attention.decay_attention).parameters:
-        attention.use_table(dispatch)
-        try:
+    attention.use_table(dispatch)
+    try:
 
-            def ours():
-                return attention.decay_attention(
-                    q, k, v, decay, scale=scale, output_final_state=True, cu_seqlens=cu
-                )
+        def ours():
+            return attention.decay_attention(
+                q, k, v, decay, scale=scale, output_final_state=True, cu_seqlens=cu
+            )
 
-            impl = "decay_attention" + (" (dispatch table)" if dispatch else " (default config)")
-            rows.append(_row(shape, impl, None, ours, ref, floor_ms, log))
-        finally:
-            attention.use_table(None)
-    else:
-        print("decay_attention takes no cu_seqlens here: no packed row of ours", file=sys.stderr)
+        impl = "decay_attention" + (" (dispatch table)" if dispatch else " (default config)")
+        rows.append(_row(shape, impl, None, ours, ref, floor_ms, log))
+    finally:
+        attention.use_table(None)
     try:
         fla = lambda: fla_simple_gla(  # noqa: E731
             q, k, v, g_gamma, scale=scale, cu_seqlens=cu_long, cu_seqlens_cpu=cu_cpu
