@@ -227,7 +227,7 @@ def test_every_flag_has_help_and_shows_its_default(command):
     entries = _help_entries(command)
     for action in sub.choices[command]._actions:
         flag = action.option_strings[0]
-        if flag == "-h":
+        if flag == "-h" or action.help == argparse.SUPPRESS:  # run's --worker: internal to --gpus
             continue
         assert action.help, flag
         entry = entries[flag]

@@ -224,6 +224,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if tuner.interrupted:
         print(f"marked {tuner.interrupted} trial(s) of a killed run as failed", file=sys.stderr)
     study = _run_and_log(tuner, _exports(storage, name))
+    if args.worker:  # started by --gpus: the parent exports once all workers are done
+        return 0
     return _export_run(study, _exports(storage, name) / "best.json", tuner.env_key)
 
 
@@ -261,8 +263,8 @@ def _gpus(args: argparse.Namespace, storage: str, jobs: int) -> list[int]:
 
 
 def _run_argv(problem: Problem, opts: Options, name: str, storage: str) -> tuple[str, ...]:
-    """The ``run`` command line of one worker: ``problem`` and ``opts`` as flags."""
-    argv = ["run", "--study", name, "--storage", storage]
+    """The ``run`` command line of a worker of ``--gpus``: ``problem`` and ``opts`` as flags."""
+    argv = ["run", "--worker", "--study", name, "--storage", storage]
     argv += [a for key in PROBLEM_FLAGS for a in (f"--{key}", str(getattr(problem, key)))]
     for f in options.fields():
         value = getattr(opts, f.name)
@@ -625,6 +627,7 @@ def build_parser() -> argparse.ArgumentParser:
             group(p)
     _shape_flags(sub.choices["dispatch"], "the shapes to tune, one study each")
     sub.choices["dispatch"].add_argument("--out", help="path of the table (default: studies/dispatch.json)")
+    sub.choices["run"].add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # of --gpus
     sub.choices["trials"].add_argument("--all-columns", action="store_true", help="every column of the log")
     sub.choices["best"].add_argument("--top", type=int, default=5, help="how many configs to print")
     sub.choices["export"].add_argument(

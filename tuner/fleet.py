@@ -164,10 +164,15 @@ def run_jobs(jobs: list[Job], gpus: list[int], *, log_dir: Path) -> list[Outcome
 def _ended(child: _Child, returncode: int, lock: threading.Lock, *, others: int) -> Outcome:
     wall = time.monotonic() - child.start
     if returncode != 0:
+        why = (
+            f"killed by {signal.Signals(-returncode).name}"
+            if returncode < 0
+            else f"exit {returncode}: {child.last_error or 'no message'}"
+        )
         with lock:
             print(
-                f"{child.prefix} failed (exit {returncode}): {child.last_error or 'no message'}; "
-                f"log {child.log}" + (f"; {others} other job(s) go on" if others else ""),
+                f"{child.prefix} failed ({why}); log {child.log}"
+                + (f"; {others} other job(s) go on" if others else ""),
                 file=sys.stderr,
                 flush=True,
             )
