@@ -390,8 +390,8 @@ def test_best_and_export_rank_each_environment_apart(tmp_path, capsys, monkeypat
     assert read_export(tmp_path / "here.json")["configs"][0]["median_ms"] == 0.9
     # Another environment by its key's start: its own ranking, never the others'.
     assert main(["best", *on, "--env", env_key(h200)[:6]]) == 0
-    heading, env_line, header, *rows = capsys.readouterr().out.splitlines()
-    assert env_line.startswith(f"measured in environment {env_key(h200)} (NVIDIA H200,")
+    heading, header, *rows = capsys.readouterr().out.splitlines()
+    assert f", measured in environment {env_key(h200)} (NVIDIA H200," in heading
     assert [float(r.split()[3]) for r in rows] == [0.2, 0.4]
     assert main(["export", *on, "--env", env_key(h100), "--out", str(tmp_path / "h100.json")]) == 0
     capsys.readouterr()

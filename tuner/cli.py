@@ -455,8 +455,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         print(f"study {study.study_name!r} has no feasible, correct trial yet", file=sys.stderr)
         return 1
     frame = trials_frame(study).set_index("number", drop=False).loc[best]
-    print(_heading(study))
-    print(_env_line(study, env))
+    print(f"{_heading(study)}, {_env_line(study, env)}")
     print(table(frame))
     return 0
 
