@@ -3,6 +3,7 @@ PostgreSQL server and on a journal file. No config is compiled twice, none is lo
 worker killed with -9 mid-trial has its trial failed by the survivors' heartbeat check and
 its config measured again by a survivor."""
 
+import datetime
 import os
 import signal
 import subprocess
@@ -26,7 +27,9 @@ def _worker(storage: str, tmp: Path, n_trials: int, cache: Path | None = None) -
     env = os.environ | {"PYTHONPATH": str(REPO), "DECAY_TUNER_STUDIES": str(tmp)}
     if cache is not None:
         env["TILELANG_CACHE_DIR"] = str(cache)
-    argv = ["run", *TINY, "--storage", storage, "--study", "w", "--workers", "1", "--no-progress"]
+    # --worker: as `run --gpus` starts them, leaving the export to a parent (a worker may end
+    # before the study has a feasible config, which is no failure of the worker).
+    argv = ["run", "--worker", *TINY, "--storage", storage, "--study", "w", "--workers", "1", "--no-progress"]
     argv += ["--n-trials", str(n_trials), "--heartbeat", "1", "--grace", "4"]
     return subprocess.Popen(
         [sys.executable, "-m", "tuner", *argv],
@@ -57,7 +60,7 @@ def test_three_workers_share_a_study_and_survive_a_kill_9(kind, tmp_path, reques
         for name in optuna.get_all_study_names(get_storage(storage)):
             optuna.delete_study(study_name=name, storage=get_storage(storage))
     # The victim compiles with a cold cache, so its trials stay in flight for seconds.
-    victim = _worker(storage, tmp_path, 6, cache=tmp_path / "cold-cache")
+    victim = _worker(storage, tmp_path, 10, cache=tmp_path / "cold-cache")
     survivors = [_worker(storage, tmp_path, 8) for _ in range(2)]
     killed = None
     deadline = time.monotonic() + 300
@@ -112,8 +115,12 @@ def test_ctrl_c_then_resume_measures_the_interrupted_configs(tmp_path):
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and run.poll() is None:
         study = _study(storage)
+        # A trial compiling for over a second (a cold compile takes several; a refusal, less).
         if study and any(
-            t.state == TrialState.RUNNING and "claim_attempt" in t.user_attrs for t in study.get_trials()
+            t.state == TrialState.RUNNING
+            and "claim_attempt" in t.user_attrs
+            and (datetime.datetime.now() - t.datetime_start).total_seconds() > 1
+            for t in study.get_trials()
         ):
             break
         time.sleep(0.1)
