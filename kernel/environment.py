@@ -1,5 +1,5 @@
-"""What a measurement depends on besides the config, and the atomic JSON writer that
-every stored result goes through.
+"""What a measurement depends on besides the config, and the atomic writer that every
+stored result goes through.
 
 ``environment()`` names the GPU, the libraries and the compiler, and identifies the
 kernels by their code: ``kernel_key`` hashes the syntax tree of the modules that generate
@@ -9,6 +9,7 @@ does.
 """
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
@@ -16,6 +17,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,18 +95,27 @@ def mismatches(saved: dict[str, Any]) -> list[str]:
     ]
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON atomically: a killed writer never leaves half a file."""
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path`` for the block to write; it replaces ``path`` when
+    the block ends (``os.replace``: a killed writer never leaves half a file), or is removed
+    when the block raises."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     umask = os.umask(0)
     os.umask(umask)
     os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide a table from its deployment's user
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON atomically (``replacing``)."""
+    with replacing(path) as tmp, tmp.open("w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")

@@ -1,3 +1,13 @@
+"""Test set-up: the gpu marker, and a PostgreSQL server of the session's own."""
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,3 +23,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _pg_bin() -> Path | None:
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).resolve().parent
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    return versions[-1].parent if versions else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """A PostgreSQL server of its own on a free loopback port; its SQLAlchemy URL."""
+    bindir = _pg_bin()
+    if bindir is None:
+        if os.environ.get("DECAY_TUNER_REQUIRE_POSTGRES"):  # .ci/run sets it: CI never skips
+            pytest.fail("no PostgreSQL server binaries, and DECAY_TUNER_REQUIRE_POSTGRES is set")
+        pytest.skip("no PostgreSQL server binaries (.ci/run installs Debian's postgresql)")
+    # Not under pytest's temporary folder: that is private to root, and the server runs as postgres.
+    data = Path(tempfile.mkdtemp(prefix="decay-tuner-pg-")) / "data"
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # initdb refuses root: run the server as Debian's postgres user
+        shutil.chown(data.parent, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = _free_port()
+    run = lambda *cmd: subprocess.run([*as_user, *map(str, cmd)], check=True, capture_output=True)
+    run(bindir / "initdb", "-D", data, "-A", "trust", "-U", "postgres")
+    opts = f"-p {port} -k {data.parent} -c listen_addresses=127.0.0.1"
+    run(bindir / "pg_ctl", "-D", data, "-o", opts, "-l", data.parent / "log", "-w", "start")
+    yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    run(bindir / "pg_ctl", "-D", data, "-m", "immediate", "stop")
+    shutil.rmtree(data.parent, ignore_errors=True)

@@ -226,7 +226,7 @@ def test_every_flag_has_help_and_shows_its_default(command):
     entries = _help_entries(command)
     for action in sub.choices[command]._actions:
         flag = action.option_strings[0]
-        if flag == "-h":
+        if flag == "-h" or action.help == argparse.SUPPRESS:  # run's --worker: internal to --gpus
             continue
         assert action.help, flag
         entry = entries[flag]
@@ -361,3 +361,66 @@ def test_gpu_dispatch_end_to_end(tmp_path, monkeypatch, capsys):
     gammas = torch.tensor(retnet_decay(problem.heads), device="cuda")
     ref = refs.kernel_mimic(q, k, v, gammas, table.pick(problem).config.chunk)
     assert refs.rel_l2(table(q, k, v), ref) < refs.TOLERANCE  # RetNet's decays by default
+
+
+def test_best_and_export_rank_each_environment_apart(tmp_path, capsys, monkeypatch):
+    """Workers on two GPU kinds share a study: each environment is ranked on its own, and
+    `best` and `export` say which one they report."""
+    from kernel.environment import env_key, environment
+    from tuner import space
+    from tuner.storage import get_storage
+
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"journal:{tmp_path / 'j.log'}"
+    h100, h200 = (environment() | {"gpu": gpu} for gpu in ("NVIDIA H100", "NVIDIA H200"))
+    study = gpu_study([0.5, 0.3], storage=get_storage(storage), name="mix", env=h100)
+    for config, ms, env in zip(space.grid(SMALL_PROBLEM)[2:5], [0.4, 0.2, 0.9], [h200, h200, environment()]):
+        attrs = {"mode": "gpu", "status": "ok", "environment": env, "median_ms": ms, "rel_l2": 1e-3}
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=config.to_dict(),
+                distributions=space.distributions(SMALL_PROBLEM),
+                value=ms,
+                user_attrs=attrs,
+            )
+        )
+    on = ["--storage", storage, "--study", "mix", *SMALL]
+
+    # This machine's environment has a trial: it is the default, and it is named.
+    assert main(["export", *on, "--out", str(tmp_path / "here.json")]) == 0
+    err = capsys.readouterr().err
+    assert f"measured in environment {env_key(environment())}" in err
+    assert read_export(tmp_path / "here.json")["configs"][0]["median_ms"] == 0.9
+    # Another environment by its key's start: its own ranking, never the others'.
+    assert main(["best", *on, "--env", env_key(h200)[:6]]) == 0
+    heading, header, *rows = capsys.readouterr().out.splitlines()
+    assert f", measured in environment {env_key(h200)} (NVIDIA H200," in heading
+    assert [float(r.split()[3]) for r in rows] == [0.2, 0.4]
+    assert main(["export", *on, "--env", env_key(h100), "--out", str(tmp_path / "h100.json")]) == 0
+    capsys.readouterr()
+    exported = read_export(tmp_path / "h100.json")
+    assert exported["environment"] == h100 and [c["median_ms"] for c in exported["configs"]] == [0.3, 0.5]
+    assert main(["best", *on, "--env", "zzz"]) == 2
+    err = capsys.readouterr().err
+    assert "--env 'zzz' names no environment" in err and "NVIDIA H200" in err and err.count("\n") == 1
+
+
+def test_a_study_of_other_environments_asks_which(tmp_path, capsys, monkeypatch):
+    from kernel.environment import environment
+    from tuner.storage import get_storage
+
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"journal:{tmp_path / 'j.log'}"
+    study = gpu_study(
+        [0.5], storage=get_storage(storage), name="a", env=environment() | {"gpu": "NVIDIA H100"}
+    )
+    assert main(["best", "--storage", storage, "--study", "a", *SMALL]) == 0  # the only one: no question
+    capsys.readouterr()
+    gpu_study([0.4], storage=get_storage(storage), name="b", env=environment() | {"gpu": "NVIDIA H200"})
+    for trial in optuna.load_study(study_name="b", storage=get_storage(storage)).trials:
+        study.add_trial(trial)
+    assert main(["export", "--storage", storage, "--study", "a", *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "holds measurements of 2 environments, none of them this machine's: choose one with --env" in err
+    assert "NVIDIA H100" in err and "NVIDIA H200" in err and err.count("\n") == 1
+    assert not (tmp_path / "storages").exists()

@@ -120,12 +120,30 @@ def _open_at_once(url: str, barrier) -> str:
         return f"{type(exc).__name__}: {exc}"
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "journal"])
-def test_processes_creating_one_new_storage_at_once_all_succeed(kind, tmp_path):
+def _new_database(server: str) -> str:
+    """The URL of a new, empty database on the PostgreSQL ``server``."""
+    import uuid
+
+    import sqlalchemy
+
+    name = f"fresh_{uuid.uuid4().hex[:12]}"
+    engine = sqlalchemy.create_engine(server, isolation_level="AUTOCOMMIT")
+    with engine.connect() as connection:
+        connection.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    engine.dispose()
+    return f"{server.rsplit('/', 1)[0]}/{name}"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal", "postgres"])
+def test_processes_creating_one_new_storage_at_once_all_succeed(kind, tmp_path, request):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    url = f"sqlite:///{tmp_path / 'new.db'}" if kind == "sqlite" else f"journal:{tmp_path / 'new.log'}"
+    url = {
+        "sqlite": lambda: f"sqlite:///{tmp_path / 'new.db'}",
+        "journal": lambda: f"journal:{tmp_path / 'new.log'}",
+        "postgres": lambda: _new_database(request.getfixturevalue("postgres")),
+    }[kind]()
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Manager().Barrier(4)
     with ProcessPoolExecutor(4, mp_context=ctx) as pool:

@@ -11,12 +11,13 @@ import time
 import optuna
 import pandas as pd
 import pytest
-from helpers import REPO, SMALL, WARP_FAILURE, run_small
+from helpers import REPO, SMALL, SMALL_PROBLEM, WARP_FAILURE, run_small
 
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.deploy import read_export
 from tuner import space
 from tuner.options import Options
+from tuner.samplers import make_sampler
 from tuner.storage import export_dir
 from tuner.study import Tuner
 
@@ -164,3 +165,22 @@ def test_studies_measure_the_wave_seeds_first(options, seeded, tmp_path):
         study = Tuner(problem, options, name="s", storage=storage).study
         queued = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
         assert [KernelConfig.from_dict(p) for p in queued] == expected
+
+
+def _proposals(study: optuna.Study, n: int = 4) -> list[dict]:
+    """The next ``n`` configs the study's sampler proposes (nothing queued is left)."""
+    dists = space.distributions(SMALL_PROBLEM)
+    return [study.ask(dists).params for _ in range(n)]
+
+
+def test_workers_started_with_one_seed_propose_different_configs(tmp_path):
+    storage = f"journal:{tmp_path / 'j.log'}"
+    opts = Options(seed=3, wave_seeds=False, workers=1, progress=False)
+    first, second = (Tuner(SMALL_PROBLEM, opts, name="s", storage=storage) for _ in range(2))
+    assert (first.worker_index, second.worker_index) == (0, 1)
+    first.study.ask()  # the seed config, queued once for both
+    ours = _proposals(first.study), _proposals(second.study)
+    assert ours[0] != ours[1]
+    # Two samplers of one seed would propose the same: what the offset prevents.
+    same = [_proposals(optuna.create_study(sampler=make_sampler("tpe", SMALL_PROBLEM, 3))) for _ in range(2)]
+    assert same[0] == same[1] == ours[0]

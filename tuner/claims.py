@@ -10,6 +10,10 @@ another trial owns the config; the claim study's user attribute ``trial`` names 
 takes attempt + 1. An owner that finished, or is still running, keeps it: the other trials
 of that config copy its outcome (``cached_from``) instead of compiling it again.
 
+The same primitive numbers the workers of a study (``worker_index``): the n-th worker to
+open it creates ``<study>/claim/workers/<n>``, and offsets its sampler's seed by n, so
+workers started with one ``--seed`` do not propose the same configs.
+
 The one gap: a worker that dies between creating the claim and naming its owner (two
 storage calls) leaves a claim with no owner; a waiter treats such a claim as dead once it
 has stayed ownerless for the grace period.
@@ -28,6 +32,19 @@ from tuner.storage import CLAIM_MARK
 
 def claim_name(study: str, env_key: str, config: KernelConfig, attempt: int) -> str:
     return f"{study}{CLAIM_MARK}{env_key}/{config.label}/{attempt}"
+
+
+def worker_index(study: optuna.Study) -> int:
+    """This worker's number on ``study``: 0 for the first worker ever to open it, then 1, 2..."""
+    index = 0
+    while True:
+        try:
+            study._storage.create_new_study(
+                [StudyDirection.MINIMIZE], f"{study.study_name}{CLAIM_MARK}workers/{index}"
+            )
+            return index
+        except optuna.exceptions.DuplicatedStudyError:
+            index += 1
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,22 @@ def _tuning_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _gpus_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gpus",
+        help="start one worker process per GPU (0,1,... or all), all on this study's storage "
+        "(a journal file or a database server, not SQLite); default: this process alone",
+    )
+
+
+def _env_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--env",
+        help="the environment whose measurements to rank: its key or the key's start (a study of several "
+        "environments lists them); default: the only one, else this machine's",
+    )
+
+
 def _shape_flags(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument(
         "--shapes",
@@ -195,10 +211,11 @@ def _default_out(args: argparse.Namespace, file: str) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run an Optuna study over the kernel's design space."""
-    from tuner.export import export_best
     from tuner.study import Tuner
 
     name, storage = _where(args)
+    if args.gpus is not None:
+        return _run_on_gpus(args, name, storage)
     tuner = Tuner(_problem(args), _options(args), name=name, storage=storage)
     if not tuner.gpu:
         print(
@@ -208,9 +225,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if tuner.interrupted:
         print(f"marked {tuner.interrupted} trial(s) of a killed run as failed", file=sys.stderr)
     study = _run_and_log(tuner, _exports(storage, name))
-    out = _exports(storage, name) / "best.json"
+    if args.worker:  # started by --gpus: the parent exports once all workers are done
+        return 0
+    return _export_run(study, _exports(storage, name) / "best.json", tuner.env_key)
+
+
+def _export_run(study: "optuna.Study", out: Path, env: str) -> int:
+    """Export the best configs measured in environment ``env`` after a run; print the best."""
+    from tuner.export import export_best
+
     try:
-        data = export_best(study, out)
+        data = export_best(study, out, env=env)
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -224,20 +249,92 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpus(args: argparse.Namespace, storage: str, jobs: int) -> list[int]:
+    """The GPUs of ``--gpus``; ``UsageError`` for a malformed list, a storage that cannot
+    serve that many processes at once, or a machine without CUDA."""
+    from tuner.fleet import local_gpus, parse_gpus
+    from tuner.storage import check_shared
+
+    wanted = parse_gpus(args.gpus)
+    if wanted is not None:  # before loading torch: a mistake answers at once
+        check_shared(storage, min(len(wanted), jobs))
+    gpus = local_gpus(wanted)
+    check_shared(storage, min(len(gpus), jobs))
+    return gpus
+
+
+def _run_argv(problem: Problem, opts: Options, name: str, storage: str) -> tuple[str, ...]:
+    """The ``run`` command line of a worker of ``--gpus``: ``problem`` and ``opts`` as flags."""
+    argv = ["run", "--worker", "--study", name, "--storage", storage]
+    argv += [a for key in PROBLEM_FLAGS for a in (f"--{key}", str(getattr(problem, key)))]
+    for f in options.fields():
+        value = getattr(opts, f.name)
+        if isinstance(f.default, bool):
+            argv += [options.flag(f)] * (value != f.default)
+        elif value is not None:
+            argv += [options.flag(f), str(value)]
+    return (*argv, *(a for c in opts.enqueue for a in ("--enqueue", c.label)))
+
+
+def _worker_options(opts: Options, workers: int) -> Options:
+    """Each of ``workers`` concurrent workers: no progress bar, and its share of the cores."""
+    import dataclasses
+    import os
+
+    cores = os.cpu_count() or 1
+    return dataclasses.replace(opts, progress=False, workers=opts.workers or max(1, cores // workers - 2))
+
+
+def _run_on_gpus(args: argparse.Namespace, name: str, storage: str) -> int:
+    """``run --gpus``: one worker per GPU on the study, its trials split between them."""
+    import dataclasses
+
+    from kernel.environment import env_key, environment
+    from tuner.fleet import Job, run_jobs
+    from tuner.storage import load_study
+
+    problem, opts = _problem(args), _options(args)
+    gpus = _gpus(args, storage, opts.n_trials)[: opts.n_trials]
+    base = _worker_options(opts, len(gpus))
+    jobs = [
+        Job(f"worker{i}", _run_argv(problem, dataclasses.replace(base, n_trials=share), name, storage))
+        for i, share in enumerate(_shares(opts.n_trials, len(gpus)))
+    ]
+    folder = _exports(storage, name)
+    print(
+        f"{len(jobs)} workers on study {name!r} in {storage} (logs in {folder / 'workers'})", file=sys.stderr
+    )
+    outcomes = run_jobs(jobs, gpus, log_dir=folder / "workers")
+    failed = [o for o in outcomes if o.returncode != 0]
+    study = load_study(name, storage)
+    _log(study, folder)
+    return _export_run(study, folder / "best.json", env_key(environment())) or int(bool(failed))
+
+
+def _shares(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` nearly equal positive shares."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
 def _run_and_log(tuner: "Tuner", folder: Path) -> "optuna.Study":
     """Run the study, then save its trial log (CSV and Parquet) in ``folder``, with its exports."""
+    study = tuner.run()
+    _log(study, folder, f", {tuner.gpu_evaluations} GPU evaluations this run")
+    return study
+
+
+def _log(study: "optuna.Study", folder: Path, note: str = "") -> None:
+    """Save the study's trial log (CSV and Parquet) in ``folder`` and say so in one line."""
     from tuner.trials import save_frame, trials_frame
 
-    study = tuner.run()
     paths = save_frame(trials_frame(study), folder / "trials")
     finished = sum(t.state.is_finished() for t in study.trials)
     queued = len(study.trials) - finished  # enqueued configs the next run measures first
     print(
         f"study {study.study_name!r}: {finished} trial{'s' * (finished != 1)}"
         + (f" ({queued} queued for the next run)" if queued else "")
-        + f", {tuner.gpu_evaluations} GPU evaluations this run; log {', '.join(map(str, paths))}"
+        + f"{note}; log {', '.join(map(str, paths))}"
     )
-    return study
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
@@ -245,6 +342,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     best config per shape, which ``kernel.dispatch.load_dispatch`` serves by shape."""
     import torch
 
+    from kernel.environment import env_key, environment
     from tuner.export import export_dispatch
     from tuner.storage import default_study_name
     from tuner.study import Tuner
@@ -253,19 +351,24 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else STUDIES_DIR / "dispatch.json"
     if out.is_dir():
         raise UsageError(f"--out wants a file path for the table, got the directory {str(out)!r}")
-    if not torch.cuda.is_available():
-        raise UsageError("dispatch ranks configs by measured latency and needs a CUDA device")
     storage = args.storage or default_storage()
     opts = _options(args)
-    studies = [
-        _run_and_log(
-            Tuner(problem, opts, name=default_study_name(problem), storage=storage),
-            _exports(storage, default_study_name(problem)),
-        )
-        for problem in problems
-    ]
+    if args.gpus is not None:
+        studies = _dispatch_on_gpus(problems, opts, storage, _gpus(args, storage, len(problems)))
+    elif not torch.cuda.is_available():
+        raise UsageError("dispatch ranks configs by measured latency and needs a CUDA device")
+    else:
+        studies = [
+            _run_and_log(
+                Tuner(problem, opts, name=default_study_name(problem), storage=storage),
+                _exports(storage, default_study_name(problem)),
+            )
+            for problem in problems
+        ]
+    if studies is None:
+        return 1
     try:
-        data = export_dispatch(studies, out)
+        data = export_dispatch(studies, out, env=env_key(environment()))
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -276,6 +379,29 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
         print(f"B*H={p['batch'] * p['heads']:>4} S={p['seqlen']:>6}: {c.label} {entry['median_ms']:.4f} ms")
     print(out)
     return 0
+
+
+def _dispatch_on_gpus(
+    problems: list[Problem], opts: Options, storage: str, gpus: list[int]
+) -> "list[optuna.Study] | None":
+    """``dispatch --gpus``: the shapes' studies handed out whole, one at a time per GPU, the
+    next to the first GPU that comes free; None when a shape's worker failed."""
+    from tuner.fleet import Job, run_jobs
+    from tuner.storage import default_study_name, load_study
+
+    names = [default_study_name(p) for p in problems]
+    base = _worker_options(opts, min(len(gpus), len(problems)))
+    jobs = [
+        Job(f"{p.batch}x{p.heads}x{p.seqlen}", _run_argv(p, base, name, storage))
+        for p, name in zip(problems, names)
+    ]
+    outcomes = run_jobs(jobs, gpus, log_dir=STUDIES_DIR / "dispatch-workers")
+    for o in outcomes:
+        print(f"{o.job.label}: GPU {o.gpu}, {o.wall_s:.0f} s, exit {o.returncode}", file=sys.stderr)
+    if any(o.returncode != 0 for o in outcomes):
+        print("a shape's worker failed: no table written (run the same command to go on)", file=sys.stderr)
+        return None
+    return [load_study(name, storage) for name in names]
 
 
 def table(frame: "pd.DataFrame", columns=TABLE) -> str:
@@ -322,14 +448,33 @@ def cmd_best(args: argparse.Namespace) -> int:
     from tuner.trials import best_trials, trials_frame
 
     study = _open(args)
-    best = [t.number for t in best_trials(study)[: args.top]]
+    env = _env(args, study)
+    best = [t.number for t in best_trials(study, env)[: args.top]]
     if not best:
         print(f"study {study.study_name!r} has no feasible, correct trial yet", file=sys.stderr)
         return 1
     frame = trials_frame(study).set_index("number", drop=False).loc[best]
-    print(_heading(study))
+    print(f"{_heading(study)}, {_env_line(study, env)}")
     print(table(frame))
     return 0
+
+
+def _env(args: argparse.Namespace, study: "optuna.Study") -> str | None:
+    """The environment ``best`` and ``export`` report (``tuner.trials.choose_env``)."""
+    from tuner.trials import choose_env
+
+    def here() -> str:
+        from kernel.environment import env_key, environment
+
+        return env_key(environment())
+
+    return choose_env(study, args.env, here)
+
+
+def _env_line(study: "optuna.Study", env: str | None) -> str:
+    from tuner.trials import describe_env, environments
+
+    return f"measured in environment {describe_env(env, environments(study).get(env, (None, 0))[0])}"
 
 
 def _out_file(args: argparse.Namespace, default: Path, suffixes: tuple[str, ...]) -> Path:
@@ -346,13 +491,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     out = _out_file(args, _default_out(args, "best.json"), (".json",))
     study = _open(args)
+    env = _env(args, study)
     try:
-        export_best(study, out)
+        export_best(study, out, env=env)
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return 1
     except OSError as exc:
         raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
+    print(_env_line(study, env), file=sys.stderr)
     print(out)
     return 0
 
@@ -462,11 +609,11 @@ def _remeasure(problem: Problem, mine: KernelConfig, theirs: KernelConfig, round
 
 # Subcommand -> (function, flag groups). The first line of the function's docstring is its help.
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], tuple[Callable, ...]]] = {
-    "run": (cmd_run, (_study_flags, _problem_flags, _tuning_flags)),
-    "dispatch": (cmd_dispatch, (_storage_flags, _tuning_flags)),
+    "run": (cmd_run, (_study_flags, _problem_flags, _tuning_flags, _gpus_flag)),
+    "dispatch": (cmd_dispatch, (_storage_flags, _tuning_flags, _gpus_flag)),
     "trials": (cmd_trials, (_study_flags, _problem_flags)),
-    "best": (cmd_best, (_study_flags, _problem_flags)),
-    "export": (cmd_export, (_study_flags, _problem_flags)),
+    "best": (cmd_best, (_study_flags, _problem_flags, _env_flag)),
+    "export": (cmd_export, (_study_flags, _problem_flags, _env_flag)),
     "compare": (cmd_compare, (_study_flags, _problem_flags)),
     "report": (cmd_report, (_study_flags, _problem_flags)),
     "bench": (cmd_bench, ()),
@@ -485,6 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
             group(p)
     _shape_flags(sub.choices["dispatch"], "the shapes to tune, one study each")
     sub.choices["dispatch"].add_argument("--out", help="path of the table (default: studies/dispatch.json)")
+    sub.choices["run"].add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # of --gpus
     sub.choices["trials"].add_argument("--all-columns", action="store_true", help="every column of the log")
     sub.choices["best"].add_argument("--top", type=int, default=5, help="how many configs to print")
     sub.choices["export"].add_argument(

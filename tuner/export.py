@@ -13,11 +13,12 @@ from kernel.record import TIMES
 from tuner.trials import best_trials, trial_config
 
 
-def export_best(study: optuna.Study, path: Path, *, top: int = 5) -> dict[str, Any]:
-    """Write the versioned best-config JSON (``kernel.deploy``) for ``study``; return it."""
-    best = best_trials(study)
+def export_best(study: optuna.Study, path: Path, *, env: str | None = None, top: int = 5) -> dict[str, Any]:
+    """Write the versioned best-config JSON (``kernel.deploy``) for ``study``, of the trials
+    measured in environment ``env`` (``tuner.trials.choose_env``; None: all); return it."""
+    best = best_trials(study, env)
     if not best:
-        raise LookupError(f"study {study.study_name!r} has no feasible, correct trial to export")
+        raise LookupError(f"study {study.study_name!r} has no feasible, correct trial{_in(env)} to export")
     first = best[0].user_attrs
     data = {
         "format": FORMAT,
@@ -43,15 +44,18 @@ def export_best(study: optuna.Study, path: Path, *, top: int = 5) -> dict[str, A
     return data
 
 
-def export_dispatch(studies: list[optuna.Study], path: Path) -> dict[str, Any]:
+def export_dispatch(studies: list[optuna.Study], path: Path, *, env: str | None = None) -> dict[str, Any]:
     """Write the dispatch table (``kernel.dispatch.Dispatch``): the best config of each
-    study, one entry per tuned shape. All studies must be GPU studies measured in one
-    environment; a study with no feasible trial is a ``LookupError``."""
+    study measured in environment ``env`` (None: any), one entry per tuned shape. All
+    studies must be GPU studies measured in one environment; a study with no feasible
+    trial is a ``LookupError``."""
     entries, environments = [], []
     for study in studies:
-        best = best_trials(study)
+        best = best_trials(study, env)
         if not best:
-            raise LookupError(f"study {study.study_name!r} has no feasible, correct trial to export")
+            raise LookupError(
+                f"study {study.study_name!r} has no feasible, correct trial{_in(env)} to export"
+            )
         if study.user_attrs.get("mode") != "gpu":
             raise LookupError(
                 f"study {study.study_name!r} timed nothing (compile-only): no latency to rank by"
@@ -77,3 +81,7 @@ def export_dispatch(studies: list[optuna.Study], path: Path) -> dict[str, Any]:
     }
     write_json(path, data)
     return data
+
+
+def _in(env: str | None) -> str:
+    return "" if env is None else f" in environment {env}"

@@ -60,6 +60,19 @@ def _kind(url: str) -> tuple[str, str]:
     return "journal", url
 
 
+def check_shared(url: str, workers: int) -> None:
+    """A ``UsageError`` when ``workers`` processes at once would share ``url`` and it is an
+    SQLite database, which serves one process at a time (Optuna recommends the journal
+    file for many processes on one host)."""
+    kind, target = _kind(url)
+    if workers > 1 and kind == "rdb" and target.startswith("sqlite:"):
+        raise UsageError(
+            f"{workers} workers would share {url!r}, and SQLite serves one process at a time: "
+            f"pass --storage journal:{STUDIES_DIR / 'decay-tuner.journal'} (one host) "
+            "or a PostgreSQL/MySQL URL (many hosts)"
+        )
+
+
 def _sqlite_path(url: str) -> Path | None:
     """The database file of an ``sqlite:///`` URL; None for other URLs and ``:memory:``."""
     if not url.startswith("sqlite:///"):

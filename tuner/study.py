@@ -49,7 +49,7 @@ from kernel.environment import env_key, environment
 from kernel.record import MEASURES
 from kernel.resources import DEFAULT_ARCH, ProbeFailure, Resources, probe
 from tuner import space
-from tuner.claims import Claimed, Claims, Owned, interrupted
+from tuner.claims import Claimed, Claims, Owned, interrupted, worker_index
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
 from tuner.storage import fail_interrupted, fail_stale, get_storage, interrupt, open_study, record_heartbeat
@@ -108,6 +108,10 @@ class Tuner:
             sampler=sampler,
             directions=["minimize"] * len(self.objectives),
         )
+        # Workers on one study with one --seed would otherwise propose the same configs.
+        self.worker_index = worker_index(self.study)
+        if self.worker_index:
+            self.study.sampler = make_sampler(options.sampler, problem, options.seed + self.worker_index)
         mode = "gpu" if self.gpu else "compile-only"
         if self.study.user_attrs.get("objectives", self.objectives) != self.objectives:
             raise UsageError(
@@ -357,7 +361,7 @@ class Tuner:
         self.study.tell(trial, state=TrialState.FAIL)
 
     def _best_text(self) -> str:
-        best = best_trials(self.study)
+        best = best_trials(self.study, self.env_key)
         if not best:
             return "no feasible config yet"
         t = best[0]

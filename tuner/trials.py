@@ -2,6 +2,7 @@
 functions of the study."""
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,9 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from kernel.config import KernelConfig
-from kernel.environment import ENVIRONMENT_KEYS
+from kernel.environment import ENVIRONMENT_KEYS, env_key, replacing
 from kernel.record import MEASURES, PARAMS, RESOURCES, TRIAL_COLUMNS
+from tuner.options import UsageError
 
 # The knobs' defaults: a study made before a knob existed ran it at its default
 # (segments: the single-pass kernel).
@@ -29,10 +31,67 @@ def is_feasible(trial: FrozenTrial) -> bool:
     )
 
 
-def best_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Feasible trials, best first by the objectives in order."""
-    feasible = filter(is_feasible, study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+def trial_env_key(trial: FrozenTrial) -> str | None:
+    """The key of the environment the trial was measured in (None: it recorded none)."""
+    attrs = trial.user_attrs
+    if "env_key" in attrs:
+        return attrs["env_key"]
+    return env_key(attrs["environment"]) if attrs.get("environment") else None
+
+
+def best_trials(study: optuna.Study, env: str | None = None) -> list[FrozenTrial]:
+    """Feasible trials, best first by the objectives in order; with ``env``, only those
+    measured in that environment (measurements are ranked per environment, never across)."""
+    feasible = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if is_feasible(t) and (env is None or trial_env_key(t) == env)
+    ]
     return sorted(feasible, key=lambda t: tuple(t.values))
+
+
+def environments(study: optuna.Study) -> dict[str | None, tuple[dict[str, Any] | None, int]]:
+    """Each environment the study's feasible trials were measured in: key -> (environment,
+    how many feasible trials)."""
+    found: dict[str | None, tuple[dict[str, Any] | None, int]] = {}
+    for t in best_trials(study):
+        key = trial_env_key(t)
+        found[key] = (t.user_attrs.get("environment"), found.get(key, (None, 0))[1] + 1)
+    return found
+
+
+def describe_env(key: str | None, env: dict[str, Any] | None) -> str:
+    """'3f2a... (NVIDIA H200, torch 2.9.0, kernel 1a2b3c)', one line."""
+    if key is None:
+        return "an unrecorded environment"
+    env = env or {}
+    libraries = ", ".join(f"{k} {env.get(k)}" for k in ("torch", "tilelang", "kernel"))
+    return f"{key} ({env.get('gpu') or 'no GPU: compile-only'}, {libraries})"
+
+
+def choose_env(study: optuna.Study, wanted: str | None, here: Callable[[], str]) -> str | None:
+    """The environment whose best trials ``best`` and ``export`` report: ``wanted`` (a key
+    or its prefix) when given; else the only one; else this machine's (``here()``, only
+    computed then) when it has feasible trials. ``UsageError`` naming the choices otherwise."""
+    found = environments(study)
+    choices = "; ".join(f"{describe_env(k, env)}: {n} feasible" for k, (env, n) in found.items())
+    if wanted is not None:
+        matches = [k for k in found if k is not None and k.startswith(wanted)]
+        if len(matches) != 1:
+            raise UsageError(
+                f"--env {wanted!r} names {'no' if not matches else 'more than one'} environment of "
+                f"study {study.study_name!r}; it has: {choices or 'none with a feasible trial'}"
+            )
+        return matches[0]
+    if len(found) <= 1:
+        return next(iter(found), None)
+    key = here()
+    if key in found:
+        return key
+    raise UsageError(
+        f"study {study.study_name!r} holds measurements of {len(found)} environments, none of them "
+        f"this machine's: choose one with --env KEY ({choices})"
+    )
 
 
 def trial_params(trial: FrozenTrial) -> dict[str, Any]:
@@ -88,12 +147,14 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
 
 
 def save_frame(frame: pd.DataFrame, stem: Path) -> list[Path]:
-    """Write ``stem``.csv, and ``stem``.parquet where pyarrow is installed; return the paths."""
-    stem.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``stem``.csv, and ``stem``.parquet where pyarrow is installed, each atomically
+    (workers of one study rewrite them at once); return the paths."""
     paths = [stem.with_suffix(".csv")]
-    frame.to_csv(paths[0], index=False)
+    with replacing(paths[0]) as tmp:
+        frame.to_csv(tmp, index=False)
     try:
-        frame.to_parquet(stem.with_suffix(".parquet"), index=False)
+        with replacing(stem.with_suffix(".parquet")) as tmp:
+            frame.to_parquet(tmp, index=False)
         paths.append(stem.with_suffix(".parquet"))
     except ImportError:
         pass  # the CSV holds the same rows

@@ -1,0 +1,198 @@
+"""Local workers: ``python -m tuner`` child processes, one per GPU at a time, fed from a
+queue of jobs.
+
+Each child sees one GPU (``CUDA_VISIBLE_DEVICES``) and runs in a process group of its own.
+Its output is relayed whole line by whole line, prefixed with its GPU and job, so children
+never interleave inside a line; a traceback goes to the child's log file only, and a
+child that fails is reported in one line while the others go on. Ctrl-C (or SIGTERM) is
+passed on to every child as SIGINT, as a terminal passes it to a lone ``run``, so each
+fails its trials in flight and queues their configs again; a second Ctrl-C kills them.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from tuner.options import UsageError
+
+# Seconds the children get to stop after Ctrl-C before they are killed.
+STOP_S = 60.0
+_GPUS = re.compile(r"all|\d+(,\d+)*")
+# The lines that open a Python traceback, or a chained one.
+_TRACEBACK = ("Traceback (most recent call last)", "During handling of the above", "The above exception")
+
+
+def parse_gpus(text: str) -> list[int] | None:
+    """'0,1' -> [0, 1]; 'all' -> None (every GPU); ``UsageError`` if malformed."""
+    if not _GPUS.fullmatch(text):
+        raise UsageError(f"--gpus wants GPU indices such as 0,1 or 'all', got {text!r}")
+    if text == "all":
+        return None
+    gpus = [int(n) for n in text.split(",")]
+    if len(set(gpus)) != len(gpus):
+        raise UsageError(f"--gpus lists a GPU twice: {text!r}")
+    return gpus
+
+
+def local_gpus(wanted: list[int] | None) -> list[int]:
+    """The GPUs to start workers on (``None``: all); ``UsageError`` without CUDA or for a
+    GPU this machine does not have."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise UsageError("--gpus starts one worker per GPU, and torch sees no CUDA device here")
+    missing = [g for g in wanted or [] if g >= count]
+    if missing:
+        raise UsageError(f"--gpus {missing[0]}: this machine has {count} GPU(s), 0 to {count - 1}")
+    return list(range(count)) if wanted is None else wanted
+
+
+@dataclass(frozen=True)
+class Job:
+    """One child: ``python -m tuner *argv``, shown as ``label``."""
+
+    label: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    job: Job
+    gpu: int
+    returncode: int
+    wall_s: float
+
+
+class _Child:
+    """A running job: its process, its relay threads and its log file."""
+
+    def __init__(self, job: Job, gpu: int, log: Path, lock: threading.Lock) -> None:
+        self.job, self.gpu, self.log = job, gpu, log
+        self.prefix = f"[gpu{gpu} {job.label}]"
+        self.start = time.monotonic()
+        self.last_error = ""
+        env = os.environ | {"CUDA_VISIBLE_DEVICES": str(gpu), "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner", *job.argv],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,  # Ctrl-C reaches it only through ``run_jobs``, once
+        )
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log.open("w")
+        self._log.write(f"$ CUDA_VISIBLE_DEVICES={gpu} python -m tuner {' '.join(job.argv)}\n")
+        self.threads = [
+            threading.Thread(target=self._relay, args=(self.proc.stdout, sys.stdout, lock), daemon=True),
+            threading.Thread(target=self._relay, args=(self.proc.stderr, sys.stderr, lock), daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _relay(self, source: IO[str], sink: IO[str], lock: threading.Lock) -> None:
+        """Copy whole lines to ``sink`` with the prefix, and all of them to the log file;
+        a traceback's lines go to the log only, its last line is kept as the error."""
+        in_traceback = False
+        for line in source:
+            line = line.rstrip("\r\n").rsplit("\r", 1)[-1]  # a progress bar's last state
+            with lock:
+                self._log.write(line + "\n")
+                if line.startswith(_TRACEBACK):
+                    in_traceback = True
+                elif in_traceback and line and not line.startswith((" ", "\t")):
+                    in_traceback = False
+                    self.last_error = line
+                elif not in_traceback and line.strip():
+                    if sink is sys.stderr:
+                        self.last_error = line
+                    print(f"{self.prefix} {line}", file=sink, flush=True)
+
+    def finish(self) -> int:
+        returncode = self.proc.wait()
+        for t in self.threads:
+            t.join()
+        self._log.close()
+        return returncode
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def run_jobs(jobs: list[Job], gpus: list[int], *, log_dir: Path) -> list[Outcome]:
+    """Run ``jobs`` over ``gpus``, at most one child per GPU at a time, in order; return
+    each job's outcome as it ended. Each child's whole output is kept in
+    ``log_dir/<label>.gpu<N>.log``. Ctrl-C stops every child, then raises
+    ``KeyboardInterrupt``."""
+    queue, free = deque(jobs), deque(gpus)
+    live: list[_Child] = []
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops them too
+    try:
+        while queue or live:
+            while queue and free:
+                job, gpu = queue.popleft(), free.popleft()
+                log = log_dir / f"{re.sub(r'[^A-Za-z0-9._-]', '_', job.label)}.gpu{gpu}.log"
+                live.append(_Child(job, gpu, log, lock))
+            for child in [c for c in live if c.proc.poll() is not None]:
+                live.remove(child)
+                free.append(child.gpu)
+                outcomes.append(_ended(child, child.finish(), lock, others=len(live) + len(queue)))
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        _stop(live, lock)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return outcomes
+
+
+def _ended(child: _Child, returncode: int, lock: threading.Lock, *, others: int) -> Outcome:
+    wall = time.monotonic() - child.start
+    if returncode != 0:
+        why = (
+            f"killed by {signal.Signals(-returncode).name}"
+            if returncode < 0
+            else f"exit {returncode}: {child.last_error or 'no message'}"
+        )
+        with lock:
+            print(
+                f"{child.prefix} failed ({why}); log {child.log}"
+                + (f"; {others} other job(s) go on" if others else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+    return Outcome(child.job, child.gpu, returncode, wall)
+
+
+def _stop(live: list[_Child], lock: threading.Lock) -> None:
+    """Ctrl-C every child (its whole process group, as a terminal would), wait for them;
+    kill them on a second Ctrl-C or after ``STOP_S``."""
+    with lock:
+        print(f"stopping {len(live)} worker(s): their trials in flight are queued again", file=sys.stderr)
+    for child in live:
+        child.signal(signal.SIGINT)
+    deadline = time.monotonic() + STOP_S
+    try:
+        while any(c.proc.poll() is None for c in live) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    for child in live:
+        if child.proc.poll() is None:
+            child.signal(signal.SIGKILL)
+        child.finish()
