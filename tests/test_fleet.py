@@ -21,7 +21,7 @@ from tuner.fleet import Job, run_jobs
 from tuner.options import Options
 from tuner.storage import get_storage
 
-TINY = Problem(1, 2, 256, 64, 64, 0.9)
+TINY = Problem(1, 2, 256, 64, 64)
 
 
 def _job(label: str, storage: str, n_trials: int) -> Job:
@@ -165,7 +165,7 @@ def test_one_gpu_may_use_sqlite(tmp_path, capsys):
 
 def test_workers_run_the_options_they_were_given():
     """A worker's command line carries the problem and every option that is not the default."""
-    problem = Problem(2, 4, 512, 64, 128, 0.9, "bfloat16")
+    problem = Problem(2, 4, 512, 64, 128, "bfloat16")
     opts = Options(
         n_trials=3, sampler="nsga2", wave_seeds=False, seed=7, enqueue=(KernelConfig(64, 64, 1, 128),)
     )
