@@ -3,6 +3,7 @@
 Layout ``[B, S, H, D]`` everywhere, as the kernel. The ladder of trust (seed section 4):
 ``recurrent`` (A, the definition) checks ``chunked`` (B), ``kernel_mimic`` (C) and
 ``factorised`` (D); ``plain_chunked`` is the no-decay case they reduce to at alpha = 1.
+``chunked_backward`` (E) is the chunked backward pass, checked against autograd through A.
 """
 
 import importlib
@@ -17,6 +18,7 @@ _LAZY = {
     **dict.fromkeys(
         ("ChunkWeights", "chunk_weights", "chunked", "factorised", "intra_chunk", "kernel_mimic"), "chunk"
     ),
+    "chunked_backward": "backward",
     "rel_l2": "metrics",
     **dict.fromkeys(("decay_mask", "parallel", "plain_chunked", "recurrent"), "naive"),
     **dict.fromkeys(
