@@ -277,12 +277,13 @@ def _run_argv(problem: Problem, opts: Options, name: str, storage: str) -> tuple
 
 
 def _worker_options(opts: Options, workers: int) -> Options:
-    """Each of ``workers`` concurrent workers: no progress bar, and its share of the cores."""
+    """Each of ``workers`` concurrent workers: its share of the cores. Its progress bar
+    reaches the terminal as a line per update (``tuner.fleet``)."""
     import dataclasses
     import os
 
     cores = os.cpu_count() or 1
-    return dataclasses.replace(opts, progress=False, workers=opts.workers or max(1, cores // workers - 2))
+    return dataclasses.replace(opts, workers=opts.workers or max(1, cores // workers - 2))
 
 
 def _run_on_gpus(args: argparse.Namespace, name: str, storage: str) -> int:

@@ -3,7 +3,8 @@ queue of jobs.
 
 Each child sees one GPU (``CUDA_VISIBLE_DEVICES``) and runs in a process group of its own.
 Its output is relayed whole line by whole line, prefixed with its GPU and job, so children
-never interleave inside a line; a traceback goes to the child's log file only, and a
+never interleave inside a line (a progress bar's redraw is a line: the progress of every
+worker shows as it goes); a traceback goes to the child's log file only, and a
 child that fails is reported in one line while the others go on. Ctrl-C (or SIGTERM) is
 passed on to every child as SIGINT, as a terminal passes it to a lone ``run``, so each
 fails its trials in flight and queues their configs again; a second Ctrl-C kills them.
@@ -103,9 +104,12 @@ class _Child:
     def _relay(self, source: IO[str], sink: IO[str], lock: threading.Lock) -> None:
         """Copy whole lines to ``sink`` with the prefix, and all of them to the log file;
         a traceback's lines go to the log only, its last line is kept as the error."""
-        in_traceback = False
-        for line in source:
-            line = line.rstrip("\r\n").rsplit("\r", 1)[-1]  # a progress bar's last state
+        in_traceback, previous = False, None
+        for line in source:  # universal newlines: each redraw of a progress bar is a line
+            line = line.rstrip("\n")
+            if line == previous:
+                continue
+            previous = line
             with lock:
                 self._log.write(line + "\n")
                 if line.startswith(_TRACEBACK):
