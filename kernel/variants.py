@@ -16,17 +16,18 @@ from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
 PASS_CONFIGS = {"tl.disable_shared_memory_reuse": True}
 
 
-def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL) -> list:
-    """The ``@T.prim_func`` kernels of ``config``'s variant, in launch order."""
+def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, *, arch: str) -> list:
+    """The ``@T.prim_func`` kernels of ``config``'s variant for ``arch`` (a name of
+    ``kernel.arch.ARCHS``), in launch order."""
     from kernel import scalar_decay, seq_split  # TileLang: loaded when a kernel is built
 
     if config.segments == 1:
-        return [scalar_decay.prim_func(problem, config, **call.to_dict())]
+        return [scalar_decay.prim_func(problem, config, arch=arch, **call.to_dict())]
     if call.packed:
         raise ValueError(f"packed sequences run the single-pass kernel, got segments={config.segments}")
     knobs = call.to_dict()
     del knobs["packed"]
-    return list(seq_split.prim_funcs(problem, config, **knobs))
+    return list(seq_split.prim_funcs(problem, config, **knobs, arch=arch))
 
 
 def launch(
