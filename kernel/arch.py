@@ -75,3 +75,29 @@ def target(arch: str, *, run_on: str | None = None) -> dict:
     if run_on is not None and get_arch(run_on).name != found["arch"]:
         found["code"] = [get_arch(run_on).code]
     return found
+
+
+def local_arch() -> str | None:
+    """The visible GPU's architecture (a name of ``ARCHS``), or None without a CUDA device;
+    ``ValueError`` for a GPU the kernel does not target."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return arch_of_capability(*torch.cuda.get_device_capability()).name
+
+
+def resolve(requested: str | None) -> tuple[str, bool]:
+    """(the architecture to compile for, whether its kernels can run and be timed here).
+
+    Without ``requested``: the local GPU's, or ``DEFAULT_ARCH`` compile-only where there is
+    none. With it: that architecture, run only where the local GPU is one of it."""
+    if requested is None:
+        here = local_arch()
+        return (here or DEFAULT_ARCH), here is not None
+    get_arch(requested)
+    try:
+        here = local_arch()
+    except ValueError:  # a GPU of no target: --arch explores compile-only
+        here = None
+    return requested, here == requested
