@@ -10,7 +10,11 @@ technical specifications: https://docs.nvidia.com/cuda/cuda-programming-guide/05
 Only Hopper has the asynchronous warpgroup MMA (``wgmma``) the kernels issue without
 waiting; elsewhere they issue TileLang's ``T.gemm`` (``kernel.mma``). TMA copies and
 warp specialisation are TileLang's lowering of the same ``T.copy`` and ``T.Pipelined``,
-per target: the kernels name neither.
+per target: the kernels name neither. TileLang 0.1.15 warp-specialises wherever TMA
+exists (sm_90a, sm_100a, sm_120) and then emits ``setmaxnreg``, which sm_120 lacks (nvcc:
+"tl::warpgroup_reg_alloc requires a target with CTA register reconfiguration"): where
+``setmaxnreg`` is missing the pipeline is not warp-specialised
+(``kernel.variants.pass_configs``).
 """
 
 from dataclasses import dataclass
@@ -24,6 +28,7 @@ class Arch:
     capability: tuple[int, int]  # what torch.cuda.get_device_capability() returns on it
     smem_per_block: int  # bytes one block may opt into
     wgmma: bool  # Hopper's asynchronous warpgroup MMA
+    setmaxnreg: bool  # register reconfiguration, which TileLang's warp-specialised pipeline needs
     gpus: str  # examples, for messages
 
     @property
@@ -36,12 +41,12 @@ class Arch:
 ARCHS: dict[str, Arch] = {
     a.name: a
     for a in (
-        Arch("sm_80", (8, 0), 166_912, False, "A100, A800"),
-        Arch("sm_86", (8, 6), 101_376, False, "A10, A40, RTX 3090"),
-        Arch("sm_89", (8, 9), 101_376, False, "L4, L40, RTX 4090"),
-        Arch("sm_90a", (9, 0), 232_448, True, "H100, H200"),
-        Arch("sm_100a", (10, 0), 232_448, False, "B200, GB200"),
-        Arch("sm_120", (12, 0), 101_376, False, "RTX 5090, RTX PRO 6000"),
+        Arch("sm_80", (8, 0), 166_912, False, False, "A100, A800"),
+        Arch("sm_86", (8, 6), 101_376, False, False, "A10, A40, RTX 3090"),
+        Arch("sm_89", (8, 9), 101_376, False, False, "L4, L40, RTX 4090"),
+        Arch("sm_90a", (9, 0), 232_448, True, True, "H100, H200"),
+        Arch("sm_100a", (10, 0), 232_448, False, True, "B200, GB200"),
+        Arch("sm_120", (12, 0), 101_376, False, False, "RTX 5090, RTX PRO 6000"),
     )
 }
 # The target of a compile-only run on a machine without a GPU, as before issue 19.

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from kernel.arch import DEFAULT_ARCH, get_arch, target
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
-from kernel.variants import PASS_CONFIGS, prim_funcs
+from kernel.variants import pass_configs, prim_funcs
 
 NVCC_TIMEOUT_S = 300
 
@@ -119,7 +119,7 @@ def lower(func: Any, *, arch: str = DEFAULT_ARCH):
     from tilelang import tvm
 
     cuda = tvm.target.Target(target(arch))
-    with cuda, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIGS):
+    with cuda, tvm.transform.PassContext(opt_level=3, config=pass_configs(arch)):
         return tilelang.lower(func, target=cuda)
 
 
@@ -148,7 +148,8 @@ def _compile(funcs: list, cuda: dict) -> tuple[Any, ...]:
     # The split's carry kernel is the same for many configs of a problem: TileLang warns on
     # each reuse from its memory cache, which is the reuse we want.
     logging.getLogger("tilelang.cache.kernel_cache").setLevel(logging.ERROR)
-    return tuple(tilelang.compile(f, target=cuda, pass_configs=PASS_CONFIGS) for f in funcs)
+    options = pass_configs(cuda["arch"])
+    return tuple(tilelang.compile(f, target=cuda, pass_configs=options) for f in funcs)
 
 
 def probe(

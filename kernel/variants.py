@@ -4,6 +4,7 @@ compiler and the call alike."""
 
 from typing import Any
 
+from kernel.arch import get_arch
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
 
 # TileLang's compile options for every kernel. Shared-memory reuse is off: TileLang lets
@@ -14,6 +15,13 @@ from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
 # came 15% from reference C on the H200 (experiments/h200/model/README.md). Where the loop
 # is kept, no buffer was shared: reuse bought no memory there.
 PASS_CONFIGS = {"tl.disable_shared_memory_reuse": True}
+
+
+def pass_configs(arch: str) -> dict[str, bool]:
+    """TileLang's compile options for ``arch``: ``PASS_CONFIGS``, and no warp
+    specialisation where the architecture lacks the ``setmaxnreg`` it needs
+    (``kernel.arch``)."""
+    return PASS_CONFIGS | ({} if get_arch(arch).setmaxnreg else {"tl.disable_warp_specialized": True})
 
 
 def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, *, arch: str) -> list:

@@ -4,6 +4,7 @@ configs that cannot exist on a target are restricted before they are compiled, a
 tool names the architecture everywhere and refuses a table tuned for another."""
 
 import json
+from pathlib import Path
 
 import pytest
 from helpers import SMALL, SMALL_PROBLEM, dispatch_file
@@ -43,10 +44,8 @@ def test_every_architecture_compiles_the_kernel_or_records_why_not(arch):
     for res in failed.values():
         assert res.stage in ("lower", "nvcc") and res.error_type and res.message
         assert "requires Hopper WGMMA" not in res.message  # the portable layer: no wgmma off Hopper
-    if ARCHS[arch].wgmma:  # Hopper: TileLang adds its producer warp group
-        assert compiled[SUBSET[0].label].threads_launched == 256
-    else:
-        assert compiled[SUBSET[0].label].threads_launched == 128
+    # TileLang adds a producer warp group where it warp-specialises (kernel.arch)
+    assert compiled[SUBSET[0].label].threads_launched == (256 if ARCHS[arch].setmaxnreg else 128)
 
 
 def test_the_ampere_source_issues_mma_not_wgmma():
@@ -143,16 +142,16 @@ def test_probe_prints_one_config_across_architectures(capsys):
     assert sm90[0] == "sm_90a" and sm90[5] == "232448"
 
 
-def test_run_for_sm80_on_a_cpu_finds_a_feasible_config_labelled_compile_only(tmp_path, monkeypatch, capsys):
+def test_run_for_sm80_on_a_cpu_finds_a_feasible_config_labelled_compile_only(tmp_path, capsys):
     """``python -m tuner run --arch sm_80 --n-trials 5`` on a machine without an A100."""
-    monkeypatch.setenv("DECAY_TUNER_STUDIES", str(tmp_path))
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     argv = ["run", *SMALL, "--arch", "sm_80", "--n-trials", "5", "--storage", storage, "--study", "a100"]
     assert main([*argv, "--workers", "2", "--no-progress"]) == 0
     out, err = capsys.readouterr()
     assert "compile-only exploration for sm_80" in err
     assert "(compile-only for sm_80:" in out and "no latency" in out
-    exported = json.loads(next(tmp_path.rglob("best.json")).read_text())
+    best = next(line for line in out.splitlines() if line.startswith("best "))
+    exported = json.loads(Path(best.rsplit("exported ", 1)[1]).read_text())
     assert exported["mode"] == "compile-only" and exported["environment"]["arch"] == "sm_80"
     assert main(["trials", *SMALL, "--storage", storage, "--study", "a100"]) == 0
     assert capsys.readouterr().out.startswith("study 'a100' (compile-only for sm_80:")
