@@ -3,9 +3,8 @@
 Shared memory per block is the most one block may opt into, the CUDA C++ Programming
 Guide's "Maximum amount of shared memory per thread block" (Compute Capabilities,
 technical specifications: https://docs.nvidia.com/cuda/cuda-programming-guide/05-appendices/compute-capabilities.html):
-163 KB on 8.0, 99 KB on 8.6 and 8.9, 227 KB on 9.0 and 10.0, 99 KB on 12.0, less the
-1 KB the driver reserves per block of the SM's carve-out (so 8.0's 164 KB carve-out gives
-166,912 B). ptxas never checks it against a device: the probe and the search space do.
+163 KB (166,912 B) on 8.0, 99 KB (101,376 B) on 8.6, 8.9 and 12.0, 227 KB (232,448 B) on
+9.0 and 10.0. ptxas never checks it against a device: the probe and the search space do.
 
 Only Hopper has the asynchronous warpgroup MMA (``wgmma``) the kernels issue without
 waiting; elsewhere they issue TileLang's ``T.gemm`` (``kernel.mma``). TMA copies and
