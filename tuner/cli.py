@@ -312,7 +312,7 @@ def _run_on_gpus(args: argparse.Namespace, name: str, storage: str) -> int:
     failed = [o for o in outcomes if o.returncode != 0]
     study = load_study(name, storage)
     _log(study, folder)
-    return _export_run(study, folder / "best.json", env_key(environment())) or int(bool(failed))
+    return _export_run(study, folder / "best.json", env_key(environment(opts.arch))) or int(bool(failed))
 
 
 def _shares(total: int, parts: int) -> list[int]:
