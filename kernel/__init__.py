@@ -12,7 +12,6 @@ from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem
 _LAZY = {
     "ScalarDecayKernel": "kernel.builder",
     "build": "kernel.builder",
-    "SMEM_LIMIT_BYTES": "kernel.resources",
     "ProbeFailure": "kernel.resources",
     "ProbeResult": "kernel.resources",
     "Resources": "kernel.resources",

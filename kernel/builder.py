@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from kernel.arch import local_arch
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, retnet_decay
 from kernel.resources import ProbeResult, compile_kernel, probe
 from kernel.variants import launch, state_buffer
@@ -127,11 +128,12 @@ def check_tensor(name: str, tensor: Any, shape: tuple[int, ...], dtype: torch.dt
 
 
 def cuda_arch() -> str:
-    """The current device's architecture as TileLang names it (``sm_90a`` on H100/H200)."""
-    if not torch.cuda.is_available():
+    """The current device's architecture as ``kernel.arch`` names it (``sm_90a`` on
+    H100/H200); ``ValueError`` for a GPU the kernel does not target."""
+    arch = local_arch()
+    if arch is None:
         raise RuntimeError("no CUDA device is visible to torch")
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm_{major}{minor}" + ("a" if major == 9 else "")
+    return arch
 
 
 @functools.cache
@@ -140,14 +142,21 @@ def sm_count() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def build(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL) -> ScalarDecayKernel:
+def build(
+    problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, *, lower_for: str | None = None
+) -> ScalarDecayKernel:
     """Compile the kernel for the current CUDA device and return it ready to call.
 
-    Raises ``ValueError`` for a config that cannot tile the problem and ``RuntimeError``
-    when there is no CUDA device. Compiler failures propagate from TileLang; use
-    :func:`kernel.probe` first to get them as values.
+    ``lower_for`` (an architecture of ``kernel.arch``) lowers the kernel as for that
+    architecture and assembles it for this GPU: another architecture's code path, run
+    here (the Ampere path on an H200: ``lower_for="sm_80"``). Raises ``ValueError`` for a
+    config that cannot tile the problem and ``RuntimeError`` when there is no CUDA device.
+    Compiler failures propagate from TileLang; use :func:`kernel.probe` first to get them
+    as values.
     """
-    return ScalarDecayKernel(problem, config, compile_kernel(problem, config, cuda_arch(), call), call)
+    here = cuda_arch()
+    compiled = compile_kernel(problem, config, lower_for or here, call, run_on=here)
+    return ScalarDecayKernel(problem, config, compiled, call)
 
 
 def precompile(

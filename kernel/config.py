@@ -157,6 +157,18 @@ class KernelConfig:
                 f"for seqlen={problem.seqlen}: use segments=1 (the single-pass kernel)"
             )
 
+    def smem_floor(self, problem: Problem) -> int:
+        """Bytes of shared memory the chunk step cannot do with less of: one stage of its
+        tiles ``Q_s``, ``K_s``, the weighted keys ``Kw_s`` (``[C, DK]`` each), ``V_s`` and
+        ``O_s`` (``[C, bDV]``), and the scores ``[C, C]`` where they wait in shared memory,
+        all of the problem's 2-byte dtype. TileLang gives every buffer its own bytes
+        (``kernel.variants.PASS_CONFIGS``) and adds pipeline stages and the state's copy,
+        so the compiled kernel needs at least this: a config over an architecture's limit
+        is restricted before it is compiled (``tuner.space.violated``)."""
+        c = self.chunk
+        scores = c * c if self.scores == "smem" else 0
+        return 2 * (3 * c * problem.dk + 2 * c * self.block_dv + scores)
+
     def seed_register_estimate(self, problem: Problem) -> int:
         """The seed's register arithmetic (section 5): fp32 fragment elements per thread.
 

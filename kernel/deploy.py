@@ -4,7 +4,7 @@ Format ``decay-tuner/best-configs`` version 1::
 
     {"format": "decay-tuner/best-configs", "version": 1,
      "problem": {batch, heads, seqlen, dk, dv, dtype},   # earlier files: an alpha too, ignored
-     "environment": {gpu, capability, tilelang, torch, cuda, nvcc, kernel},
+     "environment": {gpu, capability, arch, tilelang, torch, cuda, nvcc, kernel},
      "mode": "gpu" | "compile-only",
      "configs": [{"config": {...}, "median_ms": .., "p20_ms": .., "p80_ms": .., "rel_l2": ..,
                   "trial": n}, ...]}   # best first
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel.config import KernelConfig, Problem
-from kernel.environment import mismatches
+from kernel.environment import environment, mismatches
 
 FORMAT = "decay-tuner/best-configs"
 VERSION = 1
@@ -79,8 +79,15 @@ def load_config(
 
 
 def check_environment(path: str | Path, saved: dict[str, Any]) -> None:
-    """``ExportError`` unless ``saved`` is this machine's environment."""
-    diff = mismatches(saved)
+    """``ExportError`` unless ``saved`` is this machine's environment; a file tuned for
+    another architecture says only that."""
+    here = environment()
+    if saved.get("arch") and saved["arch"] != here["arch"]:
+        raise ExportError(
+            f"{path} was tuned for {saved['arch']}, this machine is {here['arch']}: "
+            "tune here (python -m tuner run, or dispatch)"
+        )
+    diff = mismatches(saved, here)
     if diff:
         raise ExportError(
             f"{path} was measured in another environment ({'; '.join(diff)}); "

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ENVIRONMENT_KEYS = ("gpu", "capability", "tilelang", "torch", "cuda", "nvcc", "kernel")
+ENVIRONMENT_KEYS = ("gpu", "capability", "arch", "tilelang", "torch", "cuda", "nvcc", "kernel")
 # The modules whose code decides the generated CUDA and how it is launched.
-KERNEL_MODULES = ("config.py", "scalar_decay.py", "seq_split.py", "variants.py")
+KERNEL_MODULES = ("config.py", "arch.py", "mma.py", "scalar_decay.py", "seq_split.py", "variants.py")
 
 
 def code_digest(source: str) -> str:
@@ -64,16 +64,20 @@ def nvcc_version() -> str | None:
     return match.group(1) if match else None
 
 
-def environment() -> dict[str, Any]:
-    """GPU, library and compiler versions and the kernels' identity: a measurement taken
-    under one environment is never reused under another."""
+def environment(arch: str | None = None) -> dict[str, Any]:
+    """GPU, library and compiler versions, the architecture compiled for (``arch``;
+    default: this GPU's, ``kernel.arch.resolve``) and the kernels' identity: a measurement
+    taken under one environment is never reused under another."""
     import tilelang
     import torch
+
+    from kernel.arch import resolve
 
     gpu = torch.cuda.is_available()
     return {
         "gpu": torch.cuda.get_device_name() if gpu else None,
         "capability": ".".join(map(str, torch.cuda.get_device_capability())) if gpu else None,
+        "arch": resolve(arch)[0],
         "tilelang": tilelang.__version__,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -87,9 +91,10 @@ def env_key(env: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def mismatches(saved: dict[str, Any]) -> list[str]:
-    """How ``saved`` differs from this machine's environment, one 'key: file .., here ..' each."""
-    here = environment()
+def mismatches(saved: dict[str, Any], here: dict[str, Any] | None = None) -> list[str]:
+    """How ``saved`` differs from ``here`` (default: this machine's environment), one
+    'key: file .., here ..' each."""
+    here = here or environment()
     return [
         f"{k}: file {saved.get(k)!r}, here {here[k]!r}" for k in ENVIRONMENT_KEYS if saved.get(k) != here[k]
     ]

@@ -1,9 +1,10 @@
 """What the compiler says about a (problem, config), with no GPU.
 
-TileLang lowers the kernel for ``sm_90a``; nvcc compiles the generated CUDA with ptxas in
-verbose mode; we parse registers, spills and the stack frame, and read the dynamic shared
-memory from the lowered module. ptxas never checks shared memory against the device, so
-the probe does.
+TileLang lowers the kernel for an architecture of ``kernel.arch`` (``sm_90a`` unless
+told); nvcc compiles the generated CUDA with ptxas in verbose mode; we parse registers,
+spills and the stack frame, and read the dynamic shared memory from the lowered module.
+ptxas never checks shared memory against the device, so the probe does, against the
+architecture's limit per block.
 
 Failures are values, not exceptions: a config that TileLang cannot lower (0.1.15 fails
 every ``chunk=32`` and ``threads=256`` config whose scores stay in registers with "Layout
@@ -24,12 +25,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from kernel.arch import DEFAULT_ARCH, get_arch, target
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
-from kernel.variants import PASS_CONFIGS, prim_funcs
+from kernel.variants import pass_configs, prim_funcs
 
-# Largest shared memory one block may opt into on H100 and H200 (227 KiB).
-SMEM_LIMIT_BYTES = 232_448
-DEFAULT_ARCH = "sm_90a"
 NVCC_TIMEOUT_S = 300
 
 FailureStage = Literal["lower", "nvcc"]
@@ -52,7 +51,8 @@ class Resources:
     threads_launched: int  # consumer threads plus TileLang's producer warp group
     seed_register_estimate: int  # the seed's fragment arithmetic, for comparison
     compile_seconds: float
-    smem_limit: int = SMEM_LIMIT_BYTES
+    smem_limit: int  # bytes one block may opt into on the architecture compiled for
+    arch: str  # the architecture compiled for (``kernel.arch.ARCHS``)
 
     @property
     def smem_bytes(self) -> int:
@@ -113,26 +113,33 @@ def parse_ptxas(log: str) -> dict[str, int]:
 
 
 def lower(func: Any, *, arch: str = DEFAULT_ARCH):
-    """Lower one prim func to CUDA source for ``arch``: TileLang's ``CompiledArtifact``."""
+    """Lower one prim func (built for ``arch``) to CUDA source for ``arch``: TileLang's
+    ``CompiledArtifact``."""
     import tilelang
     from tilelang import tvm
 
-    target = tvm.target.Target({"kind": "cuda", "arch": arch})
-    with target, tvm.transform.PassContext(opt_level=3, config=PASS_CONFIGS):
-        return tilelang.lower(func, target=target)
+    cuda = tvm.target.Target(target(arch))
+    with cuda, tvm.transform.PassContext(opt_level=3, config=pass_configs(arch)):
+        return tilelang.lower(func, target=cuda)
 
 
 def compile_kernel(
-    problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH, call: Call = PLAIN_CALL
+    problem: Problem,
+    config: KernelConfig,
+    arch: str = DEFAULT_ARCH,
+    call: Call = PLAIN_CALL,
+    *,
+    run_on: str | None = None,
 ) -> tuple[Any, ...]:
     """TileLang-compile every kernel of the config for an explicit ``arch``: needs nvcc, not
     a GPU. Cached on disk, so a later ``kernel.build`` of the same (problem, config) on an
-    ``arch`` GPU is a cache hit."""
+    ``arch`` GPU is a cache hit. ``run_on`` assembles ``arch``'s code for a GPU of another
+    architecture (``kernel.arch.target``): the Ampere path run on a Hopper GPU."""
     config.check_fits(problem)
-    return _compile(prim_funcs(problem, config, call), arch)
+    return _compile(prim_funcs(problem, config, call, arch=arch), target(arch, run_on=run_on))
 
 
-def _compile(funcs: list, arch: str) -> tuple[Any, ...]:
+def _compile(funcs: list, cuda: dict) -> tuple[Any, ...]:
     import tilelang
 
     # Compiler failures come back to the caller as exceptions (and from ``probe`` as
@@ -141,8 +148,8 @@ def _compile(funcs: list, arch: str) -> tuple[Any, ...]:
     # The split's carry kernel is the same for many configs of a problem: TileLang warns on
     # each reuse from its memory cache, which is the reuse we want.
     logging.getLogger("tilelang.cache.kernel_cache").setLevel(logging.ERROR)
-    target = {"kind": "cuda", "arch": arch}
-    return tuple(tilelang.compile(f, target=target, pass_configs=PASS_CONFIGS) for f in funcs)
+    options = pass_configs(cuda["arch"])
+    return tuple(tilelang.compile(f, target=cuda, pass_configs=options) for f in funcs)
 
 
 def probe(
@@ -152,14 +159,16 @@ def probe(
 
     The compile goes through TileLang's disk cache (see ``compile_kernel``). Raises
     ``ValueError`` only for a config that cannot tile the problem at all
-    (``KernelConfig.check_fits``): that is a caller's mistake, not a compiler finding.
+    (``KernelConfig.check_fits``) or an unknown ``arch``: those are a caller's mistakes, not
+    compiler findings.
     """
     config.check_fits(problem)
+    limit = get_arch(arch).smem_per_block
     start = time.perf_counter()
     try:
         with _captured_output() as printed:
-            funcs = prim_funcs(problem, config, call)
-            kernels = _compile(funcs, arch)
+            funcs = prim_funcs(problem, config, call, arch=arch)
+            kernels = _compile(funcs, target(arch))
     except Exception as exc:  # TVM raises many types; each is recorded, none is swallowed
         stage: FailureStage = "nvcc" if "Compilation error" in str(exc) else "lower"
         message = "\n".join(filter(None, (printed.text.strip(), str(exc))))
@@ -185,6 +194,8 @@ def probe(
         threads_launched=max(f["threads_launched"] for f in figures),
         seed_register_estimate=config.seed_register_estimate(problem),
         compile_seconds=time.perf_counter() - start,
+        smem_limit=limit,
+        arch=get_arch(arch).name,
     )
 
 

@@ -12,9 +12,11 @@ Departures from the seed, each measured on the H200 (experiments/h200/README.md)
   the scaling, so the intra-chunk term silently used the scaled Q. Q is never scaled here.
 * Q's weights ``alpha^(r+1)`` scale the fp32 accumulator rows after the inter-chunk MMA,
   not a weighted copy of Q in shared memory.
-* The chunk step issues its MMAs with ``T.wgmma_gemm`` without waiting for each, and waits
-  only where a result is read, so K's weights, the decay mask and the output store
-  overlap the tensor cores. wgmma needs 64-row tiles: 32-token chunks wait for each MMA.
+* On Hopper the chunk step issues its MMAs with ``T.wgmma_gemm`` without waiting for
+  each, and waits only where a result is read, so K's weights, the decay mask and the
+  output store overlap the tensor cores. wgmma needs 64-row tiles: 32-token chunks wait
+  for each MMA. Elsewhere the same step issues ``T.gemm`` and its waits vanish
+  (``kernel.mma``): one source for every architecture of ``kernel.arch``.
 * Where a config has 64 state rows per consumer warpgroup and its scores in shared memory
   (``transposes``), the block keeps the state transposed: ``S^T`` is the register
   operand of the inter-chunk MMA, so no shared-memory copy of the state sits between one
@@ -28,6 +30,7 @@ and only the product ``A * Gamma`` is cast for the MMA.
 import tilelang.language as T
 
 from kernel.config import KernelConfig, Problem
+from kernel.mma import Mma, mma_for
 
 
 def transposes(*, chunk: int, block_dv: int, threads: int, scores: str) -> bool:
@@ -47,6 +50,7 @@ def chunk_loop_macro(
     threads: int,
     scores: str,
     dtype: str,
+    arch: str,
     packed: bool = False,
 ):
     """The chunk loop of one block, as a ``@T.macro``: its buffers, the decay mask, the
@@ -59,16 +63,19 @@ def chunk_loop_macro(
     receives the state after ``s_end`` where the run-time condition ``final`` holds. A
     ragged last chunk (``m < C`` tokens) weights its keys by their distance to its last
     token and decays the state by ``alpha^m``, so the state carried out is exact. Shared by
-    the single-pass kernel and the sequence-split variant (``kernel.seq_split``)."""
+    the single-pass kernel and the sequence-split variant (``kernel.seq_split``). ``arch``
+    (``kernel.arch.ARCHS``) picks the MMA statements (``kernel.mma``)."""
+    mma = mma_for(arch)
     knobs = dict(
         chunk=chunk, dk=dk, block_dv=block_dv, scale=scale, num_stages=num_stages, dtype=dtype, packed=packed
     )
     if transposes(chunk=chunk, block_dv=block_dv, threads=threads, scores=scores):
-        return transposed_chunk_loop_macro(**knobs)
+        return transposed_chunk_loop_macro(**knobs, mma=mma)
     C, accum = chunk, "float32"
     store = store_macro(chunk=C, block_dv=block_dv, packed=packed)
     # wgmma needs 64-row tiles: chunks of 32 wait for each MMA (T.gemm).
     async_step = C % 64 == 0
+    touches = async_step and mma.asynchronous  # see the async step
 
     @T.macro
     def chunk_loop(Q, K, V, O, Decay, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, p_in, final):
@@ -87,7 +94,7 @@ def chunk_loop_macro(
         else:
             A_cast = T.alloc_fragment([C, C], dtype)
         Gamma = T.alloc_fragment([C, C], accum)
-        touch = T.alloc_local([1], dtype) if async_step else None  # see the async step
+        touch = T.alloc_local([1], dtype) if touches else None  # see the async step
         lg = T.alloc_local([1], accum)  # log2(alpha) of this head, <= 0
         lg[0] = T.log2(Decay[bh])
 
@@ -119,28 +126,30 @@ def chunk_loop_macro(
                 # statement that names it, while an issued wgmma may still read it: each
                 # stage buffer is named once more after the wait that covers its MMAs.
                 T.copy(S_f, S_s)  # the state before this chunk
-                T.wgmma_gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)
-                T.wgmma_gemm(Q_s, S_s, acc_o, clear_accum=True)
-                T.wait_wgmma(1)  # A is ready and K_s free; Q @ S may still run
+                mma.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)
+                mma.gemm(Q_s, S_s, acc_o, clear_accum=True)
+                mma.wait(1)  # A is ready and K_s free; Q @ S may still run
                 for r, d in T.Parallel(C, dk):
                     Kw_s[r, d] = T.if_then_else(
                         r < m, K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, m - 1 - r)), T.Cast(dtype, 0)
                     )
                 for i, j in T.Parallel(C, C):
                     A_cast[i, j] = A[i, j] * Gamma[i, j]
-                T.wait_wgmma(0)
-                touch[0] = Q_s[0, 0]
+                mma.wait(0)
+                if touches:
+                    touch[0] = Q_s[0, 0]
                 for i, j in T.Parallel(C, block_dv):
                     acc_o[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, i + 1))
-                T.wgmma_gemm(A_cast, V_s, acc_o)
+                mma.gemm(A_cast, V_s, acc_o)
                 for i, j in T.Parallel(dk, block_dv):
                     S_f[i, j] *= T.exp2(lg[0] * T.Cast(accum, m))
-                T.wgmma_gemm(Kw_s, V_s, S_f, transpose_A=True)
-                T.wait_wgmma(1)  # the outputs are ready; the state update may still run
+                mma.gemm(Kw_s, V_s, S_f, transpose_A=True)
+                mma.wait(1)  # the outputs are ready; the state update may still run
                 T.copy(acc_o, O_s)
                 store(O_s, O, bb, s0, m, bh, v0)
-                T.wait_wgmma(0)
-                touch[0] = V_s[0, 0]
+                mma.wait(0)
+                if touches:
+                    touch[0] = V_s[0, 0]
             else:
                 # Inter-chunk term; S_f still holds the state before this chunk.
                 T.copy(S_f, S_s)
@@ -184,7 +193,7 @@ def store_macro(*, chunk: int, block_dv: int, packed: bool):
 
 
 def transposed_chunk_loop_macro(
-    *, chunk: int, dk: int, block_dv: int, scale: float, num_stages: int, dtype: str, packed: bool
+    *, chunk: int, dk: int, block_dv: int, scale: float, num_stages: int, dtype: str, packed: bool, mma: Mma
 ):
     """``chunk_loop_macro``'s loop with the state transposed: the block keeps ``S^T``
     (``[block_dv, DK]``, fp32) as the accumulator of ``V^T @ Kw``, so its fp16 cast is the
@@ -194,7 +203,8 @@ def transposed_chunk_loop_macro(
     out transposed: the scores ``A^T = K @ Q^T`` with the mask ``Gamma^T``, ``O^T += V^T @
     (A^T * Gamma^T)``, and the output tile is written transposed into ``O_s`` for its TMA
     store. Each consumer warpgroup owns 64 rows of ``S^T`` and ``O^T``
-    (``GemmWarpPolicy.FullRow``), so a warpgroup's state never leaves its registers."""
+    (``GemmWarpPolicy.FullRow``), so a warpgroup's state never leaves its registers. The
+    MMAs are ``mma``'s (``kernel.mma``): async on Hopper, ``T.gemm`` elsewhere."""
     C, accum = chunk, "float32"
     store = store_macro(chunk=C, block_dv=block_dv, packed=packed)
     rows = T.GemmWarpPolicy.FullRow
@@ -213,7 +223,7 @@ def transposed_chunk_loop_macro(
         OT = T.alloc_fragment([block_dv, C], accum)
         AT = T.alloc_fragment([C, C], accum)
         GammaT = T.alloc_fragment([C, C], accum)
-        touch = T.alloc_local([1], dtype)  # see the async step in chunk_loop_macro
+        touch = T.alloc_local([1], dtype) if mma.asynchronous else None  # see chunk_loop_macro's async step
         lg = T.alloc_local([1], accum)  # log2(alpha) of this head, <= 0
         lg[0] = T.log2(Decay[bh])
 
@@ -235,29 +245,31 @@ def transposed_chunk_loop_macro(
             T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
             T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
             T.copy(ST_f, ST_h)  # the state before this chunk
-            T.wgmma_gemm(K_s, Q_s, AT, transpose_B=True, clear_accum=True)  # [C_j, C_i]
-            T.wgmma_gemm(ST_h, Q_s, OT, transpose_B=True, clear_accum=True, policy=rows)
-            T.wait_wgmma(1)  # A^T is ready and K_s free; S^T @ Q^T may still run
+            mma.gemm(K_s, Q_s, AT, transpose_B=True, clear_accum=True)  # [C_j, C_i]
+            mma.gemm(ST_h, Q_s, OT, transpose_B=True, clear_accum=True, policy=rows)
+            mma.wait(1)  # A^T is ready and K_s free; S^T @ Q^T may still run
             for r, d in T.Parallel(C, dk):
                 Kw_s[r, d] = T.if_then_else(
                     r < m, K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, m - 1 - r)), T.Cast(dtype, 0)
                 )
             for j, i in T.Parallel(C, C):
                 AT_cast[j, i] = AT[j, i] * GammaT[j, i]
-            T.wait_wgmma(0)
-            touch[0] = Q_s[0, 0]
+            mma.wait(0)
+            if mma.asynchronous:
+                touch[0] = Q_s[0, 0]
             for v, i in T.Parallel(block_dv, C):
                 OT[v, i] *= scale * T.exp2(lg[0] * T.Cast(accum, i + 1))
-            T.wgmma_gemm(V_s, AT_cast, OT, transpose_A=True, policy=rows)  # [bDV, C_i]
+            mma.gemm(V_s, AT_cast, OT, transpose_A=True, policy=rows)  # [bDV, C_i]
             for v, d in T.Parallel(block_dv, dk):
                 ST_f[v, d] *= T.exp2(lg[0] * T.Cast(accum, m))
-            T.wgmma_gemm(V_s, Kw_s, ST_f, transpose_A=True, policy=rows)  # [bDV, DK]
-            T.wait_wgmma(1)  # the outputs are ready; the state update may still run
+            mma.gemm(V_s, Kw_s, ST_f, transpose_A=True, policy=rows)  # [bDV, DK]
+            mma.wait(1)  # the outputs are ready; the state update may still run
             for i, v in T.Parallel(C, block_dv):
                 O_s[i, v] = OT[v, i]
             store(O_s, O, bb, s0, m, bh, v0)
-            T.wait_wgmma(0)
-            touch[0] = V_s[0, 0]
+            mma.wait(0)
+            if mma.asynchronous:
+                touch[0] = V_s[0, 0]
         if Final is not None and final:
             for v, d in T.Parallel(block_dv, dk):
                 Final[bbh, 0, d, v0 + v] = ST_f[v, d]
@@ -281,6 +293,7 @@ def scalar_decay_fwd(
     scale: float = 1.0,
     initial_state: bool = False,
     final_state: bool = False,
+    arch: str,
 ):
     """Return the ``@T.prim_func`` ``main(Q, K, V, Decay, H0, O, HT)`` for one problem and
     config.
@@ -307,6 +320,7 @@ def scalar_decay_fwd(
         threads=threads,
         scores=scores,
         dtype=dtype,
+        arch=arch,
     )
     state_shape = [batch * heads, 1, dk, dv]
 
@@ -333,16 +347,17 @@ def scalar_decay_fwd(
     return main
 
 
-def prim_func(problem: Problem, config: KernelConfig, *, packed: bool = False, **call):
+def prim_func(problem: Problem, config: KernelConfig, *, arch: str, packed: bool = False, **call):
     """``scalar_decay_fwd`` (or, ``packed``, ``packed_fwd``) for a validated problem and a
-    single-pass config; ``call``: ``scale``, ``initial_state``, ``final_state``."""
+    single-pass config, lowered later for ``arch``; ``call``: ``scale``, ``initial_state``,
+    ``final_state``."""
     knobs = config.to_dict()
     if knobs.pop("segments") != 1:
         raise ValueError(f"the single-pass kernel runs one segment, got segments={config.segments}")
     shape = problem.to_dict()
     if packed:
-        return packed_fwd(**{k: shape[k] for k in ("heads", "dk", "dv", "dtype")}, **knobs, **call)
-    return scalar_decay_fwd(**shape, **knobs, **call)
+        return packed_fwd(**{k: shape[k] for k in ("heads", "dk", "dv", "dtype")}, **knobs, **call, arch=arch)
+    return scalar_decay_fwd(**shape, **knobs, **call, arch=arch)
 
 
 def packed_fwd(
@@ -359,6 +374,7 @@ def packed_fwd(
     scale: float = 1.0,
     initial_state: bool = False,
     final_state: bool = False,
+    arch: str,
 ):
     """Return the ``@T.prim_func`` ``main(Q, K, V, Decay, H0, O, HT, CuSeqlens)`` for
     packed sequences: one kernel for every token count ``T`` and sequence count ``N``
@@ -379,6 +395,7 @@ def packed_fwd(
         threads=threads,
         scores=scores,
         dtype=dtype,
+        arch=arch,
         packed=True,
     )
     tokens, offsets, h0_rows, ht_rows = (T.dynamic(n) for n in ("tokens", "offsets", "h0_rows", "ht_rows"))

@@ -39,11 +39,12 @@ def prim_funcs(
     scale: float = 1.0,
     initial_state: bool = False,
     final_state: bool = False,
+    arch: str,
 ):
     """Return the ``@T.prim_func`` triple ``(states(K, V, Decay, H0, States),
     carry(Decay, States), outputs(Q, K, V, Decay, States, O, HT))`` for a split config;
     States is ``[B*H, P, DK, DV]`` fp32, Decay, H0 and HT as in
-    ``kernel.scalar_decay.scalar_decay_fwd``."""
+    ``kernel.scalar_decay.scalar_decay_fwd``; ``arch`` as there."""
     config.check_fits(problem)
     batch, heads, seqlen, dk, dv = problem.batch, problem.heads, problem.seqlen, problem.dk, problem.dv
     dtype = problem.dtype
@@ -60,6 +61,7 @@ def prim_funcs(
         threads=config.threads,
         scores=config.scores,
         dtype=dtype,
+        arch=arch,
     )
 
     @T.prim_func

@@ -4,6 +4,7 @@ compiler and the call alike."""
 
 from typing import Any
 
+from kernel.arch import get_arch
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
 
 # TileLang's compile options for every kernel. Shared-memory reuse is off: TileLang lets
@@ -16,17 +17,25 @@ from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
 PASS_CONFIGS = {"tl.disable_shared_memory_reuse": True}
 
 
-def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL) -> list:
-    """The ``@T.prim_func`` kernels of ``config``'s variant, in launch order."""
+def pass_configs(arch: str) -> dict[str, bool]:
+    """TileLang's compile options for ``arch``: ``PASS_CONFIGS``, and no warp
+    specialisation where the architecture lacks the ``setmaxnreg`` it needs
+    (``kernel.arch``)."""
+    return PASS_CONFIGS | ({} if get_arch(arch).setmaxnreg else {"tl.disable_warp_specialized": True})
+
+
+def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, *, arch: str) -> list:
+    """The ``@T.prim_func`` kernels of ``config``'s variant for ``arch`` (a name of
+    ``kernel.arch.ARCHS``), in launch order."""
     from kernel import scalar_decay, seq_split  # TileLang: loaded when a kernel is built
 
     if config.segments == 1:
-        return [scalar_decay.prim_func(problem, config, **call.to_dict())]
+        return [scalar_decay.prim_func(problem, config, arch=arch, **call.to_dict())]
     if call.packed:
         raise ValueError(f"packed sequences run the single-pass kernel, got segments={config.segments}")
     knobs = call.to_dict()
     del knobs["packed"]
-    return list(seq_split.prim_funcs(problem, config, **knobs))
+    return list(seq_split.prim_funcs(problem, config, **knobs, arch=arch))
 
 
 def launch(

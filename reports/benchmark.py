@@ -22,13 +22,14 @@ import numpy as np
 import optuna
 import pandas as pd
 
+from kernel.arch import ARCHS
 from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, knob_choices
 from kernel.environment import ENVIRONMENT_KEYS
 from kernel.record import TRIAL_COLUMNS
-from kernel.resources import SMEM_LIMIT_BYTES
 from refs import TOLERANCE
 from reports.data import StudyInfo
 
+SMEM_LIMIT = ARCHS["sm_90a"].smem_per_block  # the synthetic study is an H200's
 MAX_REGISTERS = 255  # the register budget (registers / thread) the tuner checks by default
 ENVIRONMENT = {
     "gpu": "synthetic",
@@ -138,10 +139,10 @@ def _trial(
     }
     constraints = {
         "spills": float(spills),
-        "smem": float(smem - SMEM_LIMIT_BYTES),
+        "smem": float(smem - SMEM_LIMIT),
         "registers": float(registers - MAX_REGISTERS),
     }
-    if spills > 0 or smem > SMEM_LIMIT_BYTES:
+    if spills > 0 or smem > SMEM_LIMIT:
         return done("infeasible", constraints=constraints | {"correctness": 0.0})
     if not gpu:
         return done("ok", constraints=constraints | {"correctness": 0.0})

@@ -99,7 +99,9 @@ def _table_lines(out: str) -> tuple[str, list[str], list[str]]:
 def test_trials_prints_whole_numbers_blank_cells_and_first_lines(explored, capsys):
     assert main(_on(explored, "trials")) == 0
     heading, header, rows = _table_lines(capsys.readouterr().out)
-    assert heading == "study 'e2e' (compile-only: resources from the compiler, no latency measured)"
+    assert (
+        heading == "study 'e2e' (compile-only for sm_90a: resources from the compiler, no latency measured)"
+    )
     assert header == list(TABLE) and len(rows) == 4
     printed = "\n".join(rows)
     assert not re.search(r"\d\.0\b", printed)  # smem bytes, registers, spills: no ".0"

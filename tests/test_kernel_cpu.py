@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from kernel import SEED_CONFIG, SMEM_LIMIT_BYTES, KernelConfig, ProbeFailure, Problem, Resources, probe
+from kernel import SEED_CONFIG, KernelConfig, ProbeFailure, Problem, Resources, probe
+from kernel.arch import ARCHS
 from kernel.config import HEADLINE, Call, model_call, retnet_decay
 from kernel.resources import parse_ptxas
 
@@ -105,7 +106,7 @@ def test_probe_c64_bdv32_does_not_spill():
     res = probe(HEADLINE, KernelConfig(64, 32, 2, 128))
     assert isinstance(res, Resources), res
     assert res.spill_bytes == 0 and res.stack_frame == 0
-    assert res.fits_smem and 0 < res.smem_bytes <= SMEM_LIMIT_BYTES
+    assert res.fits_smem and 0 < res.smem_bytes <= ARCHS["sm_90a"].smem_per_block == res.smem_limit
     assert res.threads_launched == 256  # 128 consumers + TileLang's producer warp group
     assert res.registers <= 255 and res.seed_register_estimate == 112
 
@@ -120,7 +121,7 @@ def test_probe_c64_bdv128_spills():
 def test_probe_c128_bdv128_exceeds_shared_memory():
     res = probe(HEADLINE, KernelConfig(128, 128, 2, 128))
     assert isinstance(res, Resources), res
-    assert not res.fits_smem and res.smem_bytes > SMEM_LIMIT_BYTES
+    assert not res.fits_smem and res.smem_bytes > res.smem_limit == ARCHS["sm_90a"].smem_per_block
 
 
 @pytest.mark.parametrize(
@@ -216,7 +217,7 @@ def test_no_two_shared_buffers_share_memory(config, seqlen):
     from kernel.variants import prim_funcs
 
     problem = Problem(2, 8, seqlen, 128, 128)
-    (func,) = prim_funcs(problem, config, Call(0.125, True, True))
+    (func,) = prim_funcs(problem, config, Call(0.125, True, True), arch="sm_90a")
     source = lower(func).kernel_source
     offsets = re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", source)
     assert len(offsets) >= 5 and len({offset for _, offset in offsets}) == len(offsets), offsets
@@ -255,7 +256,7 @@ def test_states_buffer_has_the_shape_the_split_kernels_declare():
 
     problem, config = Problem(2, 3, 1000, 64, 128), KernelConfig(64, 64, 2, 128, segments=4)
     buffer = states_buffer(problem, config, "cpu")
-    for func, arg in zip(prim_funcs(problem, config), (4, 1, 4)):  # states, carry, outputs
+    for func, arg in zip(prim_funcs(problem, config, arch="sm_90a"), (4, 1, 4)):  # states, carry, outputs
         declared = func.buffer_map[func.params[arg]]
         assert tuple(buffer.shape) == tuple(int(n) for n in declared.shape)
         assert buffer.dtype == torch.float32 and str(declared.dtype) == "float32"
@@ -276,7 +277,7 @@ def test_the_packed_kernel_compiles_once_for_every_token_and_sequence_count():
 
     call = Call(scale=0.125, initial_state=True, final_state=True, packed=True)
     problem, config = Problem(1, 8, 1, 128, 128), KernelConfig(64, 128, 2, 256)
-    (func,) = prim_funcs(problem, config, call)
+    (func,) = prim_funcs(problem, config, call, arch="sm_90a")
     q_shape = func.buffer_map[func.params[0]].shape
     offsets = func.buffer_map[func.params[-1]].shape
     assert [str(n) for n in q_shape] == ["1", "tokens", "8", "128"] and [str(n) for n in offsets] == [
@@ -285,4 +286,4 @@ def test_the_packed_kernel_compiles_once_for_every_token_and_sequence_count():
     res = probe(problem, config, call=call)
     assert isinstance(res, Resources) and res.threads_launched == 384 and res.spill_stores == 0
     with pytest.raises(ValueError, match="packed sequences run the single-pass kernel"):
-        prim_funcs(problem, KernelConfig(64, 128, 2, 256, segments=2), call)
+        prim_funcs(problem, KernelConfig(64, 128, 2, 256, segments=2), call, arch="sm_90a")

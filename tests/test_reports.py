@@ -18,7 +18,8 @@ import plotly.graph_objects as go
 import pytest
 from optuna.trial import TrialState
 
-from kernel import SMEM_LIMIT_BYTES, KernelConfig, Problem
+from kernel import KernelConfig, Problem
+from kernel.arch import ARCHS
 from kernel.config import knob_choices
 from kernel.record import TRIAL_COLUMNS
 from refs import TOLERANCE
@@ -29,11 +30,12 @@ from tuner.cli import main
 from tuner.storage import export_dir
 from tuner.trials import trials_frame
 
+SMEM_LIMIT = ARCHS["sm_90a"].smem_per_block
 PROBLEM = Problem(1, 2, 256, 64, 64)
 DISTRIBUTIONS = {
     k: optuna.distributions.CategoricalDistribution(v) for k, v in knob_choices(PROBLEM.dv).items()
 }
-BUDGET = {"spills": 0.0, "smem": float(SMEM_LIMIT_BYTES), "registers": 255.0}
+BUDGET = {"spills": 0.0, "smem": float(SMEM_LIMIT), "registers": 255.0}
 
 
 def _trial(
@@ -145,7 +147,7 @@ def test_trial_log_holds_what_the_report_reads(study):
     assert set(TRIAL_COLUMNS) == set(trials.columns) | {"constraints"}
     assert data.constraints(trials.constraints[4]) == {
         "spills": 64.0,
-        "smem": 300_000 - SMEM_LIMIT_BYTES,
+        "smem": 300_000 - SMEM_LIMIT,
         "registers": 168 - 255.0,
     }
     with pytest.raises(ValueError, match=r"lacks the columns \['constraints'\]"):
@@ -202,7 +204,7 @@ def test_summary_and_budgets(frame, info):
     assert s.counts == {"ok": 5, "compile_failed": 2, "infeasible": 1, "incorrect": 1} and s.n_trials == 9
     assert (s.best, s.baseline) == (1, 0)  # 1 and its cached repeat 8 tie; the first wins, as in export
     assert s.budgets == pytest.approx(
-        {"spill_bytes": 0, "smem_bytes": SMEM_LIMIT_BYTES, "registers": 255, "rel_l2": TOLERANCE}
+        {"spill_bytes": 0, "smem_bytes": SMEM_LIMIT, "registers": 255, "rel_l2": TOLERANCE}
     )
     assert s.metric == "median_ms"
 

@@ -108,4 +108,4 @@ def test_single_pass_kernel_refuses_segments():
     from kernel.scalar_decay import prim_func
 
     with pytest.raises(ValueError, match="one segment"):
-        prim_func(Problem(1, 1, 300, 64, 64), KernelConfig(segments=2))
+        prim_func(Problem(1, 1, 300, 64, 64), KernelConfig(segments=2), arch="sm_90a")

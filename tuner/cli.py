@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kernel.config import HEADLINE, KernelConfig, Problem, model_call
+from kernel.arch import ARCHS
+from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem, model_call
 from tuner import options
 from tuner.options import (
     BENCH_PACKED,
@@ -23,6 +24,7 @@ from tuner.options import (
     Options,
     UsageError,
     default_storage,
+    parse_archs,
     parse_shapes,
 )
 
@@ -142,16 +144,16 @@ def _problem(args: argparse.Namespace) -> Problem:
     return Problem(args.batch, args.heads, args.seqlen, args.dk, args.dv, args.dtype)
 
 
-def _config(text: str) -> KernelConfig:
+def _config(text: str, flag: str = "--enqueue") -> KernelConfig:
     """'64/128/2/256/smem/8' -> KernelConfig (scores optional, default smem; segments
     optional, default 1)."""
     parts = text.split("/")
     if len(parts) not in (4, 5, 6):
-        raise UsageError(f"--enqueue wants C/bDV/stages/threads[/scores[/segments]], got {text!r}")
+        raise UsageError(f"{flag} wants C/bDV/stages/threads[/scores[/segments]], got {text!r}")
     try:
         return KernelConfig(*map(int, parts[:4]), *parts[4:5], *map(int, parts[5:]))
     except ValueError as exc:
-        raise UsageError(f"--enqueue {text}: {exc}") from None
+        raise UsageError(f"{flag} {text}: {exc}") from None
 
 
 def _configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:
@@ -218,8 +220,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_on_gpus(args, name, storage)
     tuner = Tuner(_problem(args), _options(args), name=name, storage=storage)
     if not tuner.gpu:
+        why = "no CUDA device" if tuner.env["gpu"] is None else f"this GPU is not {tuner.arch}"
         print(
-            "no CUDA device: compile-only exploration (probe resources, no latency is measured)",
+            f"{why}: compile-only exploration for {tuner.arch} (probe resources, no latency is measured)",
             file=sys.stderr,
         )
     if tuner.interrupted:
@@ -239,11 +242,12 @@ def _export_run(study: "optuna.Study", out: Path, env: str) -> int:
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    best = data["configs"][0]
+    best, arch = data["configs"][0], (data["environment"] or {}).get("arch")
     label = (
-        "median {:.4f} ms".format(best["median_ms"])
+        "median {:.4f} ms on {}".format(best["median_ms"], arch)
         if data["mode"] == "gpu"
-        else f"compile-only: {best['spill_bytes']} B spilled, {best['smem_bytes']} B smem, no latency"
+        else f"compile-only for {arch}: {best['spill_bytes']} B spilled, {best['smem_bytes']} B smem, "
+        "no latency"
     )
     print(f"best {KernelConfig.from_dict(best['config']).label} ({label}); exported {out}")
     return 0
@@ -309,7 +313,7 @@ def _run_on_gpus(args: argparse.Namespace, name: str, storage: str) -> int:
     failed = [o for o in outcomes if o.returncode != 0]
     study = load_study(name, storage)
     _log(study, folder)
-    return _export_run(study, folder / "best.json", env_key(environment())) or int(bool(failed))
+    return _export_run(study, folder / "best.json", env_key(environment(opts.arch))) or int(bool(failed))
 
 
 def _shares(total: int, parts: int) -> list[int]:
@@ -343,6 +347,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     best config per shape, which ``kernel.dispatch.load_dispatch`` serves by shape."""
     import torch
 
+    from kernel.arch import resolve
     from kernel.environment import env_key, environment
     from tuner.export import export_dispatch
     from tuner.storage import default_study_name
@@ -354,10 +359,12 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
         raise UsageError(f"--out wants a file path for the table, got the directory {str(out)!r}")
     storage = args.storage or default_storage()
     opts = _options(args)
+    if opts.arch is not None and not resolve(opts.arch)[1]:
+        return _explore_shapes(problems, opts, storage)
     if args.gpus is not None:
         studies = _dispatch_on_gpus(problems, opts, storage, _gpus(args, storage, len(problems)))
     elif not torch.cuda.is_available():
-        raise UsageError("dispatch ranks configs by measured latency and needs a CUDA device")
+        raise UsageError("dispatch ranks configs by measured latency and needs a CUDA device (or --arch)")
     else:
         studies = [
             _run_and_log(
@@ -369,16 +376,43 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     if studies is None:
         return 1
     try:
-        data = export_dispatch(studies, out, env=env_key(environment()))
+        data = export_dispatch(studies, out, env=env_key(environment(opts.arch)))
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return 1
     except OSError as exc:
         raise UsageError(f"cannot write {out}: {exc.strerror or exc} (the studies are saved)") from None
+    print(f"dispatch table for {data['environment']['arch']}:")
     for entry in data["entries"]:
         p, c = entry["problem"], KernelConfig.from_dict(entry["config"])
         print(f"B*H={p['batch'] * p['heads']:>4} S={p['seqlen']:>6}: {c.label} {entry['median_ms']:.4f} ms")
     print(out)
+    return 0
+
+
+def _explore_shapes(problems: list[Problem], opts: Options, storage: str) -> int:
+    """``dispatch --arch`` for an architecture that is not this GPU's: one compile-only
+    study per shape, its best config printed; no table, which ranks by latency."""
+    from tuner.storage import default_study_name
+    from tuner.study import Tuner
+    from tuner.trials import best_trials, trial_config
+
+    print(
+        f"compile-only exploration for {opts.arch}: no latency is measured, no table written", file=sys.stderr
+    )
+    for problem in problems:
+        name = default_study_name(problem)
+        tuner = Tuner(problem, opts, name=name, storage=storage)
+        study = _run_and_log(tuner, _exports(storage, name))
+        best = best_trials(study, tuner.env_key)
+        found = (
+            f"{trial_config(best[0]).label} ({best[0].user_attrs['spill_bytes']} B spilled, "
+            f"{best[0].user_attrs['smem_bytes']} B smem)"
+            if best
+            else "no feasible config"
+        )
+        p = problem
+        print(f"{opts.arch} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}: {found}, compile-only")
     return 0
 
 
@@ -428,9 +462,10 @@ def table(frame: "pd.DataFrame", columns=TABLE) -> str:
 
 def _heading(study: "optuna.Study") -> str:
     """The study's name and mode; a compile-only study says that nothing was timed."""
-    mode = study.user_attrs.get("mode", "unknown mode")
+    mode, arch = study.user_attrs.get("mode", "unknown mode"), study.user_attrs.get("arch")
+    where = f" for {arch}" if arch and mode == "compile-only" else f" on {arch}" if arch else ""
     note = ": resources from the compiler, no latency measured" if mode == "compile-only" else ""
-    return f"study {study.study_name!r} ({mode}{note})"
+    return f"study {study.study_name!r} ({mode}{where}{note})"
 
 
 def cmd_trials(args: argparse.Namespace) -> int:
@@ -560,6 +595,33 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    """Compile one config for one or more GPU architectures (no GPU needed) and print its
+    resources side by side, or why it cannot exist there."""
+    from kernel.arch import resolve
+    from kernel.resources import ProbeFailure, probe
+    from tuner import space
+
+    problem, config = _problem(args), _config(args.config, "--config")
+    config.check_fits(problem)
+    archs = parse_archs(args.arch) if args.arch else [resolve(None)[0]]
+    print(f"{config.label} for {problem} in the model form, compile-only")
+    heads = ("registers", "spill B", "smem B", "limit B", "threads")
+    print(f"{'arch':<8} {'status':<14} " + " ".join(f"{h:>9}" for h in heads) + "  reason")
+    for arch in archs:
+        reasons = space.violated(problem, config, arch)
+        res = None if reasons else probe(problem, config, arch=arch, call=model_call(problem))
+        if res is None or isinstance(res, ProbeFailure):
+            why = "; ".join(reasons) if res is None else f"{res.stage}: {res.error_type}: {res.message}"
+            status = "restricted" if res is None else "compile_failed"
+            print(f"{arch:<8} {status:<14} " + " ".join([" " * 9] * 5) + f"  {why.splitlines()[0][:160]}")
+            continue
+        status = "ok" if res.fits_smem else "over_smem"
+        figures = (res.registers, res.spill_bytes, res.smem_bytes, res.smem_limit, res.threads_launched)
+        print(f"{arch:<8} {status:<14} " + " ".join(f"{n:>9}" for n in figures))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Time the tuned kernel, the seed's config, fla and plain torch over shapes, then a
     packed batch, in the model form (RetNet's decays, scale, final state), against the HBM
@@ -618,6 +680,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], tuple[Callable, .
     "compare": (cmd_compare, (_study_flags, _problem_flags)),
     "report": (cmd_report, (_study_flags, _problem_flags)),
     "bench": (cmd_bench, ()),
+    "probe": (cmd_probe, (_problem_flags,)),
 }
 
 
@@ -646,6 +709,11 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.choices["report"]
     report.add_argument("--out", help="path of the HTML (default: report.html in the study's folder)")
     report.add_argument("--open", action="store_true", help="open the report in a web browser")
+    probe = sub.choices["probe"]
+    probe.add_argument("--config", default=SEED_CONFIG.label, help="C/bDV/stages/threads[/scores[/segments]]")
+    probe.add_argument(
+        "--arch", help=f"architectures, comma-separated, or all ({', '.join(ARCHS)}); default: this GPU's"
+    )
     bench = sub.choices["bench"]
     _shape_flags(bench, "the shapes to time")
     bench.add_argument("--dispatch", help="a dispatch table (python -m tuner dispatch): its pick is 'tuned'")

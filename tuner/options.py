@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from kernel.arch import ARCHS, DEFAULT_ARCH
 from kernel.config import HEADLINE, KernelConfig
 from refs import TOLERANCE
 
@@ -59,6 +60,12 @@ class Options:
         "seconds without a heartbeat before a trial's worker counts as dead (its config is measured again)",
         flag="--grace",
         minimum=1,
+    )
+    arch: str | None = option(
+        None,
+        "the GPU architecture to compile for; compile-only unless it is this GPU's (default: this GPU's, "
+        f"else {DEFAULT_ARCH} compile-only)",
+        choices=tuple(ARCHS),
     )
     seed: int = option(0, "seed of the sampler and of the random inputs")
     enqueue: tuple[KernelConfig, ...] = option((), "configs measured first", flag="")
@@ -128,3 +135,13 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     if not shapes or any(len(shape) != 3 or min(shape) < 1 for shape in shapes):
         raise UsageError(f"--shapes wants BxHxS[,BxHxS...] of positive integers, got {text!r}")
     return shapes  # type: ignore[return-value]
+
+
+def parse_archs(text: str) -> list[str]:
+    """'sm_80,sm_90a' (or 'all') -> the architectures of ``kernel.arch.ARCHS`` it names;
+    ``UsageError`` for any other name."""
+    names = list(ARCHS) if text == "all" else [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in ARCHS]
+    if unknown or not names:
+        raise UsageError(f"--arch wants architectures of {', '.join(ARCHS)} (or all), got {text!r}")
+    return names

@@ -9,6 +9,7 @@ import math
 
 from optuna.distributions import CategoricalDistribution
 
+from kernel.arch import DEFAULT_ARCH, get_arch
 from kernel.config import KernelConfig, Problem, config_grid, knob_choices
 
 
@@ -21,11 +22,15 @@ def distributions(problem: Problem) -> dict[str, CategoricalDistribution]:
     return {name: CategoricalDistribution(values) for name, values in choices(problem).items()}
 
 
-def violated(problem: Problem, config: KernelConfig) -> list[str]:
-    """Why ``config`` may not run ``problem``, one reason per broken restriction: it must
-    tile the problem (``KernelConfig.check_fits``), and its pipeline may be no deeper than
-    the chunks of one segment it overlaps."""
+def violated(problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH) -> list[str]:
+    """Why ``config`` may not run ``problem`` on ``arch``, one reason per broken
+    restriction: it must tile the problem (``KernelConfig.check_fits``), its pipeline may
+    be no deeper than the chunks of one segment it overlaps, and the shared memory it
+    needs at the least (``KernelConfig.smem_floor``) must fit one block of ``arch``."""
     reasons = []
+    floor, limit = config.smem_floor(problem), get_arch(arch).smem_per_block
+    if floor > limit:
+        reasons.append(f"shared memory: at least {floor} B, over {arch}'s {limit} B per block")
     try:
         config.check_fits(problem)
     except ValueError as exc:
@@ -44,7 +49,7 @@ def grid(problem: Problem) -> list[KernelConfig]:
 H200_SMS = 132  # the SM count assumed where no GPU is visible (compile-only runs target sm_90a)
 
 
-def wave_seeds(problem: Problem, sms: int = H200_SMS) -> list[KernelConfig]:
+def wave_seeds(problem: Problem, sms: int = H200_SMS, arch: str = DEFAULT_ARCH) -> list[KernelConfig]:
     """Configs worth measuring first: the family that won at every shape tuned on the H200
     (64-token chunks, the widest block_dv up to 128, 256 threads, scores in shared memory,
     2 or 3 stages), with the segment count whose grid is nearest one wave of blocks (one
@@ -53,7 +58,7 @@ def wave_seeds(problem: Problem, sms: int = H200_SMS) -> list[KernelConfig]:
     At the four shapes tuned on the H200 (8x16x4096, 2x16x16384, 1x8x32768, 4x16x8192) the
     best config launched 128 blocks (experiments/h200/README.md, "retable"); at four shapes
     outside that sample (1x16x16384, 4x8x8192, 1x4x65536, and 2x16x16384 at DK = DV = 64)
-    these seeds held the best of 23 trials ("oos"). Restricted configs are left out; the
+    these seeds held the best of 23 trials ("oos"). Configs restricted on ``arch`` are left out; the
     sampler explores everything else as before.
     """
     block_dv = max(d for d in choices(problem)["block_dv"] if d <= 128)
@@ -66,4 +71,4 @@ def wave_seeds(problem: Problem, sms: int = H200_SMS) -> list[KernelConfig]:
         for n in segments[max(0, i - 1) : i + 2]
         for stages in (2, 3)
     ]
-    return [c for c in configs if not violated(problem, c)]
+    return [c for c in configs if not violated(problem, c, arch)]

@@ -1,8 +1,10 @@
 """The Optuna study over the kernel's design space.
 
 Each round asks the sampler for a batch of configs, probes them across the CPU cores
-(compile for sm_90a: resources or a compiler failure, no GPU), then measures the
-feasible ones one at a time on the GPU in an isolated worker. Every trial is told to the
+(compile for the study's architecture, ``--arch`` or this GPU's: resources or a compiler
+failure, no GPU), then measures the feasible ones one at a time on the GPU in an
+isolated worker; where the GPU is of another architecture, or there is none, the study is
+compile-only for its architecture. Every trial is told to the
 storage as soon as it is known, so a killed run loses only the trials in flight; those
 are marked failed ("interrupted") and their configs queued again: at once on Ctrl-C,
 when the study is opened again on the same host (by pid), or by any live worker on any
@@ -43,11 +45,12 @@ from concurrent.futures import Future, ProcessPoolExecutor
 import optuna
 from optuna.trial import TrialState
 
-from kernel.builder import cuda_arch, sm_count
+from kernel.arch import resolve
+from kernel.builder import sm_count
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, model_call
 from kernel.environment import env_key, environment
 from kernel.record import MEASURES
-from kernel.resources import DEFAULT_ARCH, ProbeFailure, Resources, probe
+from kernel.resources import ProbeFailure, Resources, probe
 from tuner import space
 from tuner.claims import Claimed, Claims, Owned, interrupted, worker_index
 from tuner.options import Options, UsageError
@@ -94,9 +97,8 @@ class Tuner:
                 raise UsageError(
                     f"enqueued config {config} is outside the search space: {outside} (choices: {table})"
                 )
-        self.gpu = _has_cuda()
-        self.arch = cuda_arch() if self.gpu else DEFAULT_ARCH
-        self.env = environment()
+        self.arch, self.gpu = resolve(options.arch)  # gpu: the kernels run and are timed here
+        self.env = environment(self.arch)
         self.env_key = env_key(self.env)
         self.objectives = objective_names(self.gpu, options.multi_objective)
         sampler = make_sampler(options.sampler, problem, options.seed)
@@ -120,12 +122,17 @@ class Tuner:
             )
         self.study.set_user_attr("objectives", self.objectives)
         self.study.set_user_attr("mode", mode)
+        self.study.set_user_attr("arch", self.arch)
         self.interrupted = fail_interrupted(self.study) + fail_stale(self.study, options.grace_s)
         self.claims = Claims(self.study, self.env_key, options.grace_s)
         self._live: set[int] = set()  # ids of this worker's trials in flight, kept alive by heartbeats
         self._pool: ProcessPoolExecutor | None = None
         sms = sm_count() if self.gpu else space.H200_SMS
-        seeds = space.wave_seeds(problem, sms) if options.wave_seeds and options.sampler != "grid" else []
+        seeds = (
+            space.wave_seeds(problem, sms, self.arch)
+            if options.wave_seeds and options.sampler != "grid"
+            else []
+        )
         _enqueue(self.study, [SEED_CONFIG, *options.enqueue, *seeds])
         self.distributions = space.distributions(problem)
         cores = os.cpu_count() or 1
@@ -219,7 +226,7 @@ class Tuner:
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("pid", os.getpid())
         config = KernelConfig(**trial.params)
-        if space.violated(self.problem, config):
+        if space.violated(self.problem, config, self.arch):
             return trial, config, None  # nothing to compile or measure
         state = self.claims.claim(config, trial.number)
         if isinstance(state, Owned):
@@ -270,7 +277,7 @@ class Tuner:
         trial.set_user_attr("environment", self.env)
         trial.set_user_attr("mode", "gpu" if self.gpu else "compile-only")
         if res is None:
-            reason = "; ".join(space.violated(self.problem, config))
+            reason = "; ".join(space.violated(self.problem, config, self.arch))
             self._reject(trial, "restricted", "restriction", reason, start)
             return
         for key, value in res.to_dict().items():
@@ -367,9 +374,3 @@ class Tuner:
         t = best[0]
         unit = "ms" if self.gpu else "B spilled"
         return f"best {t.values[0]:.4g} {unit} @ {trial_config(t).label}"
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

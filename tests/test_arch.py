@@ -1,0 +1,158 @@
+"""kernel.arch and --arch: the kernel compiles for every architecture of the table (real
+TileLang and nvcc, no GPU), each config either compiles or fails as a recorded value,
+configs that cannot exist on a target are restricted before they are compiled, and the
+tool names the architecture everywhere and refuses a table tuned for another."""
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import SMALL, SMALL_PROBLEM, dispatch_file
+
+from kernel import KernelConfig, ProbeFailure, Problem, Resources, probe
+from kernel.arch import ARCHS, DEFAULT_ARCH, arch_of_capability, get_arch, resolve, target
+from kernel.config import HEADLINE, model_call
+from kernel.deploy import ExportError
+from kernel.dispatch import load_dispatch
+from kernel.environment import env_key, environment
+from tuner import space
+from tuner.cli import main
+
+# A representative subset, small enough for CI: the sync step (32-token chunks), the
+# transposed step (64 rows of S^T per consumer warpgroup on Hopper) and the async step
+# with scores in registers (a layout TileLang may refuse: a failure is a value too).
+SUBSET = [
+    KernelConfig(32, 32, 1, 128, "smem"),
+    KernelConfig(64, 64, 2, 128, "smem"),
+    KernelConfig(64, 32, 1, 128, "regs"),
+]
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_every_architecture_compiles_the_kernel_or_records_why_not(arch):
+    results = {c.label: probe(SMALL_PROBLEM, c, arch=arch, call=model_call(SMALL_PROBLEM)) for c in SUBSET}
+    compiled = {label: r for label, r in results.items() if isinstance(r, Resources)}
+    failed = {label: r for label, r in results.items() if isinstance(r, ProbeFailure)}
+    assert len(compiled) + len(failed) == len(SUBSET)
+    assert SUBSET[0].label in compiled, results  # at least one config, the sync step, on every arch
+    for res in compiled.values():
+        assert res.arch == arch and res.smem_limit == ARCHS[arch].smem_per_block
+    for config in SUBSET:  # the floor that restricts configs before compiling is a floor
+        res = results[config.label]
+        if isinstance(res, Resources):
+            assert config.smem_floor(SMALL_PROBLEM) <= res.smem_bytes
+    for res in failed.values():
+        assert res.stage in ("lower", "nvcc") and res.error_type and res.message
+        assert "requires Hopper WGMMA" not in res.message  # the portable layer: no wgmma off Hopper
+    # TileLang adds a producer warp group where it warp-specialises (kernel.arch)
+    assert compiled[SUBSET[0].label].threads_launched == (256 if ARCHS[arch].setmaxnreg else 128)
+
+
+def test_the_ampere_source_issues_mma_not_wgmma():
+    from kernel.resources import compile_kernel
+
+    config = KernelConfig(64, 64, 1, 128, "smem")
+    (hopper,) = compile_kernel(SMALL_PROBLEM, config, "sm_90a")
+    (ampere,) = compile_kernel(SMALL_PROBLEM, config, "sm_80")
+    assert "wgmma" in hopper.get_kernel_source() and "wait_wgmma" in hopper.get_kernel_source()
+    source = ampere.get_kernel_source()
+    assert "wgmma" not in source and "mma" in source and "cp_async" in source and "tma" not in source
+
+
+def test_a_config_over_an_architectures_shared_memory_is_restricted_before_compiling():
+    config = KernelConfig(128, 128, 1, 256, "smem")  # 192 KB of tiles at the least
+    floor = config.smem_floor(HEADLINE)
+    assert (
+        ARCHS["sm_86"].smem_per_block < ARCHS["sm_80"].smem_per_block < floor < ARCHS["sm_90a"].smem_per_block
+    )
+    for arch in ("sm_80", "sm_86", "sm_89", "sm_120"):
+        (reason,) = space.violated(HEADLINE, config, arch)
+        assert (
+            reason
+            == f"shared memory: at least {floor} B, over {arch}'s {ARCHS[arch].smem_per_block} B per block"
+        )
+    assert space.violated(HEADLINE, config, "sm_90a") == space.violated(HEADLINE, config, "sm_100a") == []
+    assert all(not space.violated(HEADLINE, c, "sm_86") for c in space.wave_seeds(HEADLINE, 84, "sm_86"))
+
+
+def test_the_architecture_table():
+    assert [a.name for a in ARCHS.values()] == ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120"]
+    assert {a.name: a.smem_per_block for a in ARCHS.values()} == {
+        "sm_80": 166_912,
+        "sm_86": 101_376,
+        "sm_89": 101_376,
+        "sm_90a": 232_448,
+        "sm_100a": 232_448,
+        "sm_120": 101_376,
+    }
+    assert [a.name for a in ARCHS.values() if a.wgmma] == ["sm_90a"] and DEFAULT_ARCH == "sm_90a"
+    assert arch_of_capability(9, 0).name == "sm_90a" and arch_of_capability(10, 0).name == "sm_100a"
+    with pytest.raises(ValueError, match=r"compute capability 7.5\) is not a target"):
+        arch_of_capability(7, 5)
+    with pytest.raises(ValueError, match="unknown architecture 'sm_70'"):
+        get_arch("sm_70")
+    # the Ampere path on an H200: lowered for sm_80, assembled for the H200
+    assert target("sm_80", run_on="sm_90a") == {"kind": "cuda", "arch": "sm_80", "code": ["sm_90"]}
+    assert target("sm_90a", run_on="sm_90a") == target("sm_90a") == {"kind": "cuda", "arch": "sm_90a"}
+
+
+def test_the_environment_names_the_architecture():
+    assert environment("sm_80")["arch"] == "sm_80" and environment()["arch"] == resolve(None)[0]
+    assert env_key(environment("sm_80")) != env_key(environment("sm_90a"))
+    assert resolve("sm_80")[0] == "sm_80"
+
+
+def test_a_table_tuned_for_another_architecture_is_refused_in_one_line(tmp_path):
+    there = "sm_80" if environment()["arch"] != "sm_80" else "sm_86"
+    path = dispatch_file(
+        tmp_path, [(SMALL_PROBLEM, KernelConfig())], environment=environment() | {"arch": there}
+    )
+    with pytest.raises(ExportError) as info:
+        load_dispatch(path)
+    assert str(info.value) == (
+        f"{path} was tuned for {there}, this machine is {environment()['arch']}: "
+        "tune here (python -m tuner run, or dispatch)"
+    )
+    assert load_dispatch(path, allow_mismatch=True).entries
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--arch", "sm_70"],
+        ["run", "--arch", "banana"],
+        ["dispatch", "--arch", "sm_75"],
+        ["probe", "--arch", "sm_80,banana"],
+        ["probe", "--arch", "sm_80", "--config", "64/48/2/128"],
+    ],
+)
+def test_an_unknown_architecture_is_one_line_and_exit_2(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_probe_prints_one_config_across_architectures(capsys):
+    argv = ["probe", *SMALL, "--config", "128/64/1/256/smem", "--arch", "sm_86,sm_90a"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("128/64/1/256/smem/1 for Problem(") and lines[0].endswith("compile-only")
+    sm86, sm90 = lines[2].split(), lines[3].split()
+    assert sm86[:2] == ["sm_86", "restricted"] and "over sm_86's 101376 B per block" in lines[2]
+    assert sm90[0] == "sm_90a" and sm90[5] == "232448"
+
+
+def test_run_for_sm80_on_a_cpu_finds_a_feasible_config_labelled_compile_only(tmp_path, capsys):
+    """``python -m tuner run --arch sm_80 --n-trials 5`` on a machine without an A100."""
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    argv = ["run", *SMALL, "--arch", "sm_80", "--n-trials", "5", "--storage", storage, "--study", "a100"]
+    assert main([*argv, "--workers", "2", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "compile-only exploration for sm_80" in err
+    assert "(compile-only for sm_80:" in out and "no latency" in out
+    best = next(line for line in out.splitlines() if line.startswith("best "))
+    exported = json.loads(Path(best.rsplit("exported ", 1)[1]).read_text())
+    assert exported["mode"] == "compile-only" and exported["environment"]["arch"] == "sm_80"
+    assert main(["trials", *SMALL, "--storage", storage, "--study", "a100"]) == 0
+    assert capsys.readouterr().out.startswith("study 'a100' (compile-only for sm_80:")
+    assert Problem.from_dict(exported["problem"]) == SMALL_PROBLEM
