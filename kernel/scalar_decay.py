@@ -365,20 +365,15 @@ def packed_fwd(
     heads: int,
     dk: int,
     dv: int,
-    chunk: int,
-    block_dv: int,
-    num_stages: int,
-    threads: int,
     dtype: str = "float16",
-    scores: str = "smem",
-    scale: float = 1.0,
     initial_state: bool = False,
     final_state: bool = False,
-    arch: str,
+    **loop,
 ):
     """Return the ``@T.prim_func`` ``main(Q, K, V, Decay, H0, O, HT, CuSeqlens)`` for
     packed sequences: one kernel for every token count ``T`` and sequence count ``N``
-    (both symbolic, read from the tensors at launch).
+    (both symbolic, read from the tensors at launch). ``loop``: the config's knobs, the
+    scale and the arch, as ``scalar_decay_fwd`` takes them, for ``chunk_loop_macro``.
 
     Q, K: ``[1, T, H, DK]``; V, O: ``[1, T, H, DV]``. CuSeqlens: int32 ``[N + 1]``, the
     offsets of the sequences, from 0 to T. H0, HT: fp32 ``[N*H, 1, DK, DV]`` (``[1, 1, DK,
@@ -386,18 +381,8 @@ def packed_fwd(
     sequence, head) walks its sequence from its first token; a chunk's tile reaches into
     the next sequence, whose rows are kept out of the state (their key weight is 0) and out
     of the output (``store_macro``)."""
-    chunk_loop = chunk_loop_macro(
-        chunk=chunk,
-        dk=dk,
-        block_dv=block_dv,
-        scale=scale,
-        num_stages=num_stages,
-        threads=threads,
-        scores=scores,
-        dtype=dtype,
-        arch=arch,
-        packed=True,
-    )
+    chunk, block_dv, threads = loop["chunk"], loop["block_dv"], loop["threads"]
+    chunk_loop = chunk_loop_macro(dk=dk, dtype=dtype, packed=True, **loop)
     tokens, offsets, h0_rows, ht_rows = (T.dynamic(n) for n in ("tokens", "offsets", "h0_rows", "ht_rows"))
 
     @T.prim_func
