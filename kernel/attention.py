@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
-from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay, sm_count
+from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay, cuda_arch, sm_count
 from kernel.config import Call, KernelConfig, Problem
 from kernel.deploy import ExportError
 from kernel.dispatch import Dispatch, default_config
+from kernel.variants import packed_config
 
 _KERNELS: dict[tuple[Problem, KernelConfig, Call], ScalarDecayKernel] = {}
 _DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
@@ -220,7 +221,7 @@ def _kernel(problem: Problem, call: Call, sequences: int) -> ScalarDecayKernel:
     if call.packed:
         p = problem
         mean = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
-        config = dataclasses.replace(config_for(mean, _TABLE[0], sm_count()), segments=1)
+        config = packed_config(config_for(mean, _TABLE[0], sm_count()), cuda_arch())
         problem = dataclasses.replace(problem, seqlen=1)
     else:
         config = config_for(problem, _TABLE[0], sm_count())

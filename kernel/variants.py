@@ -2,6 +2,7 @@
 the single-pass kernel (``segments == 1``) from the sequence split, for the probe, the
 compiler and the call alike."""
 
+import dataclasses
 from typing import Any
 
 from kernel.arch import get_arch
@@ -29,13 +30,26 @@ def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, 
     ``kernel.arch.ARCHS``), in launch order."""
     from kernel import scalar_decay, seq_split  # TileLang: loaded when a kernel is built
 
+    if call.packed and config != packed_config(config, arch):
+        raise ValueError(
+            f"packed sequences run the single-pass kernel, with one stage where TileLang does not "
+            f"warp-specialise ({arch}): got segments={config.segments}, num_stages={config.num_stages}"
+        )
     if config.segments == 1:
         return [scalar_decay.prim_func(problem, config, arch=arch, **call.to_dict())]
-    if call.packed:
-        raise ValueError(f"packed sequences run the single-pass kernel, got segments={config.segments}")
     knobs = call.to_dict()
     del knobs["packed"]
     return list(seq_split.prim_funcs(problem, config, **knobs, arch=arch))
+
+
+def packed_config(config: KernelConfig, arch: str) -> KernelConfig:
+    """What a config runs as for packed sequences on ``arch``: the single-pass kernel, and
+    one stage where the pipeline is not warp-specialised (``pass_configs``). TileLang
+    0.1.15 software-pipelines a loop of a sequence-dependent length only when it
+    warp-specialises it; elsewhere lowering fails ("Downcast from tirx.Sub to ir.IntImm",
+    sm_80 and sm_89 with 2 stages)."""
+    stages = config.num_stages if get_arch(arch).setmaxnreg else 1
+    return dataclasses.replace(config, segments=1, num_stages=stages)
 
 
 def launch(

@@ -11,7 +11,7 @@ from helpers import SMALL, SMALL_PROBLEM, dispatch_file
 
 from kernel import KernelConfig, ProbeFailure, Problem, Resources, probe
 from kernel.arch import ARCHS, DEFAULT_ARCH, arch_of_capability, get_arch, resolve, target
-from kernel.config import HEADLINE, model_call
+from kernel.config import HEADLINE, Call, model_call
 from kernel.deploy import ExportError
 from kernel.dispatch import load_dispatch
 from kernel.environment import env_key, environment
@@ -156,3 +156,17 @@ def test_run_for_sm80_on_a_cpu_finds_a_feasible_config_labelled_compile_only(tmp
     assert main(["trials", *SMALL, "--storage", storage, "--study", "a100"]) == 0
     assert capsys.readouterr().out.startswith("study 'a100' (compile-only for sm_80:")
     assert Problem.from_dict(exported["problem"]) == SMALL_PROBLEM
+
+
+def test_packed_sequences_take_one_stage_where_tilelang_does_not_warp_specialise():
+    """A loop of a sequence-dependent length is software-pipelined only when warp-specialised:
+    sm_80 keeps one stage (and compiles), sm_90a keeps the config's stages."""
+    from kernel.variants import packed_config, prim_funcs
+
+    call = Call(scale=0.125, initial_state=True, final_state=True, packed=True)
+    problem, config = Problem(1, 8, 1, 128, 128), KernelConfig(64, 128, 2, 256, segments=4)
+    assert packed_config(config, "sm_90a") == KernelConfig(64, 128, 2, 256)
+    assert packed_config(config, "sm_80") == KernelConfig(64, 128, 1, 256)
+    with pytest.raises(ValueError, match="one stage where TileLang does not warp-specialise"):
+        prim_funcs(problem, KernelConfig(64, 128, 2, 256), call, arch="sm_80")
+    assert isinstance(probe(problem, packed_config(config, "sm_80"), arch="sm_80", call=call), Resources)
