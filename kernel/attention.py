@@ -217,7 +217,8 @@ def _check_state(state: torch.Tensor | None, problem: Problem, sequences: int, d
 def _kernel(problem: Problem, call: Call, sequences: int) -> ScalarDecayKernel:
     """The compiled kernel for the call, from the table's config for its shape. Packed
     sequences run the single-pass kernel with the config picked for ``sequences`` sequences
-    of the mean length; one compiled kernel serves every T and N."""
+    of the mean length (``kernel.variants.packed_config``); a compiled kernel serves every T
+    and N, so packed calls compile at most once per config the table holds."""
     if call.packed:
         p = problem
         mean = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
