@@ -50,15 +50,22 @@ class ScalarDecayKernel:
         cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         p, call = self.problem, self.call
-        if (cu_seqlens is not None) != call.packed:
-            raise ValueError(f"this kernel was compiled {'with' if call.packed else 'without'} cu_seqlens")
+        given = {
+            "initial_state": (initial_state, call.initial_state),
+            "final_state": (final_state, call.final_state),
+            "cu_seqlens": (cu_seqlens, call.packed),
+        }
+        for name, (tensor, compiled_for) in given.items():
+            if (tensor is not None) != compiled_for:
+                raise ValueError(f"this kernel was compiled {'with' if compiled_for else 'without'} {name}")
         batch, seqlen, sequences = p.batch, p.seqlen, p.batch
         if call.packed:
-            tensors = (q, cu_seqlens)
-            if (
-                not all(isinstance(t, torch.Tensor) for t in tensors)
-                or (q.dim(), cu_seqlens.dim()) != (4, 1)
-                or cu_seqlens.numel() < 2
+            if not (
+                isinstance(q, torch.Tensor)
+                and q.dim() == 4
+                and isinstance(cu_seqlens, torch.Tensor)
+                and cu_seqlens.dim() == 1
+                and cu_seqlens.numel() >= 2
             ):
                 raise ValueError("a packed call takes q [1, T, H, DK] and cu_seqlens [N + 1]")
             batch, seqlen, sequences = 1, q.shape[1], cu_seqlens.numel() - 1
@@ -71,16 +78,13 @@ class ScalarDecayKernel:
             out = torch.empty(vo_shape, dtype=dtype, device=q.device)
         if decay is None:
             decay = constant_decay(retnet_decay(p.heads), p.heads, q.device)
-        states = {
-            "initial_state": (initial_state, call.initial_state),
-            "final_state": (final_state, call.final_state),
-        }
-        for name, (tensor, compiled_for) in states.items():
-            if (tensor is not None) != compiled_for:
-                raise ValueError(f"this kernel was compiled {'with' if compiled_for else 'without'} {name}")
         tensors = [("k", k, qk_shape, dtype), ("v", v, vo_shape, dtype), ("out", out, vo_shape, dtype)]
         tensors.append(("decay", decay, (p.heads,), torch.float32))
-        tensors += [(n, t, state_shape, torch.float32) for n, (t, _) in states.items() if t is not None]
+        tensors += [
+            (n, t, state_shape, torch.float32)
+            for n, t in (("initial_state", initial_state), ("final_state", final_state))
+            if t is not None
+        ]
         if call.packed:
             tensors.append(("cu_seqlens", cu_seqlens, (sequences + 1,), torch.int32))
         for name, tensor, shape, kind in tensors:
