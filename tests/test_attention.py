@@ -69,3 +69,23 @@ def test_the_default_config_launches_about_one_block_per_sm(shape, segments):
 
     config = default_config(Problem(*shape, 128, 128), 132)
     assert (config.chunk, config.block_dv, config.threads, config.segments) == (64, 128, 256, segments)
+
+
+def test_a_kernel_refuses_arguments_it_was_not_compiled_for():
+    """Checked before any tensor reaches the GPU: a state or cu_seqlens the compiled call
+    does not take, or one it needs and did not get."""
+    from kernel.builder import ScalarDecayKernel
+    from kernel.config import Call, KernelConfig, Problem
+
+    problem, config = Problem(1, 2, 10, 64, 64), KernelConfig()
+    plain = ScalarDecayKernel(problem, config, (), Call())
+    packed = ScalarDecayKernel(problem, config, (), Call(packed=True))
+    q = torch.zeros(1, 10, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="compiled without cu_seqlens"):
+        plain(q, q, q, cu_seqlens=torch.tensor([0, 10], dtype=torch.int32))
+    with pytest.raises(ValueError, match="compiled without initial_state"):
+        plain(q, q, q, initial_state=torch.zeros(1, 2, 64, 64))
+    with pytest.raises(ValueError, match="compiled with cu_seqlens"):
+        packed(q, q, q)
+    with pytest.raises(ValueError, match=r"cu_seqlens \[N \+ 1\]"):
+        packed(q, q, q, cu_seqlens=torch.tensor([0], dtype=torch.int32))
