@@ -405,6 +405,10 @@ def test_best_and_export_rank_each_environment_apart(tmp_path, capsys, monkeypat
     assert main(["best", *on, "--env", "zzz"]) == 2
     err = capsys.readouterr().err
     assert "--env 'zzz' names no environment" in err and "NVIDIA H200" in err and err.count("\n") == 1
+    # The report holds one environment's trials, and says which.
+    assert main(["report", *on, "--env", env_key(h200)[:6], "--out", str(tmp_path / "h200.html")]) == 0
+    assert f"measured in environment {env_key(h200)}" in capsys.readouterr().err
+    assert sorted(trials_frame(study, env=env_key(h200)).median_ms) == [0.2, 0.4]
 
 
 def test_a_study_of_other_environments_asks_which(tmp_path, capsys, monkeypatch):

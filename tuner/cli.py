@@ -576,14 +576,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """Write one self-contained HTML report of a study (works offline)."""
     from reports import StudyInfo, write_report
-    from tuner.trials import trials_frame
+    from tuner.trials import environments, trials_frame
 
     out = _out_file(args, _default_out(args, "report.html"), (".html", ".htm"))
     study = _open(args)
     if not study.trials:
         raise UsageError(f"study {study.study_name!r} has no trials yet: nothing to report")
+    env = None
+    if len(environments(study)) > 1:  # workers on several GPU kinds: one environment's trials
+        env = _env(args, study)
+        print(f"report of study {study.study_name!r}, {_env_line(study, env)}", file=sys.stderr)
+    frame = trials_frame(study, env=env)
     try:
-        write_report(trials_frame(study), StudyInfo.from_attrs(study.study_name, study.user_attrs), out)
+        write_report(frame, StudyInfo.from_attrs(study.study_name, study.user_attrs), out)
     except OSError as exc:
         raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(out)
@@ -678,7 +683,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], tuple[Callable, .
     "best": (cmd_best, (_study_flags, _problem_flags, _env_flag)),
     "export": (cmd_export, (_study_flags, _problem_flags, _env_flag)),
     "compare": (cmd_compare, (_study_flags, _problem_flags)),
-    "report": (cmd_report, (_study_flags, _problem_flags)),
+    "report": (cmd_report, (_study_flags, _problem_flags, _env_flag)),
     "bench": (cmd_bench, ()),
     "probe": (cmd_probe, (_problem_flags,)),
 }

@@ -112,13 +112,16 @@ def measured_before(study: optuna.Study, params: dict[str, Any], key: str) -> Fr
     return None
 
 
-def trials_frame(study: optuna.Study) -> pd.DataFrame:
+def trials_frame(study: optuna.Study, *, env: str | None = None) -> pd.DataFrame:
     """One row per trial with ``kernel.record.TRIAL_COLUMNS``: params, latency, error, resources, status, why
-    it failed, wall time and environment. Missing measurements are NaN/None."""
+    it failed, wall time and environment. Missing measurements are NaN/None. ``env``: only
+    the trials measured in that environment (``trial_env_key``)."""
     rows = []
     for t in study.get_trials(deepcopy=False):
+        if env is not None and trial_env_key(t) != env:
+            continue
         attrs = t.user_attrs
-        env = attrs.get("environment") or {}
+        measured_in = attrs.get("environment") or {}
         params = trial_params(t)
         row: dict[str, Any] = {
             "number": t.number,
@@ -139,7 +142,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
             "mode": attrs.get("mode"),
             "wall_s": attrs.get("wall_s"),
             "started": t.datetime_start,
-            **{f"env_{k}": env.get(k) for k in ENVIRONMENT_KEYS},
+            **{f"env_{k}": measured_in.get(k) for k in ENVIRONMENT_KEYS},
             "constraints": json.dumps(t.constraints, sort_keys=True),
         }
         rows.append(row)
