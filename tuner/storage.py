@@ -189,10 +189,18 @@ def _open_rdb(url: str, create: bool, heartbeat_s: int | None, grace_s: int | No
         try:
             return optuna.storages.RDBStorage(url, **kwargs)
         except Exception as exc:
-            if "IntegrityError" not in type(exc).__name__ + repr(exc) or attempt == 4:
+            if not _lost_creation_race(exc) or attempt == 4:
                 raise
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def _lost_creation_race(exc: Exception) -> bool:
+    """Whether another process created the schema while this one did: a duplicate key
+    (IntegrityError) or, on PostgreSQL, a table that already exists (DuplicateTable, a
+    ProgrammingError), seen in CI-like runs of four creators at once."""
+    text = type(exc).__name__ + repr(exc)
+    return "IntegrityError" in text or "DuplicateTable" in text or "already exists" in text
 
 
 def check_study_name(name: str) -> str:
