@@ -8,6 +8,9 @@ flushed), after both are checked against reference C. The current kernel is also
 the model form: per-head decays, a query scale, and the final state returned (and taken).
 
     python3 experiments/h200/model/runtime_decay.py --out DIR
+
+It ran at commit 8d51598 (``runtime_decay.jsonl``). Later, ``Problem`` lost its alpha
+(issue 16), so run it from a worktree of that commit: ``git worktree add /tmp/rd 8d51598``.
 """
 
 import argparse
