@@ -15,8 +15,10 @@ from pathlib import Path
 import optuna
 import pytest
 from helpers import REPO
+from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
+from tuner.storage import get_storage
 from tuner.trials import trial_config
 
 TINY = ["--batch", "1", "--heads", "2", "--seqlen", "256", "--dk", "64", "--dv", "64"]
@@ -42,11 +44,11 @@ def _worker(storage: str, tmp: Path, n_trials: int, cache: Path | None = None) -
     )
 
 
-def _study(storage: str) -> optuna.Study | None:
-    from tuner.storage import get_storage
-
+def _study(backend: BaseStorage) -> optuna.Study | None:
+    """The study, read through one storage object per test: opening one per poll would leave a
+    connection pool per poll on the PostgreSQL server (100 clients at most)."""
     try:
-        return optuna.load_study(study_name="w", storage=get_storage(storage))
+        return optuna.load_study(study_name="w", storage=backend)
     except KeyError:
         return None
 
@@ -54,18 +56,17 @@ def _study(storage: str) -> optuna.Study | None:
 @pytest.mark.parametrize("kind", ["journal", "postgres"])
 def test_three_workers_share_a_study_and_survive_a_kill_9(kind, tmp_path, request):
     storage = request.getfixturevalue("postgres") if kind == "postgres" else f"journal:{tmp_path / 'j.log'}"
+    backend = get_storage(storage)
     if kind == "postgres":  # one study name per test on the shared server
-        from tuner.storage import get_storage
-
-        for name in optuna.get_all_study_names(get_storage(storage)):
-            optuna.delete_study(study_name=name, storage=get_storage(storage))
+        for name in optuna.get_all_study_names(backend):
+            optuna.delete_study(study_name=name, storage=backend)
     # The victim compiles with a cold cache, so its trials stay in flight for seconds.
     victim = _worker(storage, tmp_path, 10, cache=tmp_path / "cold-cache")
     survivors = [_worker(storage, tmp_path, 8) for _ in range(2)]
     killed = None
     deadline = time.monotonic() + 300
     while killed is None and time.monotonic() < deadline and victim.poll() is None:
-        study = _study(storage)
+        study = _study(backend)
         trials = study.get_trials() if study else []
         # Kill once the survivors run trials (past their start-up check of dead pids), so only
         # their heartbeat check can find the dead trial.
@@ -82,7 +83,7 @@ def test_three_workers_share_a_study_and_survive_a_kill_9(kind, tmp_path, reques
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-2000:]
 
-    study = _study(storage)
+    study = _study(backend)
     trials = study.get_trials()
     assert not [t for t in trials if t.state == TrialState.RUNNING]  # none left in flight
     # The killed trial was failed by a survivor's heartbeat check (no pid check ran after the kill).
@@ -111,10 +112,11 @@ def test_ctrl_c_then_resume_measures_the_interrupted_configs(tmp_path):
     """Ctrl-C at a terminal (SIGINT to the run and its compile processes) mid-compile: the
     run fails its trial in flight and queues its config; the next run measures it."""
     storage = f"journal:{tmp_path / 'j.log'}"
+    backend = get_storage(storage)
     run = _worker(storage, tmp_path, 8, cache=tmp_path / "cold-cache")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and run.poll() is None:
-        study = _study(storage)
+        study = _study(backend)
         # A trial compiling for over a second (a cold compile takes several; a refusal, less).
         if study and any(
             t.state == TrialState.RUNNING
@@ -128,7 +130,7 @@ def test_ctrl_c_then_resume_measures_the_interrupted_configs(tmp_path):
     _, err = run.communicate(timeout=120)
     assert run.returncode == 130 and "interrupted: finished trials are kept" in err, err[-2000:]
 
-    trials = _study(storage).get_trials()
+    trials = _study(backend).get_trials()
     stopped = [t for t in trials if t.user_attrs.get("status") == "interrupted"]
     queued = [t for t in trials if t.state == TrialState.WAITING]
     assert stopped and not [t for t in trials if t.state == TrialState.RUNNING]
@@ -136,7 +138,7 @@ def test_ctrl_c_then_resume_measures_the_interrupted_configs(tmp_path):
     _, err = resume.communicate(timeout=600)
     assert resume.returncode == 0, err[-2000:]
 
-    trials = _study(storage).get_trials()
+    trials = _study(backend).get_trials()
     for t in stopped:
         again = [u for u in trials if u.params == t.params and u.number > t.number]
         assert any(u.user_attrs.get("status") in MEASURED for u in again), t.params
