@@ -1,7 +1,9 @@
 """The forward a model calls: ``decay_attention``, a drop-in for the forward of fla's
 ``chunk_simple_gla`` for a constant decay per head, registered as the torch custom op
 ``decay_tuner::decay_attention`` so that it runs under ``torch.compile(fullgraph=True)``
-and inside a captured CUDA graph.
+and inside a captured CUDA graph. It is differentiable in q, k, v and the initial state:
+its autograd rule is the op ``decay_tuner::decay_attention_backward``, three sweeps of the
+same kernel (``kernel.backward``).
 
 fla's arguments map one to one: ``g_gamma`` (log-decay per head) is ``log(decay)``, i.e.
 ``decay = exp(g_gamma)``; ``scale``, ``initial_state`` and ``output_final_state`` mean the
@@ -17,6 +19,7 @@ from typing import Any
 
 import torch
 
+from kernel.backward import backward
 from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay, cuda_arch, sm_count
 from kernel.config import Call, KernelConfig, Problem
 from kernel.deploy import ExportError
@@ -88,10 +91,26 @@ def _decay_attention_op(
         cu_seqlens = _check_offsets(cu_seqlens, problem, q.device)
         sequences = cu_seqlens.numel() - 1
     _check_state(initial_state, problem, sequences, q.device)
+    return _forward(q, k, v, decay, scale, initial_state, output_final_state, cu_seqlens)
+
+
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's call on checked inputs (decay fp32 ``[H]``, offsets int32); the final
+    state is an empty ``(0,)`` tensor unless ``output_final_state``."""
+    problem = _problem(q, k, v)
+    sequences = problem.batch if cu_seqlens is None else cu_seqlens.numel() - 1
     call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None)
     final = _empty_state(q, problem, sequences, output_final_state)
-    kernel = _kernel(problem, call, sequences)
-    o = kernel(
+    o = _kernel(problem, call, sequences)(
         q.contiguous(),
         k.contiguous(),
         v.contiguous(),
@@ -109,6 +128,73 @@ def _(q, k, v, decay, alpha, scale, initial_state, output_final_state, cu_seqlen
     n = b if cu_seqlens is None else cu_seqlens.shape[0] - 1
     final = q.new_empty((n, h, dk, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
     return q.new_empty(b, s, h, v.shape[-1]), final
+
+
+@torch.library.custom_op("decay_tuner::decay_attention_backward", mutates_args=())
+def _backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    decay: torch.Tensor | None,
+    alpha: float,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    dht: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv, dH0)`` by three forward sweeps (``kernel.backward``) on the inputs the
+    forward checked; dH0 is an empty ``(0,)`` tensor where the forward took no state."""
+    decay = _decay_tensor(decay, alpha, q.shape[2], q.device)
+    cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
+
+    def sweep(q_, k_, v_, h0, want_final, offsets):
+        o, final = _forward(q_, k_, v_, decay, scale, h0, want_final, offsets)
+        return o, (final if want_final else None)
+
+    dq, dk, dv, dh0 = backward(
+        sweep,
+        q,
+        k,
+        v,
+        do.contiguous(),
+        decay,
+        scale,
+        initial_state=initial_state,
+        dht=dht,
+        cu_seqlens=cu,
+        want_dh0=initial_state is not None,
+    )
+    return dq, dk, dv, (torch.empty(0, device=q.device) if dh0 is None else dh0)
+
+
+@_backward_op.register_fake
+def _(q, k, v, do, decay, alpha, scale, initial_state, dht, cu_seqlens):
+    dh0 = (
+        torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0, dtype=torch.float32)
+    )
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dh0
+
+
+def _setup_backward(ctx: Any, inputs: tuple, output: tuple) -> None:
+    q, k, v, decay, alpha, scale, initial_state, _, cu_seqlens = inputs
+    ctx.save_for_backward(q, k, v, decay, initial_state, cu_seqlens)
+    ctx.alpha, ctx.scale = alpha, scale
+
+
+def _gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple:
+    """The autograd rule of ``decay_tuner::decay_attention``: gradients for q, k, v and the
+    initial state; none for the decay (not learned) or the offsets."""
+    q, k, v, decay, initial_state, cu_seqlens = ctx.saved_tensors
+    do = torch.zeros_like(v) if do is None else do
+    dht = dfinal if dfinal is not None and dfinal.numel() else None  # the (0,) stand-in: no state
+    dq, dk, dv, dh0 = torch.ops.decay_tuner.decay_attention_backward(
+        q, k, v, do, decay, ctx.alpha, ctx.scale, initial_state, dht, cu_seqlens
+    )
+    return dq, dk, dv, None, None, None, (dh0 if initial_state is not None else None), None, None
+
+
+torch.library.register_autograd("decay_tuner::decay_attention", _gradients, setup_context=_setup_backward)
 
 
 def _empty_state(q: torch.Tensor, problem: Problem, sequences: int, wanted: bool) -> torch.Tensor:
@@ -215,21 +301,23 @@ def _check_state(state: torch.Tensor | None, problem: Problem, sequences: int, d
 
 
 def _kernel(problem: Problem, call: Call, sequences: int) -> ScalarDecayKernel:
-    """The compiled kernel for the call, from the table's config for its shape. Packed
-    sequences run the single-pass kernel with the config picked for ``sequences`` sequences
-    of the mean length (``kernel.variants.packed_config``); a compiled kernel serves every T
-    and N, so packed calls compile at most once per config the table holds."""
+    job = kernel_job(problem, call, sequences)
+    if job not in _KERNELS:
+        _KERNELS[job] = build(*job)
+    return _KERNELS[job]
+
+
+def kernel_job(problem: Problem, call: Call, sequences: int) -> tuple[Problem, KernelConfig, Call]:
+    """What ``decay_attention`` compiles for a call: the table's config for its shape.
+    Packed sequences run the single-pass kernel with the config picked for ``sequences``
+    sequences of the mean length (``kernel.variants.packed_config``); a compiled kernel
+    serves every T and N, so packed calls compile at most once per config the table holds."""
     if call.packed:
         p = problem
         mean = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
         config = packed_config(config_for(mean, _TABLE[0], sm_count()), cuda_arch())
-        problem = dataclasses.replace(problem, seqlen=1)
-    else:
-        config = config_for(problem, _TABLE[0], sm_count())
-    key = (problem, config, call)
-    if key not in _KERNELS:
-        _KERNELS[key] = build(problem, config, call)
-    return _KERNELS[key]
+        return dataclasses.replace(problem, seqlen=1), config, call
+    return problem, config_for(problem, _TABLE[0], sm_count()), call
 
 
 def config_for(problem: Problem, table: Dispatch | None, sms: int) -> KernelConfig:

@@ -1,126 +1,96 @@
-"""The backward pass (issue 18), first kernel: each chunk's gradients from its states.
+"""The backward pass (issue 18): three sweeps of the forward kernel, no kernel of its own.
 
-Not yet run on a GPU, and not yet behind ``decay_attention``: it compiles for every
-architecture of ``kernel.arch`` (``tests/test_backward.py``), and its GPU test checks it
-against reference E (``refs.chunked_backward``) when a device runs it.
+With ``o_t = scale q_t S_t``, ``S_t = a S_{t-1} + k_t^T v_t`` and ``S_{-1} = H0`` (the
+initial state), over T tokens, the gradients given ``do`` and ``dHT`` (the final state's)
+are, with ``dS_t = sum_{s >= t} a^(s-t) scale q_s^T do_s + a^(T-1-t) dHT``::
 
-Given, for chunk ``c`` of one (batch, head), the state before it ``S_prev`` and the
-gradient ``dS`` of the state after it (both fp32 ``[DK, DV]``, from a states pass and a
-reverse states pass), the chunk's gradients need nothing from any other chunk, so one
-block per (chunk, batch * head) computes them (docs/design.md, section 6), with
-``dPs = scale * (dO V^T) * Gamma`` and ``As = scale * (q K^T) * Gamma``::
+    dq_t = scale do_t S_t^T = scale (a^(t+1) do_t H0^T + sum_{s <= t} a^(t-s) (do_t . v_s) k_s)
+    dk_t = v_t dS_t^T
+    dv_t = k_t dS_t
+    dH0  = sum_t scale a^(t+1) q_t^T do_t + a^T dHT
 
-    dq = scale * (dO S_prev^T) * w_query + dPs K
-    dk = dPs^T q + (V dS^T) * w_decay
-    dv = As^T dO + (K * w_decay) dS
+``dq`` is the forward itself with (q, k, v) := (do, v, k) and the initial state ``H0^T``.
+``dk`` and ``dv`` are the forward run backwards in time (``rev``, token ``T-1-t`` first):
+with (rev v, rev do, rev q) and (rev k, rev q, rev do), the forward's sum over ``s' <= t'``
+is the sum over ``s >= t``, and its state term ``scale a^(t'+1) q'_t' H0'`` is the ``dHT``
+term when ``H0' = dHT / (scale a)`` (transposed for ``dk``). The ``dv`` sweep's final state
+``F = a^T H0' + sum_s a^s q_s^T do_s`` gives ``dH0 = scale a F``.
 
-Every weight is ``exp2(log2(alpha) * k)`` with ``k >= 0``, evaluated only where it is
-used, as in the forward; accumulation is fp32, the MMA operands fp16 or bf16.
+So each sweep is a forward call: the same kernel, its fp32 state and weights <= 1
+(docs/design.md), and the config the dispatch table tuned for its shape ((DV, DK) for the
+``dq`` and ``dk`` sweeps). Dividing ``dHT`` by ``scale a`` stays finite for every decay of a
+model (it overflows fp32 only where ``|dHT| > 3e38 scale a``). The decay is not learned:
+no gradient for it. Packed sequences reverse as a whole: the last sequence comes first,
+with offsets ``T - cu_seqlens`` reversed and the states in reverse order.
+
+The sweeps read their inputs reversed through copies (``Tensor.flip``); ``backward`` takes
+the forward as ``sweep`` so that the same algebra runs on the GPU kernel
+(``kernel.attention``) and, in the tests, on the fp64 references.
 """
 
-import tilelang.language as T
+import dataclasses
+from collections.abc import Callable
 
-from kernel.mma import mma_for
+from torch import Tensor
+
+from kernel.config import Call, Problem
+
+# sweep(q, k, v, initial_state, output_final_state, cu_seqlens) -> (o, final_state or None):
+# the forward with the decay and the scale bound.
+Sweep = Callable[[Tensor, Tensor, Tensor, Tensor | None, bool, Tensor | None], tuple[Tensor, Tensor | None]]
 
 
-def chunk_grads(
+def backward(
+    sweep: Sweep,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    do: Tensor,
+    decay: Tensor,
+    scale: float,
     *,
-    batch: int,
-    heads: int,
-    seqlen: int,
-    dk: int,
-    dv: int,
-    chunk: int,
-    threads: int,
-    dtype: str = "float16",
-    scale: float = 1.0,
-    arch: str,
-):
-    """The ``@T.prim_func`` ``main(Q, K, V, DO, Decay, States, DStates, DQ, DK, DV)``.
+    initial_state: Tensor | None = None,
+    dht: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    want_dh0: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``(dq, dk, dv, dH0)`` of ``o = forward(q, k, v)`` for the gradients ``do`` of ``o``
+    and ``dht`` of the final state (None: zero), in the forward's layout: q, k
+    ``[B, S, H, DK]``, v and do ``[B, S, H, DV]``, states ``[B or N, H, DK, DV]`` in fp32,
+    decay ``[H]`` (one alpha per head). dH0 is computed only with ``want_dh0``."""
+    packed = cu_seqlens is not None
+    rev_cu = None if cu_seqlens is None else cu_seqlens[-1] - cu_seqlens.flip(0)
+    h0_t = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
+    dq, _ = sweep(do, v, k, h0_t, False, cu_seqlens)
 
-    Q, K, DQ, DK: ``[B, S, H, DK]``; V, DO, DV: ``[B, S, H, DV]``; of ``dtype``. Decay:
-    fp32 ``[H]``. States, DStates: fp32 ``[B*H, N, DK, DV]``, N = ceil(S / chunk): the
-    state before chunk n and the gradient of the state after it. Rows past S are read as
-    zero and not written (the tile copies are bounds-checked).
-    """
-    C, accum = chunk, "float32"
-    n_chunks = (seqlen + C - 1) // C
-    mma = mma_for(arch)
+    start = None
+    if dht is not None:  # the dHT term enters as the reversed sweeps' initial state
+        start = _order(dht / (scale * decay.to(dht.dtype)[:, None, None]), packed)
+    rev_q, rev_do = q.flip(1), do.flip(1)
+    start_t = None if start is None else start.transpose(-1, -2).contiguous()
+    dk_rev, _ = sweep(v.flip(1), rev_do, rev_q, start_t, False, rev_cu)
+    dv_rev, final = sweep(k.flip(1), rev_q, rev_do, start, want_dh0, rev_cu)
+    dh0 = None
+    if want_dh0:
+        assert final is not None
+        dh0 = _order(final, packed) * (scale * decay.to(final.dtype)[:, None, None])
+    return dq, dk_rev.flip(1), dv_rev.flip(1), dh0
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([batch, seqlen, heads, dk], dtype),
-        K: T.Tensor([batch, seqlen, heads, dk], dtype),
-        V: T.Tensor([batch, seqlen, heads, dv], dtype),
-        DO: T.Tensor([batch, seqlen, heads, dv], dtype),
-        Decay: T.Tensor([heads], accum),
-        States: T.Tensor([batch * heads, n_chunks, dk, dv], accum),
-        DStates: T.Tensor([batch * heads, n_chunks, dk, dv], accum),
-        DQ: T.Tensor([batch, seqlen, heads, dk], dtype),
-        DK: T.Tensor([batch, seqlen, heads, dk], dtype),
-        DV: T.Tensor([batch, seqlen, heads, dv], dtype),
-    ):
-        with T.Kernel(n_chunks, batch * heads, threads=threads) as (c, bbh):
-            bb, bh, s0 = bbh // heads, bbh % heads, c * C
-            Q_s = T.alloc_shared([C, dk], dtype)
-            K_s = T.alloc_shared([C, dk], dtype)
-            Kw_s = T.alloc_shared([C, dk], dtype)  # K rows r < m, * alpha^(m-1-r)
-            V_s = T.alloc_shared([C, dv], dtype)
-            DO_s = T.alloc_shared([C, dv], dtype)
-            S_s = T.alloc_shared([dk, dv], dtype)
-            dS_s = T.alloc_shared([dk, dv], dtype)
-            dP_s = T.alloc_shared([C, C], dtype)  # scale * (dO V^T) * Gamma
-            A_s = T.alloc_shared([C, C], dtype)  # scale * (q K^T) * Gamma
-            dP = T.alloc_fragment([C, C], accum)
-            A = T.alloc_fragment([C, C], accum)
-            dQ = T.alloc_fragment([C, dk], accum)
-            dK = T.alloc_fragment([C, dk], accum)
-            dV = T.alloc_fragment([C, dv], accum)
-            lg = T.alloc_local([1], accum)  # log2(alpha) of this head, <= 0
-            lg[0] = T.log2(Decay[bh])
-            m = T.min(C, seqlen - s0)  # the chunk's real rows
 
-            T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
-            T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
-            T.copy(V[bb, s0 : s0 + C, bh, :], V_s)
-            T.copy(DO[bb, s0 : s0 + C, bh, :], DO_s)
-            for i, j in T.Parallel(dk, dv):
-                S_s[i, j] = States[bbh, c, i, j]
-                dS_s[i, j] = DStates[bbh, c, i, j]
-            for r, d in T.Parallel(C, dk):
-                Kw_s[r, d] = T.if_then_else(
-                    r < m, K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, m - 1 - r)), T.Cast(dtype, 0)
-                )
+def _order(states: Tensor, packed: bool) -> Tensor:
+    """Per-sequence states in the reversed sweeps' order: packed sequences come last first."""
+    return states.flip(0) if packed else states
 
-            # The scores and their gradient, masked by scale * Gamma where j <= i.
-            mma.gemm(DO_s, V_s, dP, transpose_B=True, clear_accum=True)
-            mma.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)
-            mma.wait(0)
-            for i, j in T.Parallel(C, C):
-                weight = T.if_then_else(
-                    j <= i, scale * T.exp2(lg[0] * T.Cast(accum, i - j)), T.Cast(accum, 0)
-                )
-                dP_s[i, j] = dP[i, j] * weight
-                A_s[i, j] = A[i, j] * weight
 
-            # dq = scale * (dO S_prev^T) * w_query + dPs K
-            mma.gemm(DO_s, S_s, dQ, transpose_B=True, clear_accum=True)
-            mma.wait(0)
-            for i, d in T.Parallel(C, dk):
-                dQ[i, d] *= scale * T.exp2(lg[0] * T.Cast(accum, i + 1))
-            mma.gemm(dP_s, K_s, dQ)
-            # dk = (V dS^T) * w_decay + dPs^T q
-            mma.gemm(V_s, dS_s, dK, transpose_B=True, clear_accum=True)
-            mma.wait(0)
-            for r, d in T.Parallel(C, dk):
-                dK[r, d] *= T.if_then_else(r < m, T.exp2(lg[0] * T.Cast(accum, m - 1 - r)), T.Cast(accum, 0))
-            mma.gemm(dP_s, Q_s, dK, transpose_A=True)
-            # dv = (K * w_decay) dS + As^T dO
-            mma.gemm(Kw_s, dS_s, dV, clear_accum=True)
-            mma.gemm(A_s, DO_s, dV, transpose_A=True)
-            mma.wait(0)
-            T.copy(dQ, DQ[bb, s0 : s0 + C, bh, :])
-            T.copy(dK, DK[bb, s0 : s0 + C, bh, :])
-            T.copy(dV, DV[bb, s0 : s0 + C, bh, :])
-
-    return main
+def sweep_calls(problem: Problem, call: Call) -> list[tuple[Problem, Call]]:
+    """The forward calls the backward of ``call`` on ``problem`` makes, dq's, dk's and dv's:
+    what it compiles, and what a table must hold to serve it. The reversed sweeps start
+    from the final state's gradient where the forward returned its state, and the dv sweep
+    returns a state where the forward took one."""
+    swapped = dataclasses.replace(problem, dk=problem.dv, dv=problem.dk)
+    scale, packed = call.scale, call.packed
+    return [
+        (swapped, Call(scale, call.initial_state, False, packed)),
+        (swapped, Call(scale, call.final_state, False, packed)),
+        (problem, Call(scale, call.final_state, call.initial_state, packed)),
+    ]

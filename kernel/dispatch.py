@@ -130,8 +130,11 @@ def nearest_grid(config: KernelConfig, problem: Problem, blocks: int) -> KernelC
 def default_config(problem: Problem, sms: int) -> KernelConfig:
     """The config served where nothing was tuned: the family that won at every shape tuned
     on the H200 (64-token chunks, the widest block_dv up to 128, 2 stages, 256 threads,
-    scores in shared memory) with the segment count nearest one block per SM."""
-    block_dv = max(d for d in range(16, min(problem.dv, 128) + 1, 16) if problem.dv % d == 0)
+    scores in shared memory) with the segment count nearest one block per SM. Past DK = 128
+    block_dv narrows to keep the block's state at 128 x 128 (at DK = 256, block_dv 128
+    spills: what the dq and dk sweeps of a backward with DV = 2 DK meet)."""
+    widest = max(16, min(problem.dv, 128, 128 * 128 // problem.dk))
+    block_dv = max(d for d in range(16, widest + 1, 16) if problem.dv % d == 0)
     base = KernelConfig(64, block_dv, 2, 256, "smem", 1)
     return nearest_grid(base, problem, sms) or _shorter_pipeline(base, problem)
 

@@ -37,16 +37,11 @@ def chunked_backward(
     initial_state: Tensor | None = None,
     dht: Tensor | None = None,
     cu_seqlens: Tensor | None = None,
-    chunk_states: bool = False,
 ) -> tuple[Tensor, ...]:
     """``(dq, dk, dv, dh0)`` in float64 for ``o = chunked(q, k, v, alpha, ...)`` and the
     loss whose gradients are ``do`` (``[B, S, H, DV]``) and ``dht`` (the final state's,
     ``[N, H, DK, DV]``, or None). The arguments are those of ``refs.chunked``; dh0 is the
-    initial state's gradient (returned whether or not the forward took one). With
-    ``chunk_states`` (no cu_seqlens) also each chunk's state before it and the gradient of
-    the state after it, ``[B, H, N, DK, DV]`` each: what ``kernel.backward`` reads."""
-    if chunk_states and cu_seqlens is not None:
-        raise ValueError("chunk_states: the chunks' states of packed sequences are not returned")
+    initial state's gradient (returned whether or not the forward took one)."""
     check_qkv(q, k, v)
     if do.shape != v.shape:
         raise ValueError(f"do: expected the shape of v {tuple(v.shape)}, got {tuple(do.shape)}")
@@ -67,14 +62,13 @@ def chunked_backward(
             grad[:, a:e] = part
         dh0[rows] = parts[3]
     dq, dk_, dv = grads
-    return (dq * scale, dk_, dv, dh0, *(parts[4:] if chunk_states else ()))
+    return dq * scale, dk_, dv, dh0
 
 
 def _sequence(
     q: Tensor, k: Tensor, v: Tensor, do: Tensor, decay: Tensor, state0: Tensor, ds: Tensor, chunk: int
 ) -> tuple[Tensor, ...]:
-    """One batch of sequences of equal length: the gradients of scaled q, k, v and S_0, then
-    each chunk's state before it and gradient of the state after it."""
+    """One batch of sequences of equal length: the gradients of scaled q, k, v and S_0."""
     s = q.shape[1]
     starts = range(0, s, chunk)
     weights = [chunk_weights(decay, chunk, length=min(chunk, s - a), device=q.device) for a in starts]
@@ -85,9 +79,7 @@ def _sequence(
         m = qc.shape[2]
         states.append(w.state_decay[:, None, None] * states[-1] + (kc * w.w_decay[:, :m, None]).mT @ vc)
     out: list[list[Tensor]] = [[], [], []]
-    dstates: list[Tensor] = []
     for (qc, kc, vc, doc), w, s_prev in reversed(list(zip(tiles, weights, states))):
-        dstates.insert(0, ds)
         m = qc.shape[2]
         gamma, w_decay, w_query = w.gamma[:, :m, :m], w.w_decay[:, :m, None], w.w_query[:, :m, None]
         dp = (doc @ vc.mT) * gamma
@@ -97,4 +89,4 @@ def _sequence(
         ds = w.state_decay[:, None, None] * ds + (qc * w_query).mT @ doc
         for grads, g in zip(out, (dq, dk, dv)):
             grads.insert(0, g.transpose(1, 2))
-    return *(torch.cat(g, dim=1) for g in out), ds, torch.stack(states[:-1], 2), torch.stack(dstates, 2)
+    return *(torch.cat(g, dim=1) for g in out), ds

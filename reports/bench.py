@@ -4,7 +4,7 @@ HBM floor per shape and implementation, from the bench's rows (``tuner.bench.run
 Each row is a dict with ``batch``, ``heads``, ``seqlen``, ``impl`` and, where it was timed,
 ``median_ms`` and ``x_floor`` (and ``config``, the hover text, for kernel rows). A packed
 batch's rows name it in ``packed``; there ``batch`` counts its sequences and ``seqlen``
-their tokens.
+their tokens. Backward rows name their ``pass`` and are over the backward's floor.
 """
 
 from typing import Any
@@ -22,7 +22,8 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
         return f"B={r['batch']} H={r['heads']} S={r['seqlen']}"
 
     ours = sorted({r["impl"] for r in rows if r["impl"].startswith("decay_attention")})
-    for impl in ("tuned", *ours, "seed config", "fla chunk_simple_gla", "torch chunked"):
+    fla = ("fla chunk_simple_gla", "fla chunk_simple_gla backward", "fla chunk_simple_gla fwd+bwd")
+    for impl in ("tuned", *ours, "seed config", *fla, "torch chunked"):
         sel = [r for r in rows if r["impl"] == impl and "x_floor" in r]
         fig.add_bar(
             name=impl,
@@ -36,7 +37,7 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
         barmode="group",
         yaxis_type="log",
         yaxis_title="time / HBM floor",
-        title="Scalar-decay linear attention forward in the model form "
-        "(RetNet's decay per head, scale, final state), one GPU",
+        title="Scalar-decay linear attention in the model form (RetNet's decay per head, "
+        "scale, final state): forward, backward, forward plus backward; one GPU",
     )
     return fig

@@ -1,74 +1,228 @@
-"""The backward's first kernel (``kernel.backward.chunk_grads``): it compiles for Hopper
-and for Ampere here, and on a GPU it matches reference E from the chunks' states."""
+"""The backward pass (``kernel.backward``): its three forward sweeps give autograd's
+gradients through reference A and reference E's, in fp64 on the references (here), and
+through ``decay_attention``'s autograd on the GPU kernel (marked ``gpu``)."""
+
+import itertools
 
 import pytest
 import torch
 
 import refs
-from kernel.arch import target
-from kernel.backward import chunk_grads
-from kernel.config import Problem, retnet_decay
-from kernel.resources import _ptxas, parse_ptxas
-from kernel.variants import pass_configs
+from kernel.backward import backward, sweep_calls
+from kernel.config import Call, Problem
+
+F64 = torch.float64
+DECAYS = [0.05, 0.5, 0.97, 1.0]  # one per head: small (alpha^C underflows), RetNet-like, none
 
 
-def _compile(arch: str, *, run_on: str | None = None, **shape):
-    import tilelang
+def _ref_sweep(decay: torch.Tensor, scale: float, chunk: int = 16):
+    """The forward as reference B: what ``backward`` sweeps with, here in fp64."""
 
-    func = chunk_grads(chunk=64, threads=256, scale=128**-0.5, arch=arch, **shape)
-    return tilelang.compile(func, target=target(arch, run_on=run_on), pass_configs=pass_configs(arch))
+    def sweep(q, k, v, h0, want_final, cu):
+        out = refs.chunked(
+            q, k, v, decay, chunk, scale=scale, initial_state=h0, cu_seqlens=cu, output_final_state=want_final
+        )
+        return out if want_final else (out, None)
 
-
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
-def test_chunk_grads_compile_without_spilling(arch):
-    kernel = _compile(arch, batch=2, heads=4, seqlen=300, dk=128, dv=128)
-    ok, log = _ptxas(kernel.get_kernel_source(), arch)
-    assert ok and parse_ptxas(log)["spill_stores"] == 0, log
+    return sweep
 
 
-def test_reference_e_hands_the_kernel_each_chunk_s_states():
-    """The chunks' states reference E returns: the first is the initial state, the last
-    gradient is the final state's, and each state follows from the one before."""
-    gen = torch.Generator().manual_seed(0)
-    q, k, v, do = (torch.randn(1, 70, 2, 4, generator=gen, dtype=torch.float64) for _ in range(4))
-    h0, dht = (torch.randn(1, 2, 4, 4, generator=gen, dtype=torch.float64) for _ in range(2))
-    decay = torch.tensor([0.9, 0.5], dtype=torch.float64)
-    *_, states, dstates = refs.chunked_backward(
-        q, k, v, decay, 32, do, initial_state=h0, dht=dht, chunk_states=True
+def _inputs(b: int, s: int, h: int, dk: int, dv: int, n: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(b, s, h, dk, generator=gen, dtype=F64) for _ in range(2))
+    v, do = (torch.randn(b, s, h, dv, generator=gen, dtype=F64) for _ in range(2))
+    h0, dht = (torch.randn(n, h, dk, dv, generator=gen, dtype=F64) for _ in range(2))
+    return q, k, v, do, h0, dht
+
+
+def _autograd(q, k, v, h0, decay, scale, do, dht, cu):
+    """Gradients of ``<o, do> + <final state, dht>`` by autograd through reference A."""
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]
+    o, final = refs.recurrent(
+        *leaves[:3], decay, scale=scale, initial_state=leaves[3], cu_seqlens=cu, output_final_state=True
     )
-    assert states.shape == dstates.shape == (1, 2, 3, 4, 4)
-    assert torch.equal(states[:, :, 0], h0) and torch.equal(dstates[:, :, -1], dht)
-    _, after_two = refs.recurrent(
-        q[:, :64], k[:, :64], v[:, :64], decay, initial_state=h0, output_final_state=True
+    loss = (o * do).sum() + ((final * dht).sum() if dht is not None else 0)
+    return torch.autograd.grad(loss, leaves)
+
+
+PACKED = [1, 16, 17, 31, 5]  # lengths: one token, a whole chunk, one past it, ragged
+CASES = [  # (batch, seqlen, DK, DV, cu_seqlens)
+    (2, 70, 8, 5, None),
+    (1, 1, 4, 4, None),
+    (3, 16, 5, 8, None),
+    (1, sum(PACKED), 8, 5, [0, *itertools.accumulate(PACKED)]),
+]
+
+
+@pytest.mark.parametrize("b,s,dk,dv,offsets", CASES)
+@pytest.mark.parametrize("with_dht", [True, False])
+def test_three_sweeps_give_autograd_s_gradients(b, s, dk, dv, offsets, with_dht):
+    cu = None if offsets is None else torch.tensor(offsets)
+    n = b if cu is None else len(offsets) - 1
+    q, k, v, do, h0, dht = _inputs(b, s, len(DECAYS), dk, dv, n, seed=s + dk)
+    dht = dht if with_dht else None
+    decay, scale = torch.tensor(DECAYS, dtype=F64), 0.3
+    got = backward(
+        _ref_sweep(decay, scale),
+        q,
+        k,
+        v,
+        do,
+        decay,
+        scale,
+        initial_state=h0,
+        dht=dht,
+        cu_seqlens=cu,
+        want_dh0=True,
     )
-    assert refs.rel_l2(states[:, :, 2], after_two) < 1e-12
-    with pytest.raises(ValueError, match="packed sequences"):
-        refs.chunked_backward(q, k, v, decay, 32, do, cu_seqlens=torch.tensor([0, 70]), chunk_states=True)
+    want = _autograd(q, k, v, h0, decay, scale, do, dht, cu)
+    reference_e = refs.chunked_backward(
+        q, k, v, decay, 16, do, scale=scale, initial_state=h0, dht=dht, cu_seqlens=cu
+    )
+    for name, g, w, e in zip(("dq", "dk", "dv", "dh0"), got, want, reference_e):
+        assert g.shape == w.shape, name
+        assert refs.rel_l2(g, w) < 1e-12 and refs.rel_l2(g, e) < 1e-12, name
+
+
+def test_no_initial_state_no_dh0():
+    q, k, v, do, _, _ = _inputs(1, 20, 2, 4, 4, 1, seed=3)
+    decay = torch.tensor([0.9, 0.5], dtype=F64)
+    *grads, dh0 = backward(_ref_sweep(decay, 1.0), q, k, v, do, decay, 1.0)
+    assert dh0 is None and all(g.shape == x.shape for g, x in zip(grads, (q, k, v)))
+
+
+class _RefAttention(torch.autograd.Function):
+    """Reference B forward, ``kernel.backward`` backward: what gradcheck differentiates."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, h0, decay, scale, cu):
+        ctx.save_for_backward(q, k, v, h0, decay, cu)
+        ctx.scale = scale
+        return refs.chunked(
+            q, k, v, decay, 4, scale=scale, initial_state=h0, cu_seqlens=cu, output_final_state=True
+        )
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, h0, decay, cu = ctx.saved_tensors
+        sweep = _ref_sweep(decay, ctx.scale, chunk=4)
+        grads = backward(
+            sweep, q, k, v, do, decay, ctx.scale, initial_state=h0, dht=dht, cu_seqlens=cu, want_dh0=True
+        )
+        return *grads, None, None, None
+
+
+@pytest.mark.parametrize("offsets", [None, [0, 3, 4, 11]])
+def test_gradcheck(offsets):
+    cu = None if offsets is None else torch.tensor(offsets)
+    b, n = (2, 2) if cu is None else (1, 3)
+    q, k, v, _, h0, _ = _inputs(b, 11, 2, 3, 2, n, seed=5)
+    leaves = [x.requires_grad_() for x in (q, k, v, h0)]
+    decay = torch.tensor([0.8, 0.3], dtype=F64)
+    assert torch.autograd.gradcheck(lambda *x: _RefAttention.apply(*x, decay, 0.7, cu), leaves)
+
+
+def test_sweep_calls_are_the_kernel_calls_backward_makes():
+    """What ``sweep_calls`` lists (for compiling and tuning) is what ``backward`` calls."""
+    problem = Problem(2, 4, 20, 16, 32)
+    q, k, v, do, h0, dht = _inputs(2, 20, 4, 16, 32, 2, seed=1)
+    decay = torch.tensor(DECAYS, dtype=F64)
+    for initial, final in itertools.product([False, True], repeat=2):
+        made: list[tuple[Problem, Call]] = []
+        sweep = _ref_sweep(decay, 0.5)
+
+        def recording(q_, k_, v_, h0_, want_final, cu, sweep=sweep, made=made):
+            b, s, h, dk_ = q_.shape
+            made.append((Problem(b, h, s, dk_, v_.shape[-1]), Call(0.5, h0_ is not None, want_final)))
+            return sweep(q_, k_, v_, h0_, want_final, cu)
+
+        state, grad = (h0 if initial else None), (dht if final else None)
+        backward(recording, q, k, v, do, decay, 0.5, initial_state=state, dht=grad, want_dh0=initial)
+        assert made == sweep_calls(problem, Call(0.5, initial, final)), (initial, final)
+
+
+# ---- on the GPU: decay_attention's autograd, the kernel's sweeps --------------------------
+
+
+def _gpu_case(b: int, s: int, h: int, dk: int, dv: int, dtype: str, lengths: list[int] | None):
+    from kernel.validate import random_qkv
+
+    q, k, v = random_qkv(Problem(b, h, s, dk, dv, dtype), seed=s + dk)
+    cu = None
+    if lengths is not None:
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+    n = b if cu is None else len(lengths)
+    gen = torch.Generator(device="cuda").manual_seed(s)
+    do = torch.randn(v.shape, generator=gen, device="cuda").to(v.dtype)
+    h0, dht = (torch.randn(n, h, dk, dv, generator=gen, device="cuda") for _ in range(2))
+    return q, k, v, do, h0, dht, cu
+
+
+def _poison_allocator() -> None:
+    """Leave NaN in the memory the caching allocator hands out next, so that a gradient
+    element the kernels never write shows as NaN."""
+    torch.full((1 << 28,), float("nan"), device="cuda")
+    torch.cuda.synchronize()
+
+
+GPU_CASES = [  # (b, s, h, dk, dv, dtype, packed lengths)
+    (2, 300, 4, 128, 128, "float16", None),
+    (1, 1000, 4, 64, 128, "bfloat16", None),
+    (3, 65, 4, 128, 64, "float16", None),
+    (2, 1, 4, 128, 128, "bfloat16", None),
+    (1, 1 + 63 + 64 + 65 + 300 + 17, 4, 128, 128, "float16", [1, 63, 64, 65, 300, 17]),
+    (1, 2 + 1000 + 5, 4, 128, 128, "bfloat16", [2, 1000, 5]),
+]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lowered_for", ["sm_90a", "sm_80"])
-@pytest.mark.parametrize("dtype,seqlen", [("float16", 300), ("bfloat16", 64), ("float16", 1000)])
-def test_chunk_grads_match_reference_e(lowered_for, dtype, seqlen):
-    from kernel.builder import TORCH_DTYPES, cuda_arch
-    from kernel.validate import random_qkv
+@pytest.mark.parametrize("b,s,h,dk,dv,dtype,lengths", GPU_CASES, ids=str)
+@pytest.mark.parametrize("with_state", [True, False])
+def test_decay_attention_gradients_match_autograd_through_a(b, s, h, dk, dv, dtype, lengths, with_state):
+    from kernel.attention import decay_attention
 
-    b, h, d = 2, 4, 128
-    problem = Problem(b, h, seqlen, d, d, dtype)
-    q, k, v = random_qkv(problem, seed=seqlen)
-    do = torch.randn_like(v, dtype=torch.float32).to(v.dtype)
-    h0, dht = (torch.randn(b, h, d, d, device="cuda") for _ in range(2))
-    decay = torch.tensor(retnet_decay(h), dtype=torch.float32, device="cuda")
-    *want, states, dstates = refs.chunked_backward(
-        q, k, v, decay, 64, do, scale=d**-0.5, initial_state=h0, dht=dht, chunk_states=True
+    q, k, v, do, h0, dht, cu = _gpu_case(b, s, h, dk, dv, dtype, lengths)
+    decay = torch.tensor(DECAYS[:h], device="cuda")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]
+    state = leaves[3] if with_state else None
+    o, final = decay_attention(
+        *leaves[:3], decay, scale=0.1, initial_state=state, output_final_state=with_state, cu_seqlens=cu
     )
-    here = cuda_arch()
-    kernel = _compile(
-        lowered_for, run_on=here if lowered_for != here else None, batch=b, heads=h, seqlen=seqlen, dk=d, dv=d
+    _poison_allocator()
+    loss = (o.float() * do.float()).sum() + ((final * dht).sum() if with_state else 0)
+    got = torch.autograd.grad(loss, leaves[:4] if with_state else leaves[:3])
+    want = _autograd(
+        q, k, v, h0 if with_state else torch.zeros_like(h0), decay, 0.1, do, dht if with_state else None, cu
     )
-    grads = [torch.full_like(x, float("nan")) for x in (q, k, v)]
-    n = states.shape[2]
-    kernel(q, k, v, do, decay, *(x.float().reshape(b * h, n, d, d) for x in (states, dstates)), *grads)
-    for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
-        assert got.dtype == TORCH_DTYPES[dtype] and not got.isnan().any(), name
-        assert refs.rel_l2(got, ref) < refs.TOLERANCE, name
+    for name, g, w, x in zip(("dq", "dk", "dv", "dh0"), got, want, leaves):
+        assert g.dtype == x.dtype and g.shape == x.shape, name
+        assert not g.isnan().any() and refs.rel_l2(g, w) < refs.TOLERANCE, (name, refs.rel_l2(g, w))
+
+
+@pytest.mark.gpu
+def test_training_step_under_torch_compile_fullgraph():
+    """Forward and backward compiled whole: the same gradients as eager."""
+    from kernel.attention import decay_attention
+
+    q, k, v, do, h0, _, _ = _gpu_case(2, 500, 4, 64, 64, "bfloat16", None)
+    decay = torch.tensor(DECAYS, device="cuda")
+
+    def step(q, k, v, h0):
+        o, final = decay_attention(q, k, v, decay, initial_state=h0, output_final_state=True)
+        loss = (o.float() * do.float()).sum() + final.square().sum()
+        return torch.autograd.grad(loss, (q, k, v, h0))
+
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]
+    eager = step(*leaves)
+    compiled = torch.compile(step, fullgraph=True)(*leaves)
+    for e, c in zip(eager, compiled):
+        assert torch.equal(e, c)
+
+
+@pytest.mark.gpu
+def test_the_backward_op_passes_torch_s_opcheck():
+    q, k, v, do, h0, dht, cu = _gpu_case(1, 130, 4, 64, 64, "float16", [1, 60, 69])
+    decay = torch.tensor(DECAYS, device="cuda")
+    op = torch.ops.decay_tuner.decay_attention_backward.default
+    torch.library.opcheck(op, (q, k, v, do, decay, 1.0, 0.125, h0, dht, cu))
+    torch.library.opcheck(op, (q, k, v, do, None, 0.9, 0.125, None, None, None))

@@ -9,7 +9,7 @@ from helpers import dispatch_file
 
 from kernel import KernelConfig, Problem
 from kernel.dispatch import load_dispatch
-from tuner.bench import served_by, traffic_bytes
+from tuner.bench import backward_bytes, served_by, traffic_bytes
 from tuner.options import BENCH_PACKED, Packed
 
 
@@ -20,6 +20,13 @@ def test_traffic_of_the_headline_shape():
     # A packed batch of 64 sequences is one [1, T, H, D] call with 64 final states.
     packed = Problem(1, 16, 117_671, 128, 128)
     assert traffic_bytes(packed, sequences=64) == 117_671 * 16 * 512 * 2 + 64 * 16 * 128 * 128 * 4
+
+
+def test_backward_traffic_of_the_headline_shape():
+    # Q, K, V and dO read, dQ, dK and dV written: 7 tensors of 134 MB (fp16), 940 MB; with
+    # DV = 2 DK, the three of width DV are twice as wide.
+    assert backward_bytes(Problem(8, 16, 4096, 128, 128)) == 7 * 134_217_728
+    assert backward_bytes(Problem(1, 1, 1, 64, 128)) == (4 * 64 + 3 * 128) * 2
 
 
 def test_the_packed_batch_is_seeded_and_spans_its_lengths():
@@ -43,7 +50,8 @@ def test_bench_rows_say_which_entry_served_a_shape(tmp_path):
 def test_bench_gpu(tmp_path):
     """A small bench end to end: every implementation in the model form (RetNet's decays,
     scale, final state) within tolerance of C on the output and the state, and timed;
-    then a packed batch (ours where decay_attention takes cu_seqlens) against fla."""
+    then a packed batch (ours where decay_attention takes cu_seqlens) against fla; then
+    the backward and forward plus backward, gradients within tolerance of reference E."""
     import inspect
 
     import refs
@@ -57,8 +65,9 @@ def test_bench_gpu(tmp_path):
     impls = {(r["impl"], bool(r.get("packed"))) for r in rows}
     assert {("seed config", False), ("torch chunked", False)} <= impls
     for r in rows:
-        assert r["rel_l2"] < refs.TOLERANCE and r["state_rel_l2"] <= r["rel_l2"], r
+        assert r["rel_l2"] < refs.TOLERANCE and r.get("state_rel_l2", 0) <= r["rel_l2"], r
         assert r["median_ms"] > 0 and r["x_floor"] > 0.5 and r["decay"] == "retnet", r
+    assert {"decay_attention backward", "decay_attention fwd+bwd"} <= {impl for impl, _ in impls}
     packed_impls = {impl for impl, is_packed in impls if is_packed}
     if importlib.util.find_spec("fla") is not None:
         assert ("fla chunk_simple_gla", False) in impls and "fla chunk_simple_gla" in packed_impls

@@ -2,7 +2,9 @@
 seed's default config, fla's ``chunk_simple_gla`` and plain torch, each against the
 shape's HBM floor (the bytes of Q, K, V and O and of the final state, over the copy
 bandwidth measured in the same run); then a packed batch of sequences of mixed lengths,
-``kernel.attention.decay_attention`` against fla with ``cu_seqlens``.
+``kernel.attention.decay_attention`` against fla with ``cu_seqlens``; then, per shape, the
+backward and forward plus backward of ``decay_attention``'s autograd against fla's
+``chunk_simple_gla`` with autograd, each against its floor (``backward_bytes``).
 
 Every implementation runs the model form, with the same arguments: RetNet's decay per
 head (``kernel.config.retnet_decay``; fla's ``g_gamma`` is its log), the query scale
@@ -16,6 +18,7 @@ when one is given; otherwise the fastest correct config among the tuner's first 
 """
 
 import csv
+import importlib.util
 import json
 import math
 import sys
@@ -49,6 +52,12 @@ def traffic_bytes(problem: Problem, *, sequences: int | None = None) -> int:
     return p.batch * p.seqlen * p.heads * (2 * p.dk + 2 * p.dv) * 2 + n * p.heads * p.dk * p.dv * STATE_BYTES
 
 
+def backward_bytes(problem: Problem) -> int:
+    """Fewest bytes a backward moves: Q, K, V and dO read, dQ, dK and dV written once."""
+    p = problem
+    return p.batch * p.seqlen * p.heads * (4 * p.dk + 3 * p.dv) * 2
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy rate in bytes/s (bytes read plus bytes written)."""
     src = torch.randn(COPY_BYTES // 4, device="cuda")
@@ -56,20 +65,21 @@ def copy_bandwidth() -> float:
     return 2 * COPY_BYTES / (bench(lambda: dst.copy_(src)).median_ms * 1e-3)
 
 
-def model_error(got: tuple[torch.Tensor, torch.Tensor], ref: tuple[torch.Tensor, torch.Tensor]) -> dict:
-    """``rel_l2``: the larger relative L2 of the output and of the final state against
-    reference C (NaN if either is); ``state_rel_l2``: the state's alone."""
+def model_error(got: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...]) -> dict:
+    """``rel_l2``: the largest relative L2 of the results against the reference's (NaN if
+    any is): the output and the final state against reference C, or the gradients against
+    reference E; for an output and a state, ``state_rel_l2``: the state's alone."""
     errors = [refs.rel_l2(g, r) for g, r in zip(got, ref)]
     worst = math.nan if any(math.isnan(e) for e in errors) else max(errors)
-    return {"rel_l2": worst, "state_rel_l2": errors[1]}
+    return {"rel_l2": worst} | ({"state_rel_l2": errors[1]} if len(errors) == 2 else {})
 
 
 def _row(
     shape: dict[str, Any],
     impl: str,
     config: KernelConfig | None,
-    fn: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-    ref: tuple[torch.Tensor, torch.Tensor],
+    fn: Callable[[], tuple[torch.Tensor, ...]],
+    ref: tuple[torch.Tensor, ...],
     floor_ms: float,
     log: Path | None,
 ) -> dict[str, Any]:
@@ -116,6 +126,7 @@ def run(
     dtype: str = "float16",
     dispatch: Dispatch | None = None,
     packed: Packed | None = BENCH_PACKED,
+    backward: bool = True,
     log: Path | None = None,
 ) -> list[dict]:
     bandwidth = copy_bandwidth()
@@ -166,6 +177,58 @@ def run(
         del ref
     if packed is not None:
         rows += run_packed(packed, dk=dk, dv=dv, dtype=dtype, dispatch=dispatch, bandwidth=bandwidth, log=log)
+    if backward:
+        rows += run_backward(problems, dispatch=dispatch, bandwidth=bandwidth, log=log)
+    return rows
+
+
+def run_backward(
+    problems: list[Problem], *, dispatch: Dispatch | None, bandwidth: float, log: Path | None = None
+) -> list[dict]:
+    """Per shape, the backward alone (autograd over a kept graph) and the forward plus
+    backward of ``decay_attention`` (serving ``dispatch``'s picks for its three sweeps,
+    ``kernel.backward``) and of fla's ``chunk_simple_gla``, with the same arguments (RetNet's
+    decays, scale, no state), each row's gradients checked against reference E."""
+    from kernel import attention
+
+    rows = []
+    attention.use_table(dispatch)
+    try:
+        for problem in problems:
+            shape = _shape(problem)
+            floor_ms = backward_bytes(problem) / bandwidth * 1e3
+            both_floor_ms = floor_ms + traffic_bytes(problem) / bandwidth * 1e3
+            q, k, v = (x.requires_grad_() for x in random_qkv(problem, seed=2))
+            do = torch.randn_like(v, dtype=torch.float32).to(v.dtype)
+            decay = constant_decay(retnet_decay(problem.heads), problem.heads, q.device)
+            g_gamma, scale = decay.log(), model_call(problem).scale
+            ref = refs.chunked_backward(q.detach(), k.detach(), v.detach(), decay, 64, do, scale=scale)[:3]
+            rows.append(_floor_row(shape | {"pass": "backward"}, floor_ms, bandwidth))
+            rows.append(_floor_row(shape | {"pass": "forward+backward"}, both_floor_ms, bandwidth))
+            forwards = {"decay_attention": lambda: attention.decay_attention(q, k, v, decay, scale=scale)[0]}
+            if importlib.util.find_spec("fla") is not None:
+                forwards["fla chunk_simple_gla"] = lambda: fla_simple_gla(q, k, v, g_gamma, scale=scale)[0]
+            else:
+                print("fla is not installed: no fla column", file=sys.stderr)
+            for name, forward in forwards.items():
+                kept = forward()
+
+                def backward_only(kept=kept):
+                    return torch.autograd.grad(kept, (q, k, v), do, retain_graph=True)
+
+                def both(forward=forward):
+                    return torch.autograd.grad(forward(), (q, k, v), do)
+
+                for label, fn, floor in (
+                    ("backward", backward_only, floor_ms),
+                    ("fwd+bwd", both, both_floor_ms),
+                ):
+                    row = _row(shape | {"pass": label}, f"{name} {label}", None, fn, ref, floor, log)
+                    rows.append(row)
+                del kept
+            del ref
+    finally:
+        attention.use_table(None)
     return rows
 
 
@@ -235,6 +298,7 @@ def bench_and_write(
     dtype: str = "float16",
     dispatch: Dispatch | None = None,
     packed: Packed | None = BENCH_PACKED,
+    backward: bool = True,
 ) -> None:
     """Run the bench and write ``out``/bench.csv, bench.jsonl and bench.html; print a table."""
     from reports.bench import figure
@@ -242,7 +306,9 @@ def bench_and_write(
     out.mkdir(parents=True, exist_ok=True)
     log = out / "bench.jsonl"
     log.unlink(missing_ok=True)
-    rows = run(shapes, dk=dk, dv=dv, dtype=dtype, dispatch=dispatch, packed=packed, log=log)
+    rows = run(
+        shapes, dk=dk, dv=dv, dtype=dtype, dispatch=dispatch, packed=packed, backward=backward, log=log
+    )
     write_csv(rows, out / "bench.csv")
     figure(rows).write_html(out / "bench.html", include_plotlyjs=True)
     for r in rows:

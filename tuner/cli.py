@@ -629,8 +629,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Time the tuned kernel, the seed's config, fla and plain torch over shapes, then a
-    packed batch, in the model form (RetNet's decays, scale, final state), against the HBM
-    floor."""
+    packed batch, in the model form (RetNet's decays, scale, final state), then the
+    backward and forward plus backward against fla's, each against its HBM floor."""
     import torch
 
     from kernel.dispatch import load_dispatch
@@ -647,7 +647,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out wants a directory, got the file {str(out)!r}")
-    bench_and_write(shapes, out, dk=args.dk, dv=args.dv, dtype=args.dtype, dispatch=dispatch, packed=packed)
+    bench_and_write(
+        shapes,
+        out,
+        dk=args.dk,
+        dv=args.dv,
+        dtype=args.dtype,
+        dispatch=dispatch,
+        packed=packed,
+        backward=not args.no_backward,
+    )
     return 0
 
 
@@ -728,6 +737,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=BENCH_PACKED.sequences,
         help=f"sequences in the packed batch timed after the shapes, {BENCH_PACKED.shortest} to "
         f"{BENCH_PACKED.longest} tokens each, {BENCH_PACKED.heads} heads (0: none)",
+    )
+    bench.add_argument(
+        "--no-backward", action="store_true", help="skip the backward and forward plus backward rows"
     )
     bench.add_argument(
         "--allow-mismatch",
