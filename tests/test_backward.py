@@ -175,7 +175,25 @@ GPU_CASES = [  # (b, s, h, dk, dv, dtype, packed lengths)
 ]
 
 
+@pytest.fixture(scope="module")
+def compiled() -> None:
+    """Compile every kernel the GPU cases call, forward and sweeps, in parallel processes."""
+    from kernel.attention import kernel_job
+    from kernel.builder import cuda_arch, precompile
+    from kernel.resources import Resources
+
+    jobs = set()
+    for b, s, h, dk, dv, dtype, lengths in GPU_CASES:
+        problem, n = Problem(b, h, s, dk, dv, dtype), b if lengths is None else len(lengths)
+        for with_state in (True, False):
+            call = Call(0.1, with_state, with_state, lengths is not None)
+            jobs |= {kernel_job(p, c, n) for p, c in [(problem, call), *sweep_calls(problem, call)]}
+    for res in precompile(sorted(jobs, key=str), arch=cuda_arch()):
+        assert isinstance(res, Resources), res
+
+
 @pytest.mark.gpu
+@pytest.mark.usefixtures("compiled")
 @pytest.mark.parametrize("b,s,h,dk,dv,dtype,lengths", GPU_CASES, ids=str)
 @pytest.mark.parametrize("with_state", [True, False])
 def test_decay_attention_gradients_match_autograd_through_a(b, s, h, dk, dv, dtype, lengths, with_state):
@@ -226,3 +244,18 @@ def test_the_backward_op_passes_torch_s_opcheck():
     op = torch.ops.decay_tuner.decay_attention_backward.default
     torch.library.opcheck(op, (q, k, v, do, decay, 1.0, 0.125, h0, dht, cu))
     torch.library.opcheck(op, (q, k, v, do, None, 0.9, 0.125, None, None, None))
+
+
+def test_the_sweeps_compile_for_hopper_and_ampere():
+    """Each sweep of a backward with DK != DV, state in and out, compiles with the default
+    config for its shape (the dq and dk sweeps at (DV, DK)), for sm_90a and for sm_80."""
+    from kernel.builder import precompile
+    from kernel.dispatch import default_config
+    from kernel.resources import Resources
+
+    problem = Problem(1, 2, 200, 64, 128)
+    calls = sweep_calls(problem, Call(0.125, True, True))
+    jobs = [(p, default_config(p, 132), c) for p, c in calls]
+    for arch in ("sm_90a", "sm_80"):
+        for job, res in zip(jobs, precompile(jobs, arch=arch)):
+            assert isinstance(res, Resources) and res.spill_stores == 0 and res.fits_smem, (arch, job, res)

@@ -1,0 +1,157 @@
+"""Issue 18: train a small RetNet from fla with fla's kernels and with ours, same seed.
+
+fla's ``MultiScaleRetention`` calls ``chunk_retention`` in training; swapping it for
+``decay_attention`` (``experiments/h200/model/retnet.py``, RetNet's decays) runs our forward
+and our backward (``kernel.backward``, three sweeps of the forward kernel) in every layer.
+
+1. The gradients of one step, every parameter, ours against fla's (relative L2).
+2. ``--steps`` steps of AdamW from the same initial weights on the same synthetic batches
+   (tokens of a fixed random Markov chain, so the loss has somewhere to go: its entropy
+   rate is printed), fp32 weights under bf16 autocast: the loss per step for both, and the
+   step time (CUDA events, median over the steps after ``--warmup``).
+
+    python3 experiments/h200/backward/train_retnet.py --out DIR [--steps 200]
+
+Writes DIR/train_retnet.json and prints a summary. Needs flash-linear-attention and
+transformers (experiments/README.md).
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+from retnet import swapped  # noqa: E402  (the swap of issue 16)
+
+import refs  # noqa: E402
+
+VOCAB, HIDDEN, LAYERS, HEADS = 1000, 512, 4, 4  # DK = 128, DV = 256 per head
+
+
+def markov_batches(steps: int, batch: int, seqlen: int, seed: int = 0) -> tuple[list[torch.Tensor], float]:
+    """``steps`` batches of tokens from one random first-order Markov chain (each token
+    picks among 8 likely successors), sampled on the GPU, and the chain's entropy rate in
+    nats: the loss a perfect model reaches."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    logits = torch.randn(VOCAB, VOCAB, generator=gen, device="cuda") * 0.5
+    logits.scatter_(1, torch.randint(0, VOCAB, (VOCAB, 8), generator=gen, device="cuda"), 8.0)
+    probs = logits.softmax(-1)
+    entropy = float(-(probs * probs.log()).sum(-1).mean())
+    tokens = torch.empty(steps * batch, seqlen, dtype=torch.long, device="cuda")
+    tokens[:, 0] = torch.randint(0, VOCAB, (steps * batch,), generator=gen, device="cuda")
+    for t in range(1, seqlen):
+        tokens[:, t] = torch.multinomial(probs[tokens[:, t - 1]], 1, generator=gen)[:, 0]
+    return list(tokens.split(batch)), entropy
+
+
+def precompile_layers(batch: int, seqlen: int) -> None:
+    """Compile, in parallel processes, the forward and the backward's sweeps that the
+    layers call (fla's layer passes no scale: ours defaults to DK^-1/2), so that the first
+    step does not compile them one by one."""
+    from kernel.attention import kernel_job
+    from kernel.backward import sweep_calls
+    from kernel.builder import cuda_arch, precompile
+    from kernel.config import Call, Problem
+
+    dk = HIDDEN // HEADS
+    problem = Problem(batch, HEADS, seqlen, dk, 2 * dk, "bfloat16")
+    jobs = set()
+    for final in (False, True):
+        call = Call(dk**-0.5, False, final)
+        jobs |= {kernel_job(p, c, batch) for p, c in [(problem, call), *sweep_calls(problem, call)]}
+    precompile(sorted(jobs, key=str), arch=cuda_arch())
+
+
+def model(seed: int):
+    from fla.models import RetNetConfig, RetNetForCausalLM
+
+    torch.manual_seed(seed)
+    config = RetNetConfig(
+        hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_heads=HEADS, vocab_size=VOCAB, use_cache=False
+    )
+    return RetNetForCausalLM(config).cuda()
+
+
+def loss_of(net, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return net(input_ids=tokens, labels=tokens).loss
+
+
+def gradient_check(tokens: torch.Tensor) -> dict:
+    """One step's gradients, every parameter: ours against fla's."""
+    grads = {}
+    for name, ctx in (("fla", contextlib.nullcontext()), ("ours", swapped())):
+        net = model(seed=0)
+        with ctx:
+            loss_of(net, tokens).backward()
+        grads[name] = {n: p.grad.float() for n, p in net.named_parameters() if p.grad is not None}
+    errors = {n: refs.rel_l2(grads["ours"][n], g) for n, g in grads["fla"].items()}
+    worst = max(errors, key=errors.get)
+    return {"parameters": len(errors), "max_rel_l2": errors[worst], "worst": worst, "rel_l2": errors}
+
+
+def train(batches: list[torch.Tensor], with_ours: bool, warmup: int) -> dict:
+    net = model(seed=0)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    losses, times = [], []
+    with swapped() if with_ours else contextlib.nullcontext():
+        for tokens in batches:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            loss = loss_of(net, tokens)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            end.record()
+            torch.cuda.synchronize()
+            losses.append(loss.item())
+            times.append(start.elapsed_time(end))
+    return {"loss": losses, "step_ms": times, "median_step_ms": statistics.median(times[warmup:])}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seqlen", type=int, default=2048)
+    args = parser.parse_args()
+    batches, entropy = markov_batches(args.steps, args.batch, args.seqlen)
+    precompile_layers(args.batch, args.seqlen)
+    result = {
+        "shape": {
+            "batch": args.batch,
+            "seqlen": args.seqlen,
+            "hidden": HIDDEN,
+            "layers": LAYERS,
+            "heads": HEADS,
+        },
+        "entropy_rate": entropy,
+        "initial_loss_uniform": math.log(VOCAB),
+        "gradients": gradient_check(batches[0]),
+    }
+    runs = {"fla": train(batches, False, args.warmup), "ours": train(batches, True, args.warmup)}
+    result |= runs
+    gaps = [abs(a - b) for a, b in zip(runs["fla"]["loss"], runs["ours"]["loss"])]
+    result["summary"] = {
+        "max_loss_gap": max(gaps),
+        "last10_loss": {n: statistics.mean(r["loss"][-10:]) for n, r in runs.items()},
+        "median_step_ms": {n: r["median_step_ms"] for n, r in runs.items()},
+        "fla_over_ours": runs["fla"]["median_step_ms"] / runs["ours"]["median_step_ms"],
+        "max_grad_rel_l2": result["gradients"]["max_rel_l2"],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "train_retnet.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["summary"] | {"entropy_rate": entropy}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
