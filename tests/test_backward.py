@@ -259,3 +259,15 @@ def test_the_sweeps_compile_for_hopper_and_ampere():
     for arch in ("sm_90a", "sm_80"):
         for job, res in zip(jobs, precompile(jobs, arch=arch)):
             assert isinstance(res, Resources) and res.spill_stores == 0 and res.fits_smem, (arch, job, res)
+
+
+def test_dispatch_backward_tunes_dk_and_dv_swapped(tmp_path, capsys):
+    """``dispatch --backward`` tunes the shapes of the backward's sweeps: DK x DV and DV x DK
+    (here compile-only for sm_80, as on a machine without its GPU)."""
+    from tuner.cli import main
+
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    argv = ["dispatch", "--shapes", "1x2x256", "--dk", "64", "--dv", "128", "--arch", "sm_80", "--backward"]
+    assert main([*argv, "--n-trials", "2", "--storage", storage, "--workers", "2", "--no-progress"]) == 0
+    found = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("sm_80 ")]
+    assert found == ["64x128", "128x64"]

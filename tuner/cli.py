@@ -344,7 +344,8 @@ def _log(study: "optuna.Study", folder: Path, note: str = "") -> None:
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
     """Tune several shapes, one resumable study each, and write the dispatch table: the
-    best config per shape, which ``kernel.dispatch.load_dispatch`` serves by shape."""
+    best config per shape, which ``kernel.dispatch.load_dispatch`` serves by shape (with
+    ``--backward``, for DK x DV and DV x DK)."""
     import torch
 
     from kernel.arch import resolve
@@ -353,7 +354,9 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     from tuner.storage import default_study_name
     from tuner.study import Tuner
 
-    problems = [Problem(b, h, s, args.dk, args.dv, args.dtype) for b, h, s in parse_shapes(args.shapes)]
+    heads = [(args.dk, args.dv)] + ([(args.dv, args.dk)] if args.backward and args.dk != args.dv else [])
+    shapes = parse_shapes(args.shapes)
+    problems = [Problem(b, h, s, dk, dv, args.dtype) for dk, dv in heads for b, h, s in shapes]
     out = Path(args.out) if args.out else STUDIES_DIR / "dispatch.json"
     if out.is_dir():
         raise UsageError(f"--out wants a file path for the table, got the directory {str(out)!r}")
@@ -385,7 +388,8 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     print(f"dispatch table for {data['environment']['arch']}:")
     for entry in data["entries"]:
         p, c = entry["problem"], KernelConfig.from_dict(entry["config"])
-        print(f"B*H={p['batch'] * p['heads']:>4} S={p['seqlen']:>6}: {c.label} {entry['median_ms']:.4f} ms")
+        shape = f"{p['dk']}x{p['dv']} B*H={p['batch'] * p['heads']:>4} S={p['seqlen']:>6}"
+        print(f"{shape}: {c.label} {entry['median_ms']:.4f} ms")
     print(out)
     return 0
 
@@ -412,7 +416,7 @@ def _explore_shapes(problems: list[Problem], opts: Options, storage: str) -> int
             else "no feasible config"
         )
         p = problem
-        print(f"{opts.arch} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}: {found}, compile-only")
+        print(f"{opts.arch} {p.dk}x{p.dv} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}: {found}, compile-only")
     return 0
 
 
@@ -710,6 +714,12 @@ def build_parser() -> argparse.ArgumentParser:
             group(p)
     _shape_flags(sub.choices["dispatch"], "the shapes to tune, one study each")
     sub.choices["dispatch"].add_argument("--out", help="path of the table (default: studies/dispatch.json)")
+    sub.choices["dispatch"].add_argument(
+        "--backward",
+        action="store_true",
+        help="also tune DK and DV swapped, where they differ: the shapes of two of the backward's "
+        "three sweeps (kernel.backward), so that the table serves training",
+    )
     sub.choices["run"].add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # of --gpus
     sub.choices["trials"].add_argument("--all-columns", action="store_true", help="every column of the log")
     sub.choices["best"].add_argument("--top", type=int, default=5, help="how many configs to print")
