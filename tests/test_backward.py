@@ -36,8 +36,8 @@ def _inputs(b: int, s: int, h: int, dk: int, dv: int, n: int, seed: int):
 
 
 def _autograd(q, k, v, h0, decay, scale, do, dht, cu):
-    """Gradients of ``<o, do> + <final state, dht>`` by autograd through reference A."""
-    leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]
+    """Gradients of ``<o, do> + <final state, dht>`` by autograd through reference A, fp64."""
+    leaves = [x.detach().to(F64).requires_grad_() for x in (q, k, v, h0)]
     o, final = refs.recurrent(
         *leaves[:3], decay, scale=scale, initial_state=leaves[3], cu_seqlens=cu, output_final_state=True
     )
