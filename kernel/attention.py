@@ -103,12 +103,14 @@ def _forward(
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
+    reverse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's call on checked inputs (decay fp32 ``[H]``, offsets int32); the final
-    state is an empty ``(0,)`` tensor unless ``output_final_state``."""
+    """The kernel's call on checked inputs (decay fp32 ``[H]``, offsets int32), backwards
+    in time where ``reverse`` (``kernel.config.Call``); the final state is an empty
+    ``(0,)`` tensor unless ``output_final_state``."""
     problem = _problem(q, k, v)
     sequences = problem.batch if cu_seqlens is None else cu_seqlens.numel() - 1
-    call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None)
+    call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None, reverse)
     final = _empty_state(q, problem, sequences, output_final_state)
     o = _kernel(problem, call, sequences)(
         q.contiguous(),
@@ -148,8 +150,8 @@ def _backward_op(
     decay = _decay_tensor(decay, alpha, q.shape[2], q.device)
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
 
-    def sweep(q_, k_, v_, h0, want_final, offsets):
-        o, final = _forward(q_, k_, v_, decay, scale, h0, want_final, offsets)
+    def sweep(q_, k_, v_, h0, want_final, offsets, reverse):
+        o, final = _forward(q_, k_, v_, decay, scale, h0, want_final, offsets, reverse)
         return o, (final if want_final else None)
 
     dq, dk, dv, dh0 = backward(

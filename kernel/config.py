@@ -190,15 +190,19 @@ class KernelConfig:
 @dataclass(frozen=True)
 class Call:
     """What a call asks of the kernel besides its shape and config, fixed when it is
-    compiled: the query scale, whether a state goes in and comes out, and whether the
-    batch is packed sequences (``cu_seqlens``; one compiled kernel then serves every token
-    and sequence count, so the problem's batch and seqlen do not matter to it). The decay
-    is not here: the kernels read each head's alpha at run time."""
+    compiled: the query scale, whether a state goes in and comes out, whether the batch is
+    packed sequences (``cu_seqlens``; one compiled kernel then serves every token and
+    sequence count, so the problem's batch and seqlen do not matter to it), and whether
+    the recurrence runs backwards in time (``reverse``: the state enters after each
+    sequence's last token and leaves at its first; the backward's dk and dv sweeps,
+    ``kernel.backward``). The decay is not here: the kernels read each head's alpha at run
+    time."""
 
     scale: float = 1.0
     initial_state: bool = False
     final_state: bool = False
     packed: bool = False
+    reverse: bool = False
 
     def __post_init__(self) -> None:
         if (

@@ -27,6 +27,8 @@ so it lies in ``(0, 1]``; ``Gamma`` is evaluated only where ``j <= i``; weights 
 and only the product ``A * Gamma`` is cast for the MMA.
 """
 
+from dataclasses import dataclass
+
 import tilelang.language as T
 
 from kernel.config import KernelConfig, Problem
@@ -38,6 +40,45 @@ def transposes(*, chunk: int, block_dv: int, threads: int, scores: str) -> bool:
     it needs 64 state rows per consumer warpgroup and the scores in shared memory."""
     warpgroups = max(threads // 128, 1)  # TileLang's consumer warpgroups
     return chunk % 64 == 0 and block_dv % (64 * warpgroups) == 0 and scores == "smem"
+
+
+@dataclass(frozen=True)
+class Direction:
+    """Where the recurrence runs: forward in time, or backwards (``reverse``: each token's
+    state gathers the tokens from it to its sequence's end, ``S_t = alpha S_{t+1} + k_t^T
+    v_t``; the backward's dk and dv sweeps, ``kernel.backward``). Reversed, the chunks keep
+    their place and are walked last to first, and within a chunk of ``m`` tokens every
+    weight mirrors the forward's: query row i sees key rows j >= i, weighted
+    ``alpha^(j-i)``; it reads the state carried in with ``alpha^(m-i)``; key row r writes
+    the state carried out with ``alpha^r``; the carry is ``alpha^m`` both ways. Every
+    exponent stays >= 0. Key rows past ``m`` (zero, or the next sequence's) are masked out
+    of the scores, which forward only the causal mask does."""
+
+    reverse: bool
+
+    def chunk_start(self, s_begin, c, n_chunks, chunk: int):
+        """The first token of the ``c``-th chunk walked."""
+        return s_begin + ((n_chunks - 1 - c) if self.reverse else c) * chunk
+
+    def sees(self, i, j):
+        """Whether query row ``i`` sees key row ``j`` of its chunk."""
+        return j >= i if self.reverse else j <= i
+
+    def distance(self, i, j):
+        """The tokens between query row ``i`` and a key row ``j`` it sees."""
+        return j - i if self.reverse else i - j
+
+    def query_power(self, i, m):
+        """The exponent of the state carried in, as query row ``i`` reads it."""
+        return T.max(m - i, 0) if self.reverse else i + 1
+
+    def key_power(self, r, m):
+        """The exponent of key row ``r < m`` as it writes the state carried out."""
+        return r if self.reverse else m - 1 - r
+
+    def scores(self, a, gamma, j, m):
+        """A score times its decay mask (fp32), with key rows past ``m`` out where reversed."""
+        return T.if_then_else(j < m, a * gamma, T.Cast("float32", 0)) if self.reverse else a * gamma
 
 
 def chunk_loop_macro(
@@ -52,6 +93,7 @@ def chunk_loop_macro(
     dtype: str,
     arch: str,
     packed: bool = False,
+    reverse: bool = False,
 ):
     """The chunk loop of one block, as a ``@T.macro``: its buffers, the decay mask, the
     starting state, then ``n_chunks`` chunks from row ``s_begin`` (tokens up to ``s_end``)
@@ -64,10 +106,20 @@ def chunk_loop_macro(
     ragged last chunk (``m < C`` tokens) weights its keys by their distance to its last
     token and decays the state by ``alpha^m``, so the state carried out is exact. Shared by
     the single-pass kernel and the sequence-split variant (``kernel.seq_split``). ``arch``
-    (``kernel.arch.ARCHS``) picks the MMA statements (``kernel.mma``)."""
+    (``kernel.arch.ARCHS``) picks the MMA statements (``kernel.mma``). With ``reverse``
+    the recurrence runs backwards in time (``Direction``): the state carried in is the one
+    after ``s_end``, the state carried out the one at ``s_begin``."""
     mma = mma_for(arch)
+    time = Direction(reverse)
     knobs = dict(
-        chunk=chunk, dk=dk, block_dv=block_dv, scale=scale, num_stages=num_stages, dtype=dtype, packed=packed
+        chunk=chunk,
+        dk=dk,
+        block_dv=block_dv,
+        scale=scale,
+        num_stages=num_stages,
+        dtype=dtype,
+        packed=packed,
+        time=time,
     )
     if transposes(chunk=chunk, block_dv=block_dv, threads=threads, scores=scores):
         return transposed_chunk_loop_macro(**knobs, mma=mma)
@@ -98,11 +150,11 @@ def chunk_loop_macro(
         lg = T.alloc_local([1], accum)  # log2(alpha) of this head, <= 0
         lg[0] = T.log2(Decay[bh])
 
-        # Gamma[i, j] = scale * alpha^(i-j) for j <= i, else 0. Never "compute all, then
-        # mask": alpha^(i-j) for j > i overflows, and inf * 0 = NaN.
+        # Gamma[i, j] = scale * alpha^(i-j) for j <= i, else 0 (reversed: alpha^(j-i), j >= i).
+        # Never "compute all, then mask": alpha^(i-j) for j > i overflows, and inf * 0 = NaN.
         for i, j in T.Parallel(C, C):
             Gamma[i, j] = T.if_then_else(
-                j <= i, scale * T.exp2(lg[0] * T.Cast(accum, i - j)), T.Cast(accum, 0)
+                time.sees(i, j), scale * T.exp2(lg[0] * T.Cast(accum, time.distance(i, j))), T.Cast(accum, 0)
             )
         if State is None:
             T.clear(S_f)
@@ -110,7 +162,7 @@ def chunk_loop_macro(
             T.copy(State[bbh, p_in, :, v0 : v0 + block_dv], S_f)
 
         for c in T.Pipelined(n_chunks, num_stages=num_stages):
-            s0 = s_begin + c * C
+            s0 = time.chunk_start(s_begin, c, n_chunks, C)
             m = T.max(T.min(C, s_end - s0), 0)  # tokens of this chunk: C but at the end
             T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
             T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
@@ -118,7 +170,9 @@ def chunk_loop_macro(
             if not async_step:
                 for r, d in T.Parallel(C, dk):
                     Kw_s[r, d] = T.if_then_else(
-                        r < m, K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, m - 1 - r)), T.Cast(dtype, 0)
+                        r < m,
+                        K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, time.key_power(r, m))),
+                        T.Cast(dtype, 0),
                     )
 
             if async_step:
@@ -131,15 +185,17 @@ def chunk_loop_macro(
                 mma.wait(1)  # A is ready and K_s free; Q @ S may still run
                 for r, d in T.Parallel(C, dk):
                     Kw_s[r, d] = T.if_then_else(
-                        r < m, K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, m - 1 - r)), T.Cast(dtype, 0)
+                        r < m,
+                        K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, time.key_power(r, m))),
+                        T.Cast(dtype, 0),
                     )
                 for i, j in T.Parallel(C, C):
-                    A_cast[i, j] = A[i, j] * Gamma[i, j]
+                    A_cast[i, j] = time.scores(A[i, j], Gamma[i, j], j, m)
                 mma.wait(0)
                 if touches:
                     touch[0] = Q_s[0, 0]
                 for i, j in T.Parallel(C, block_dv):
-                    acc_o[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, i + 1))
+                    acc_o[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, time.query_power(i, m)))
                 mma.gemm(A_cast, V_s, acc_o)
                 for i, j in T.Parallel(dk, block_dv):
                     S_f[i, j] *= T.exp2(lg[0] * T.Cast(accum, m))
@@ -155,11 +211,11 @@ def chunk_loop_macro(
                 T.copy(S_f, S_s)
                 T.gemm(Q_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
                 for i, j in T.Parallel(C, block_dv):
-                    acc_o[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, i + 1))
+                    acc_o[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, time.query_power(i, m)))
                 # Intra-chunk term with the unweighted Q.
                 T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
                 for i, j in T.Parallel(C, C):
-                    A_cast[i, j] = A[i, j] * Gamma[i, j]
+                    A_cast[i, j] = time.scores(A[i, j], Gamma[i, j], j, m)
                 T.gemm(A_cast, V_s, acc_o)  # [C, C] @ [C, bDV] -> [C, bDV]
                 T.copy(acc_o, O_s)
                 store(O_s, O, bb, s0, m, bh, v0)
@@ -193,7 +249,16 @@ def store_macro(*, chunk: int, block_dv: int, packed: bool):
 
 
 def transposed_chunk_loop_macro(
-    *, chunk: int, dk: int, block_dv: int, scale: float, num_stages: int, dtype: str, packed: bool, mma: Mma
+    *,
+    chunk: int,
+    dk: int,
+    block_dv: int,
+    scale: float,
+    num_stages: int,
+    dtype: str,
+    packed: bool,
+    time: Direction,
+    mma: Mma,
 ):
     """``chunk_loop_macro``'s loop with the state transposed: the block keeps ``S^T``
     (``[block_dv, DK]``, fp32) as the accumulator of ``V^T @ Kw``, so its fp16 cast is the
@@ -227,10 +292,10 @@ def transposed_chunk_loop_macro(
         lg = T.alloc_local([1], accum)  # log2(alpha) of this head, <= 0
         lg[0] = T.log2(Decay[bh])
 
-        # GammaT[j, i] = scale * alpha^(i-j) for key j <= query i, else 0
+        # GammaT[j, i] = scale * alpha^(i-j) for key j <= query i, else 0 (reversed: Direction)
         for j, i in T.Parallel(C, C):
             GammaT[j, i] = T.if_then_else(
-                j <= i, scale * T.exp2(lg[0] * T.Cast(accum, i - j)), T.Cast(accum, 0)
+                time.sees(i, j), scale * T.exp2(lg[0] * T.Cast(accum, time.distance(i, j))), T.Cast(accum, 0)
             )
         if State is None:
             T.clear(ST_f)
@@ -239,7 +304,7 @@ def transposed_chunk_loop_macro(
                 ST_f[v, d] = State[bbh, p_in, d, v0 + v]
 
         for c in T.Pipelined(n_chunks, num_stages=num_stages):
-            s0 = s_begin + c * C
+            s0 = time.chunk_start(s_begin, c, n_chunks, C)
             m = T.max(T.min(C, s_end - s0), 0)  # tokens of this chunk: C but at the end
             T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
             T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
@@ -250,15 +315,15 @@ def transposed_chunk_loop_macro(
             mma.wait(1)  # A^T is ready and K_s free; S^T @ Q^T may still run
             for r, d in T.Parallel(C, dk):
                 Kw_s[r, d] = T.if_then_else(
-                    r < m, K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, m - 1 - r)), T.Cast(dtype, 0)
+                    r < m, K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, time.key_power(r, m))), T.Cast(dtype, 0)
                 )
             for j, i in T.Parallel(C, C):
-                AT_cast[j, i] = AT[j, i] * GammaT[j, i]
+                AT_cast[j, i] = time.scores(AT[j, i], GammaT[j, i], j, m)
             mma.wait(0)
             if mma.asynchronous:
                 touch[0] = Q_s[0, 0]
             for v, i in T.Parallel(block_dv, C):
-                OT[v, i] *= scale * T.exp2(lg[0] * T.Cast(accum, i + 1))
+                OT[v, i] *= scale * T.exp2(lg[0] * T.Cast(accum, time.query_power(i, m)))
             mma.gemm(V_s, AT_cast, OT, transpose_A=True, policy=rows)  # [bDV, C_i]
             for v, d in T.Parallel(block_dv, dk):
                 ST_f[v, d] *= T.exp2(lg[0] * T.Cast(accum, m))
@@ -293,6 +358,7 @@ def scalar_decay_fwd(
     scale: float = 1.0,
     initial_state: bool = False,
     final_state: bool = False,
+    reverse: bool = False,
     arch: str,
 ):
     """Return the ``@T.prim_func`` ``main(Q, K, V, Decay, H0, O, HT)`` for one problem and
@@ -301,8 +367,9 @@ def scalar_decay_fwd(
     Q, K: ``[B, S, H, DK]``; V, O: ``[B, S, H, DV]``; all of ``dtype``. Decay: fp32 ``[H]``,
     each head's alpha in (0, 1]. H0, HT: fp32 ``[B*H, 1, DK, DV]``, the state before the
     first token (read only with ``initial_state``) and after the last (written only with
-    ``final_state``). Accumulation is fp32. ``seqlen`` need not be a multiple of
-    ``chunk``: the tile copies of the last chunk are bounds-checked (TMA zero-fills reads
+    ``final_state``); with ``reverse`` the recurrence runs backwards in time (``Direction``),
+    from H0 after the last token to HT at the first. Accumulation is fp32. ``seqlen`` need
+    not be a multiple of ``chunk``: the tile copies of the last chunk are bounds-checked (TMA zero-fills reads
     past S and drops writes past S), and the zero-filled rows add nothing.
 
     ``scores="smem"`` stages the fp16 scores ``A * Gamma`` in shared memory; ``"regs"``
@@ -321,6 +388,7 @@ def scalar_decay_fwd(
         scores=scores,
         dtype=dtype,
         arch=arch,
+        reverse=reverse,
     )
     state_shape = [batch * heads, 1, dk, dv]
 
@@ -350,7 +418,7 @@ def scalar_decay_fwd(
 def prim_func(problem: Problem, config: KernelConfig, *, arch: str, packed: bool = False, **call):
     """``scalar_decay_fwd`` (or, ``packed``, ``packed_fwd``) for a validated problem and a
     single-pass config, lowered later for ``arch``; ``call``: ``scale``, ``initial_state``,
-    ``final_state``."""
+    ``final_state``, ``reverse``."""
     knobs = config.to_dict()
     if knobs.pop("segments") != 1:
         raise ValueError(f"the single-pass kernel runs one segment, got segments={config.segments}")

@@ -39,12 +39,20 @@ def prim_funcs(
     scale: float = 1.0,
     initial_state: bool = False,
     final_state: bool = False,
+    reverse: bool = False,
     arch: str,
 ):
     """Return the ``@T.prim_func`` triple ``(states(K, V, Decay, H0, States),
     carry(Decay, States), outputs(Q, K, V, Decay, States, O, HT))`` for a split config;
     States is ``[B*H, P, DK, DV]`` fp32, Decay, H0 and HT as in
-    ``kernel.scalar_decay.scalar_decay_fwd``; ``arch`` as there."""
+    ``kernel.scalar_decay.scalar_decay_fwd``; ``arch`` as there.
+
+    With ``reverse`` (the recurrence backwards in time, ``kernel.scalar_decay.Direction``)
+    everything mirrors: ``States[p]`` is the state entering segment ``p`` from its end; the
+    states kernel computes segments 1 to P-1 (weights ``alpha^(t - start)``, into
+    ``States[p - 1]``, the last segment's block writing the initial state into
+    ``States[P - 1]``); the carry runs from the last segment down, across the ragged last
+    segment with ``alpha`` to its length; the first segment's outputs leave the final state."""
     config.check_fits(problem)
     batch, heads, seqlen, dk, dv = problem.batch, problem.heads, problem.seqlen, problem.dk, problem.dv
     dtype = problem.dtype
@@ -62,7 +70,29 @@ def prim_funcs(
         scores=config.scores,
         dtype=dtype,
         arch=arch,
+        reverse=reverse,
     )
+    last_length = seqlen - (P - 1) * L  # tokens of the last segment, 1 to L
+    # The states kernel's block bp computes segment bp into States[bp + 1] (forward), or
+    # segment bp + 1 into States[bp] (reversed); ``entry``: the first segment walked.
+    entry = P - 1 if reverse else 0
+    entry_of_final = 0 if reverse else P - 1  # the segment that leaves the final state
+
+    def segment_of(bp):
+        return bp + 1 if reverse else bp
+
+    def slot_of(bp):
+        return bp if reverse else bp + 1
+
+    def chunk_start(bp, c):
+        """Forward, chunk c from the segment's end; reversed, chunk c from its start."""
+        return segment_of(bp) * L + (c if reverse else chunks_per_segment - 1 - c) * C
+
+    def distance(c, r):
+        """Forward, token r of chunk c lies C*c + C-1-r tokens before the segment's end;
+        reversed, C*c + r tokens after its start (zero-filled past S in the last segment).
+        Its key is weighted by alpha to that distance."""
+        return C * c + r if reverse else C * c + C - 1 - r
 
     @T.prim_func
     def states(
@@ -84,38 +114,48 @@ def prim_funcs(
             lg[0] = T.log2(Decay[bh])
             T.clear(S_f)
             for c in T.Pipelined(chunks_per_segment, num_stages=num_stages):
-                # chunk c from the end: its token r lies C*c + C-1-r tokens before the
-                # segment's end, and is weighted by alpha to that distance.
-                s0 = bp * L + (chunks_per_segment - 1 - c) * C
+                s0 = chunk_start(bp, c)
                 T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
                 T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
                 for r, d in T.Parallel(C, dk):
-                    Kw_s[r, d] = K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, C * c + C - 1 - r))
+                    Kw_s[r, d] = K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, distance(c, r)))
                 T.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV] -> [DK, bDV]
-            T.copy(S_f, States[bbh, bp + 1, :, v0 : v0 + block_dv])
-            if bp == 0:  # the state entering segment 0
+            T.copy(S_f, States[bbh, slot_of(bp), :, v0 : v0 + block_dv])
+            if segment_of(bp) == entry:  # the state entering the first segment walked
                 if initial_state:
                     T.copy(H0[bbh, 0, :, v0 : v0 + block_dv], S_f)
                 else:
                     T.clear(S_f)
-                T.copy(S_f, States[bbh, 0, :, v0 : v0 + block_dv])
+                T.copy(S_f, States[bbh, entry, :, v0 : v0 + block_dv])
 
     @T.prim_func
     def carry(Decay: T.Tensor([heads], accum), States: T.Tensor([batch * heads, P, dk, dv], accum)):
         with T.Kernel(T.ceildiv(dk * dv, CARRY_THREADS), batch * heads, threads=CARRY_THREADS) as (be, bbh):
             e = be * CARRY_THREADS + T.get_thread_binding()
             S_l = T.alloc_local([P], accum)
-            decay_l = T.alloc_local([1], accum)  # alpha^L of this head; 0 where it underflows
+            decay_l = T.alloc_local([2], accum)  # alpha^L, alpha^(last length); 0 where they underflow
             decay_l[0] = T.exp2(T.log2(Decay[bbh % heads]) * T.Cast(accum, L))
+            decay_l[1] = T.exp2(T.log2(Decay[bbh % heads]) * T.Cast(accum, last_length))
             if e < dk * dv:
                 i, j = e // dv, e % dv
-                for p in T.unroll(0 if initial_state else 1, P):
-                    S_l[p] = States[bbh, p, i, j]
-                if not initial_state:
-                    S_l[0] = 0
-                for p in T.unroll(1, P):
-                    S_l[p] = S_l[p - 1] * decay_l[0] + S_l[p]
-                    States[bbh, p, i, j] = S_l[p]
+                if reverse:  # from the last segment down: States[p] += alpha^len(p+1) States[p+1]
+                    for p in T.unroll(0, P if initial_state else P - 1):
+                        S_l[p] = States[bbh, p, i, j]
+                    if not initial_state:
+                        S_l[P - 1] = 0
+                    S_l[P - 2] = S_l[P - 1] * decay_l[1] + S_l[P - 2]  # across the ragged last
+                    States[bbh, P - 2, i, j] = S_l[P - 2]
+                    for p in T.unroll(3, P + 1):
+                        S_l[P - p] = S_l[P - p + 1] * decay_l[0] + S_l[P - p]
+                        States[bbh, P - p, i, j] = S_l[P - p]
+                else:
+                    for p in T.unroll(0 if initial_state else 1, P):
+                        S_l[p] = States[bbh, p, i, j]
+                    if not initial_state:
+                        S_l[0] = 0
+                    for p in T.unroll(1, P):
+                        S_l[p] = S_l[p - 1] * decay_l[0] + S_l[p]
+                        States[bbh, p, i, j] = S_l[p]
 
     @T.prim_func
     def outputs(
@@ -131,7 +171,8 @@ def prim_funcs(
             bb = bbh // heads
             bh = bbh % heads
             v0 = bv * block_dv
-            # Each segment starts from the state entering it; the last one leaves the final state.
+            # Each segment starts from the state entering it; the last one walked leaves the
+            # final state.
             end = T.min(bp * L + L, seqlen)
             final = HT if final_state else None
             chunk_loop(
@@ -150,7 +191,7 @@ def prim_funcs(
                 final,
                 bbh,
                 bp,
-                bp == P - 1,
+                bp == entry_of_final,
             )
 
     return states, carry, outputs

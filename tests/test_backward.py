@@ -2,14 +2,15 @@
 gradients through reference A and reference E's, in fp64 on the references (here), and
 through ``decay_attention``'s autograd on the GPU kernel (marked ``gpu``)."""
 
+import dataclasses
 import itertools
 
 import pytest
 import torch
 
 import refs
-from kernel.backward import backward, sweep_calls
-from kernel.config import Call, Problem
+from kernel.backward import backward, by_copies, sweep_calls
+from kernel.config import Call, KernelConfig, Problem
 
 F64 = torch.float64
 DECAYS = [0.05, 0.5, 0.97, 1.0]  # one per head: small (alpha^C underflows), RetNet-like, none
@@ -18,13 +19,13 @@ DECAYS = [0.05, 0.5, 0.97, 1.0]  # one per head: small (alpha^C underflows), Ret
 def _ref_sweep(decay: torch.Tensor, scale: float, chunk: int = 16):
     """The forward as reference B: what ``backward`` sweeps with, here in fp64."""
 
-    def sweep(q, k, v, h0, want_final, cu):
+    def forward(q, k, v, h0, want_final, cu):
         out = refs.chunked(
             q, k, v, decay, chunk, scale=scale, initial_state=h0, cu_seqlens=cu, output_final_state=want_final
         )
         return out if want_final else (out, None)
 
-    return sweep
+    return by_copies(forward)
 
 
 def _inputs(b: int, s: int, h: int, dk: int, dv: int, n: int, seed: int):
@@ -131,10 +132,11 @@ def test_sweep_calls_are_the_kernel_calls_backward_makes():
         made: list[tuple[Problem, Call]] = []
         sweep = _ref_sweep(decay, 0.5)
 
-        def recording(q_, k_, v_, h0_, want_final, cu, sweep=sweep, made=made):
+        def recording(q_, k_, v_, h0_, want_final, cu, reverse, sweep=sweep, made=made):
             b, s, h, dk_ = q_.shape
-            made.append((Problem(b, h, s, dk_, v_.shape[-1]), Call(0.5, h0_ is not None, want_final)))
-            return sweep(q_, k_, v_, h0_, want_final, cu)
+            call = Call(0.5, h0_ is not None, want_final, reverse=reverse)
+            made.append((Problem(b, h, s, dk_, v_.shape[-1]), call))
+            return sweep(q_, k_, v_, h0_, want_final, cu, reverse)
 
         state, grad = (h0 if initial else None), (dht if final else None)
         backward(recording, q, k, v, do, decay, 0.5, initial_state=state, dht=grad, want_dh0=initial)
@@ -271,3 +273,68 @@ def test_dispatch_backward_tunes_dk_and_dv_swapped(tmp_path, capsys):
     assert main([*argv, "--n-trials", "2", "--storage", storage, "--workers", "2", "--no-progress"]) == 0
     found = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("sm_80 ")]
     assert found == ["64x128", "128x64"]
+
+
+# The kernel backwards in time (Call.reverse) on every chunk step and both variants:
+# ragged chunks, a ragged last segment, S < C, packed sequences, a state in and out.
+FP16, BF16 = Problem(2, 4, 300, 128, 128), Problem(1, 4, 1000, 64, 128, "bfloat16")
+REVERSE = Call(0.1, True, True, reverse=True)
+REVERSE_CASES = [
+    (FP16, KernelConfig(64, 128, 2, 256), REVERSE),  # the transposed step
+    (FP16, KernelConfig(64, 64, 2, 256), REVERSE),  # the async step
+    (FP16, KernelConfig(32, 32, 2, 128), Call(0.1, False, True, reverse=True)),  # the sync step
+    (FP16, KernelConfig(64, 32, 1, 128, "regs"), Call(0.1, True, False, reverse=True)),
+    (FP16, KernelConfig(64, 128, 2, 256, segments=4), REVERSE),  # the split, carry launched
+    (FP16, KernelConfig(64, 64, 1, 128, segments=2), Call(0.1, False, True, reverse=True)),  # no carry
+    (BF16, KernelConfig(64, 128, 2, 256, segments=4), Call(0.1, False, True, reverse=True)),
+    (BF16, KernelConfig(32, 64, 2, 128, segments=8), REVERSE),
+    (Problem(2, 4, 63, 128, 128), KernelConfig(64, 128, 1, 256), REVERSE),
+    (Problem(1, 4, 1, 128, 128), KernelConfig(64, 128, 2, 256), Call(0.1, True, True, True, True)),
+    (Problem(1, 4, 1, 64, 128, "bfloat16"), KernelConfig(64, 64, 2, 256), Call(0.1, True, True, True, True)),
+]
+REVERSE_LENGTHS = [1, 63, 64, 65, 300, 17, 2]
+
+
+@pytest.fixture(scope="module")
+def compiled_reverse() -> None:
+    from kernel.builder import cuda_arch, precompile
+    from kernel.resources import Resources
+
+    for res in precompile(REVERSE_CASES, arch=cuda_arch()):
+        assert isinstance(res, Resources), res
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("compiled_reverse")
+@pytest.mark.parametrize("problem,config,call", REVERSE_CASES, ids=str)
+def test_the_kernel_runs_backwards_in_time(problem, config, call):
+    """Against reference B on reversed copies (``by_copies``), outputs and final state
+    NaN-filled first."""
+    from kernel.builder import TORCH_DTYPES, build
+    from kernel.validate import random_qkv
+
+    p = problem
+    lengths = REVERSE_LENGTHS if call.packed else None
+    seqlen = sum(lengths) if lengths else p.seqlen
+    q, k, v = random_qkv(dataclasses.replace(p, seqlen=seqlen), seed=seqlen)
+    cu = None
+    if lengths:
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+    n = len(lengths) if lengths else p.batch
+    decay = torch.tensor(DECAYS, device="cuda")
+    h0 = torch.randn(n, p.heads, p.dk, p.dv, device="cuda") if call.initial_state else None
+    final = torch.full((n, p.heads, p.dk, p.dv), float("nan"), device="cuda") if call.final_state else None
+    out = torch.full_like(v, float("nan"))
+    build(p, config, call)(q, k, v, decay=decay, initial_state=h0, final_state=final, out=out, cu_seqlens=cu)
+
+    def forward(q_, k_, v_, h0_, want_final, cu_):
+        res = refs.chunked(
+            q_, k_, v_, decay, 64, scale=0.1, initial_state=h0_, cu_seqlens=cu_, output_final_state=want_final
+        )
+        return res if want_final else (res, None)
+
+    want_o, want_final = by_copies(forward)(q, k, v, h0, call.final_state, cu, True)
+    assert out.dtype == TORCH_DTYPES[p.dtype] and not out.isnan().any()
+    assert refs.rel_l2(out, want_o) < refs.TOLERANCE
+    if call.final_state:
+        assert not final.isnan().any() and refs.rel_l2(final, want_final) < refs.TOLERANCE
