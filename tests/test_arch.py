@@ -170,8 +170,9 @@ def test_probe_prints_one_config_across_architectures(capsys):
     assert sm90[0] == "sm_90a" and sm90[5] == "232448"
 
 
-def test_run_for_sm80_on_a_cpu_finds_a_feasible_config_labelled_compile_only(tmp_path, capsys):
+def test_run_for_sm80_on_a_cpu_finds_a_feasible_config_labelled_compile_only(tmp_path, capsys, monkeypatch):
     """``python -m tuner run --arch sm_80 --n-trials 5`` on a machine without an A100."""
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)  # its exports, out of the repository
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     argv = ["run", *SMALL, "--arch", "sm_80", "--n-trials", "5", "--storage", storage, "--study", "a100"]
     assert main([*argv, "--workers", "2", "--no-progress"]) == 0
