@@ -550,7 +550,10 @@ def across_archs(trials: pd.DataFrame) -> pd.DataFrame:
     done = done.assign(
         config=[config_label(row) for row in done[list(PARAMS)].to_dict("records")],
         arch=done.env_arch,
-        **{c: pd.to_numeric(done[c], errors="coerce").astype(float) for c in ARCH_COLUMNS[3:7]},
+        **{
+            c: pd.to_numeric(done[c], errors="coerce").astype(float)
+            for c in ("registers", "spill_bytes", "smem_bytes", "median_ms")
+        },
         reason=done.reason.map(
             lambda r: r.strip().splitlines()[0][:160] if isinstance(r, str) and r.strip() else ""
         ),
