@@ -6,6 +6,13 @@ technical specifications: https://docs.nvidia.com/cuda/cuda-programming-guide/05
 163 KB (166,912 B) on 8.0, 99 KB (101,376 B) on 8.6, 8.9 and 12.0, 227 KB (232,448 B) on
 9.0 and 10.0. ptxas never checks it against a device: the probe and the search space do.
 
+``sms`` is the SM count of each architecture's reference GPU, the first of ``gpus``: what a
+compile-only run sizes one wave of blocks by (``tuner.space.wave_seeds``); on a GPU its own
+count wins (``kernel.builder.sm_count``). A100 108 and H100 SXM5 132 (NVIDIA's A100 and H100
+architecture whitepapers; the H100 PCIe has 114, the H200 the SXM5's 132); B200 148 (74 of
+the 80 SMs of each of its two dies); the others are their datasheets' CUDA cores over the
+128 per SM of GA10x, Ada and Blackwell: A10 9,216 (72), L4 7,424 (58), RTX 5090 21,760 (170).
+
 Only Hopper has the asynchronous warpgroup MMA (``wgmma``) the kernels issue without
 waiting; elsewhere they issue TileLang's ``T.gemm`` (``kernel.mma``). TMA copies and
 warp specialisation are TileLang's lowering of the same ``T.copy`` and ``T.Pipelined``,
@@ -26,6 +33,7 @@ class Arch:
     name: str  # "sm_90a"
     capability: tuple[int, int]  # what torch.cuda.get_device_capability() returns on it
     smem_per_block: int  # bytes one block may opt into
+    sms: int  # streaming multiprocessors of the reference GPU, the first of ``gpus``
     wgmma: bool  # Hopper's asynchronous warpgroup MMA
     setmaxnreg: bool  # register reconfiguration, which TileLang's warp-specialised pipeline needs
     gpus: str  # examples, for messages
@@ -40,12 +48,12 @@ class Arch:
 ARCHS: dict[str, Arch] = {
     a.name: a
     for a in (
-        Arch("sm_80", (8, 0), 166_912, False, False, "A100, A800"),
-        Arch("sm_86", (8, 6), 101_376, False, False, "A10, A40, RTX 3090"),
-        Arch("sm_89", (8, 9), 101_376, False, False, "L4, L40, RTX 4090"),
-        Arch("sm_90a", (9, 0), 232_448, True, True, "H100, H200"),
-        Arch("sm_100a", (10, 0), 232_448, False, True, "B200, GB200"),
-        Arch("sm_120", (12, 0), 101_376, False, False, "RTX 5090, RTX PRO 6000"),
+        Arch("sm_80", (8, 0), 166_912, 108, False, False, "A100, A800"),
+        Arch("sm_86", (8, 6), 101_376, 72, False, False, "A10, A40, RTX 3090"),
+        Arch("sm_89", (8, 9), 101_376, 58, False, False, "L4, L40, RTX 4090"),
+        Arch("sm_90a", (9, 0), 232_448, 132, True, True, "H100, H200"),
+        Arch("sm_100a", (10, 0), 232_448, 148, False, True, "B200, GB200"),
+        Arch("sm_120", (12, 0), 101_376, 170, False, False, "RTX 5090, RTX PRO 6000"),
     )
 }
 # The target of a compile-only run on a machine without a GPU, as before issue 19.

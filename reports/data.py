@@ -19,6 +19,7 @@ import optuna
 import pandas as pd
 import torch
 
+from kernel.arch import ARCHS
 from kernel.config import KernelConfig, knob_choices, retnet_decay
 from kernel.record import MEASURES, PARAMS, TRIAL_COLUMNS
 from kernel.record import RESOURCES as RESOURCES_ALL
@@ -38,6 +39,8 @@ CONSTRAINT_COLUMNS = {
 }
 RESOURCES = ("spill_bytes", "smem_bytes", "registers")
 FINISHED = ("COMPLETE", "FAIL", "PRUNED")
+# What ``across_archs`` shows of one config on one architecture.
+ARCH_COLUMNS = ("config", "arch", "status", "registers", "spill_bytes", "smem_bytes", "median_ms", "reason")
 # The seed's tables (section 3): alpha rows and chunk columns of the overflow map.
 OVERFLOW_ALPHAS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
 OVERFLOW_CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -534,3 +537,34 @@ def _bars(rows: list[tuple[str, float, bool]]) -> pd.DataFrame:
     ours = bars.median_ms[bars.ours]
     bars["vs_ours"] = bars.median_ms / float(ours.iloc[0]) if len(ours) else math.nan
     return bars.reset_index(drop=True)
+
+
+def across_archs(trials: pd.DataFrame) -> pd.DataFrame:
+    """The configs finished on more than one architecture, side by side. ``trials``: trial
+    logs of one problem, of any studies and environments (concatenated ``trials_frame``s),
+    the architecture in ``env_arch``. One row per (config, architecture), from the latest
+    finished trial (by start) of that config there: ``ARCH_COLUMNS``, the reason's first
+    line only. Sorted by config label, then architecture in ``kernel.arch.ARCHS`` order;
+    empty when no config was finished on two architectures."""
+    done = trials[trials.state.isin(FINISHED) & trials.env_arch.notna() & (trials.status != "interrupted")]
+    done = done.assign(
+        config=[config_label(row) for row in done[list(PARAMS)].to_dict("records")],
+        arch=done.env_arch,
+        **{
+            c: pd.to_numeric(done[c], errors="coerce").astype(float)
+            for c in ("registers", "spill_bytes", "smem_bytes", "median_ms")
+        },
+        reason=done.reason.map(
+            lambda r: r.strip().splitlines()[0][:160] if isinstance(r, str) and r.strip() else ""
+        ),
+    )
+    latest = done.sort_values(["started", "number"]).drop_duplicates(["config", "arch"], keep="last")
+    shared = latest[latest.groupby("config").arch.transform("nunique") > 1]
+    shared = shared.assign(rank=shared.arch.map(arch_rank))
+    return shared.sort_values(["config", "rank"])[list(ARCH_COLUMNS)].reset_index(drop=True)
+
+
+def arch_rank(name: str) -> tuple[int, str]:
+    """Sorts architectures as ``kernel.arch.ARCHS`` lists them, any other after them by name."""
+    order = list(ARCHS)
+    return (order.index(name) if name in order else len(order), name)

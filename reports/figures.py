@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from reports.data import GammaInfo, Importance, OverflowInfo, ParetoInfo, PeerInfo, Summary
+from reports.data import GammaInfo, Importance, OverflowInfo, ParetoInfo, PeerInfo, Summary, arch_rank
 
 LABELS = {
     "median_ms": "median latency (ms)",
@@ -450,6 +451,51 @@ def registers_figure(reg: pd.DataFrame, limit: float | None) -> go.Figure | None
         barmode="group",
         bargap=0.15,
         margin={"l": 70, "r": 70, "t": 90, "b": 170},
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+    )
+
+
+def archs_figure(side: pd.DataFrame) -> go.Figure | None:
+    """``data.across_archs``: registers, spills and shared memory of each config, one bar per
+    architecture; an architecture where the config did not compile has no bar."""
+    compiled = side[side.registers.notna()]
+    if compiled.empty:
+        return None
+    rows = ("registers", "spill_bytes", "smem_bytes")
+    fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.06)
+    hover = [
+        f"{r.config} on {r.arch} · {r.status}<br>registers {r.registers:.0f} · spills {r.spill_bytes:,.0f} B"
+        f" · smem {r.smem_bytes:,.0f} B"
+        for r in compiled.itertuples()
+    ]
+    compiled = compiled.assign(hover=hover)
+    for i, arch in enumerate(sorted(set(side.arch), key=arch_rank)):
+        part = compiled[compiled.arch == arch]
+        color = qualitative.Plotly[i % len(qualitative.Plotly)]
+        for row, column in enumerate(rows, start=1):
+            fig.add_trace(
+                go.Bar(
+                    x=part.config,
+                    y=part[column],
+                    name=arch,
+                    legendgroup=arch,
+                    showlegend=row == 1,
+                    marker={"color": color},
+                    text=part.hover,
+                    textposition="none",
+                    hovertemplate=HOVER,
+                ),
+                row=row,
+                col=1,
+            )
+            fig.update_yaxes(title=_short(column), row=row, col=1)
+    fig.update_xaxes(type="category", categoryorder="category ascending", tickangle=-90, tickfont={"size": 9})
+    return _layout(
+        fig,
+        title="the same configs across architectures",
+        height=720,
+        barmode="group",
+        margin={"l": 70, "r": 30, "t": 90, "b": 150},
         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
     )
 

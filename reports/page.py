@@ -56,23 +56,27 @@ code { font-size: 13px; }
 """
 
 
-def render_report(frame: pd.DataFrame, info: StudyInfo) -> str:
+def render_report(frame: pd.DataFrame, info: StudyInfo, *, across: pd.DataFrame | None = None) -> str:
     """The whole page for a study (GPU or compile-only), as one HTML string. ``frame`` is its
     trial log (``tuner.trials.trials_frame``; ``reports.data.FRAME_COLUMNS``), ``info`` its
-    study-level attrs. A malformed ``info.peers`` or a frame without trials is a ``ValueError``."""
+    study-level attrs. ``across``: the trial logs of the problem on every architecture
+    (``tuner.trials.problem_trials``); configs finished on two or more are shown side by
+    side. A malformed ``info.peers`` or a frame without trials is a ``ValueError``."""
     if frame.empty:
         raise ValueError(f"study {info.name!r} has no trials: nothing to report")
     frame = data.report_frame(frame, info)
     s = data.summary(frame, info)
     metric = s.metric
+    side = data.across_archs(across) if across is not None else pd.DataFrame(columns=data.ARCH_COLUMNS)
     body = "\n".join(
         [
-            _header(s, frame),
+            _header(s, frame, archs=not side.empty),
             _fronts(s, frame, metric),
             _insight(info, s, frame, metric),
             _tables(s, frame),
             _numerics(s, frame),
             _peers(info, frame),
+            _archs(side),
         ]
     )
     title = html.escape(f"decay-tuner report: {s.study}")
@@ -84,9 +88,11 @@ def render_report(frame: pd.DataFrame, info: StudyInfo) -> str:
     )
 
 
-def write_report(frame: pd.DataFrame, info: StudyInfo, out: Path) -> Path:
-    """``render_report(frame, info)`` written to ``out`` atomically; return ``out``."""
-    text = render_report(frame, info)
+def write_report(
+    frame: pd.DataFrame, info: StudyInfo, out: Path, *, across: pd.DataFrame | None = None
+) -> Path:
+    """``render_report(frame, info, across=across)`` written to ``out`` atomically; return ``out``."""
+    text = render_report(frame, info, across=across)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
     try:
@@ -103,7 +109,7 @@ def write_report(frame: pd.DataFrame, info: StudyInfo, out: Path) -> Path:
 # Sections -----------------------------------------------------------------------------------
 
 
-def _header(s: Summary, frame: pd.DataFrame) -> str:
+def _header(s: Summary, frame: pd.DataFrame, *, archs: bool) -> str:
     p, env = s.problem, s.environment
     problem = (
         (
@@ -143,6 +149,7 @@ def _header(s: Summary, frame: pd.DataFrame) -> str:
         "tables": "tables",
         "numerics": "numerics",
         "peers": "peers",
+        **({"archs": "architectures"} if archs else {}),
     }
     parts.append("<nav>" + "".join(f'<a href="#{k}">{v}</a>' for k, v in links.items()) + "</nav>")
     return _section(parts)
@@ -305,6 +312,43 @@ def _peers(info: StudyInfo, frame: pd.DataFrame) -> str:
     if not peers.bars.empty:
         parts.append(_figure(figures.peers_figure(peers), "fig-peers", ""))
     return _section(parts)
+
+
+def _archs(side: pd.DataFrame) -> str:
+    """The configs finished on several architectures (``data.across_archs``); nothing when
+    there are none."""
+    if side.empty:
+        return ""
+    first = ~side.config.duplicated()
+    shown = pd.DataFrame(
+        {
+            "config": side.config.where(first, ""),
+            "arch": side.arch,
+            "status": side.status,
+            "registers": side.registers.map(lambda v: _num(v, ".0f")),
+            "spill B": side.spill_bytes.map(lambda v: _num(v, ",.0f")),
+            "smem B": side.smem_bytes.map(lambda v: _num(v, ",.0f")),
+            "median ms": side.median_ms.map(lambda v: _num(v, ".4f")),
+            "reason (first line)": side.reason,
+        }
+    )
+    if side.median_ms.isna().all():
+        shown = shown.drop(columns="median ms")
+    archs = ", ".join(sorted(set(side.arch), key=data.arch_rank))
+    return _section(
+        [
+            '<h2 id="archs">Across architectures</h2>',
+            (
+                f'<p class="lede">The configs of this problem finished on more than one architecture '
+                f"({_e(archs)}), in any study of this storage: each architecture's latest trial of the "
+                "config, its resources from ptxas, or why it could not exist there.</p>"
+            ),
+            _figure(figures.archs_figure(side), "fig-archs", "no config compiled on these architectures"),
+            _table(
+                shown, text={"config", "arch", "status", "reason (first line)"}, wrap={"reason (first line)"}
+            ),
+        ]
+    )
 
 
 # Helpers ------------------------------------------------------------------------------------

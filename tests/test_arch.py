@@ -11,12 +11,14 @@ from helpers import SMALL, SMALL_PROBLEM, dispatch_file
 
 from kernel import KernelConfig, ProbeFailure, Problem, Resources, probe
 from kernel.arch import ARCHS, DEFAULT_ARCH, arch_of_capability, get_arch, resolve, target
-from kernel.config import HEADLINE, Call, model_call
+from kernel.config import HEADLINE, SEED_CONFIG, Call, model_call
 from kernel.deploy import ExportError
 from kernel.dispatch import load_dispatch
 from kernel.environment import env_key, environment
 from tuner import space
 from tuner.cli import main
+from tuner.options import Options
+from tuner.study import Tuner
 
 # A representative subset, small enough for CI: the sync step (32-token chunks), the
 # transposed step (64 rows of S^T per consumer warpgroup on Hopper) and the async step
@@ -72,7 +74,25 @@ def test_a_config_over_an_architectures_shared_memory_is_restricted_before_compi
             == f"shared memory: at least {floor} B, over {arch}'s {ARCHS[arch].smem_per_block} B per block"
         )
     assert space.violated(HEADLINE, config, "sm_90a") == space.violated(HEADLINE, config, "sm_100a") == []
-    assert all(not space.violated(HEADLINE, c, "sm_86") for c in space.wave_seeds(HEADLINE, 84, "sm_86"))
+    assert all(not space.violated(HEADLINE, c, "sm_86") for c in space.wave_seeds(HEADLINE, arch="sm_86"))
+
+
+def test_a_compile_only_study_seeds_one_wave_of_its_architectures_reference_gpu(tmp_path):
+    """2x10 (batch, head) pairs at DV = 128: 20 blocks per segment. On the A100's 108 SMs 4
+    segments (80 blocks) are nearest one wave, on the H100's 132 SMs 8 (160 blocks); the
+    seeds are that count and its neighbours, at 2 and 3 stages."""
+    problem = Problem(2, 10, 8192, 128, 128)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    segments = {}
+    for arch in ("sm_80", "sm_90a"):
+        study = Tuner(problem, Options(arch=arch), name=arch, storage=storage).study
+        queued = [KernelConfig.from_dict(t.system_attrs["fixed_params"]) for t in study.trials]
+        assert queued[0] == SEED_CONFIG and all(not space.violated(problem, c, arch) for c in queued)
+        assert {(c.chunk, c.block_dv, c.threads, c.scores) for c in queued[1:]} == {(64, 128, 256, "smem")}
+        assert sorted(c.num_stages for c in queued[1:]) == [2, 2, 2, 3, 3, 3]
+        segments[arch] = sorted({c.segments for c in queued[1:]})
+    assert segments == {"sm_80": [2, 4, 8], "sm_90a": [4, 8, 16]}
+    assert space.wave_seeds(problem, arch="sm_80") == space.wave_seeds(problem, arch="sm_90a", sms=108)
 
 
 def test_the_architecture_table():
@@ -84,6 +104,14 @@ def test_the_architecture_table():
         "sm_90a": 232_448,
         "sm_100a": 232_448,
         "sm_120": 101_376,
+    }
+    assert {a.name: a.sms for a in ARCHS.values()} == {
+        "sm_80": 108,  # A100
+        "sm_86": 72,  # A10
+        "sm_89": 58,  # L4
+        "sm_90a": 132,  # H100 SXM5, H200
+        "sm_100a": 148,  # B200
+        "sm_120": 170,  # RTX 5090
     }
     assert [a.name for a in ARCHS.values() if a.wgmma] == ["sm_90a"] and DEFAULT_ARCH == "sm_90a"
     assert arch_of_capability(9, 0).name == "sm_90a" and arch_of_capability(10, 0).name == "sm_100a"
@@ -142,8 +170,9 @@ def test_probe_prints_one_config_across_architectures(capsys):
     assert sm90[0] == "sm_90a" and sm90[5] == "232448"
 
 
-def test_run_for_sm80_on_a_cpu_finds_a_feasible_config_labelled_compile_only(tmp_path, capsys):
+def test_run_for_sm80_on_a_cpu_finds_a_feasible_config_labelled_compile_only(tmp_path, capsys, monkeypatch):
     """``python -m tuner run --arch sm_80 --n-trials 5`` on a machine without an A100."""
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)  # its exports, out of the repository
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     argv = ["run", *SMALL, "--arch", "sm_80", "--n-trials", "5", "--storage", storage, "--study", "a100"]
     assert main([*argv, "--workers", "2", "--no-progress"]) == 0

@@ -6,21 +6,26 @@ The browser tests skip where there is no Chromium or no Playwright, and fail ins
 CI (CI=true), which installs both: a missing install step must not pass as a skip.
 """
 
+import io
 import math
 import os
+import shutil
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
+from types import SimpleNamespace
 
 import numpy as np
 import optuna
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
+from helpers import run_small
 from optuna.trial import TrialState
 
 from kernel import KernelConfig, Problem
 from kernel.arch import ARCHS
-from kernel.config import knob_choices
+from kernel.config import SEED_CONFIG, knob_choices
 from kernel.record import TRIAL_COLUMNS
 from refs import TOLERANCE
 from reports import StudyInfo, browser, data, figures, render_report, write_report
@@ -28,7 +33,7 @@ from reports.bench import figure as bench_figure
 from reports.benchmark import PEERS, synthetic_trials
 from tuner.cli import main
 from tuner.storage import export_dir
-from tuner.trials import trials_frame
+from tuner.trials import problem_trials, trial_config, trials_frame
 
 SMEM_LIMIT = ARCHS["sm_90a"].smem_per_block
 PROBLEM = Problem(1, 2, 256, 64, 64)
@@ -499,6 +504,84 @@ def test_report_mistakes_exit_2_with_one_line(argv, message, tmp_path, capsys):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+# Across architectures -----------------------------------------------------------------------
+
+# Configs both studies run: one compiles on both; one is 114,688 B of tiles at the least,
+# over sm_86's 101,376 B per block (restricted there, compiled on sm_100a). The seed's
+# config comes first in each. A config restricted on sm_86 that sm_100a never tried:
+ON_BOTH = ("64/64/2/128/smem/1", "128/64/1/128/smem/1")
+ONLY_SM86 = "128/64/2/128/smem/1"
+
+
+@pytest.fixture(scope="module")
+def archs(tmp_path_factory) -> SimpleNamespace:
+    """Two compile-only studies of ``PROBLEM`` in one storage, run by the tuner: "s86" for
+    sm_86 (the seed's config, ``ON_BOTH``, ``ONLY_SM86``) and "s100" for sm_100a (the
+    seed's config, ``ON_BOTH``). Neither is an H200's architecture: compile-only there too."""
+    tmp = tmp_path_factory.mktemp("archs")
+    storage = f"sqlite:///{tmp / 'db.sqlite'}"
+    with pytest.MonkeyPatch.context() as mp, redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        mp.setattr("tuner.cli.STUDIES_DIR", tmp)
+        for name, arch, configs in (("s86", "sm_86", (*ON_BOTH, ONLY_SM86)), ("s100", "sm_100a", ON_BOTH)):
+            enqueue = [a for c in configs for a in ("--enqueue", c)]
+            n = str(1 + len(configs))
+            assert run_small(storage, name, "--arch", arch, "--n-trials", n, "--no-wave-seeds", *enqueue) == 0
+    load = lambda name: optuna.load_study(study_name=name, storage=storage)  # noqa: E731
+    return SimpleNamespace(storage=storage, s86=load("s86"), s100=load("s100"))
+
+
+def test_the_same_configs_side_by_side_across_architectures(archs):
+    side = data.across_archs(problem_trials(archs.s100))
+    labels = sorted((SEED_CONFIG.label, *ON_BOTH))
+    assert side.config.tolist() == [c for c in labels for _ in range(2)]  # ONLY_SM86 is not shared
+    assert side.arch.tolist() == ["sm_86", "sm_100a"] * 3  # in kernel.arch's order
+    cells = side.set_index(["config", "arch"])
+    for study, arch in ((archs.s86, "sm_86"), (archs.s100, "sm_100a")):
+        for t in study.trials:  # each cell is what the tuner recorded for that trial
+            assert t.user_attrs["environment"]["arch"] == arch
+            if trial_config(t).label == ONLY_SM86:
+                continue
+            cell = cells.loc[(trial_config(t).label, arch)]
+            assert cell.status == t.user_attrs["status"]
+            for key in ("registers", "spill_bytes", "smem_bytes"):
+                assert cell[key] == t.user_attrs[key] if key in t.user_attrs else math.isnan(cell[key])
+            reason = t.user_attrs.get("reason", "").strip().splitlines()
+            assert cell.reason == (reason[0][:160] if reason else "")
+    big = cells.loc[ON_BOTH[1]]
+    assert big.loc["sm_86"].status == "restricted"
+    assert big.loc["sm_86"].reason == "shared memory: at least 114688 B, over sm_86's 101376 B per block"
+    assert big.loc["sm_100a"].smem_bytes > ARCHS["sm_86"].smem_per_block  # it compiled there
+    # One architecture, or none recorded: nothing to set side by side
+    assert data.across_archs(trials_frame(archs.s100)).empty
+    assert data.across_archs(trials_frame(_study())).empty
+    fig = figures.archs_figure(side)
+    assert {t.name for t in fig.data} == {"sm_86", "sm_100a"} and len(fig.data) == 2 * 3  # 3 resources
+    assert figures.archs_figure(side[side.registers.isna()]) is None
+
+
+def test_the_problems_trials_come_from_every_study_of_it_in_the_storage(archs, tmp_path):
+    shutil.copy(archs.storage.removeprefix("sqlite:///"), tmp_path / "db.sqlite")
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    s86 = optuna.load_study(study_name="s86", storage=storage)
+    assert len(problem_trials(s86)) == 4 + 3
+    other = _study(storage=storage, name="other")  # nine trials of another problem
+    other.set_user_attr("problem", Problem(1, 2, 512, 64, 64).to_dict())
+    assert len(problem_trials(s86)) == 4 + 3
+    _study(storage=storage, name="same")  # nine of this one
+    assert len(problem_trials(s86)) == 4 + 3 + 9
+
+
+def test_the_report_sets_the_architectures_side_by_side(archs, tmp_path, capsys):
+    out = tmp_path / "s100.html"
+    assert main(["report", "--study", "s100", "--storage", archs.storage, "--out", str(out)]) == 0
+    page = out.read_text()
+    assert '<h2 id="archs">Across architectures</h2>' in page and 'href="#archs"' in page
+    assert 'id="fig-archs"' in page and "(sm_86, sm_100a)" in page
+    assert "over sm_86&#x27;s 101376 B per block" in page  # the restriction, as the cell's reason
+    alone = render_report(*_log(archs.s100))  # without the other studies: no such section
+    assert 'id="archs"' not in alone and "fig-archs" not in alone
+
+
 # In a real browser --------------------------------------------------------------------------
 
 
@@ -546,3 +629,13 @@ def test_thousand_trials_stay_usable(tmp_path):
     load = browser.load(html)
     assert load.rendered == load.graphs == 10 and load.console_errors == [] and load.blocked == []
     assert html.stat().st_size < 12e6 and load.load_ms < 30_000, (html.stat().st_size, load.load_ms)
+
+
+@pytest.mark.browser
+def test_the_architectures_section_renders_in_chromium(archs, tmp_path):
+    _need_browser()
+    html = write_report(*_log(archs.s100), tmp_path / "archs.html", across=problem_trials(archs.s100))
+    graphs = html.read_text().count('class="plotly-graph-div"')
+    load = browser.load(html)
+    assert 'id="fig-archs"' in html.read_text() and load.graphs == load.rendered == graphs, load
+    assert load.console_errors == [] and load.blocked == []

@@ -133,7 +133,8 @@ def run(
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
     problems = [Problem(b, h, s, dk, dv, dtype) for b, h, s in shapes]
     candidates = {
-        p: [dispatch.pick(p).config] if dispatch else space.wave_seeds(p, sm_count()) for p in problems
+        p: [dispatch.pick(p).config] if dispatch else space.wave_seeds(p, arch=cuda_arch(), sms=sm_count())
+        for p in problems
     }
     jobs = [(p, c, model_call(p)) for p in problems for c in dict.fromkeys([SEED_CONFIG, *candidates[p]])]
     probes = dict(zip(jobs, precompile(jobs, arch=cuda_arch())))

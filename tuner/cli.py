@@ -580,7 +580,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """Write one self-contained HTML report of a study (works offline)."""
     from reports import StudyInfo, write_report
-    from tuner.trials import environments, trials_frame
+    from tuner.trials import environments, problem_trials, trials_frame
 
     out = _out_file(args, _default_out(args, "report.html"), (".html", ".htm"))
     study = _open(args)
@@ -592,7 +592,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"report of study {study.study_name!r}, {_env_line(study, env)}", file=sys.stderr)
     frame = trials_frame(study, env=env)
     try:
-        write_report(frame, StudyInfo.from_attrs(study.study_name, study.user_attrs), out)
+        info = StudyInfo.from_attrs(study.study_name, study.user_attrs)
+        write_report(frame, info, out, across=problem_trials(study))
     except OSError as exc:
         raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(out)

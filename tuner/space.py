@@ -46,14 +46,13 @@ def grid(problem: Problem) -> list[KernelConfig]:
     return config_grid(problem.dv)
 
 
-H200_SMS = 132  # the SM count assumed where no GPU is visible (compile-only runs target sm_90a)
-
-
-def wave_seeds(problem: Problem, sms: int = H200_SMS, arch: str = DEFAULT_ARCH) -> list[KernelConfig]:
+def wave_seeds(problem: Problem, *, arch: str = DEFAULT_ARCH, sms: int | None = None) -> list[KernelConfig]:
     """Configs worth measuring first: the family that won at every shape tuned on the H200
     (64-token chunks, the widest block_dv up to 128, 256 threads, scores in shared memory,
     2 or 3 stages), with the segment count whose grid is nearest one wave of blocks (one
     per SM, as these configs' ~190 KB of shared memory allows), and its two neighbours.
+    ``sms``: the GPU's SM count; by default that of ``arch``'s reference GPU
+    (``kernel.arch.Arch.sms``), as a compile-only run assumes.
 
     At the four shapes tuned on the H200 (8x16x4096, 2x16x16384, 1x8x32768, 4x16x8192) the
     best config launched 128 blocks (experiments/h200/README.md, "retable"); at four shapes
@@ -61,10 +60,11 @@ def wave_seeds(problem: Problem, sms: int = H200_SMS, arch: str = DEFAULT_ARCH) 
     these seeds held the best of 23 trials ("oos"). Configs restricted on ``arch`` are left out; the
     sampler explores everything else as before.
     """
+    blocks_per_wave = sms or get_arch(arch).sms
     block_dv = max(d for d in choices(problem)["block_dv"] if d <= 128)
     lanes = problem.batch * problem.heads * (problem.dv // block_dv)
     segments = choices(problem)["segments"]
-    one_wave = min(segments, key=lambda n: abs(math.log2(n * lanes / sms)))
+    one_wave = min(segments, key=lambda n: abs(math.log2(n * lanes / blocks_per_wave)))
     i = segments.index(one_wave)
     configs = [
         KernelConfig(64, block_dv, stages, 256, "smem", n)

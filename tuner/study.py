@@ -127,9 +127,8 @@ class Tuner:
         self.claims = Claims(self.study, self.env_key, options.grace_s)
         self._live: set[int] = set()  # ids of this worker's trials in flight, kept alive by heartbeats
         self._pool: ProcessPoolExecutor | None = None
-        sms = sm_count() if self.gpu else space.H200_SMS
         seeds = (
-            space.wave_seeds(problem, sms, self.arch)
+            space.wave_seeds(problem, arch=self.arch, sms=sm_count() if self.gpu else None)
             if options.wave_seeds and options.sampler != "grid"
             else []
         )

@@ -149,6 +149,18 @@ def trials_frame(study: optuna.Study, *, env: str | None = None) -> pd.DataFrame
     return pd.DataFrame(rows, columns=list(TRIAL_COLUMNS))
 
 
+def problem_trials(study: optuna.Study) -> pd.DataFrame:
+    """The trial logs of every study in ``study``'s storage that tuned its problem, ``study``
+    among them, all environments: one problem's configs on every architecture it was
+    compiled or measured for (the report sets them side by side)."""
+    storage, problem = study._storage, study.user_attrs.get("problem")
+    if problem is None:  # a study of no recorded problem: itself alone
+        return trials_frame(study)
+    names = [s.study_name for s in storage.get_all_studies() if s.user_attrs.get("problem") == problem]
+    frames = [trials_frame(optuna.load_study(study_name=name, storage=storage)) for name in names]
+    return pd.concat(frames, ignore_index=True)
+
+
 def save_frame(frame: pd.DataFrame, stem: Path) -> list[Path]:
     """Write ``stem``.csv, and ``stem``.parquet where pyarrow is installed, each atomically
     (workers of one study rewrite them at once); return the paths."""
