@@ -133,9 +133,11 @@ def prim_funcs(
         with T.Kernel(T.ceildiv(dk * dv, CARRY_THREADS), batch * heads, threads=CARRY_THREADS) as (be, bbh):
             e = be * CARRY_THREADS + T.get_thread_binding()
             S_l = T.alloc_local([P], accum)
-            decay_l = T.alloc_local([2], accum)  # alpha^L, alpha^(last length); 0 where they underflow
+            # alpha^L, and reversed alpha^(last segment's length); 0 where they underflow
+            decay_l = T.alloc_local([2 if reverse else 1], accum)
             decay_l[0] = T.exp2(T.log2(Decay[bbh % heads]) * T.Cast(accum, L))
-            decay_l[1] = T.exp2(T.log2(Decay[bbh % heads]) * T.Cast(accum, last_length))
+            if reverse:
+                decay_l[1] = T.exp2(T.log2(Decay[bbh % heads]) * T.Cast(accum, last_length))
             if e < dk * dv:
                 i, j = e // dv, e % dv
                 if reverse:  # from the last segment down: States[p] += alpha^len(p+1) States[p+1]
