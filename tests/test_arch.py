@@ -199,3 +199,20 @@ def test_packed_sequences_take_one_stage_where_tilelang_does_not_warp_specialise
     with pytest.raises(ValueError, match="one stage where TileLang does not warp-specialise"):
         prim_funcs(problem, KernelConfig(64, 128, 2, 256), call, arch="sm_80")
     assert isinstance(probe(problem, packed_config(config, "sm_80"), arch="sm_80", call=call), Resources)
+
+
+def test_a_second_architecture_on_one_study_measures_the_seeds_for_itself(tmp_path, monkeypatch):
+    """The seed config (and wave seeds) are queued per environment: a worker for sm_89
+    joining a study that sm_80 explored compiles the seed config for sm_89 too."""
+    import optuna
+
+    from tuner.storage import get_storage
+
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)  # its exports, out of the repository
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    for arch in ("sm_80", "sm_89"):
+        argv = ["run", *SMALL, "--arch", arch, "--n-trials", "5", "--storage", storage, "--study", "both"]
+        main([*argv, "--workers", "2", "--no-progress"])  # 1 where 5 trials find nothing feasible
+    trials = optuna.load_study(study_name="both", storage=get_storage(storage)).trials
+    seeds = [t for t in trials if t.params == SEED_CONFIG.to_dict() and "env_key" in t.user_attrs]
+    assert {t.user_attrs["env_key"] for t in seeds} == {env_key(environment(a)) for a in ("sm_80", "sm_89")}

@@ -69,10 +69,15 @@ def objective_names(gpu: bool, multi: bool) -> list[str]:
 OWN_ATTRS = ("host", "pid", "wall_s", "cached_from", "baseline", "requeued_from", "claim_attempt")
 
 
-def _enqueue(study: optuna.Study, configs: list[KernelConfig]) -> None:
-    """Queue ``configs`` unless a trial has them already (an interrupted one does not count:
-    a config only ever interrupted is queued again)."""
-    trials = study.get_trials(deepcopy=False)
+def _enqueue(study: optuna.Study, configs: list[KernelConfig], env_key: str) -> None:
+    """Queue ``configs`` unless a trial in this environment, or one still queued, has them
+    already (an interrupted one does not count: a config only ever interrupted is queued
+    again). A worker on another GPU or architecture joining a study queues them for itself."""
+    trials = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.state == TrialState.WAITING or t.user_attrs.get("env_key", env_key) == env_key
+    ]
     seen = [trial_params(t) for t in trials if not interrupted(t)]
     for t in trials:  # interrupted configs with no other trial (e.g. a study from before requeuing)
         if interrupted(t) and t.params and t.params not in seen:
@@ -132,7 +137,7 @@ class Tuner:
             if options.wave_seeds and options.sampler != "grid"
             else []
         )
-        _enqueue(self.study, [SEED_CONFIG, *options.enqueue, *seeds])
+        _enqueue(self.study, [SEED_CONFIG, *options.enqueue, *seeds], self.env_key)
         self.distributions = space.distributions(problem)
         cores = os.cpu_count() or 1
         # Beside a GPU, leave cores to the process that launches and times the kernels.
