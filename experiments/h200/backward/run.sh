@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Issue 18 on the H200, one device call from the repo root (carry: [".gpu"]):
-#   source .gpu/setup.sh && OUT=$OUT bash experiments/h200/backward/run.sh
-# The backward's GPU tests, the bench's backward rows against fla, then 200 training steps
-# of a small RetNet with fla's kernels and with ours. Each step has its own time limit, so
-# that one hang leaves the others' results in $OUT.
+# Issue 18 on the H200, from the repo root (carry: [".gpu"]):
+#   source .gpu/setup.sh && OUT=$OUT bash experiments/h200/backward/run.sh [tests] [bench] [train]
+# (all three by default; one device call holds all three within its 600 s, or split them).
+# tests: the backward's GPU tests; bench: the bench's backward rows against fla; train: 200
+# training steps of a small RetNet with fla's kernels and with ours. Each step has its own
+# time limit, so that one hang leaves the others' results in $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/test_backward.py 2>&1 | tee "$OUT/backward_gpu.log"
-timeout 150 python3 -m tuner bench --shapes 8x16x4096,2x16x16384 --packed 0 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
-timeout 200 python3 experiments/h200/backward/train_retnet.py --out "$OUT" 2>&1 | tail -40
+steps=("${@:-tests bench train}")
+for step in ${steps[@]}; do
+    case $step in
+    tests) timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/test_backward.py 2>&1 | tee "$OUT/backward_gpu.log" ;;
+    bench) timeout 120 python3 -m tuner bench --shapes 8x16x4096,2x16x16384 --packed 0 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" ;;
+    train) timeout 200 python3 experiments/h200/backward/train_retnet.py --out "$OUT" 2>&1 | tail -40 ;;
+    *) echo "unknown step $step (tests, bench, train)" >&2 && exit 2 ;;
+    esac
+done
