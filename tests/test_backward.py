@@ -338,3 +338,28 @@ def test_the_kernel_runs_backwards_in_time(problem, config, call):
     assert refs.rel_l2(out, want_o) < refs.TOLERANCE
     if call.final_state:
         assert not final.isnan().any() and refs.rel_l2(final, want_final) < refs.TOLERANCE
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_decay_attention_autograd_wiring_on_meta_tensors(packed, with_state):
+    """The autograd rule registered for the custom op, run on meta tensors (the ops' fake
+    implementations; no GPU): a gradient of each input's shape and dtype for q, k, v and
+    the initial state, none for the decay."""
+    from kernel.attention import decay_attention
+
+    b, s, h, dk, dv = (1, 40, 4, 16, 32) if packed else (2, 40, 4, 16, 32)
+    n = 3 if packed else b
+    leaf = lambda *shape, dtype=torch.bfloat16: torch.empty(
+        shape, device="meta", dtype=dtype
+    ).requires_grad_()  # noqa: E731
+    q, k, v = leaf(b, s, h, dk), leaf(b, s, h, dk), leaf(b, s, h, dv)
+    h0 = leaf(n, h, dk, dv, dtype=torch.float32) if with_state else None
+    decay = leaf(h, dtype=torch.float32)
+    cu = torch.tensor([0, 1, 17, 40], device="meta") if packed else None
+    o, final = decay_attention(q, k, v, decay, initial_state=h0, output_final_state=with_state, cu_seqlens=cu)
+    loss = o.float().sum() + (final.sum() if with_state else 0)
+    loss.backward()
+    for x in (q, k, v, *([h0] if with_state else [])):
+        assert x.grad is not None and x.grad.shape == x.shape and x.grad.dtype == x.dtype
+    assert decay.grad is None
