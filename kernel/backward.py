@@ -25,7 +25,7 @@ only where ``|dHT| > 3e38 scale a``). The decay is not learned: no gradient for 
 
 ``backward`` takes the forward as ``sweep`` so that the same algebra runs on the GPU kernel
 (``kernel.attention``) and, in the tests, on the fp64 references, whose reversed sweep is
-the forward on reversed copies (``by_copies``).
+the forward on reversed copies of the tokens.
 """
 
 import dataclasses
@@ -40,7 +40,6 @@ from kernel.config import Call, Problem
 Sweep = Callable[
     [Tensor, Tensor, Tensor, Tensor | None, bool, Tensor | None, bool], tuple[Tensor, Tensor | None]
 ]
-Forward = Callable[[Tensor, Tensor, Tensor, Tensor | None, bool, Tensor | None], tuple[Tensor, Tensor | None]]
 
 
 def backward(
@@ -74,25 +73,6 @@ def backward(
         assert final is not None
         dh0 = final * (scale * decay.to(final.dtype)[:, None, None])
     return dq, dk, dv, dh0
-
-
-def by_copies(forward: Forward) -> Sweep:
-    """A sweep from a forward that runs forward in time only: reversed, it is the forward
-    on reversed copies of the tokens, its output reversed back. Packed sequences reverse as
-    a whole: the last sequence comes first, with offsets ``T - cu_seqlens`` reversed, and
-    the states in reverse order."""
-
-    def sweep(q, k, v, h0, want_final, cu_seqlens, reverse):
-        if not reverse:
-            return forward(q, k, v, h0, want_final, cu_seqlens)
-        packed = cu_seqlens is not None
-        order = (lambda states: states.flip(0)) if packed else (lambda states: states)
-        rev_cu = None if cu_seqlens is None else cu_seqlens[-1] - cu_seqlens.flip(0)
-        start = None if h0 is None else order(h0)
-        o, final = forward(q.flip(1), k.flip(1), v.flip(1), start, want_final, rev_cu)
-        return o.flip(1), (None if final is None else order(final))
-
-    return sweep
 
 
 def sweep_calls(problem: Problem, call: Call) -> list[tuple[Problem, Call]]:

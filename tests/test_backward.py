@@ -9,10 +9,31 @@ import pytest
 import torch
 
 import refs
-from kernel.backward import backward, by_copies, sweep_calls
+from kernel.backward import backward, sweep_calls
 from kernel.config import Call, KernelConfig, Problem
 
 F64 = torch.float64
+
+
+def by_copies(forward):
+    """A sweep from a forward that runs forward in time only: reversed, it is the forward
+    on reversed copies of the tokens, its output reversed back. Packed sequences reverse as
+    a whole: the last sequence comes first, with offsets ``T - cu_seqlens`` reversed, and
+    the states in reverse order."""
+
+    def sweep(q, k, v, h0, want_final, cu_seqlens, reverse):
+        if not reverse:
+            return forward(q, k, v, h0, want_final, cu_seqlens)
+        packed = cu_seqlens is not None
+        order = (lambda states: states.flip(0)) if packed else (lambda states: states)
+        rev_cu = None if cu_seqlens is None else cu_seqlens[-1] - cu_seqlens.flip(0)
+        start = None if h0 is None else order(h0)
+        o, final = forward(q.flip(1), k.flip(1), v.flip(1), start, want_final, rev_cu)
+        return o.flip(1), (None if final is None else order(final))
+
+    return sweep
+
+
 DECAYS = [0.05, 0.5, 0.97, 1.0]  # one per head: small (alpha^C underflows), RetNet-like, none
 
 
