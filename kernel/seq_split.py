@@ -88,10 +88,15 @@ def prim_funcs(
         """Forward, chunk c from the segment's end; reversed, chunk c from its start."""
         return segment_of(bp) * L + (c if reverse else chunks_per_segment - 1 - c) * C
 
+    def key_weight(weighted, token):
+        """Reversed, the last segment reaches past S: its keys there weigh 0 (TMA reads them
+        as 0 too; the forward never reads past S here)."""
+        return T.if_then_else(token < seqlen, weighted, T.Cast(dtype, 0)) if reverse else weighted
+
     def distance(c, r):
         """Forward, token r of chunk c lies C*c + C-1-r tokens before the segment's end;
-        reversed, C*c + r tokens after its start (zero-filled past S in the last segment).
-        Its key is weighted by alpha to that distance."""
+        reversed, C*c + r tokens after its start. Its key is weighted by alpha to that
+        distance."""
         return C * c + r if reverse else C * c + C - 1 - r
 
     @T.prim_func
@@ -118,7 +123,7 @@ def prim_funcs(
                 T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
                 T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
                 for r, d in T.Parallel(C, dk):
-                    Kw_s[r, d] = K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, distance(c, r)))
+                    Kw_s[r, d] = key_weight(K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, distance(c, r))), s0 + r)
                 T.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV] -> [DK, bDV]
             T.copy(S_f, States[bbh, slot_of(bp), :, v0 : v0 + block_dv])
             if segment_of(bp) == entry:  # the state entering the first segment walked

@@ -384,3 +384,106 @@ def test_decay_attention_autograd_wiring_on_meta_tensors(packed, with_state):
     for x in (q, k, v, *([h0] if with_state else [])):
         assert x.grad is not None and x.grad.shape == x.shape and x.grad.dtype == x.dtype
     assert decay.grad is None
+
+
+# ---- the reversed kernel's arithmetic, emulated in fp64 on the CPU ------------------------
+# The chunk loop (kernel.scalar_decay) and the split's states and carry (kernel.seq_split)
+# written out with the mirrored weights of ``Direction``, token rows past a chunk's end
+# holding garbage as they do in a packed batch: it must equal the forward on reversed copies.
+
+
+def _loop(q, k, v, alpha, scale, state, begin, end, chunk, reverse):
+    """One block's chunk loop over tokens [begin, end) of [S, D] tiles: (outputs, state out)."""
+    n = -(-(end - begin) // chunk)
+    i, j = torch.arange(chunk)[:, None], torch.arange(chunk)[None, :]
+    sees, dist = (j >= i, j - i) if reverse else (j <= i, i - j)
+    gamma = torch.where(sees, scale * alpha ** dist.clamp(min=0).to(F64), 0.0)
+    out = torch.zeros(end - begin, v.shape[1], dtype=F64)
+    for c in range(n):
+        s0 = begin + ((n - 1 - c) if reverse else c) * chunk
+        m = max(min(chunk, end - s0), 0)
+        qc, kc, vc = (x[s0 : s0 + chunk] for x in (q, k, v))
+        scores = (qc @ kc.T) * gamma
+        if reverse:
+            scores = torch.where(j < m, scores, 0.0)
+        r = torch.arange(chunk)
+        query_power = (m - r).clamp(min=0) if reverse else r + 1
+        o = (qc @ state) * (scale * alpha ** query_power.to(F64))[:, None] + scores @ vc
+        out[s0 - begin : s0 - begin + m] = o[:m]
+        key_power = r if reverse else m - 1 - r
+        kw = torch.where((r < m)[:, None], kc * alpha ** key_power.clamp(min=0).to(F64)[:, None], 0.0)
+        state = alpha**m * state + kw.T @ vc
+    return out, state
+
+
+def _split(q, k, v, alpha, scale, h0, s, chunk, length, reverse):
+    """The split of ``s`` tokens over segments of ``length``: states kernel, carry, outputs."""
+    p = -(-s // length)
+    last = s - (p - 1) * length
+    states = [None] * p
+    for bp in range(p - 1):  # the states kernel
+        seg, slot = (bp + 1, bp) if reverse else (bp, bp + 1)
+        acc = torch.zeros(k.shape[1], v.shape[1], dtype=F64)
+        for c in range(length // chunk):
+            s0 = seg * length + (c if reverse else length // chunk - 1 - c) * chunk
+            r = torch.arange(chunk)
+            power = chunk * c + r if reverse else chunk * c + chunk - 1 - r
+            kw = k[s0 : s0 + chunk] * alpha ** power.to(F64)[:, None]
+            if reverse:
+                kw = torch.where((s0 + r < s)[:, None], kw, 0.0)
+            acc = acc + kw.T @ v[s0 : s0 + chunk]
+        states[slot] = acc
+    states[p - 1 if reverse else 0] = h0
+    order = range(p - 2, -1, -1) if reverse else range(1, p)
+    for q_ in order:  # the carry
+        prev = q_ + 1 if reverse else q_ - 1
+        across = last if reverse and prev == p - 1 else length
+        states[q_] = alpha**across * states[prev] + states[q_]
+    outs, final = [], None
+    for bp in range(p):  # the outputs kernel
+        o, st = _loop(
+            q, k, v, alpha, scale, states[bp], bp * length, min(bp * length + length, s), chunk, reverse
+        )
+        outs.append(o)
+        if bp == (0 if reverse else p - 1):
+            final = st
+    return torch.cat(outs), final
+
+
+@pytest.mark.parametrize(
+    "s,chunk,length",
+    [(70, 16, None), (64, 16, None), (5, 16, None), (100, 16, 32), (97, 8, 32), (65, 16, 64)],
+)
+def test_the_mirrored_weights_run_the_recurrence_backwards(s, chunk, length):
+    gen = torch.Generator().manual_seed(s)
+    rows = s + (length or chunk)  # garbage past s, as far as a tile reaches
+    q, k = (torch.randn(rows, 6, generator=gen, dtype=F64) for _ in range(2))
+    v = torch.randn(rows, 5, generator=gen, dtype=F64)
+    h0 = torch.randn(6, 5, generator=gen, dtype=F64)
+    alpha, scale = 0.9, 0.3
+    if length is None:
+        got, final = _loop(q, k, v, alpha, scale, h0, 0, s, chunk, reverse=True)
+    else:
+        got, final = _split(q, k, v, alpha, scale, h0, s, chunk, length, reverse=True)
+    want, want_final = refs.recurrent(
+        q[:s].flip(0)[None, :, None],
+        k[:s].flip(0)[None, :, None],
+        v[:s].flip(0)[None, :, None],
+        alpha,
+        scale=scale,
+        initial_state=h0[None, None],
+        output_final_state=True,
+    )
+    assert refs.rel_l2(got, want[0, :, 0].flip(0)) < 1e-12 and refs.rel_l2(final, want_final[0, 0]) < 1e-12
+    if length is not None:  # the emulation's forward is the kernel's forward: the recurrence
+        fwd, fwd_final = _split(q, k, v, alpha, scale, h0, s, chunk, length, reverse=False)
+        want, want_final = refs.recurrent(
+            q[None, :s, None],
+            k[None, :s, None],
+            v[None, :s, None],
+            alpha,
+            scale=scale,
+            initial_state=h0[None, None],
+            output_final_state=True,
+        )
+        assert refs.rel_l2(fwd, want[0, :, 0]) < 1e-12 and refs.rel_l2(fwd_final, want_final[0, 0]) < 1e-12
