@@ -487,3 +487,60 @@ def test_the_mirrored_weights_run_the_recurrence_backwards(s, chunk, length):
             output_final_state=True,
         )
         assert refs.rel_l2(fwd, want[0, :, 0]) < 1e-12 and refs.rel_l2(fwd_final, want_final[0, 0]) < 1e-12
+
+
+@pytest.mark.gpu
+def test_a_training_step_runs_inside_a_captured_cuda_graph():
+    """Forward and backward captured once, replayed on new inputs: eager's gradients."""
+    from kernel.attention import decay_attention
+    from kernel.validate import random_qkv
+
+    q, k, v, do, h0, _, _ = _gpu_case(1, 700, 4, 128, 128, "float16", None)
+    decay = torch.tensor(DECAYS, device="cuda")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]
+
+    def step():
+        o, final = decay_attention(*leaves[:3], decay, initial_state=leaves[3], output_final_state=True)
+        return torch.autograd.grad((o.float() * do.float()).sum() + final.sum(), leaves)
+
+    side = torch.cuda.Stream()  # warm up (and compile) outside the capture, as torch advises
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for seed in (30, 31):  # new inputs into the captured buffers, then a replay
+        new = (*random_qkv(Problem(1, 4, 700, 128, 128), seed=seed), h0 * seed)
+        with torch.no_grad():
+            for dst, src in zip(leaves, new):
+                dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        for c, e in zip(captured, step()):
+            assert torch.equal(c, e)
+
+
+@pytest.mark.gpu
+def test_gradients_match_fla_s_chunk_simple_gla():
+    """The same gradients as fla's autograd, with the same arguments (its g_gamma is the
+    log of our decay), where fla is installed."""
+    fla = pytest.importorskip("fla.ops.simple_gla")
+    from kernel.attention import decay_attention
+
+    q, k, v, do, h0, dht, _ = _gpu_case(2, 1000, 4, 128, 128, "bfloat16", None)
+    decay = torch.tensor([1 - 2 ** (-5 - h) for h in range(4)], device="cuda")  # RetNet's
+    grads = {}
+    for name in ("ours", "fla"):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]
+        if name == "ours":
+            o, final = decay_attention(*leaves[:3], decay, initial_state=leaves[3], output_final_state=True)
+        else:
+            o, final = fla.chunk_simple_gla(
+                *leaves[:3], g_gamma=decay.log(), initial_state=leaves[3], output_final_state=True
+            )
+        loss = (o.float() * do.float()).sum() + (final * dht).sum()
+        grads[name] = torch.autograd.grad(loss, leaves)
+    for name, ours, theirs in zip(("dq", "dk", "dv", "dh0"), grads["ours"], grads["fla"]):
+        assert refs.rel_l2(ours, theirs) < refs.TOLERANCE, name
