@@ -91,10 +91,11 @@ def _decay_attention_op(
         cu_seqlens = _check_offsets(cu_seqlens, problem, q.device)
         sequences = cu_seqlens.numel() - 1
     _check_state(initial_state, problem, sequences, q.device)
-    return _forward(q, k, v, decay, scale, initial_state, output_final_state, cu_seqlens)
+    return _forward(problem, q, k, v, decay, scale, initial_state, output_final_state, cu_seqlens)
 
 
 def _forward(
+    problem: Problem,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -105,10 +106,9 @@ def _forward(
     cu_seqlens: torch.Tensor | None,
     reverse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's call on checked inputs (decay fp32 ``[H]``, offsets int32), backwards
-    in time where ``reverse`` (``kernel.config.Call``); the final state is an empty
-    ``(0,)`` tensor unless ``output_final_state``."""
-    problem = _problem(q, k, v)
+    """The kernel's call on checked inputs (``problem``, their shape; decay fp32 ``[H]``,
+    offsets int32), backwards in time where ``reverse`` (``kernel.config.Call``); the final
+    state is an empty ``(0,)`` tensor unless ``output_final_state``."""
     sequences = problem.batch if cu_seqlens is None else cu_seqlens.numel() - 1
     call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None, reverse)
     final = _empty_state(q, problem, sequences, output_final_state)
@@ -151,7 +151,7 @@ def _backward_op(
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
 
     def sweep(q_, k_, v_, h0, want_final, offsets, reverse):
-        o, final = _forward(q_, k_, v_, decay, scale, h0, want_final, offsets, reverse)
+        o, final = _forward(_problem(q_, k_, v_), q_, k_, v_, decay, scale, h0, want_final, offsets, reverse)
         return o, (final if want_final else None)
 
     dq, dk, dv, dh0 = backward(
