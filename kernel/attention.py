@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kernel.backward import backward
+from kernel.backward import backward, sweep_calls
 from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay, cuda_arch, sm_count
 from kernel.config import Call, KernelConfig, Problem
 from kernel.deploy import ExportError
@@ -320,6 +320,13 @@ def kernel_job(problem: Problem, call: Call, sequences: int) -> tuple[Problem, K
         config = packed_config(config_for(mean, _TABLE[0], sm_count()), cuda_arch())
         return dataclasses.replace(problem, seqlen=1), config, call
     return problem, config_for(problem, _TABLE[0], sm_count()), call
+
+
+def training_jobs(problem: Problem, call: Call, sequences: int) -> set[tuple[Problem, KernelConfig, Call]]:
+    """What a differentiable call compiles: its forward's ``kernel_job`` and its backward's
+    three sweeps' (``kernel.backward.sweep_calls``), to compile ahead in parallel
+    (``kernel.builder.precompile``)."""
+    return {kernel_job(p, c, sequences) for p, c in [(problem, call), *sweep_calls(problem, call)]}
 
 
 def config_for(problem: Problem, table: Dispatch | None, sms: int) -> KernelConfig:

@@ -201,7 +201,7 @@ GPU_CASES = [  # (b, s, h, dk, dv, dtype, packed lengths)
 @pytest.fixture(scope="module")
 def compiled() -> None:
     """Compile every kernel the GPU cases call, forward and sweeps, in parallel processes."""
-    from kernel.attention import kernel_job
+    from kernel.attention import training_jobs
     from kernel.builder import cuda_arch, precompile
     from kernel.resources import Resources
 
@@ -210,7 +210,7 @@ def compiled() -> None:
         problem, n = Problem(b, h, s, dk, dv, dtype), b if lengths is None else len(lengths)
         for with_state in (True, False):
             call = Call(0.1, with_state, with_state, lengths is not None)
-            jobs |= {kernel_job(p, c, n) for p, c in [(problem, call), *sweep_calls(problem, call)]}
+            jobs |= training_jobs(problem, call, n)
     for res in precompile(sorted(jobs, key=str), arch=cuda_arch()):
         assert isinstance(res, Resources), res
 

@@ -54,17 +54,15 @@ def precompile_layers(batch: int, seqlen: int) -> None:
     """Compile, in parallel processes, the forward and the backward's sweeps that the
     layers call (fla's layer passes no scale: ours defaults to DK^-1/2), so that the first
     step does not compile them one by one."""
-    from kernel.attention import kernel_job
-    from kernel.backward import sweep_calls
+    from kernel.attention import training_jobs
     from kernel.builder import cuda_arch, precompile
     from kernel.config import Call, Problem
 
     dk = HIDDEN // HEADS
     problem = Problem(batch, HEADS, seqlen, dk, 2 * dk, "bfloat16")
-    jobs = set()
-    for final in (False, True):
-        call = Call(dk**-0.5, False, final)
-        jobs |= {kernel_job(p, c, batch) for p, c in [(problem, call), *sweep_calls(problem, call)]}
+    jobs = training_jobs(problem, Call(dk**-0.5), batch) | training_jobs(
+        problem, Call(dk**-0.5, final_state=True), batch
+    )
     precompile(sorted(jobs, key=str), arch=cuda_arch())
 
 
