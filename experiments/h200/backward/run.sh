@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 18 on the H200, from the repo root (carry: [".gpu"]):
 #   source .gpu/setup.sh && OUT=$OUT bash experiments/h200/backward/run.sh [tests] [bench] [train]
-# (all three by default; run them as two device calls, tests, then bench train: each
-# call has 600 s).
+# (all three by default; run them as three device calls, one step each: each call has
+# 600 s).
 # tests: the backward's GPU tests; bench: the bench's backward rows against fla; train: 200
 # training steps of a small RetNet with fla's kernels and with ours. Each step has its own
 # time limit, so that one hang leaves the others' results in $OUT.
@@ -13,7 +13,7 @@ for step in ${steps[@]}; do
     case $step in
     tests) timeout 420 python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/test_backward.py 2>&1 | tee "$OUT/backward_gpu.log" ;;
     bench) timeout 240 python3 -m tuner bench --shapes 8x16x4096,2x16x16384 --packed 0 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" ;;
-    train) timeout 300 python3 experiments/h200/backward/train_retnet.py --out "$OUT" 2>&1 | tail -40 ;;
+    train) timeout 540 python3 experiments/h200/backward/train_retnet.py --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -40 ;;
     *) echo "unknown step $step (tests, bench, train)" >&2 && exit 2 ;;
     esac
 done
