@@ -27,6 +27,10 @@ from kernel.dispatch import Dispatch, default_config
 from kernel.variants import packed_config
 
 _KERNELS: dict[tuple[Problem, KernelConfig, Call], ScalarDecayKernel] = {}
+# (problem, call, sequences) -> the kernel serving it under the current table: picking a
+# config costs tens of microseconds of Python, as much as a launch, on every call.
+_SERVED: dict[tuple[Problem, Call, int], ScalarDecayKernel] = {}
+_SERVED_MAX = 4096  # packed batches differ in T; past this many, start over
 _DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 _TABLE: list[Dispatch | None] = [None]
 # id -> (weak reference, version) of the decay and cu_seqlens tensors whose values passed
@@ -38,6 +42,7 @@ def use_table(table: Dispatch | None) -> None:
     """Serve every later call with the config ``table`` picks for its shape (``None``: the
     documented default, ``kernel.dispatch.default_config``)."""
     _TABLE[0] = table
+    _SERVED.clear()
 
 
 def decay_attention(
@@ -238,17 +243,18 @@ def _decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: 
         raise ValueError(f"decay must be a floating-point tensor, got {decay.dtype}")
     if decay.device != device:
         raise ValueError(f"decay is on {decay.device} but q is on {device}")
-    decay = decay.to(torch.float32).contiguous()
-    # The values: checked once per tensor and version, never while a graph is captured.
+    alphas = decay.to(torch.float32).contiguous()
+    # The values as the kernels read them, checked once per caller's tensor and version
+    # (a decay of another dtype is cast anew on every call), never while a graph is captured.
     if not _checked_before(decay) and not torch.cuda.is_current_stream_capturing():
-        bad = ~((decay > 0) & (decay <= 1))
+        bad = ~((alphas > 0) & (alphas <= 1))
         if bool(bad.any()):
             head = int(bad.nonzero()[0])
             raise ValueError(
-                f"decay must lie in (0, 1] for every head, got {decay[head].item()} at head {head}"
+                f"decay must lie in (0, 1] for every head, got {alphas[head].item()} at head {head}"
             )
         _remember(decay)
-    return decay
+    return alphas
 
 
 def _checked_before(tensor: torch.Tensor) -> bool:
@@ -303,10 +309,15 @@ def _check_state(state: torch.Tensor | None, problem: Problem, sequences: int, d
 
 
 def _kernel(problem: Problem, call: Call, sequences: int) -> ScalarDecayKernel:
-    job = kernel_job(problem, call, sequences)
-    if job not in _KERNELS:
-        _KERNELS[job] = build(*job)
-    return _KERNELS[job]
+    served = _SERVED.get((problem, call, sequences))
+    if served is None:
+        job = kernel_job(problem, call, sequences)
+        if job not in _KERNELS:
+            _KERNELS[job] = build(*job)
+        if len(_SERVED) >= _SERVED_MAX:
+            _SERVED.clear()
+        served = _SERVED[problem, call, sequences] = _KERNELS[job]
+    return served
 
 
 def kernel_job(problem: Problem, call: Call, sequences: int) -> tuple[Problem, KernelConfig, Call]:

@@ -291,3 +291,47 @@ def test_bad_offsets_are_one_value_error(offsets, message):
         decay_attention(*_qkv(2, 50, 4, 64, 64, seed=1), 0.9, cu_seqlens=cu)
     with pytest.raises(ValueError, match="cu_seqlens is on cpu"):
         decay_attention(q, k, v, 0.9, cu_seqlens=cu.cpu())
+
+
+def test_a_new_table_serves_the_next_call():
+    """``decay_attention`` remembers which kernel serves each shape and call; ``use_table``
+    forgets that, so the next call takes the new table's pick, and ``use_table(None)`` the
+    default config again."""
+    import dataclasses
+
+    from kernel import attention
+    from kernel.dispatch import Dispatch, DispatchEntry
+
+    problem, call = Problem(1, 2, 256, 64, 64), Call(0.125)
+    default = attention._kernel(problem, call, 1).config
+    other = dataclasses.replace(default, block_dv=32)
+    attention.use_table(Dispatch([DispatchEntry(problem, other)], {}))
+    try:
+        assert attention._kernel(problem, call, 1).config == other
+    finally:
+        attention.use_table(None)
+    assert attention._kernel(problem, call, 1).config == default
+
+
+def test_a_steady_call_never_waits_for_the_gpu():
+    """Once a first call has checked the decay's and the offsets' values, the forward and
+    backward of ``decay_attention`` never synchronize with the GPU (torch's sync debug mode
+    raises if they do), so a model's step stays asynchronous. The decay is bf16, which the
+    call casts anew every time: its check must still be remembered."""
+    problem = Problem(1, 4, 128, 64, 64, "bfloat16")
+    q, k, v = (x.requires_grad_() for x in random_qkv(problem, seed=3))
+    decay = torch.tensor(retnet(4), dtype=torch.bfloat16, device="cuda")
+    cu = torch.tensor([0, 100, 128], dtype=torch.int32, device="cuda")
+    h0 = torch.zeros(2, 4, 64, 64, device="cuda", requires_grad=True)
+
+    def step():
+        o, final = decay_attention(q, k, v, decay, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+        return torch.autograd.grad(o.float().sum() + final.sum(), (q, k, v, h0))
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

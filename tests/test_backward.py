@@ -195,6 +195,7 @@ GPU_CASES = [  # (b, s, h, dk, dv, dtype, packed lengths)
     (2, 1, 4, 128, 128, "bfloat16", None),
     (1, 1 + 63 + 64 + 65 + 300 + 17, 4, 128, 128, "float16", [1, 63, 64, 65, 300, 17]),
     (1, 2 + 1000 + 5, 4, 128, 128, "bfloat16", [2, 1000, 5]),
+    (2, 700, 2, 128, 256, "bfloat16", None),  # fla's RetNet: DV = 2 DK, the dq and dk sweeps at DK = 256
 ]
 
 
@@ -313,6 +314,12 @@ REVERSE_CASES = [
     (Problem(2, 4, 63, 128, 128), KernelConfig(64, 128, 1, 256), REVERSE),
     (Problem(1, 4, 1, 128, 128), KernelConfig(64, 128, 2, 256), Call(0.1, True, True, True, True)),
     (Problem(1, 4, 1, 64, 128, "bfloat16"), KernelConfig(64, 64, 2, 256), Call(0.1, True, True, True, True)),
+    (
+        Problem(2, 2, 1000, 256, 128, "bfloat16"),
+        KernelConfig(64, 64, 2, 256, segments=2),
+        REVERSE,
+    ),  # DK = 256
+    (Problem(2, 2, 1000, 256, 128), KernelConfig(64, 64, 2, 256), REVERSE),
 ]
 REVERSE_LENGTHS = [1, 63, 64, 65, 300, 17, 2]
 
@@ -524,13 +531,14 @@ def test_a_training_step_runs_inside_a_captured_cuda_graph():
 
 
 @pytest.mark.gpu
-def test_gradients_match_fla_s_chunk_simple_gla():
+@pytest.mark.parametrize("dv", [128, 256])  # 256: fla's RetNet layers (DV = 2 DK)
+def test_gradients_match_fla_s_chunk_simple_gla(dv):
     """The same gradients as fla's autograd, with the same arguments (its g_gamma is the
     log of our decay), where fla is installed."""
     fla = pytest.importorskip("fla.ops.simple_gla")
     from kernel.attention import decay_attention
 
-    q, k, v, do, h0, dht, _ = _gpu_case(2, 1000, 4, 128, 128, "bfloat16", None)
+    q, k, v, do, h0, dht, _ = _gpu_case(2, 1000, 4, 128, dv, "bfloat16", None)
     decay = torch.tensor([1 - 2 ** (-5 - h) for h in range(4)], device="cuda")  # RetNet's
     grads = {}
     for name in ("ours", "fla"):

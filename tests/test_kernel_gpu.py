@@ -139,6 +139,10 @@ SPLIT_CASES = [
     (Problem(1, 2, 1000, 128, 128), KernelConfig(64, 32, 1, 128, "regs", segments=5), 0.95),
     (Problem(1, 3, 4096, 128, 128), KernelConfig(64, 128, 2, 256, segments=64), 0.999),
     (Problem(2, 16, 4096, 128, 128), KernelConfig(64, 128, 2, 256, segments=8), None),  # RetNet's
+    # DK = 256: the dq and dk sweeps of a backward with DV = 2 DK (fla's RetNet), at the
+    # default config for their shape (kernel.dispatch.default_config), split and not.
+    (Problem(2, 2, 1000, 256, 128, "bfloat16"), KernelConfig(64, 64, 2, 256, segments=2), None),
+    (Problem(2, 2, 1000, 256, 128), KernelConfig(64, 64, 2, 256), 0.9),
 ]
 
 

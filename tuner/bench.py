@@ -205,7 +205,7 @@ def run_backward(
             g_gamma, scale = decay.log(), model_call(problem).scale
             ref = refs.chunked_backward(q.detach(), k.detach(), v.detach(), decay, 64, do, scale=scale)[:3]
             rows.append(_floor_row(shape | {"pass": "backward"}, floor_ms, bandwidth))
-            rows.append(_floor_row(shape | {"pass": "forward+backward"}, both_floor_ms, bandwidth))
+            rows.append(_floor_row(shape | {"pass": "fwd+bwd"}, both_floor_ms, bandwidth))
             forwards = {"decay_attention": lambda: attention.decay_attention(q, k, v, decay, scale=scale)[0]}
             if importlib.util.find_spec("fla") is not None:
                 forwards["fla chunk_simple_gla"] = lambda: fla_simple_gla(q, k, v, g_gamma, scale=scale)[0]
@@ -314,7 +314,8 @@ def bench_and_write(
     figure(rows).write_html(out / "bench.html", include_plotlyjs=True)
     for r in rows:
         if "median_ms" in r and r["impl"] != "candidate":
+            impl = f"{r['pass']} floor" if r["impl"] == "floor" and "pass" in r else r["impl"]
             print(
-                f"{r['batch']:>3} {r['heads']:>3} {r['seqlen']:>6} {r['impl']:<22} {r.get('config', ''):<18} "
+                f"{r['batch']:>3} {r['heads']:>3} {r['seqlen']:>6} {impl:<32} {r.get('config', ''):<20} "
                 f"{r['median_ms']:8.4f} ms {r['x_floor']:6.2f}x floor"
             )

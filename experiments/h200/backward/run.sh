@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Issue 18 on the H200, from the repo root (carry: [".gpu"]):
-#   source .gpu/setup.sh && OUT=$OUT bash experiments/h200/backward/run.sh [tests] [bench] [train]
-# (all three by default; run them as three device calls, one step each: each call has
-# 600 s).
+# Issue 18 on the H200, from the repo root (carry: [".gpu"]), one step per device call
+# (each call has 600 s):
+#   source .gpu/setup.sh && OUT=$OUT bash experiments/h200/backward/run.sh STEP...
 # tests: the backward's GPU tests; bench: the bench's backward rows against fla; train: 200
-# training steps of a small RetNet with fla's kernels and with ours. Each step has its own
-# time limit, so that one hang leaves the others' results in $OUT.
+# training steps of a small RetNet with fla's kernels and with ours; overhead: where the
+# forward plus backward's time goes beyond its kernels (overhead.py); gradients: one
+# step's gradients of that RetNet, ours and fla's in bf16 against fla's in fp32
+# (train_retnet.py --check-only). Each step has its own time limit, so that one hang
+# leaves the others' results in $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-steps=("${@:-tests bench train}")
+steps=("$@")
 for step in ${steps[@]}; do
     case $step in
     tests) timeout 420 python3 -m pytest -q -p no:cacheprovider -rfE -m gpu tests/test_backward.py 2>&1 | tee "$OUT/backward_gpu.log" ;;
     bench) timeout 240 python3 -m tuner bench --shapes 8x16x4096,2x16x16384 --packed 0 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" ;;
+    overhead) timeout 300 python3 experiments/h200/backward/overhead.py --out "$OUT" 2>&1 | tail -40 ;;
+    gradients) timeout 540 python3 experiments/h200/backward/train_retnet.py --check-only --out "$OUT" 2>&1 | tee "$OUT/gradients.log" | tail -20 ;;
     train) timeout 540 python3 experiments/h200/backward/train_retnet.py --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -40 ;;
-    *) echo "unknown step $step (tests, bench, train)" >&2 && exit 2 ;;
+    *) echo "unknown step $step (tests, bench, train, overhead, gradients)" >&2 && exit 2 ;;
     esac
 done

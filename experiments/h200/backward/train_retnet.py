@@ -4,7 +4,9 @@ fla's ``MultiScaleRetention`` calls ``chunk_retention`` in training; swapping it
 ``decay_attention`` (``experiments/h200/model/retnet.py``, RetNet's decays) runs our forward
 and our backward (``kernel.backward``, three sweeps of the forward kernel) in every layer.
 
-1. The gradients of one step, every parameter, ours against fla's (relative L2).
+1. The gradients of one step, every parameter, ours against fla's (relative L2), and each
+   layer's attention gradients from both kernels against the fp64 reference
+   (``--check-only``: this alone).
 2. ``--steps`` steps of AdamW from the same initial weights on the same synthetic batches
    (tokens of a fixed random Markov chain, so the loss has somewhere to go: its entropy
    rate is printed), fp32 weights under bf16 autocast: the loss per step for both, and the
@@ -23,12 +25,13 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
-from retnet import swapped  # noqa: E402  (the swap of issue 16)
+from retnet import ours, retnet_decays, swapped  # noqa: E402  (the swap of issue 16)
 
 import refs  # noqa: E402
 
@@ -82,39 +85,63 @@ def model(seed: int):
     return RetNetForCausalLM(config).cuda()
 
 
-def loss_of(net, tokens: torch.Tensor, autocast: bool = True) -> torch.Tensor:
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+def loss_of(net, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
         return net(input_ids=tokens, labels=tokens).loss
 
 
+@contextlib.contextmanager
+def recording(impl, calls: list[dict]) -> Iterator[None]:
+    """Serve the layers' ``chunk_retention`` with ``impl``, recording each call's q, k, v,
+    the gradient its output receives and the gradients it hands back."""
+    import fla.layers.multiscale_retention as msr
+
+    def recorded(q, k, v, **kwargs):
+        call = {"q": q.detach(), "k": k.detach(), "v": v.detach()}
+        for name, t in (("dq", q), ("dk", k), ("dv", v)):
+            t.register_hook(lambda g, name=name: call.__setitem__(name, g.detach()))
+        o, state = impl(q, k, v, **kwargs)
+        o.register_hook(lambda g: call.__setitem__("do", g.detach()))
+        calls.append(call)
+        return o, state
+
+    original = msr.chunk_retention
+    msr.chunk_retention = recorded
+    try:
+        yield
+    finally:
+        msr.chunk_retention = original
+
+
 def gradient_check(tokens: torch.Tensor) -> dict:
-    """One step's gradients, every parameter: ours and fla's under bf16 autocast, each
-    against fla's in fp32 (no autocast), which shows how far bf16 alone moves them."""
-    runs = {
-        "fla": (contextlib.nullcontext, True),
-        "ours": (swapped, True),
-        "fla_fp32": (contextlib.nullcontext, False),
-    }
-    grads = {}
-    for name, (ctx, autocast) in runs.items():
+    """One step's gradients under bf16 autocast, fla's kernels against ours: every
+    parameter's (relative L2), and each layer's dq, dk, dv from each kernel against the fp64
+    reference (``refs.chunked_backward``) on the q, k, v and output gradient that layer met in
+    that run: the kernels' own error, apart from how the two runs' roundings spread through
+    the model."""
+    import fla.layers.multiscale_retention as msr
+
+    grads, kernels = {}, {}
+    for name, impl in (("fla", msr.chunk_retention), ("ours", ours)):
+        calls: list[dict] = []
         net = model(seed=0)
-        with ctx():
-            loss_of(net, tokens, autocast).backward()
+        with recording(impl, calls):
+            loss_of(net, tokens).backward()
         grads[name] = {n: p.grad.float() for n, p in net.named_parameters() if p.grad is not None}
-    pairs = {
-        "ours_vs_fla": ("ours", "fla"),
-        "fla_vs_fp32": ("fla", "fla_fp32"),
-        "ours_vs_fp32": ("ours", "fla_fp32"),
-    }
-    errors = {
-        pair: {n: refs.rel_l2(grads[a][n], grads[b][n]) for n in grads["fla"]}
-        for pair, (a, b) in pairs.items()
-    }
+        kernels[name] = []
+        for c in calls:
+            decay = retnet_decays(c["q"].shape[2], c["q"].device)
+            want = refs.chunked_backward(
+                c["q"], c["k"], c["v"], decay, 64, c["do"], scale=c["q"].shape[-1] ** -0.5
+            )
+            kernels[name].append({g: refs.rel_l2(c[g], w) for g, w in zip(("dq", "dk", "dv"), want)})
+    errors = {n: refs.rel_l2(grads["ours"][n], g) for n, g in grads["fla"].items()}
     return {
-        "parameters": len(grads["fla"]),
-        "max_rel_l2": {pair: max(e.values()) for pair, e in errors.items()},
-        "median_rel_l2": {pair: statistics.median(e.values()) for pair, e in errors.items()},
+        "parameters": len(errors),
+        "max_rel_l2": max(errors.values()),
+        "median_rel_l2": statistics.median(errors.values()),
         "rel_l2": errors,
+        "layers_vs_fp64": kernels,
     }
 
 
@@ -164,7 +191,7 @@ def main() -> int:
         "initial_loss_uniform": math.log(VOCAB),
         "gradients": gradient_check(batches[0]),
     }
-    log(f"gradients, max rel-L2 per pair: {result['gradients']['max_rel_l2']}")
+    log(f"gradients: {json.dumps({k: result['gradients'][k] for k in ('max_rel_l2', 'layers_vs_fp64')})}")
     if args.check_only:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gradients.json").write_text(json.dumps(result, indent=1))

@@ -1,0 +1,106 @@
+"""Where the forward plus backward's time goes, beyond its kernels (issue 18).
+
+The bench of 2026-12-01 (``bench.jsonl``) timed ``decay_attention``'s forward plus backward
+at 1.12 ms at the headline shape, while its forward alone took 0.15 ms and its backward
+alone 0.49 ms, with a wide spread (p20 1.02, p80 1.34 ms): the signature of a call whose
+host side outlasts its kernels. This script separates the two, in the model form (RetNet's
+decays, scale DK^-1/2) at one shape, in one run:
+
+- each kernel alone (the forward and the three sweeps, as ``decay_attention`` picks them),
+  CUDA events with L2 flushed (``kernel.timing.bench``);
+- the forward, the backward and both through ``decay_attention`` and autograd, the same way;
+- both replayed from a captured CUDA graph: the kernels without the host between them;
+- the host's time per call of both: 100 calls back to back, then one synchronize;
+- a cProfile of 100 calls of both, the top 25 functions by own time.
+
+    python3 experiments/h200/backward/overhead.py --out DIR [--shape 8x16x4096]
+
+Writes DIR/overhead.json and DIR/overhead_profile.txt and prints the JSON.
+"""
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+from pathlib import Path
+
+import torch
+
+from kernel import attention
+from kernel.backward import sweep_calls
+from kernel.builder import build, constant_decay
+from kernel.config import Call, Problem, model_call, retnet_decay
+from kernel.timing import bench
+from kernel.validate import random_qkv
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shape", default="8x16x4096", help="BxHxS, DK = DV = 128, bf16")
+    args = parser.parse_args()
+    b, h, s = (int(x) for x in args.shape.split("x"))
+    problem = Problem(b, h, s, 128, 128, "bfloat16")
+    call = Call(model_call(problem).scale)  # no state, as the bench's backward rows
+    q, k, v = (x.requires_grad_() for x in random_qkv(problem, seed=2))
+    do = torch.randn_like(v, dtype=torch.float32).to(v.dtype)
+    decay = constant_decay(retnet_decay(h), h, q.device)
+
+    def forward():
+        return attention.decay_attention(q, k, v, decay, scale=call.scale)[0]
+
+    def both():
+        return torch.autograd.grad(forward(), (q, k, v), do)
+
+    kept = forward()
+
+    def backward():
+        return torch.autograd.grad(kept, (q, k, v), do, retain_graph=True)
+
+    result: dict = {"shape": args.shape, "kernels_ms": {}, "calls_ms": {}}
+    # Each kernel on the inputs decay_attention hands it (kernel.backward): the forward on
+    # (q, k, v); dq = F(do, v, k); dk = F_rev(v, do, q); dv = F_rev(k, q, do).
+    inputs = {"forward": (q, k, v), "dq sweep": (do, v, k), "dk sweep": (v, do, q), "dv sweep": (k, q, do)}
+    jobs = [attention.kernel_job(p, c, b) for p, c in [(problem, call), *sweep_calls(problem, call)]]
+    for (name, tensors), job in zip(inputs.items(), jobs):
+        kernel, tensors = build(*job), [t.detach() for t in tensors]
+        timing = bench(lambda kernel=kernel, tensors=tensors: kernel(*tensors, decay=decay))
+        result["kernels_ms"][name] = {"config": job[1].label(), "median_ms": timing.median_ms}
+    with torch.no_grad():
+        result["calls_ms"]["forward"] = bench(forward).median_ms
+    result["calls_ms"]["backward"] = bench(backward).median_ms
+    result["calls_ms"]["fwd+bwd"] = bench(both).median_ms
+
+    both()  # warm, then capture on a side stream as torch.cuda.graphs asks
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        both()
+    result["calls_ms"]["fwd+bwd, CUDA graph replay"] = bench(graph.replay).median_ms
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(100):
+        both()
+    host_us = (time.perf_counter() - start) / 100 * 1e6
+    torch.cuda.synchronize()
+    result["host_us_per_fwd_bwd"] = host_us
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(100):
+        both()
+    torch.cuda.synchronize()
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "overhead_profile.txt").write_text(text.getvalue())
+    (args.out / "overhead.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
