@@ -10,7 +10,9 @@ decays, scale DK^-1/2) at one shape, in one run:
   CUDA events with L2 flushed (``kernel.timing.bench``);
 - the forward, the backward and both through ``decay_attention`` and autograd, the same way;
 - both replayed from a captured CUDA graph: the kernels without the host between them;
-- the host's time per call of both: 100 calls back to back, then one synchronize;
+- the host's time per call, layer by layer: TileLang's call of the forward's kernel, our
+  checked call of it, ``decay_attention``'s forward without and with autograd, the
+  backward op, and forward plus backward (100 calls back to back, then one synchronize);
 - a cProfile of 100 calls of both, the top 25 functions by own time.
 
     python3 experiments/h200/backward/overhead.py --out DIR [--shape 8x16x4096]
@@ -34,6 +36,20 @@ from kernel.builder import build, constant_decay
 from kernel.config import Call, Problem, model_call, retnet_decay
 from kernel.timing import bench
 from kernel.validate import random_qkv
+from kernel.variants import state_buffer
+
+
+def host_us(fn, calls: int = 100) -> float:
+    """Microseconds of host time per call of ``fn``, ``calls`` calls back to back before one
+    synchronize (few enough launches that the GPU's queue never blocks the host)."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
 
 
 def main() -> int:
@@ -64,8 +80,10 @@ def main() -> int:
     # (q, k, v); dq = F(do, v, k); dk = F_rev(v, do, q); dv = F_rev(k, q, do).
     inputs = {"forward": (q, k, v), "dq sweep": (do, v, k), "dk sweep": (v, do, q), "dv sweep": (k, q, do)}
     jobs = [attention.kernel_job(p, c, b) for p, c in [(problem, call), *sweep_calls(problem, call)]]
+    built = {}
     for (name, tensors), job in zip(inputs.items(), jobs):
-        kernel, tensors = build(*job), [t.detach() for t in tensors]
+        kernel = built[name] = build(*job)
+        tensors = [t.detach() for t in tensors]
         timing = bench(lambda kernel=kernel, tensors=tensors: kernel(*tensors, decay=decay))
         result["kernels_ms"][name] = {"config": job[1].label(), "median_ms": timing.median_ms}
     with torch.no_grad():
@@ -79,13 +97,27 @@ def main() -> int:
         both()
     result["calls_ms"]["fwd+bwd, CUDA graph replay"] = bench(graph.replay).median_ms
 
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(100):
-        both()
-    host_us = (time.perf_counter() - start) / 100 * 1e6
-    torch.cuda.synchronize()
-    result["host_us_per_fwd_bwd"] = host_us
+    # The host's time per call, layer by layer, from TileLang's own call of the forward's
+    # kernel up to the forward plus backward.
+    kernel = built["forward"]
+    plain = [t.detach() for t in (q, k, v)]
+    h0, ht, out = state_buffer(problem, q.device), state_buffer(problem, q.device), torch.empty_like(v)
+    backward_op = torch.ops.decay_tuner.decay_attention_backward
+    layers = {
+        "TileLang's call of the forward's kernel": lambda: kernel.compiled[0](*plain, decay, h0, out, ht),
+        "ScalarDecayKernel call (checks its tensors)": lambda: kernel(*plain, decay=decay),
+        "decay_attention forward, no autograd": lambda: attention.decay_attention(
+            *plain, decay, scale=call.scale
+        ),
+        "decay_attention forward, with autograd": forward,
+        "the backward op (three sweeps)": lambda: backward_op(
+            *plain, do, decay, 1.0, call.scale, None, None, None
+        ),
+        "forward plus backward": both,
+    }
+    if kernel.config.segments != 1:  # the split launches several kernels of other signatures
+        del layers["TileLang's call of the forward's kernel"]
+    result["host_us"] = {name: host_us(fn) for name, fn in layers.items()}
 
     profile = cProfile.Profile()
     profile.enable()
