@@ -117,11 +117,11 @@ def _forward(
     sequences = problem.batch if cu_seqlens is None else cu_seqlens.numel() - 1
     call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None, reverse)
     final = _empty_state(q, problem, sequences, output_final_state)
-    o = _kernel(problem, call, sequences)(
+    o = _kernel(problem, call, sequences).run(  # checked above: no second check
         q.contiguous(),
         k.contiguous(),
         v.contiguous(),
-        decay=decay,
+        decay,
         initial_state=None if initial_state is None else initial_state.contiguous(),
         final_state=final if output_final_state else None,
         cu_seqlens=cu_seqlens,

@@ -91,11 +91,29 @@ class ScalarDecayKernel:
             check_tensor(name, tensor, shape, kind)
             if tensor.device != q.device:
                 raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
+        return self.run(q, k, v, decay, initial_state, final_state, out, cu_seqlens)
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        decay: torch.Tensor,
+        initial_state: torch.Tensor | None = None,
+        final_state: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The call on tensors already checked as ``__call__`` checks them (as
+        ``decay_attention`` does): no check again on the way to the launch."""
+        p = self.problem
+        if out is None:
+            out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         h0, ht = (
             state_buffer(p, q.device) if t is None else t.view(-1, 1, p.dk, p.dv)
             for t in (initial_state, final_state)
         )
-        launch(p, self.config, call, self.compiled, q, k, v, decay, h0, out, ht, cu_seqlens)
+        launch(p, self.config, self.call, self.compiled, q, k, v, decay, h0, out, ht, cu_seqlens)
         return out
 
     @property
