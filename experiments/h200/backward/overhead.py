@@ -8,6 +8,8 @@ decays, scale DK^-1/2) at one shape, in one run:
 
 - each kernel alone (the forward and the three sweeps, as ``decay_attention`` picks them),
   CUDA events with L2 flushed (``kernel.timing.bench``);
+- the wave seeds (the bench's candidate configs) forward and backwards in time: whether
+  the forward's ranking, which the reversed sweeps inherit, holds reversed;
 - the forward, the backward and both through ``decay_attention`` and autograd, the same way;
 - both replayed from a captured CUDA graph: the kernels without the host between them;
 - the host's time per call, layer by layer: TileLang's call of the forward's kernel, our
@@ -22,6 +24,7 @@ Writes DIR/overhead.json and DIR/overhead_profile.txt and prints the JSON.
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import json
 import pstats
@@ -32,11 +35,12 @@ import torch
 
 from kernel import attention
 from kernel.backward import sweep_calls
-from kernel.builder import build, constant_decay
+from kernel.builder import build, constant_decay, cuda_arch, precompile, sm_count
 from kernel.config import Call, Problem, model_call, retnet_decay
 from kernel.timing import bench
 from kernel.validate import random_qkv
 from kernel.variants import state_buffer
+from tuner.space import wave_seeds
 
 
 def host_us(fn, calls: int = 100) -> float:
@@ -80,12 +84,25 @@ def main() -> int:
     # (q, k, v); dq = F(do, v, k); dk = F_rev(v, do, q); dv = F_rev(k, q, do).
     inputs = {"forward": (q, k, v), "dq sweep": (do, v, k), "dk sweep": (v, do, q), "dv sweep": (k, q, do)}
     jobs = [attention.kernel_job(p, c, b) for p, c in [(problem, call), *sweep_calls(problem, call)]]
+    # The reversed sweeps run the forward's configs: does the forward's ranking hold
+    # backwards in time? The wave seeds (the bench's candidates) are timed both ways.
+    seeds = wave_seeds(problem, arch=cuda_arch(), sms=sm_count())
+    ways = [(c, dataclasses.replace(call, reverse=r)) for c in seeds for r in (False, True)]
+    precompile([*jobs, *((problem, c, w) for c, w in ways)], arch=cuda_arch())  # in parallel
     built = {}
     for (name, tensors), job in zip(inputs.items(), jobs):
         kernel = built[name] = build(*job)
         tensors = [t.detach() for t in tensors]
         timing = bench(lambda kernel=kernel, tensors=tensors: kernel(*tensors, decay=decay))
         result["kernels_ms"][name] = {"config": job[1].label(), "median_ms": timing.median_ms}
+    plain = [t.detach() for t in (q, k, v)]
+    result["directions_ms"] = []
+    for config, way in ways:
+        kernel = build(problem, config, way)
+        timing = bench(lambda kernel=kernel: kernel(*plain, decay=decay))
+        result["directions_ms"].append(
+            {"config": config.label(), "reverse": way.reverse, "median_ms": timing.median_ms}
+        )
     with torch.no_grad():
         result["calls_ms"]["forward"] = bench(forward).median_ms
     result["calls_ms"]["backward"] = bench(backward).median_ms
@@ -100,7 +117,6 @@ def main() -> int:
     # The host's time per call, layer by layer, from TileLang's own call of the forward's
     # kernel up to the forward plus backward.
     kernel = built["forward"]
-    plain = [t.detach() for t in (q, k, v)]
     h0, ht, out = state_buffer(problem, q.device), state_buffer(problem, q.device), torch.empty_like(v)
     backward_op = torch.ops.decay_tuner.decay_attention_backward
     layers = {
