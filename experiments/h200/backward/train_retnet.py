@@ -25,7 +25,6 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -90,11 +89,9 @@ def loss_of(net, tokens: torch.Tensor) -> torch.Tensor:
         return net(input_ids=tokens, labels=tokens).loss
 
 
-@contextlib.contextmanager
-def recording(impl, calls: list[dict]) -> Iterator[None]:
+def recording(impl, calls: list[dict]):
     """Serve the layers' ``chunk_retention`` with ``impl``, recording each call's q, k, v,
     the gradient its output receives and the gradients it hands back."""
-    import fla.layers.multiscale_retention as msr
 
     def recorded(q, k, v, **kwargs):
         call = {"q": q.detach(), "k": k.detach(), "v": v.detach()}
@@ -105,12 +102,7 @@ def recording(impl, calls: list[dict]) -> Iterator[None]:
         calls.append(call)
         return o, state
 
-    original = msr.chunk_retention
-    msr.chunk_retention = recorded
-    try:
-        yield
-    finally:
-        msr.chunk_retention = original
+    return swapped(recorded)
 
 
 def gradient_check(tokens: torch.Tensor) -> dict:

@@ -57,11 +57,12 @@ def ours(q, k, v, scale=None, initial_state=None, output_final_state=False, cu_s
 
 
 @contextlib.contextmanager
-def swapped() -> Iterator[None]:
+def swapped(impl=ours) -> Iterator[None]:
+    """fla's layers call ``impl`` (default: ours) where they call ``chunk_retention``."""
     import fla.layers.multiscale_retention as msr
 
     original = msr.chunk_retention
-    msr.chunk_retention = ours
+    msr.chunk_retention = impl
     try:
         yield
     finally:
