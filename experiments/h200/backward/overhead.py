@@ -94,14 +94,14 @@ def main() -> int:
         kernel = built[name] = build(*job)
         tensors = [t.detach() for t in tensors]
         timing = bench(lambda kernel=kernel, tensors=tensors: kernel(*tensors, decay=decay))
-        result["kernels_ms"][name] = {"config": job[1].label(), "median_ms": timing.median_ms}
+        result["kernels_ms"][name] = {"config": job[1].label, "median_ms": timing.median_ms}
     plain = [t.detach() for t in (q, k, v)]
     result["directions_ms"] = []
     for config, way in ways:
         kernel = build(problem, config, way)
         timing = bench(lambda kernel=kernel: kernel(*plain, decay=decay))
         result["directions_ms"].append(
-            {"config": config.label(), "reverse": way.reverse, "median_ms": timing.median_ms}
+            {"config": config.label, "reverse": way.reverse, "median_ms": timing.median_ms}
         )
     with torch.no_grad():
         result["calls_ms"]["forward"] = bench(forward).median_ms
