@@ -38,6 +38,8 @@ NUMERIC_CASES += [
     (Problem(2, 3, 300, 128, 128, dtype), KernelConfig(64, 64, 1, 128), alpha)
     for alpha, dtype in itertools.product((*ALPHAS, None), DTYPES)
 ]
+# DK = 256 (the dq and dk sweeps of fla's RetNet layers, DV = 2 DK) at its default config.
+NUMERIC_CASES += [(Problem(2, 2, 1000, 256, 128), KernelConfig(64, 64, 2, 256), 0.9)]
 
 
 @pytest.fixture(scope="session")
@@ -140,9 +142,8 @@ SPLIT_CASES = [
     (Problem(1, 3, 4096, 128, 128), KernelConfig(64, 128, 2, 256, segments=64), 0.999),
     (Problem(2, 16, 4096, 128, 128), KernelConfig(64, 128, 2, 256, segments=8), None),  # RetNet's
     # DK = 256: the dq and dk sweeps of a backward with DV = 2 DK (fla's RetNet), at the
-    # default config for their shape (kernel.dispatch.default_config), split and not.
+    # default config for their shape (kernel.dispatch.default_config); single-pass below.
     (Problem(2, 2, 1000, 256, 128, "bfloat16"), KernelConfig(64, 64, 2, 256, segments=2), None),
-    (Problem(2, 2, 1000, 256, 128), KernelConfig(64, 64, 2, 256), 0.9),
 ]
 
 
