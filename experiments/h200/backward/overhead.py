@@ -12,7 +12,8 @@ decays, scale DK^-1/2) at one shape, in one run:
   the forward's ranking, which the reversed sweeps inherit, holds reversed;
 - the forward, the backward and both through ``decay_attention`` and autograd, the same way;
 - both replayed from a captured CUDA graph: the kernels without the host between them;
-- the host's time per call, layer by layer: TileLang's call of the forward's kernel, our
+- the host's time per call, layer by layer: TileLang's call of the forward's kernel (also
+  through its cython and nvrtc execution backends, where they build), our
   checked call of it, ``decay_attention``'s forward without and with autograd, the
   backward op, and forward plus backward (100 calls back to back, then one synchronize);
 - a cProfile of 100 calls of both, the top 25 functions by own time.
@@ -31,15 +32,17 @@ import pstats
 import time
 from pathlib import Path
 
+import tilelang
 import torch
 
 from kernel import attention
+from kernel.arch import target
 from kernel.backward import sweep_calls
 from kernel.builder import build, constant_decay, cuda_arch, precompile, sm_count
 from kernel.config import Call, Problem, model_call, retnet_decay
 from kernel.timing import bench
 from kernel.validate import random_qkv
-from kernel.variants import state_buffer
+from kernel.variants import pass_configs, prim_funcs, state_buffer
 from tuner.space import wave_seeds
 
 
@@ -133,6 +136,19 @@ def main() -> int:
     }
     if kernel.config.segments != 1:  # the split launches several kernels of other signatures
         del layers["TileLang's call of the forward's kernel"]
+    else:  # the same kernel behind TileLang's other execution backends
+        for backend in ("cython", "nvrtc"):
+            try:
+                other = tilelang.compile(
+                    prim_funcs(problem, kernel.config, call, arch=cuda_arch())[0],
+                    target=target(cuda_arch()),
+                    pass_configs=pass_configs(cuda_arch()),
+                    execution_backend=backend,
+                )
+            except Exception as exc:  # a backend this machine cannot build: say why
+                result.setdefault("backend_errors", {})[backend] = f"{type(exc).__name__}: {exc}"[:300]
+                continue
+            layers[f"TileLang's call, {backend} backend"] = lambda k=other: k(*plain, decay, h0, out, ht)
     result["host_us"] = {name: host_us(fn) for name, fn in layers.items()}
 
     profile = cProfile.Profile()
