@@ -350,7 +350,7 @@ def test_the_kernel_runs_backwards_in_time(problem, config, call):
     if lengths:
         cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
     n = len(lengths) if lengths else p.batch
-    decay = torch.tensor(DECAYS, device="cuda")
+    decay = torch.tensor(DECAYS[: p.heads], device="cuda")
     h0 = torch.randn(n, p.heads, p.dk, p.dv, device="cuda") if call.initial_state else None
     final = torch.full((n, p.heads, p.dk, p.dv), float("nan"), device="cuda") if call.final_state else None
     out = torch.full_like(v, float("nan"))

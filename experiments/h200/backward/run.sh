@@ -6,7 +6,8 @@
 # training steps of a small RetNet with fla's kernels and with ours; overhead: where the
 # forward plus backward's time goes beyond its kernels (overhead.py); gradients: one
 # step's gradients of that RetNet, ours and fla's in bf16 against fla's in fp32
-# (train_retnet.py --check-only). Each step has its own time limit, so that one hang
+# (train_retnet.py --check-only); layers: that, and each layer's attention gradients
+# against fp64 (--layers, 350 s more). Each step has its own time limit, so that one hang
 # leaves the others' results in $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -17,7 +18,8 @@ for step in ${steps[@]}; do
     bench) timeout 240 python3 -m tuner bench --shapes 8x16x4096,2x16x16384 --packed 0 --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" ;;
     overhead) timeout 300 python3 experiments/h200/backward/overhead.py --out "$OUT" 2>&1 | tail -40 ;;
     gradients) timeout 540 python3 experiments/h200/backward/train_retnet.py --check-only --out "$OUT" 2>&1 | tee "$OUT/gradients.log" | tail -20 ;;
+    layers) timeout 540 python3 experiments/h200/backward/train_retnet.py --check-only --layers --out "$OUT" 2>&1 | tee "$OUT/gradients.log" | tail -20 ;;
     train) timeout 540 python3 experiments/h200/backward/train_retnet.py --out "$OUT" 2>&1 | tee "$OUT/train.log" | tail -40 ;;
-    *) echo "unknown step $step (tests, bench, train, overhead, gradients)" >&2 && exit 2 ;;
+    *) echo "unknown step $step (tests, bench, train, overhead, gradients, layers)" >&2 && exit 2 ;;
     esac
 done

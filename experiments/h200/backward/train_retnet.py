@@ -4,9 +4,10 @@ fla's ``MultiScaleRetention`` calls ``chunk_retention`` in training; swapping it
 ``decay_attention`` (``experiments/h200/model/retnet.py``, RetNet's decays) runs our forward
 and our backward (``kernel.backward``, three sweeps of the forward kernel) in every layer.
 
-1. The gradients of one step, every parameter, ours against fla's (relative L2), and each
-   layer's attention gradients from both kernels against the fp64 reference
-   (``--check-only``: this alone).
+1. The gradients of one step, every parameter (relative L2): ours against fla's, both
+   under bf16 autocast, and each against fla's in fp32; with ``--layers``, each layer's
+   attention gradients from both kernels against the fp64 reference (``--check-only``:
+   this alone).
 2. ``--steps`` steps of AdamW from the same initial weights on the same synthetic batches
    (tokens of a fixed random Markov chain, so the loss has somewhere to go: its entropy
    rate is printed), fp32 weights under bf16 autocast: the loss per step for both, and the
@@ -84,8 +85,8 @@ def model(seed: int):
     return RetNetForCausalLM(config).cuda()
 
 
-def loss_of(net, tokens: torch.Tensor) -> torch.Tensor:
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+def loss_of(net, tokens: torch.Tensor, autocast: bool = True) -> torch.Tensor:
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
         return net(input_ids=tokens, labels=tokens).loss
 
 
@@ -105,21 +106,30 @@ def recording(impl, calls: list[dict]):
     return swapped(recorded)
 
 
-def gradient_check(tokens: torch.Tensor) -> dict:
-    """One step's gradients under bf16 autocast, fla's kernels against ours: every
-    parameter's (relative L2), and each layer's dq, dk, dv from each kernel against the fp64
-    reference (``refs.chunked_backward``) on the q, k, v and output gradient that layer met in
-    that run: the kernels' own error, apart from how the two runs' roundings spread through
-    the model."""
+def gradient_check(tokens: torch.Tensor, layers: bool) -> dict:
+    """One step's gradients, every parameter (relative L2): fla's kernels and ours under
+    bf16 autocast against each other and against fla's kernels in fp32 (no autocast), so
+    that the gap between the two bf16 runs stands beside each one's gap from fp32. With
+    ``layers``, also each layer's dq, dk, dv from each bf16 run against the fp64 reference
+    (``refs.chunked_backward``) on the q, k, v and output gradient that layer met in that
+    run: the kernels' own error, apart from how the runs' roundings spread through the
+    model (slow: about 350 s for the 8 calls on the H200)."""
     import fla.layers.multiscale_retention as msr
 
     grads, kernels = {}, {}
-    for name, impl in (("fla", msr.chunk_retention), ("ours", ours)):
+    runs = (
+        ("fla", msr.chunk_retention, True),
+        ("ours", ours, True),
+        ("fla fp32", msr.chunk_retention, False),
+    )
+    for name, impl, autocast in runs:
         calls: list[dict] = []
         net = model(seed=0)
         with recording(impl, calls):
-            loss_of(net, tokens).backward()
+            loss_of(net, tokens, autocast).backward()
         grads[name] = {n: p.grad.float() for n, p in net.named_parameters() if p.grad is not None}
+        if not (layers and autocast):
+            continue
         kernels[name] = []
         for c in calls:
             decay = retnet_decays(c["q"].shape[2], c["q"].device)
@@ -127,14 +137,15 @@ def gradient_check(tokens: torch.Tensor) -> dict:
                 c["q"], c["k"], c["v"], decay, 64, c["do"], scale=c["q"].shape[-1] ** -0.5
             )
             kernels[name].append({g: refs.rel_l2(c[g], w) for g, w in zip(("dq", "dk", "dv"), want)})
-    errors = {n: refs.rel_l2(grads["ours"][n], g) for n, g in grads["fla"].items()}
-    return {
-        "parameters": len(errors),
-        "max_rel_l2": max(errors.values()),
-        "median_rel_l2": statistics.median(errors.values()),
-        "rel_l2": errors,
-        "layers_vs_fp64": kernels,
-    }
+    result = {}
+    for a, b in (("ours", "fla"), ("fla", "fla fp32"), ("ours", "fla fp32")):
+        errors = {n: refs.rel_l2(grads[a][n], g) for n, g in grads[b].items()}
+        result[f"{a} vs {b}"] = {
+            "max_rel_l2": max(errors.values()),
+            "median_rel_l2": statistics.median(errors.values()),
+            "rel_l2": errors,
+        }
+    return {"parameters": len(grads["fla"]), **result, "layers_vs_fp64": kernels}
 
 
 def train(batches: list[torch.Tensor], with_ours: bool, warmup: int) -> dict:
@@ -166,6 +177,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seqlen", type=int, default=2048)
     parser.add_argument("--check-only", action="store_true", help="the gradient check alone, no training")
+    parser.add_argument("--layers", action="store_true", help="also each layer's gradients against fp64")
     args = parser.parse_args()
     batches, entropy = markov_batches(args.steps, args.batch, args.seqlen)
     log("tokens sampled; compiling our kernels")
@@ -181,9 +193,14 @@ def main() -> int:
         },
         "entropy_rate": entropy,
         "initial_loss_uniform": math.log(VOCAB),
-        "gradients": gradient_check(batches[0]),
+        "gradients": gradient_check(batches[0], layers=args.layers),
     }
-    log(f"gradients: {json.dumps({k: result['gradients'][k] for k in ('max_rel_l2', 'layers_vs_fp64')})}")
+    summary = {
+        k: {m: v[m] for m in ("max_rel_l2", "median_rel_l2")}
+        for k, v in result["gradients"].items()
+        if " vs " in k
+    }
+    log(f"gradients: {json.dumps(summary | {'layers_vs_fp64': result['gradients']['layers_vs_fp64']})}")
     if args.check_only:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gradients.json").write_text(json.dumps(result, indent=1))
@@ -196,7 +213,7 @@ def main() -> int:
         "last10_loss": {n: statistics.mean(r["loss"][-10:]) for n, r in runs.items()},
         "median_step_ms": {n: r["median_step_ms"] for n, r in runs.items()},
         "fla_over_ours": runs["fla"]["median_step_ms"] / runs["ours"]["median_step_ms"],
-        "grad_rel_l2": {k: result["gradients"][k] for k in ("max_rel_l2", "median_rel_l2")},
+        "grad_rel_l2": summary,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "train_retnet.json").write_text(json.dumps(result, indent=1))
