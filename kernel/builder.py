@@ -140,7 +140,7 @@ def check_tensor(name: str, tensor: Any, shape: tuple[int, ...], dtype: torch.dt
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tuple(tensor.shape) != shape:
-        raise ValueError(f"{name} must have shape {list(shape)} [B, S, H, D], got {list(tensor.shape)}")
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(tensor.shape)}")
     if tensor.dtype != dtype:
         raise ValueError(f"{name} must be {dtype}, got {tensor.dtype}")
     if tensor.device.type != "cuda":

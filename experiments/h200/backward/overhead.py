@@ -15,7 +15,8 @@ decays, scale DK^-1/2) at one shape, in one run:
 - the host's time per call, layer by layer: TileLang's call of the forward's kernel (also
   through its cython and nvrtc execution backends, where they build), our
   checked call of it, ``decay_attention``'s forward without and with autograd, the
-  backward op, and forward plus backward (100 calls back to back, then one synchronize);
+  backward op, and forward plus backward (100 calls back to back, then one synchronize),
+  and forward and forward plus backward again at 1xHx64, where the GPU is never the bound;
 - a cProfile of 100 calls of both, the top 25 functions by own time.
 
     python3 experiments/h200/backward/overhead.py --out DIR [--shape 8x16x4096]
@@ -91,7 +92,9 @@ def main() -> int:
     # backwards in time? The wave seeds (the bench's candidates) are timed both ways.
     seeds = wave_seeds(problem, arch=cuda_arch(), sms=sm_count())
     ways = [(c, dataclasses.replace(call, reverse=r)) for c in seeds for r in (False, True)]
-    precompile([*jobs, *((problem, c, w) for c, w in ways)], arch=cuda_arch())  # in parallel
+    tiny = Problem(1, h, 64, 128, 128, "bfloat16")
+    jobs_tiny = attention.training_jobs(tiny, call, 1)
+    precompile([*jobs, *jobs_tiny, *((problem, c, w) for c, w in ways)], arch=cuda_arch())  # in parallel
     built = {}
     for (name, tensors), job in zip(inputs.items(), jobs):
         kernel = built[name] = build(*job)
@@ -162,6 +165,19 @@ def main() -> int:
                 continue
             layers[f"TileLang's call, {backend} backend"] = lambda k=other: k(*plain, decay, h0, out, ht)
     result["host_us"] = {name: host_us(fn) for name, fn in layers.items()}
+    # The same calls at a shape whose kernels take a few microseconds: the GPU's queue
+    # cannot bound the loop there, so these are the host's own times.
+    tq, tk, tv = (x.requires_grad_() for x in random_qkv(tiny, seed=3))
+    tdo = torch.randn_like(tv)
+
+    def tiny_forward():
+        return attention.decay_attention(tq, tk, tv, decay, scale=call.scale)[0]
+
+    result["host_us_tiny"] = {
+        "shape": f"1x{h}x64",
+        "decay_attention forward, with autograd": host_us(tiny_forward),
+        "forward plus backward": host_us(lambda: torch.autograd.grad(tiny_forward(), (tq, tk, tv), tdo)),
+    }
 
     profile = cProfile.Profile()
     profile.enable()
