@@ -17,7 +17,10 @@ decays, scale DK^-1/2) at one shape, in one run:
   checked call of it, ``decay_attention``'s forward without and with autograd, the
   backward op, and forward plus backward (100 calls back to back, then one synchronize),
   and forward and forward plus backward again at 1xHx64, where the GPU is never the bound;
-- a cProfile of 100 calls of both, the top 25 functions by own time.
+- the GPU's timeline of forward plus backward after an L2 flush (torch's profiler): each
+  kernel's duration and the GPU's idle time before it, waiting for the host;
+- a cProfile of 100 calls of both, the top 25 functions by own time (the main thread
+  only: the autograd engine runs the backward on its own thread).
 
     python3 experiments/h200/backward/overhead.py --out DIR [--shape 8x16x4096]
 
@@ -30,6 +33,7 @@ import dataclasses
 import io
 import json
 import pstats
+import statistics
 import time
 from pathlib import Path
 
@@ -41,7 +45,7 @@ from kernel.arch import target
 from kernel.backward import sweep_calls
 from kernel.builder import build, constant_decay, cuda_arch, precompile, sm_count
 from kernel.config import Call, Problem, model_call, retnet_decay
-from kernel.timing import bench
+from kernel.timing import L2_FLUSH_BYTES, bench
 from kernel.validate import random_qkv
 from kernel.variants import pass_configs, prim_funcs, state_buffer
 from tuner.space import wave_seeds
@@ -58,6 +62,53 @@ def host_us(fn, calls: int = 100) -> float:
     elapsed = time.perf_counter() - start
     torch.cuda.synchronize()
     return elapsed / calls * 1e6
+
+
+def gpu_idle_us(fn, reps: int = 20) -> dict:
+    """The GPU's timeline of ``fn()`` after an L2 flush, as ``bench`` times it, from
+    torch's profiler: per kernel of the call, in launch order, its name, its duration and
+    the GPU's idle time before it (since the previous kernel ended; the first's since the
+    flush ended), medians over ``reps`` calls, in microseconds. Idle time is time the
+    kernels waited for the host to launch them."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.zero_()
+            fn()
+            torch.cuda.synchronize()
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start
+    )
+    flush_name = kernels[0].name
+    calls: list[list] = []
+    for e in kernels:  # each call: the flush, then its own kernels
+        if e.name == flush_name:
+            calls.append([e])
+        else:
+            calls[-1].append(e)
+    lengths = {len(c) for c in calls}
+    if len(lengths) != 1:
+        return {"error": f"calls launched different numbers of kernels: {sorted(lengths)}"}
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    steps = []
+    for i in range(1, lengths.pop()):
+        steps.append(
+            {
+                "kernel": calls[0][i].name[:80],
+                "idle_before_us": median([c[i].time_range.start - c[i - 1].time_range.end for c in calls]),
+                "duration_us": median([c[i].time_range.end - c[i].time_range.start for c in calls]),
+            }
+        )
+    span = median([c[-1].time_range.end - c[0].time_range.end for c in calls])
+    return {"reps": len(calls), "span_after_flush_us": span, "kernels": steps}
 
 
 def main() -> int:
@@ -178,6 +229,8 @@ def main() -> int:
         "decay_attention forward, with autograd": host_us(tiny_forward),
         "forward plus backward": host_us(lambda: torch.autograd.grad(tiny_forward(), (tq, tk, tv), tdo)),
     }
+
+    result["gpu_idle_us"] = gpu_idle_us(both)
 
     profile = cProfile.Profile()
     profile.enable()
