@@ -7,7 +7,7 @@
 # forward plus backward's time goes beyond its kernels (overhead.py); gradients: one
 # step's gradients of that RetNet, ours and fla's in bf16 against fla's in fp32
 # (train_retnet.py --check-only); layers: that, and each layer's attention gradients
-# against fp64 (--layers, 350 s more). Each step has its own time limit, so that one hang
+# against fp64 (--layers: 348 s in all on the H200). Each step has its own time limit, so that one hang
 # leaves the others' results in $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
