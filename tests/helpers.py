@@ -21,6 +21,20 @@ LAYOUT_FAILURE = "32/32/2/128/regs"  # TileLang 0.1.15 cannot lay out register s
 WARP_FAILURE = "32/16/1/256/regs"  # nor split a 32x16 tile over 8 warps ("No valid warp partition")
 
 
+def selected(request, *names: str) -> list[tuple]:
+    """The values of the parameters ``names`` in each selected test of the requesting
+    module that takes them, in order, once each: what a fixture that compiles ahead must
+    compile, and no more where ``-k`` or node IDs pick a few tests."""
+    values: list[tuple] = []
+    for item in request.session.items:
+        spec = getattr(item, "callspec", None)
+        if item.module is request.module and spec is not None and all(n in spec.params for n in names):
+            value = tuple(spec.params[n] for n in names)
+            if value not in values:  # not a set: a parameter may be a list
+                values.append(value)
+    return values
+
+
 def run_small(storage: str, study: str, *extra: str) -> int:
     """``python -m tuner run`` on ``SMALL_PROBLEM`` with two compile workers."""
     return main(

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from helpers import selected
 
 import refs
 from kernel.attention import decay_attention
@@ -72,13 +73,13 @@ PACKED_CONFIGS = [
 
 
 @pytest.fixture(scope="module", autouse=True)
-def compiled() -> None:
-    """Compile every case once, in parallel; the tests then build from TileLang's cache."""
+def compiled(request) -> None:
+    """Compile the selected cases once, in parallel; the tests then build from TileLang's
+    cache."""
     packed = Call(scale=128**-0.5, initial_state=True, final_state=True, packed=True)
-    jobs = [case[:3] for case in CASES] + [
+    jobs = selected(request, "problem", "config", "call") + [
         (Problem(1, 8, 1, 128, 128, dtype), config, packed)
-        for config in PACKED_CONFIGS
-        for dtype in ("float16", "bfloat16")
+        for config, dtype in selected(request, "config", "dtype")
     ]
     for res in precompile(jobs, arch=cuda_arch()):
         assert isinstance(res, Resources), res

@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 import torch
+from helpers import selected
 
 import refs
 from kernel.backward import backward, sweep_calls
@@ -200,18 +201,19 @@ GPU_CASES = [  # (b, s, h, dk, dv, dtype, packed lengths)
 
 
 @pytest.fixture(scope="module")
-def compiled() -> None:
-    """Compile every kernel the GPU cases call, forward and sweeps, in parallel processes."""
+def compiled(request) -> None:
+    """Compile every kernel the selected GPU cases call, forward and sweeps, in parallel
+    processes."""
     from kernel.attention import training_jobs
     from kernel.builder import cuda_arch, precompile
     from kernel.resources import Resources
 
     jobs = set()
-    for b, s, h, dk, dv, dtype, lengths in GPU_CASES:
+    names = ("b", "s", "h", "dk", "dv", "dtype", "lengths", "with_state")
+    for b, s, h, dk, dv, dtype, lengths, with_state in selected(request, *names):
         problem, n = Problem(b, h, s, dk, dv, dtype), b if lengths is None else len(lengths)
-        for with_state in (True, False):
-            call = Call(0.1, with_state, with_state, lengths is not None)
-            jobs |= training_jobs(problem, call, n)
+        call = Call(0.1, with_state, with_state, lengths is not None)
+        jobs |= training_jobs(problem, call, n)
     for res in precompile(sorted(jobs, key=str), arch=cuda_arch()):
         assert isinstance(res, Resources), res
 

@@ -10,6 +10,7 @@ import zlib
 
 import pytest
 import torch
+from helpers import selected
 
 from kernel import SEED_CONFIG, KernelConfig, Problem, build
 from kernel.builder import constant_decay, cuda_arch, precompile
@@ -42,10 +43,11 @@ NUMERIC_CASES += [
 NUMERIC_CASES += [(Problem(2, 2, 1000, 256, 128), KernelConfig(64, 64, 2, 256), 0.9)]
 
 
-@pytest.fixture(scope="session")
-def compiled() -> dict[tuple[Problem, KernelConfig], ProbeResult]:
-    """Compile every case once, in parallel; tests then build from TileLang's disk cache."""
-    cases = list(dict.fromkeys((p, c) for p, c, _ in CONFIG_SWEEP + NUMERIC_CASES))
+@pytest.fixture(scope="module")
+def compiled(request) -> dict[tuple[Problem, KernelConfig], ProbeResult]:
+    """Compile every selected case once, in parallel; tests then build from TileLang's
+    disk cache."""
+    cases = selected(request, "problem", "config")
     return dict(zip(cases, precompile(cases, arch=cuda_arch())))
 
 
