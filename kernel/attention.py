@@ -3,7 +3,10 @@
 ``decay_tuner::decay_attention`` so that it runs under ``torch.compile(fullgraph=True)``
 and inside a captured CUDA graph. It is differentiable in q, k, v and the initial state:
 its autograd rule is the op ``decay_tuner::decay_attention_backward``, three sweeps of the
-same kernel (``kernel.backward``).
+same kernel (``kernel.backward``). Called eagerly (not under ``torch.compile``), the same
+two implementations run under a plain ``torch.autograd.Function`` instead: torch's
+dispatch of the two ops and their autograd rule cost 150 us of host time per forward plus
+backward on the CPU machine, the Function 60 us (experiments/cpu/host_overhead/).
 
 fla's arguments map one to one: ``g_gamma`` (log-decay per head) is ``log(decay)``, i.e.
 ``decay = exp(g_gamma)``; ``scale``, ``initial_state`` and ``output_final_state`` mean the
@@ -69,16 +72,20 @@ def decay_attention(
     crosses from one sequence to the next. A wrong input raises ``ValueError`` before
     anything is launched.
     """
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if scale is None:  # a q that is no tensor is refused with the other checks
+        scale = q.shape[-1] ** -0.5 if isinstance(q, torch.Tensor) else 1.0
     alpha, per_head = (float(decay), None) if isinstance(decay, (int, float)) else (1.0, decay)
-    o, final = torch.ops.decay_tuner.decay_attention(
-        q, k, v, per_head, alpha, float(scale), initial_state, output_final_state, cu_seqlens
+    args = (q, k, v, per_head, alpha, float(scale), initial_state, output_final_state, cu_seqlens)
+    # Traced (torch.compile, fake or meta tensors): the op, whose fake implementation gives
+    # the shapes. Called on real tensors: the same implementation, without the op's dispatch.
+    traced = torch.compiler.is_compiling() or (
+        isinstance(q, torch.Tensor) and (type(q) is not torch.Tensor or q.is_meta)
     )
+    o, final = (torch.ops.decay_tuner.decay_attention if traced else _Eager.apply)(*args)
     return o, (final if output_final_state else None)
 
 
-@torch.library.custom_op("decay_tuner::decay_attention", mutates_args=())
-def _decay_attention_op(
+def _attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -97,6 +104,9 @@ def _decay_attention_op(
         sequences = cu_seqlens.numel() - 1
     _check_state(initial_state, problem, sequences, q.device)
     return _forward(problem, q, k, v, decay, scale, initial_state, output_final_state, cu_seqlens)
+
+
+_attention_op = torch.library.custom_op("decay_tuner::decay_attention", mutates_args=())(_attention)
 
 
 def _forward(
@@ -129,7 +139,7 @@ def _forward(
     return o, final
 
 
-@_decay_attention_op.register_fake
+@_attention_op.register_fake
 def _(q, k, v, decay, alpha, scale, initial_state, output_final_state, cu_seqlens):
     b, s, h, dk = q.shape
     n = b if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -137,8 +147,7 @@ def _(q, k, v, decay, alpha, scale, initial_state, output_final_state, cu_seqlen
     return q.new_empty(b, s, h, v.shape[-1]), final
 
 
-@torch.library.custom_op("decay_tuner::decay_attention_backward", mutates_args=())
-def _backward_op(
+def _backward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -175,6 +184,9 @@ def _backward_op(
     return dq, dk, dv, (torch.empty(0, device=q.device) if dh0 is None else dh0)
 
 
+_backward_op = torch.library.custom_op("decay_tuner::decay_attention_backward", mutates_args=())(_backward)
+
+
 @_backward_op.register_fake
 def _(q, k, v, do, decay, alpha, scale, initial_state, dht, cu_seqlens):
     dh0 = (
@@ -189,19 +201,37 @@ def _setup_backward(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.alpha, ctx.scale = alpha, scale
 
 
-def _gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple:
-    """The autograd rule of ``decay_tuner::decay_attention``: gradients for q, k, v and the
-    initial state; none for the decay (not learned) or the offsets."""
+def _gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None, backward=_backward) -> tuple:
+    """The autograd rule of ``decay_attention``: gradients for q, k, v and the initial state;
+    none for the decay (not learned) or the offsets. ``backward``: the backward's
+    implementation, or (under ``torch.compile``) its op."""
     q, k, v, decay, initial_state, cu_seqlens = ctx.saved_tensors
     do = torch.zeros_like(v) if do is None else do
     dht = dfinal if dfinal is not None and dfinal.numel() else None  # the (0,) stand-in: no state
-    dq, dk, dv, dh0 = torch.ops.decay_tuner.decay_attention_backward(
-        q, k, v, do, decay, ctx.alpha, ctx.scale, initial_state, dht, cu_seqlens
-    )
+    dq, dk, dv, dh0 = backward(q, k, v, do, decay, ctx.alpha, ctx.scale, initial_state, dht, cu_seqlens)
     return dq, dk, dv, None, None, None, (dh0 if initial_state is not None else None), None, None
 
 
-torch.library.register_autograd("decay_tuner::decay_attention", _gradients, setup_context=_setup_backward)
+def _op_gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple:
+    return _gradients(ctx, do, dfinal, torch.ops.decay_tuner.decay_attention_backward)
+
+
+torch.library.register_autograd("decay_tuner::decay_attention", _op_gradients, setup_context=_setup_backward)
+
+
+class _Eager(torch.autograd.Function):
+    """The two implementations and the autograd rule of the ops, without torch's dispatch
+    of them: what an eager call runs."""
+
+    @staticmethod
+    def forward(ctx: Any, *inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        output = _attention(*inputs)
+        _setup_backward(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple:
+        return _gradients(ctx, do, dfinal)
 
 
 def _empty_state(q: torch.Tensor, problem: Problem, sequences: int, wanted: bool) -> torch.Tensor:

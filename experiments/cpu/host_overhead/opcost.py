@@ -4,7 +4,8 @@
 registered by ``torch.library.register_autograd``, and its backward is a second custom op.
 Here two toy ops of the same signatures return empty tensors at once, so what is timed is
 torch's dispatch: the forward without autograd, the forward plus backward through
-``register_autograd``, and the same two ops under a plain ``torch.autograd.Function``.
+``register_autograd``, the same two ops under a plain ``torch.autograd.Function``, and that
+Function calling the ops' implementations without their dispatch.
 
     python3 experiments/cpu/host_overhead/opcost.py   # prints JSON: microseconds per call
 """
@@ -72,6 +73,22 @@ class Plain(torch.autograd.Function):
         return gradients(ctx, do, dfinal)
 
 
+class Direct(torch.autograd.Function):
+    """The ops' Python implementations called directly: what ``decay_attention`` runs
+    eagerly (``kernel.attention._Eager``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, decay, alpha, scale, h0, final, cu):
+        setup(ctx, (q, k, v, decay, alpha, scale), None)
+        return forward_op._init_fn(q, k, v, decay, alpha, scale, h0, final, cu)
+
+    @staticmethod
+    def backward(ctx, do, dfinal):
+        q, k, v, decay = ctx.saved_tensors
+        dq, dk, dv, _ = backward_op._init_fn(q, k, v, do, decay, ctx.alpha, ctx.scale, None, None, None)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
 def per_call_us(fn, calls: int = 2000) -> float:
     for _ in range(100):
         fn()
@@ -98,6 +115,9 @@ def main() -> None:
 
     cases = {"forward, no autograd": no_grad, "forward + backward, register_autograd": custom_op}
     cases["forward + backward, autograd.Function"] = function
+    cases["forward + backward, autograd.Function, the implementations called directly"] = lambda: (
+        torch.autograd.grad(Direct.apply(q, k, v, *args)[0], (q, k, v), do)
+    )
     print(json.dumps({name: [round(per_call_us(fn), 1) for _ in range(3)] for name, fn in cases.items()}))
 
 
