@@ -23,12 +23,14 @@ WARP_FAILURE = "32/16/1/256/regs"  # nor split a 32x16 tile over 8 warps ("No va
 
 def selected(request, *names: str) -> list[tuple]:
     """The values of the parameters ``names`` in each selected test of the requesting
-    module that takes them, in order, once each: what a fixture that compiles ahead must
-    compile, and no more where ``-k`` or node IDs pick a few tests."""
+    module that uses the requesting fixture and takes them, in order, once each: what a
+    fixture that compiles ahead must compile, and no more where ``-k`` or node IDs pick a
+    few tests."""
     values: list[tuple] = []
     for item in request.session.items:
         spec = getattr(item, "callspec", None)
-        if item.module is request.module and spec is not None and all(n in spec.params for n in names):
+        uses = item.module is request.module and request.fixturename in item.fixturenames
+        if uses and spec is not None and all(n in spec.params for n in names):
             value = tuple(spec.params[n] for n in names)
             if value not in values:  # not a set: a parameter may be a list
                 values.append(value)
