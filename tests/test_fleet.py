@@ -107,7 +107,7 @@ def test_ctrl_c_stops_every_worker_and_queues_their_trials_again(cold, tmp_path)
         "try:\n    run_jobs(jobs, [0, 1], log_dir=Path(sys.argv[1]))\n"
         "except KeyboardInterrupt:\n    sys.exit(130)\n"
     )
-    argv = _job("x", cold, 200).argv  # more than a run can finish before the poll below sees it
+    argv = _job("x", cold, 20).argv
     parent = subprocess.Popen(
         [sys.executable, "-c", script, str(tmp_path / "logs"), *argv],
         stdout=subprocess.PIPE,

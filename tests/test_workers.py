@@ -113,8 +113,7 @@ def test_ctrl_c_then_resume_measures_the_interrupted_configs(tmp_path):
     run fails its trial in flight and queues its config; the next run measures it."""
     storage = f"journal:{tmp_path / 'j.log'}"
     backend = get_storage(storage)
-    # More trials than a run can finish before the poll below sees one in flight.
-    run = _worker(storage, tmp_path, 100, cache=tmp_path / "cold-cache")
+    run = _worker(storage, tmp_path, 8, cache=tmp_path / "cold-cache")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and run.poll() is None:
         study = _study(backend)
