@@ -1,6 +1,7 @@
 """What several tuner test files share: a problem small enough to compile in seconds, a
 compile-only run of it through the CLI, and hand-written best-config and dispatch files."""
 
+import signal
 from pathlib import Path
 
 import optuna
@@ -19,6 +20,13 @@ SMALL = ["--dk", "64", "--dv", "64", "--batch", "1", "--heads", "2", "--seqlen",
 SMALL_PROBLEM = Problem(1, 2, 256, 64, 64)
 LAYOUT_FAILURE = "32/32/2/128/regs"  # TileLang 0.1.15 cannot lay out register scores at C = 32
 WARP_FAILURE = "32/16/1/256/regs"  # nor split a 32x16 tile over 8 warps ("No valid warp partition")
+
+
+def as_at_a_terminal() -> None:
+    """A child's SIGINT as a terminal's foreground job has it (a ``preexec_fn``): a shell
+    that starts the tests as a background job ignores SIGINT in them and, through them, in
+    every process they start, where Ctrl-C would reach none."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def selected(request, *names: str) -> list[tuple]:

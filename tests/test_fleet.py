@@ -12,7 +12,7 @@ import time
 
 import optuna
 import pytest
-from helpers import REPO
+from helpers import REPO, as_at_a_terminal
 from optuna.trial import TrialState
 
 from kernel import KernelConfig, Problem
@@ -114,6 +114,7 @@ def test_ctrl_c_stops_every_worker_and_queues_their_trials_again(cold, tmp_path)
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=as_at_a_terminal,
     )
     deadline = time.monotonic() + 300
     while len(_running_pids(cold)) < 2 and time.monotonic() < deadline and parent.poll() is None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from helpers import REPO
+from helpers import REPO, as_at_a_terminal
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
@@ -41,6 +41,7 @@ def _worker(storage: str, tmp: Path, n_trials: int, cache: Path | None = None) -
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=as_at_a_terminal,
     )
 
 
