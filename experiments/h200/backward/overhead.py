@@ -198,6 +198,9 @@ def main() -> int:
         "the backward op (three sweeps)": lambda: backward_op(
             *plain, do, decay, 1.0, call.scale, None, None, None
         ),
+        "the backward's implementation, as an eager call runs it": lambda: attention._backward(
+            *plain, do, decay, 1.0, call.scale, None, None, None
+        ),
         "forward plus backward": both,
     }
     if kernel.config.segments != 1:  # the split launches several kernels of other signatures
