@@ -3,10 +3,9 @@
 ``decay_tuner::decay_attention`` so that it runs under ``torch.compile(fullgraph=True)``
 and inside a captured CUDA graph. It is differentiable in q, k, v and the initial state:
 its autograd rule is the op ``decay_tuner::decay_attention_backward``, three sweeps of the
-same kernel (``kernel.backward``). Called eagerly (not under ``torch.compile``), the same
-two implementations run under a plain ``torch.autograd.Function`` instead: torch's
-dispatch of the two ops and their autograd rule cost 150 us of host time per forward plus
-backward on the CPU machine, the Function 60 us (experiments/cpu/host_overhead/).
+same kernel (``kernel.backward``). Called eagerly on real tensors, the same two
+implementations run under a plain ``torch.autograd.Function`` instead, without the host
+time torch's dispatch of the ops adds (experiments/cpu/host_overhead/).
 
 fla's arguments map one to one: ``g_gamma`` (log-decay per head) is ``log(decay)``, i.e.
 ``decay = exp(g_gamma)``; ``scale``, ``initial_state`` and ``output_final_state`` mean the
