@@ -327,11 +327,11 @@ REVERSE_LENGTHS = [1, 63, 64, 65, 300, 17, 2]
 
 
 @pytest.fixture(scope="module")
-def compiled_reverse() -> None:
+def compiled_reverse(request) -> None:
     from kernel.builder import cuda_arch, precompile
     from kernel.resources import Resources
 
-    for res in precompile(REVERSE_CASES, arch=cuda_arch()):
+    for res in precompile(selected(request, "problem", "config", "call"), arch=cuda_arch()):
         assert isinstance(res, Resources), res
 
 
