@@ -13,20 +13,24 @@ for ``i <= j < m``)::
 Seven MMAs per chunk where a sweep has four; it reads Q, K, V, dO once and writes dK, dV
 (6 tensors where the two sweeps move 8), and one block holds the whole DV. From FLOPs and
 bytes it could take 0.22 to 0.24 ms at 8x16x4096 against the two sweeps' 0.286
-(experiments/h200/backward/README.md). This prototype is dense, starts from a zero state
-and returns none (the bench's backward rows: no state), any S (a ragged last chunk), one
-alpha per head read at run time. ``--async`` issues the MMAs as the forward's Hopper step
-does (``kernel.mma``: wgmma, waited only where a result is read).
+(experiments/h200/backward/README.md). This prototype is dense (no packed sequences), any
+S (a ragged last chunk), one alpha per head read at run time, and with ``states`` it
+starts from ``H0`` (``dHT / (scale alpha)``, as ``kernel.backward`` starts its reversed
+sweeps) and writes the state at the first token to ``HT`` (``dH0 = scale alpha HT``, the dv
+sweep's final state). The async variants issue the MMAs as the forward's Hopper step does
+(``kernel.mma``: wgmma, waited only where a result is read).
 
     python3 experiments/h200/fused_sweep/fused.py --compile-only   # CPU: ptxas's figures
     python3 experiments/h200/fused_sweep/fused.py --out DIR        # GPU: check, then time
 
-On the GPU: dK and dV against ``refs.chunked_backward`` in fp64 (NaN-filled outputs, odd
-shapes), then at 8x16x4096 fp16 the fused sweep against the two sweeps ``decay_attention``
-runs, in one run (``kernel.timing.alternating``). Writes DIR/fused.json.
+On the GPU: dK, dV (and dH0, with states) against ``refs.chunked_backward`` in fp64
+(NaN-filled outputs, odd shapes), then at 8x16x4096 fp16 the fused sweep against the two
+sweeps ``decay_attention`` runs, in one run (``kernel.timing.alternating``). Writes
+DIR/fused.json.
 """
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import sys
@@ -62,10 +66,12 @@ def fused_dkdv(
     threads: int = 256,
     num_stages: int = 1,
     asynchronous: bool = False,
+    states: bool = False,
     arch: str = "sm_90a",
 ):
-    """The ``@T.prim_func`` ``main(Q, K, V, dO, Decay, dK, dV)``: one block per (batch,
-    head) walks the chunks last to first."""
+    """The ``@T.prim_func`` ``main(Q, K, V, dO, Decay, H0, HT, dK, dV)``: one block per
+    (batch, head) walks the chunks last to first. H0, HT: fp32 ``[B*H, 1, DK, DV]``, read
+    and written only with ``states``."""
     C, accum = chunk, "float32"
     n_chunks = (seqlen + C - 1) // C
     mma = mma_for(arch) if asynchronous else mma_for("sm_80")  # sm_80: T.gemm, waits vanish
@@ -77,6 +83,8 @@ def fused_dkdv(
         V: T.Tensor([batch, seqlen, heads, dv], dtype),
         dO: T.Tensor([batch, seqlen, heads, dv], dtype),
         Decay: T.Tensor([heads], accum),
+        H0: T.Tensor([batch * heads, 1, dk, dv], accum),
+        HT: T.Tensor([batch * heads, 1, dk, dv], accum),
         dK: T.Tensor([batch, seqlen, heads, dk], dtype),
         dV: T.Tensor([batch, seqlen, heads, dv], dtype),
     ):
@@ -106,7 +114,10 @@ def fused_dkdv(
                 Gamma[i, j] = T.if_then_else(
                     j >= i, scale * T.exp2(lg[0] * T.Cast(accum, j - i)), T.Cast(accum, 0)
                 )
-            T.clear(dS_f)
+            if states:
+                T.copy(H0[bbh, 0, :, :], dS_f)
+            else:
+                T.clear(dS_f)
             for c in T.Pipelined(n_chunks, num_stages=num_stages):
                 s0 = (n_chunks - 1 - c) * C
                 m = T.min(C, seqlen - s0)  # tokens of this chunk: C but for the last
@@ -151,13 +162,16 @@ def fused_dkdv(
                 touch[0] = K_s[0, 0]
                 touch[0] = V_s[0, 0]
                 touch[0] = dO_s[0, 0]
+            if states:
+                T.copy(dS_f, HT[bbh, 0, :, :])
 
     return main
 
 
-def mimic(q, k, v, do, decay, scale: float, chunk: int = 64):
+def mimic(q, k, v, do, decay, scale: float, chunk: int = 64, start=None):
     """The kernel's chunk loop statement by statement in fp64 torch (``[B, S, H, D]``
-    tensors, decay ``[H]``): ``(dK, dV)``, to check the algebra on the CPU."""
+    tensors, decay ``[H]``, ``start`` ``[B, H, DK, DV]`` or None): ``(dK, dV, the state at
+    the first token)``, to check the algebra on the CPU."""
     import torch
 
     b, s, h, dk = q.shape
@@ -166,7 +180,7 @@ def mimic(q, k, v, do, decay, scale: float, chunk: int = 64):
     i = torch.arange(chunk, dtype=torch.float64)
     dist = i[None, :] - i[:, None]  # j - i
     gamma = torch.where(dist >= 0, scale * torch.exp2(lg * dist.clamp(min=0)), 0.0)
-    ds = torch.zeros(b, h, dk, v.shape[-1], dtype=torch.float64)
+    ds = torch.zeros(b, h, dk, v.shape[-1], dtype=torch.float64) if start is None else start.double()
     dk_, dv_ = torch.empty_like(k), torch.empty_like(v)
     n_chunks = (s + chunk - 1) // chunk
     for c in range(n_chunks):
@@ -183,7 +197,7 @@ def mimic(q, k, v, do, decay, scale: float, chunk: int = 64):
         qw = torch.where((i < m)[:, None], qs * torch.exp2(lg * i[:, None]), 0.0)
         ds = ds * torch.exp2(lg * m) + qw.transpose(-1, -2) @ dos
         dv_[:, :, s0 : s0 + m], dk_[:, :, s0 : s0 + m] = acc_v[:, :, :m], acc_k[:, :, :m]
-    return dk_.transpose(1, 2), dv_.transpose(1, 2)
+    return dk_.transpose(1, 2), dv_.transpose(1, 2), ds
 
 
 def check_mimic() -> list[dict]:
@@ -203,19 +217,35 @@ def check_mimic() -> list[dict]:
         q, k = (torch.randn(b, s, h, dk, generator=gen, dtype=torch.float64) for _ in range(2))
         v, do = (torch.randn(b, s, h, dv, generator=gen, dtype=torch.float64) for _ in range(2))
         decay = torch.tensor([0.05, 0.9, 0.999][:h], dtype=torch.float64)
-        _, want_dk, want_dv, _ = refs.chunked_backward(q, k, v, decay, chunk, do, scale=dk**-0.5)
-        got_dk, got_dv = mimic(q, k, v, do, decay, dk**-0.5, chunk)
+        h0, dht = (torch.randn(b, h, dk, dv, generator=gen, dtype=torch.float64) for _ in range(2))
+        scale = dk**-0.5
+        _, want_dk, want_dv, want_dh0 = refs.chunked_backward(
+            q, k, v, decay, chunk, do, scale=scale, initial_state=h0, dht=dht
+        )
+        weight = (scale * decay)[:, None, None]  # kernel.backward's start and dH0
+        got_dk, got_dv, final = mimic(q, k, v, do, decay, scale, chunk, start=dht / weight)
         rows.append(
             {
-                "shape": f"{b}x{h}x{s}, DK {dk}, DV {dv}, C {chunk}",
+                "shape": f"{b}x{h}x{s}, DK {dk}, DV {dv}, C {chunk}, states in and out",
                 "dk_rel_l2": refs.rel_l2(got_dk, want_dk),
                 "dv_rel_l2": refs.rel_l2(got_dv, want_dv),
+                "dh0_rel_l2": refs.rel_l2(final * weight, want_dh0),
             }
         )
     return rows
 
 
-def compile_variant(name: str, batch: int, heads: int, seqlen: int, dk: int, dv: int, dtype: str, arch: str):
+def compile_variant(
+    name: str,
+    batch: int,
+    heads: int,
+    seqlen: int,
+    dk: int,
+    dv: int,
+    dtype: str,
+    arch: str,
+    states: bool = False,
+):
     threads, stages, asynchronous = VARIANTS[name]
     func = fused_dkdv(
         batch,
@@ -228,6 +258,7 @@ def compile_variant(name: str, batch: int, heads: int, seqlen: int, dk: int, dv:
         threads=threads,
         num_stages=stages,
         asynchronous=asynchronous,
+        states=states,
         arch=arch,
     )
     return func, tilelang.compile(func, target=target(arch), pass_configs=pass_configs(arch))
@@ -238,16 +269,17 @@ def compile_only() -> list[dict]:
     from kernel.resources import _ptxas, launch_figures, lower, parse_ptxas
 
     rows = []
-    for name in VARIANTS:
+    for name, states in itertools.product(VARIANTS, (False, True)):
+        row: dict = {"variant": name, "states": states}
         try:
-            func, kernel = compile_variant(name, 8, 16, 4096, 128, 128, "float16", "sm_90a")
+            func, kernel = compile_variant(name, 8, 16, 4096, 128, 128, "float16", "sm_90a", states)
         except Exception as exc:  # a variant TileLang cannot lower: say why
-            rows.append({"variant": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            rows.append(row | {"error": f"{type(exc).__name__}: {exc}"[:500]})
             continue
         ok, log = _ptxas(kernel.get_kernel_source(), "sm_90a")
         figures = parse_ptxas(log) if ok else {"ptxas_error": log[-1000:]}
         smem, threads = launch_figures(kernel.artifact or lower(func, arch="sm_90a"))
-        rows.append({"variant": name, **figures, "dynamic_smem": smem, "threads_launched": threads})
+        rows.append(row | figures | {"dynamic_smem": smem, "threads_launched": threads})
     return rows
 
 
@@ -281,35 +313,36 @@ def gpu(out: Path) -> dict:
     sweeps = [attention.kernel_job(p_dk, c_dk, 8), attention.kernel_job(p_dv, c_dv, 8)]
     # Every kernel compiled first, in parallel processes (TileLang's disk cache keeps them).
     jobs = [
-        (n, b, h, s, 128, 128, d, arch)
-        for n in VARIANTS
-        for b, h, s, d in [*shapes, (8, 16, 4096, "float16")]
+        (n, b, h, s, 128, 128, d, arch, st) for n in VARIANTS for b, h, s, d in shapes for st in (False, True)
     ]
+    jobs += [(n, 8, 16, 4096, 128, 128, "float16", arch, False) for n in VARIANTS]
     with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
         done = list(pool.map(_compiles, jobs))
     result["compiled"] = dict(zip(map(str, jobs), done))
     precompile(sweeps, arch=arch)
-    for b, h, s, dtype in shapes:
+    for (b, h, s, dtype), states in itertools.product(shapes, (False, True)):
         q, k, v = random_qkv(Problem(b, h, s, 128, 128, dtype), seed=s)
         do = torch.randn_like(v, dtype=torch.float32).to(v.dtype)
         decay = torch.tensor([0.05, 0.9, 0.999][:h], device="cuda")
-        _, want_dk, want_dv, _ = refs.chunked_backward(q, k, v, decay, 64, do, scale=128**-0.5)
+        h0, dht = (torch.randn(b, h, 128, 128, device="cuda") for _ in range(2))
+        _, want_dk, want_dv, want_dh0 = refs.chunked_backward(
+            q, k, v, decay, 64, do, scale=scale, initial_state=h0, dht=dht if states else None
+        )
+        weight = (scale * decay)[:, None, None]  # kernel.backward's start and dH0
+        start = (dht / weight if states else torch.empty_like(dht)).reshape(b * h, 1, 128, 128)
         for name in VARIANTS:
-            _, kernel = compile_variant(name, b, h, s, 128, 128, dtype, arch)
+            _, kernel = compile_variant(name, b, h, s, 128, 128, dtype, arch, states)
             dk_, dv_ = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-            kernel(q, k, v, do, decay, dk_, dv_)
+            final = torch.full_like(start, float("nan"))
+            kernel(q, k, v, do, decay, start, final, dk_, dv_)
             torch.cuda.synchronize()
-            result["checks"].append(
-                {
-                    "shape": f"{b}x{h}x{s}",
-                    "dtype": dtype,
-                    "variant": name,
-                    "dk_rel_l2": refs.rel_l2(dk_, want_dk),
-                    "dv_rel_l2": refs.rel_l2(dv_, want_dv),
-                    "nan": int(dk_.isnan().sum() + dv_.isnan().sum()),
-                }
-            )
-            print(json.dumps(result["checks"][-1]), flush=True)
+            check = {"shape": f"{b}x{h}x{s}", "dtype": dtype, "states": states, "variant": name}
+            check |= {"dk_rel_l2": refs.rel_l2(dk_, want_dk), "dv_rel_l2": refs.rel_l2(dv_, want_dv)}
+            if states:
+                check["dh0_rel_l2"] = refs.rel_l2(final.reshape(b, h, 128, 128) * weight, want_dh0)
+            check["nan"] = int(dk_.isnan().sum() + dv_.isnan().sum() + (final.isnan().sum() if states else 0))
+            result["checks"].append(check)
+            print(json.dumps(check), flush=True)
     # Timing at the headline shape: each fused variant against the two sweeps.
     q, k, v = random_qkv(problem, seed=1)
     do = torch.randn_like(v, dtype=torch.float32).to(v.dtype)
@@ -317,9 +350,10 @@ def gpu(out: Path) -> dict:
     dk_sweep, dv_sweep = (build(*job) for job in sweeps)
     calls = {"two sweeps": lambda: (dk_sweep(v, do, q, decay=decay), dv_sweep(k, q, do, decay=decay))}
     dk_, dv_ = torch.empty_like(k), torch.empty_like(v)
+    unused = torch.empty(8 * 16, 1, 128, 128, device="cuda")  # no states: never touched
     for name in VARIANTS:
         _, kernel = compile_variant(name, 8, 16, 4096, 128, 128, "float16", arch)
-        calls[f"fused {name}"] = lambda kernel=kernel: kernel(q, k, v, do, decay, dk_, dv_)
+        calls[f"fused {name}"] = lambda kernel=kernel: kernel(q, k, v, do, decay, unused, unused, dk_, dv_)
     times = alternating(calls)
     result["timing"] = {"shape": "8x16x4096", "sweep_configs": [dk_sweep.config.label, dv_sweep.config.label]}
     result["timing"]["median_ms"] = {n: sorted(t)[1] for n, t in times.items()}
