@@ -36,9 +36,18 @@ def test_fake_tensors_give_the_packed_shapes():
         assert o.shape == (1, 700, 4, 64) and state.shape == (5, 4, 64, 64)
 
 
-def test_cpu_tensors_are_refused_with_one_line():
-    q = torch.randn(1, 8, 2, 64, dtype=torch.float16)
-    with pytest.raises(ValueError, match="must be on a CUDA device"):
+@pytest.mark.parametrize(
+    "q, message",
+    [
+        (torch.randn(1, 8, 2, 64, dtype=torch.float16), "must be on a CUDA device"),
+        (torch.randn(1, 8, 2, 64, dtype=torch.float16, requires_grad=True), "must be on a CUDA device"),
+        (None, "q must be a 4-d tensor"),
+        (torch.randn(8, 2, 64, dtype=torch.float16), "q must be a 4-d tensor"),
+    ],
+    ids=["cpu", "cpu, autograd", "none", "3-d"],
+)
+def test_a_wrong_q_is_refused_with_one_line(q, message):
+    with pytest.raises(ValueError, match=message):
         decay_attention(q, q, q, 0.9)
 
 
