@@ -14,6 +14,7 @@ fla's does (q, k, v ``[1, T, H, D]``, states ``[N, H, DK, DV]``).
 """
 
 import dataclasses
+import functools
 import math
 import warnings
 import weakref
@@ -26,6 +27,7 @@ from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_deca
 from kernel.config import Call, KernelConfig, Problem
 from kernel.deploy import ExportError
 from kernel.dispatch import Dispatch, default_config
+from kernel.dkdv import dkdv_config
 from kernel.variants import packed_config
 
 _KERNELS: dict[tuple[Problem, KernelConfig, Call], ScalarDecayKernel] = {}
@@ -162,23 +164,39 @@ def _backward(
     forward checked; dH0 is an empty ``(0,)`` tensor where the forward took no state."""
     decay = _decay_tensor(decay, alpha, q.shape[2], q.device)
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
+    q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+    problem = _shape(q.shape, v.shape[-1], q.dtype)
+    sequences = problem.batch if cu is None else cu.numel() - 1
+
+    def state(wanted: bool, p: Problem) -> torch.Tensor | None:
+        return torch.empty(sequences, p.heads, p.dk, p.dv, device=q.device) if wanted else None
 
     def sweep(q_, k_, v_, h0, want_final, offsets, reverse):
-        o, final = _forward(_problem(q_, k_, v_), q_, k_, v_, decay, scale, h0, want_final, offsets, reverse)
-        return o, (final if want_final else None)
+        p = _shape(q_.shape, v_.shape[-1], q_.dtype)
+        call = Call(scale, h0 is not None, want_final, offsets is not None, reverse)
+        final = state(want_final, p)
+        return _kernel(p, call, sequences).run(q_, k_, v_, decay, h0, final, None, offsets), final
+
+    def fused(q_, k_, v_, do_, start, want_final, offsets):
+        call = Call(scale, start is not None, want_final, offsets is not None, reverse=True, dkdv=True)
+        final = state(want_final, problem)
+        return *_kernel(problem, call, sequences).run_dkdv(
+            q_, k_, v_, do_, decay, start, final, offsets
+        ), final
 
     dq, dk, dv, dh0 = backward(
         sweep,
         q,
         k,
         v,
-        do.contiguous(),
+        do,
         decay,
         scale,
-        initial_state=initial_state,
+        initial_state=None if initial_state is None else initial_state.contiguous(),
         dht=dht,
         cu_seqlens=cu,
         want_dh0=initial_state is not None,
+        fused=fused if _fuses(problem) else None,
     )
     return dq, dk, dv, (torch.empty(0, device=q.device) if dh0 is None else dh0)
 
@@ -238,6 +256,19 @@ def _empty_state(q: torch.Tensor, problem: Problem, sequences: int, wanted: bool
     return torch.empty(shape, dtype=torch.float32, device=q.device)
 
 
+@functools.lru_cache(maxsize=256)
+def _shape(q_shape: torch.Size, dv: int, dtype: torch.dtype) -> Problem:
+    """The problem of checked tensors (q's shape, v's last dimension, their dtype)."""
+    b, s, h, dk = q_shape
+    return Problem(b, h, s, dk, dv, _DTYPE_NAMES[dtype])
+
+
+@functools.lru_cache(maxsize=256)
+def _fuses(problem: Problem) -> bool:
+    """Whether this GPU's backward runs dk and dv in one sweep (``kernel.dkdv``)."""
+    return dkdv_config(problem, cuda_arch()) is not None
+
+
 def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
     """The shape of the call, validated."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -254,8 +285,7 @@ def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
     if not (k.dtype == v.dtype == q.dtype) or not (k.device == v.device == q.device):
         got = ", ".join(f"{t.dtype} on {t.device}" for t in (q, k, v))
         raise ValueError(f"q, k, v must share dtype and device, got {got}")
-    b, s, h, dk = q.shape
-    return Problem(b, h, s, dk, v.shape[-1], _DTYPE_NAMES[q.dtype])
+    return _shape(q.shape, v.shape[-1], q.dtype)
 
 
 def _decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: torch.device) -> torch.Tensor:
@@ -354,19 +384,24 @@ def kernel_job(problem: Problem, call: Call, sequences: int) -> tuple[Problem, K
     Packed sequences run the single-pass kernel with the config picked for ``sequences``
     sequences of the mean length (``kernel.variants.packed_config``); a compiled kernel
     serves every T and N, so packed calls compile at most once per config the table holds."""
+    if call.dkdv:  # its own config, not the table's
+        config = dkdv_config(problem, cuda_arch())
+        if config is None:
+            raise ValueError(f"the fused dk and dv sweep does not serve {problem} on {cuda_arch()}")
     if call.packed:
         p = problem
         mean = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
-        config = packed_config(config_for(mean, _TABLE[0], sm_count()), cuda_arch())
-        return dataclasses.replace(problem, seqlen=1), config, call
-    return problem, config_for(problem, _TABLE[0], sm_count()), call
+        config = config if call.dkdv else config_for(mean, _TABLE[0], sm_count())
+        return dataclasses.replace(problem, seqlen=1), packed_config(config, cuda_arch()), call
+    return problem, (config if call.dkdv else config_for(problem, _TABLE[0], sm_count())), call
 
 
 def training_jobs(problem: Problem, call: Call, sequences: int) -> set[tuple[Problem, KernelConfig, Call]]:
     """What a differentiable call compiles: its forward's ``kernel_job`` and its backward's
-    three sweeps' (``kernel.backward.sweep_calls``), to compile ahead in parallel
+    sweeps' (``kernel.backward.sweep_calls``), to compile ahead in parallel
     (``kernel.builder.precompile``)."""
-    return {kernel_job(p, c, sequences) for p, c in [(problem, call), *sweep_calls(problem, call)]}
+    sweeps = sweep_calls(problem, call, fused=_fuses(problem))
+    return {kernel_job(p, c, sequences) for p, c in [(problem, call), *sweeps]}
 
 
 def config_for(problem: Problem, table: Dispatch | None, sms: int) -> KernelConfig:

@@ -1,4 +1,5 @@
-"""The backward pass (issue 18): three sweeps of the forward kernel, no kernel of its own.
+"""The backward pass (issue 18): three sweeps of the forward kernel, or one sweep of it and
+the fused dk and dv sweep (``kernel.dkdv``) where that serves the problem.
 
 With ``o_t = scale q_t S_t``, ``S_t = a S_{t-1} + k_t^T v_t`` and ``S_{-1} = H0`` (the
 initial state), over T tokens, the gradients given ``do`` and ``dHT`` (the final state's)
@@ -23,6 +24,10 @@ So each sweep is a forward call: the same kernel, its fp32 state and weights <= 
 Dividing ``dHT`` by ``scale a`` stays finite for every decay of a model (it overflows fp32
 only where ``|dHT| > 3e38 scale a``). The decay is not learned: no gradient for it.
 
+The dk sweep's state is the dv sweep's transposed, so ``kernel.dkdv`` carries it once and
+writes both: from the dv sweep's start, with its final state, and with its own config
+(``kernel.dkdv.dkdv_config``), not the table's.
+
 ``backward`` takes the forward as ``sweep`` so that the same algebra runs on the GPU kernel
 (``kernel.attention``) and, in the tests, on the fp64 references, whose reversed sweep is
 the forward on reversed copies of the tokens.
@@ -40,6 +45,12 @@ from kernel.config import Call, Problem
 Sweep = Callable[
     [Tensor, Tensor, Tensor, Tensor | None, bool, Tensor | None, bool], tuple[Tensor, Tensor | None]
 ]
+# dkdv(q, k, v, do, start, output_final_state, cu_seqlens) -> (dk, dv, final or None): the dk
+# and dv sweeps in one (``kernel.dkdv``), from the dv sweep's start, with its final state.
+Fused = Callable[
+    [Tensor, Tensor, Tensor, Tensor, Tensor | None, bool, Tensor | None],
+    tuple[Tensor, Tensor, Tensor | None],
+]
 
 
 def backward(
@@ -55,19 +66,24 @@ def backward(
     dht: Tensor | None = None,
     cu_seqlens: Tensor | None = None,
     want_dh0: bool = False,
+    fused: Fused | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(dq, dk, dv, dH0)`` of ``o = forward(q, k, v)`` for the gradients ``do`` of ``o``
     and ``dht`` of the final state (None: zero), in the forward's layout: q, k
     ``[B, S, H, DK]``, v and do ``[B, S, H, DV]``, states ``[B or N, H, DK, DV]`` in fp32,
-    decay ``[H]`` (one alpha per head). dH0 is computed only with ``want_dh0``."""
+    decay ``[H]`` (one alpha per head). dH0 is computed only with ``want_dh0``. With
+    ``fused``, dk and dv come from it instead of two reversed sweeps."""
     h0_t = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
     dq, _ = sweep(do, v, k, h0_t, False, cu_seqlens, False)
-    start = start_t = None
+    start = None
     if dht is not None:  # the dHT term enters as the reversed sweeps' initial state
         start = dht / (scale * decay.to(dht.dtype)[:, None, None])
-        start_t = start.transpose(-1, -2).contiguous()
-    dk, _ = sweep(v, do, q, start_t, False, cu_seqlens, True)
-    dv, final = sweep(k, q, do, start, want_dh0, cu_seqlens, True)
+    if fused is not None:
+        dk, dv, final = fused(q, k, v, do, start, want_dh0, cu_seqlens)
+    else:
+        start_t = None if start is None else start.transpose(-1, -2).contiguous()
+        dk, _ = sweep(v, do, q, start_t, False, cu_seqlens, True)
+        dv, final = sweep(k, q, do, start, want_dh0, cu_seqlens, True)
     dh0 = None
     if want_dh0:
         assert final is not None
@@ -75,15 +91,16 @@ def backward(
     return dq, dk, dv, dh0
 
 
-def sweep_calls(problem: Problem, call: Call) -> list[tuple[Problem, Call]]:
-    """The forward calls the backward of ``call`` on ``problem`` makes, dq's, dk's and dv's:
-    what it compiles, and what a table must hold to serve it. The reversed sweeps start
-    from the final state's gradient where the forward returned its state, and the dv sweep
-    returns a state where the forward took one."""
+def sweep_calls(problem: Problem, call: Call, fused: bool = False) -> list[tuple[Problem, Call]]:
+    """The kernel calls the backward of ``call`` on ``problem`` makes, dq's, dk's and dv's
+    (with ``fused``: dq's, then dk's and dv's in one): what it compiles, and what a table
+    must hold to serve it. The reversed sweeps start from the final state's gradient where
+    the forward returned its state, and the dv sweep returns a state where the forward
+    took one."""
     swapped = dataclasses.replace(problem, dk=problem.dv, dv=problem.dk)
     scale, packed = call.scale, call.packed
-    return [
-        (swapped, Call(scale, call.initial_state, False, packed)),
-        (swapped, Call(scale, call.final_state, False, packed, reverse=True)),
-        (problem, Call(scale, call.final_state, call.initial_state, packed, reverse=True)),
-    ]
+    dv = Call(scale, call.final_state, call.initial_state, packed, reverse=True, dkdv=fused)
+    dq = (swapped, Call(scale, call.initial_state, False, packed))
+    if fused:
+        return [dq, (problem, dv)]
+    return [dq, (swapped, Call(scale, call.final_state, False, packed, reverse=True)), (problem, dv)]

@@ -13,7 +13,7 @@ import torch
 from kernel.arch import local_arch
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, retnet_decay
 from kernel.resources import ProbeResult, compile_kernel, probe
-from kernel.variants import launch, state_buffer
+from kernel.variants import launch, unused_state
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -110,11 +110,35 @@ class ScalarDecayKernel:
         if out is None:
             out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         h0, ht = (
-            state_buffer(p, q.device) if t is None else t.view(-1, 1, p.dk, p.dv)
+            unused_state(p, q.device) if t is None else t.view(-1, 1, p.dk, p.dv)
             for t in (initial_state, final_state)
         )
         launch(p, self.config, self.call, self.compiled, q, k, v, decay, h0, out, ht, cu_seqlens)
         return out
+
+    def run_dkdv(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        do: torch.Tensor,
+        decay: torch.Tensor,
+        initial_state: torch.Tensor | None = None,
+        final_state: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(dk, dv)`` of the fused reversed sweep (``call.dkdv``, ``kernel.dkdv``) on
+        tensors checked as ``run``'s: do ``[B, S, H, DV]``; ``initial_state``, dS's start
+        after the last token; ``final_state`` receives dS at the first."""
+        (single,) = self.compiled
+        p = self.problem
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        h0, ht = (
+            unused_state(p, q.device) if t is None else t.view(-1, 1, p.dk, p.dv)
+            for t in (initial_state, final_state)
+        )
+        single(q, k, v, do, decay, h0, ht, dk, dv, *([cu_seqlens] if self.call.packed else []))
+        return dk, dv
 
     @property
     def source(self) -> str:

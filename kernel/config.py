@@ -195,7 +195,9 @@ class Call:
     sequence count, so the problem's batch and seqlen do not matter to it), and whether
     the recurrence runs backwards in time (``reverse``: the state enters after each
     sequence's last token and leaves at its first; the backward's dk and dv sweeps,
-    ``kernel.backward``). The decay is not here: the kernels read each head's alpha at run
+    ``kernel.backward``). ``dkdv``: the backward's fused reversed sweep (``kernel.dkdv``),
+    which takes dO too and writes dK and dV; its state in is dS's start, its state out dS
+    at the first token. The decay is not here: the kernels read each head's alpha at run
     time."""
 
     scale: float = 1.0
@@ -203,6 +205,7 @@ class Call:
     final_state: bool = False
     packed: bool = False
     reverse: bool = False
+    dkdv: bool = False
 
     def __post_init__(self) -> None:
         if (
@@ -211,6 +214,8 @@ class Call:
             or not math.isfinite(self.scale)
         ):
             raise ValueError(f"scale must be a finite number, got {self.scale!r}")
+        if self.dkdv and not self.reverse:
+            raise ValueError("the fused dk and dv sweep runs backwards in time: reverse=True")
         object.__setattr__(self, "scale", float(self.scale))
 
     def to_dict(self) -> dict[str, Any]:

@@ -3,6 +3,7 @@ the single-pass kernel (``segments == 1``) from the sequence split, for the prob
 compiler and the call alike."""
 
 import dataclasses
+import functools
 from typing import Any
 
 from kernel.arch import get_arch
@@ -28,16 +29,19 @@ def pass_configs(arch: str) -> dict[str, bool]:
 def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, *, arch: str) -> list:
     """The ``@T.prim_func`` kernels of ``config``'s variant for ``arch`` (a name of
     ``kernel.arch.ARCHS``), in launch order."""
-    from kernel import scalar_decay, seq_split  # TileLang: loaded when a kernel is built
+    from kernel import dkdv, scalar_decay, seq_split  # TileLang: loaded when a kernel is built
 
+    knobs = call.to_dict()
+    if knobs.pop("dkdv"):
+        del knobs["reverse"]
+        return [dkdv.prim_func(problem, config, arch=arch, **knobs)]
     if call.packed and config != packed_config(config, arch):
         raise ValueError(
             f"packed sequences run the single-pass kernel, with one stage where TileLang does not "
             f"warp-specialise ({arch}): got segments={config.segments}, num_stages={config.num_stages}"
         )
     if config.segments == 1:
-        return [scalar_decay.prim_func(problem, config, arch=arch, **call.to_dict())]
-    knobs = call.to_dict()
+        return [scalar_decay.prim_func(problem, config, arch=arch, **knobs)]
     del knobs["packed"]
     return list(seq_split.prim_funcs(problem, config, **knobs, arch=arch))
 
@@ -97,8 +101,11 @@ def states_buffer(problem: Problem, config: KernelConfig, device: Any = "cuda"):
     return torch.empty(p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv, device=device)
 
 
-def state_buffer(problem: Problem, device: Any = "cuda"):
-    """An uninitialised fp32 ``[B*H, 1, DK, DV]`` state, as the kernels declare H0 and HT."""
+@functools.lru_cache(maxsize=16)
+def unused_state(problem: Problem, device: Any = "cuda"):
+    """An fp32 ``[B*H, 1, DK, DV]`` tensor of the shape the kernels declare H0 and HT, for
+    a call with no state in, or out: the kernel never reads or writes it, so one per shape
+    and device is kept and reused (an allocation took 5 to 10 us of host time per call)."""
     import torch
 
     p = problem

@@ -47,7 +47,7 @@ from kernel.builder import build, constant_decay, cuda_arch, precompile, sm_coun
 from kernel.config import Call, Problem, model_call, retnet_decay
 from kernel.timing import L2_FLUSH_BYTES, bench
 from kernel.validate import random_qkv
-from kernel.variants import pass_configs, prim_funcs, state_buffer
+from kernel.variants import pass_configs, prim_funcs, unused_state
 from tuner.space import wave_seeds
 
 
@@ -186,7 +186,7 @@ def main() -> int:
     # The host's time per call, layer by layer, from TileLang's own call of the forward's
     # kernel up to the forward plus backward.
     kernel = built["forward"]
-    h0, ht, out = state_buffer(problem, q.device), state_buffer(problem, q.device), torch.empty_like(v)
+    h0, ht, out = unused_state(problem, q.device), unused_state(problem, q.device), torch.empty_like(v)
     backward_op = torch.ops.decay_tuner.decay_attention_backward
     layers = {
         "TileLang's call of the forward's kernel": lambda: kernel.compiled[0](*plain, decay, h0, out, ht),

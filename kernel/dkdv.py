@@ -1,0 +1,209 @@
+"""The backward's dk and dv in one reversed sweep (issue 18).
+
+The dk and dv sweeps of ``kernel.backward`` each run the forward backwards in time, and
+their states are each other's transpose: one reversed sweep carries ``dS`` (``[DK, DV]``,
+fp32) and writes both gradients. Per chunk of ``m`` tokens, with the reversed weights of
+``kernel.scalar_decay.Direction`` (``Gamma[i, j] = scale alpha^(j-i)`` for ``i <= j < m``)::
+
+    dV = (K Q^T * Gamma) dO + diag(scale alpha^(m-i)) K dS
+    dK = (V dO^T * Gamma) Q + diag(scale alpha^(m-i)) V dS^T
+    dS = alpha^m dS + (diag(alpha^r) Q)^T dO          (rows r < m)
+
+Seven MMAs per chunk where a sweep has four; it reads Q, K, V and dO once and writes dK
+and dV, 6 tensors where the two sweeps move 8. One block per (batch, head), or (sequence,
+head) for packed sequences, holds the whole ``[DK, DV]`` state, so it serves a problem
+only where that fits: ``dkdv_config``. On the H200 at 8x16x4096 fp16 it took 0.250 ms
+against the two sweeps' 0.308 ms, same run (experiments/h200/fused_sweep/fused.json).
+
+The numerical rules of the forward hold: every weight is ``exp2(log2(alpha) * k)`` with
+``k >= 0``, ``Gamma`` is evaluated only where ``j >= i``, fp32 accumulation, and key
+columns past ``m`` (TMA's zero rows, or the next sequence's) are masked out of the scores.
+"""
+
+from kernel.arch import get_arch
+from kernel.config import KernelConfig, Problem
+
+CHUNK, THREADS = 64, 256
+MAX_STATE = 128 * 128  # DK * DV: the fp32 state in 256 threads' registers, 64 each
+
+
+def smem_bytes(problem: Problem, config: KernelConfig) -> int:
+    """The shared memory the kernel declares: per stage Q, K (``[C, DK]``), V and dO
+    (``[C, DV]``); once the weighted queries and dK's tile (``[C, DK]``), dV's tile
+    (``[C, DV]``), the state's copy (``[DK, DV]``) and the two score tiles (``[C, C]``),
+    all 2-byte, plus at most 1,024 B of static shared memory (TileLang's barriers where it
+    warp-specialises). What the compiled kernels declare (tests/test_dkdv.py)."""
+    c, dk, dv = config.chunk, problem.dk, problem.dv
+    staged = config.num_stages * c * (2 * dk + 2 * dv)
+    return 2 * (staged + c * (2 * dk + dv) + dk * dv + 2 * c * c) + 1024
+
+
+def dkdv_config(problem: Problem, arch: str) -> KernelConfig | None:
+    """The config the fused sweep runs with on ``arch`` (a name of ``kernel.arch.ARCHS``),
+    or None where it does not serve ``problem``: the backward then runs two sweeps. It
+    serves Hopper (wgmma), where it was timed, a state of at most ``MAX_STATE`` elements,
+    with two stages where they fit the shared memory: on the H200 two stages took 0.250
+    ms and one 0.291 ms (fused.json). Without wgmma its synchronous MMAs hold more in
+    registers: 255 with spills on sm_80 at DK = DV = 128 (ptxas), never timed."""
+    if problem.dk * problem.dv > MAX_STATE or not get_arch(arch).wgmma:
+        return None
+    limit = get_arch(arch).smem_per_block
+    for stages in (2, 1):
+        config = KernelConfig(CHUNK, problem.dv, stages, THREADS, "smem")
+        if smem_bytes(problem, config) <= limit:
+            return config
+    return None
+
+
+def prim_func(
+    problem: Problem,
+    config: KernelConfig,
+    *,
+    arch: str,
+    scale: float,
+    initial_state: bool,
+    final_state: bool,
+    packed: bool,
+):
+    """The ``@T.prim_func`` ``main(Q, K, V, dO, Decay, H0, HT, dK, dV)`` (``CuSeqlens``
+    last where ``packed``).
+
+    Q, K, dK: ``[B, S, H, DK]``; V, dO, dV: ``[B, S, H, DV]``; packed, ``B = 1`` and ``S``
+    the symbolic token count T, with the int32 offsets ``[N + 1]``. Decay: fp32 ``[H]``.
+    H0: fp32 ``[B*H or N*H, 1, DK, DV]``, the state dS starts from after each sequence's
+    last token, read only with ``initial_state`` (else zero); HT receives dS at its first
+    token, written only with ``final_state``. ``kernel.backward`` says what they hold.
+    """
+    import tilelang.language as T  # loaded when a kernel is built, as kernel.variants does
+
+    from kernel.mma import Mma
+    from kernel.scalar_decay import store_macro
+
+    if config.block_dv != problem.dv or config.segments != 1 or config.scores != "smem":
+        raise ValueError(f"the fused sweep holds the whole DV in one block, single pass: got {config.label}")
+    C, accum, dtype = config.chunk, "float32", problem.dtype
+    dk, dv, heads, stages = problem.dk, problem.dv, problem.heads, config.num_stages
+    mma = Mma(asynchronous=get_arch(arch).wgmma and C % 64 == 0)  # wgmma: 64-row tiles
+    store_k = store_macro(chunk=C, block_dv=dk, packed=packed)
+    store_v = store_macro(chunk=C, block_dv=dv, packed=packed)
+
+    @T.macro
+    def sweep(Q, K, V, dO, Decay, H0, HT, dK, dV, bb, bh, bbh, s_begin, s_end):
+        Q_s = T.alloc_shared([C, dk], dtype)
+        K_s = T.alloc_shared([C, dk], dtype)
+        Qw_s = T.alloc_shared([C, dk], dtype)  # Q rows r < m, * alpha^r: writes dS
+        V_s = T.alloc_shared([C, dv], dtype)
+        dO_s = T.alloc_shared([C, dv], dtype)
+        dS_s = T.alloc_shared([dk, dv], dtype)
+        P1_s = T.alloc_shared([C, C], dtype)
+        P2_s = T.alloc_shared([C, C], dtype)
+        dK_s = T.alloc_shared([C, dk], dtype)
+        dV_s = T.alloc_shared([C, dv], dtype)
+        dS_f = T.alloc_fragment([dk, dv], accum)  # carried across chunks
+        acc_v = T.alloc_fragment([C, dv], accum)
+        acc_k = T.alloc_fragment([C, dk], accum)
+        A1 = T.alloc_fragment([C, C], accum)
+        A2 = T.alloc_fragment([C, C], accum)
+        Gamma = T.alloc_fragment([C, C], accum)
+        touch = T.alloc_local([1], dtype)
+        lg = T.alloc_local([1], accum)  # log2(alpha) of this head, <= 0
+        lg[0] = T.log2(Decay[bh])
+        # Gamma[i, j] = scale alpha^(j-i) for j >= i, else 0: never computed where j < i.
+        for i, j in T.Parallel(C, C):
+            Gamma[i, j] = T.if_then_else(
+                j >= i, scale * T.exp2(lg[0] * T.Cast(accum, j - i)), T.Cast(accum, 0)
+            )
+        if initial_state:
+            T.copy(H0[bbh, 0, :, :], dS_f)
+        else:
+            T.clear(dS_f)
+        n_chunks = T.ceildiv(s_end - s_begin, C)
+        for c in T.Pipelined(n_chunks, num_stages=stages):
+            s0 = s_begin + (n_chunks - 1 - c) * C
+            m = T.min(C, s_end - s0)  # tokens of this chunk: C but for the sequence's last
+            T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
+            T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
+            T.copy(V[bb, s0 : s0 + C, bh, :], V_s)
+            T.copy(dO[bb, s0 : s0 + C, bh, :], dO_s)
+            T.copy(dS_f, dS_s)  # the state after this chunk, as the MMAs read it
+            mma.gemm(K_s, Q_s, A1, transpose_B=True, clear_accum=True)  # k_i . q_j
+            mma.gemm(K_s, dS_s, acc_v, clear_accum=True)
+            mma.gemm(V_s, dO_s, A2, transpose_B=True, clear_accum=True)  # v_i . do_j
+            mma.gemm(V_s, dS_s, acc_k, transpose_B=True, clear_accum=True)
+            mma.wait(3)  # A1 is ready
+            for i, j in T.Parallel(C, C):
+                P1_s[i, j] = T.if_then_else(j < m, A1[i, j] * Gamma[i, j], T.Cast(accum, 0))
+            for r, d in T.Parallel(C, dk):
+                Qw_s[r, d] = T.if_then_else(
+                    r < m, Q_s[r, d] * T.exp2(lg[0] * T.Cast(accum, r)), T.Cast(dtype, 0)
+                )
+            mma.wait(1)  # acc_v and A2 are ready
+            for i, j in T.Parallel(C, C):
+                P2_s[i, j] = T.if_then_else(j < m, A2[i, j] * Gamma[i, j], T.Cast(accum, 0))
+            for i, j in T.Parallel(C, dv):
+                acc_v[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, T.max(m - i, 0)))
+            mma.wait(0)  # acc_k is ready
+            for i, j in T.Parallel(C, dk):
+                acc_k[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, T.max(m - i, 0)))
+            mma.gemm(P1_s, dO_s, acc_v)
+            mma.gemm(P2_s, Q_s, acc_k)
+            for i, j in T.Parallel(dk, dv):
+                dS_f[i, j] *= T.exp2(lg[0] * T.Cast(accum, m))
+            mma.gemm(Qw_s, dO_s, dS_f, transpose_A=True)
+            mma.wait(1)  # dV and dK are ready; the state's update may still run
+            T.copy(acc_v, dV_s)
+            store_v(dV_s, dV, bb, s0, m, bh, 0)
+            T.copy(acc_k, dK_s)
+            store_k(dK_s, dK, bb, s0, m, bh, 0)
+            mma.wait(0)
+            # The pipeliner hands a stage's buffer back after the last statement that
+            # names it, while an issued wgmma may still read it (kernel.scalar_decay).
+            touch[0] = Q_s[0, 0]
+            touch[0] = K_s[0, 0]
+            touch[0] = V_s[0, 0]
+            touch[0] = dO_s[0, 0]
+        if final_state:
+            T.copy(dS_f, HT[bbh, 0, :, :])
+
+    if packed:
+        tokens, offsets, h0_rows, ht_rows = (
+            T.dynamic(n) for n in ("tokens", "offsets", "h0_rows", "ht_rows")
+        )
+
+        @T.prim_func
+        def main_packed(
+            Q: T.Tensor([1, tokens, heads, dk], dtype),
+            K: T.Tensor([1, tokens, heads, dk], dtype),
+            V: T.Tensor([1, tokens, heads, dv], dtype),
+            dO: T.Tensor([1, tokens, heads, dv], dtype),
+            Decay: T.Tensor([heads], accum),
+            H0: T.Tensor([h0_rows, 1, dk, dv], accum),
+            HT: T.Tensor([ht_rows, 1, dk, dv], accum),
+            dK: T.Tensor([1, tokens, heads, dk], dtype),
+            dV: T.Tensor([1, tokens, heads, dv], dtype),
+            CuSeqlens: T.Tensor([offsets], "int32"),
+        ):
+            with T.Kernel((offsets - 1) * heads, threads=config.threads) as bnh:
+                n, bh = bnh // heads, bnh % heads
+                sweep(Q, K, V, dO, Decay, H0, HT, dK, dV, 0, bh, bnh, CuSeqlens[n], CuSeqlens[n + 1])
+
+        return main_packed
+
+    b, s = problem.batch, problem.seqlen
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([b, s, heads, dk], dtype),
+        K: T.Tensor([b, s, heads, dk], dtype),
+        V: T.Tensor([b, s, heads, dv], dtype),
+        dO: T.Tensor([b, s, heads, dv], dtype),
+        Decay: T.Tensor([heads], accum),
+        H0: T.Tensor([b * heads, 1, dk, dv], accum),
+        HT: T.Tensor([b * heads, 1, dk, dv], accum),
+        dK: T.Tensor([b, s, heads, dk], dtype),
+        dV: T.Tensor([b, s, heads, dv], dtype),
+    ):
+        with T.Kernel(b * heads, threads=config.threads) as bbh:
+            sweep(Q, K, V, dO, Decay, H0, HT, dK, dV, bbh // heads, bbh % heads, bbh, 0, s)
+
+    return main
