@@ -47,6 +47,7 @@ def use_table(table: Dispatch | None) -> None:
     documented default, ``kernel.dispatch.default_config``)."""
     _TABLE[0] = table
     _SERVED.clear()
+    _fuses.cache_clear()
 
 
 def decay_attention(
@@ -196,7 +197,7 @@ def _backward(
         dht=dht,
         cu_seqlens=cu,
         want_dh0=initial_state is not None,
-        fused=fused if _fuses(problem) else None,
+        fused=fused if _fuses(problem, cu is not None) else None,
     )
     return dq, dk, dv, (torch.empty(0, device=q.device) if dh0 is None else dh0)
 
@@ -264,9 +265,14 @@ def _shape(q_shape: torch.Size, dv: int, dtype: torch.dtype) -> Problem:
 
 
 @functools.lru_cache(maxsize=256)
-def _fuses(problem: Problem) -> bool:
-    """Whether this GPU's backward runs dk and dv in one sweep (``kernel.dkdv``)."""
-    return dkdv_config(problem, cuda_arch()) is not None
+def _fuses(problem: Problem, packed: bool) -> bool:
+    """Whether this GPU's backward runs dk and dv in one sweep (``kernel.dkdv``): where it
+    serves the problem, and the two sweeps it replaces would run single-pass. Where the
+    table splits the sequence the sweeps' blocks fill the GPU and the fused sweep's one
+    block per (batch, head) does not: at 2x16x16384 on the H200 the backward took 1.080
+    ms fused against 0.608 ms in three sweeps (experiments/h200/backward/README.md)."""
+    single = packed or config_for(problem, _TABLE[0], sm_count()).segments == 1
+    return single and dkdv_config(problem, cuda_arch()) is not None
 
 
 def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
@@ -400,7 +406,7 @@ def training_jobs(problem: Problem, call: Call, sequences: int) -> set[tuple[Pro
     """What a differentiable call compiles: its forward's ``kernel_job`` and its backward's
     sweeps' (``kernel.backward.sweep_calls``), to compile ahead in parallel
     (``kernel.builder.precompile``)."""
-    sweeps = sweep_calls(problem, call, fused=_fuses(problem))
+    sweeps = sweep_calls(problem, call, fused=_fuses(problem, call.packed))
     return {kernel_job(p, c, sequences) for p, c in [(problem, call), *sweeps]}
 
 

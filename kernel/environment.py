@@ -23,7 +23,15 @@ from typing import Any
 
 ENVIRONMENT_KEYS = ("gpu", "capability", "arch", "tilelang", "torch", "cuda", "nvcc", "kernel")
 # The modules whose code decides the generated CUDA and how it is launched.
-KERNEL_MODULES = ("config.py", "arch.py", "mma.py", "scalar_decay.py", "seq_split.py", "dkdv.py", "variants.py")
+KERNEL_MODULES = (
+    "config.py",
+    "arch.py",
+    "mma.py",
+    "scalar_decay.py",
+    "seq_split.py",
+    "dkdv.py",
+    "variants.py",
+)
 
 
 def code_digest(source: str) -> str:
