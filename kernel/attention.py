@@ -2,10 +2,11 @@
 ``chunk_simple_gla`` for a constant decay per head, registered as the torch custom op
 ``decay_tuner::decay_attention`` so that it runs under ``torch.compile(fullgraph=True)``
 and inside a captured CUDA graph. It is differentiable in q, k, v and the initial state:
-its autograd rule is the op ``decay_tuner::decay_attention_backward``, three sweeps of the
-same kernel (``kernel.backward``). Called eagerly on real tensors, the same two
-implementations run under a plain ``torch.autograd.Function`` instead, without the host
-time torch's dispatch of the ops adds (experiments/cpu/host_overhead/).
+its autograd rule is the op ``decay_tuner::decay_attention_backward``, sweeps of the same
+kernel (``kernel.backward``; dk and dv in one where ``kernel.dkdv`` serves). Called
+eagerly on real tensors, the same two implementations run under a plain
+``torch.autograd.Function`` instead, without the host time torch's dispatch of the ops
+adds (experiments/cpu/host_overhead/).
 
 fla's arguments map one to one: ``g_gamma`` (log-decay per head) is ``log(decay)``, i.e.
 ``decay = exp(g_gamma)``; ``scale``, ``initial_state`` and ``output_final_state`` mean the
@@ -161,7 +162,7 @@ def _backward(
     dht: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dq, dk, dv, dH0)`` by three forward sweeps (``kernel.backward``) on the inputs the
+    """``(dq, dk, dv, dH0)`` by the kernel's sweeps (``kernel.backward``) on the inputs the
     forward checked; dH0 is an empty ``(0,)`` tensor where the forward took no state."""
     decay = _decay_tensor(decay, alpha, q.shape[2], q.device)
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)

@@ -187,7 +187,7 @@ def run_backward(
     problems: list[Problem], *, dispatch: Dispatch | None, bandwidth: float, log: Path | None = None
 ) -> list[dict]:
     """Per shape, the backward alone (autograd over a kept graph) and the forward plus
-    backward of ``decay_attention`` (serving ``dispatch``'s picks for its three sweeps,
+    backward of ``decay_attention`` (serving ``dispatch``'s picks for its sweeps,
     ``kernel.backward``) and of fla's ``chunk_simple_gla``, with the same arguments (RetNet's
     decays, scale, no state), each row's gradients checked against reference E."""
     from kernel import attention

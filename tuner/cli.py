@@ -718,8 +718,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["dispatch"].add_argument(
         "--backward",
         action="store_true",
-        help="also tune DK and DV swapped, where they differ: the shapes of two of the backward's "
-        "three sweeps (kernel.backward), so that the table serves training",
+        help="also tune DK and DV swapped, where they differ: the shape of the backward's dq "
+        "sweep, and of its dk sweep where dk and dv do not run fused (kernel.backward), so that "
+        "the table serves training",
     )
     sub.choices["run"].add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # of --gpus
     sub.choices["trials"].add_argument("--all-columns", action="store_true", help="every column of the log")
