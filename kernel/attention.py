@@ -171,7 +171,8 @@ def _backward(
     sequences = problem.batch if cu is None else cu.numel() - 1
 
     def state(wanted: bool, p: Problem) -> torch.Tensor | None:
-        return torch.empty(sequences, p.heads, p.dk, p.dv, device=q.device) if wanted else None
+        shape = (sequences, p.heads, p.dk, p.dv)
+        return torch.empty(shape, dtype=torch.float32, device=q.device) if wanted else None
 
     def sweep(q_, k_, v_, h0, want_final, offsets, reverse):
         p = _shape(q_.shape, v_.shape[-1], q_.dtype)
@@ -200,7 +201,7 @@ def _backward(
         want_dh0=initial_state is not None,
         fused=fused if _fuses(problem, cu is not None) else None,
     )
-    return dq, dk, dv, (torch.empty(0, device=q.device) if dh0 is None else dh0)
+    return dq, dk, dv, (torch.empty(0, dtype=torch.float32, device=q.device) if dh0 is None else dh0)
 
 
 _backward_op = torch.library.custom_op("decay_tuner::decay_attention_backward", mutates_args=())(_backward)

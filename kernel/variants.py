@@ -3,7 +3,6 @@ the single-pass kernel (``segments == 1``) from the sequence split, for the prob
 compiler and the call alike."""
 
 import dataclasses
-import functools
 from typing import Any
 
 from kernel.arch import get_arch
@@ -98,15 +97,23 @@ def states_buffer(problem: Problem, config: KernelConfig, device: Any = "cuda"):
     import torch
 
     p = problem
-    return torch.empty(p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv, device=device)
+    shape = (p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv)
+    return torch.empty(shape, dtype=torch.float32, device=device)
 
 
-@functools.lru_cache(maxsize=16)
+_UNUSED: dict[tuple, Any] = {}  # (DK, DV, device) -> the kept buffer of unused_state
+
+
 def unused_state(problem: Problem, device: Any = "cuda"):
     """An fp32 ``[B*H, 1, DK, DV]`` tensor of the shape the kernels declare H0 and HT, for
-    a call with no state in, or out: the kernel never reads or writes it, so one per shape
-    and device is kept and reused (an allocation took 5 to 10 us of host time per call)."""
+    a call with no state in, or out. The kernels never read or write it, so no call
+    allocates one: each takes a prefix of one buffer per (DK, DV, device), kept as large
+    as the largest call yet."""
     import torch
 
-    p = problem
-    return torch.empty(p.batch * p.heads, 1, p.dk, p.dv, device=device)
+    p, rows = problem, problem.batch * problem.heads
+    key = (p.dk, p.dv, torch.device(device))
+    kept = _UNUSED.get(key)
+    if kept is None or kept.shape[0] < rows:
+        kept = _UNUSED[key] = torch.empty(rows, 1, p.dk, p.dv, dtype=torch.float32, device=device)
+    return kept[:rows]

@@ -262,6 +262,29 @@ def test_states_buffer_has_the_shape_the_split_kernels_declare():
         assert buffer.dtype == torch.float32 and str(declared.dtype) == "float32"
 
 
+def test_unused_state_has_the_declared_shape_and_allocates_only_to_grow():
+    """The placeholder H0 and HT of a call without states: the shape the single-pass
+    kernel declares, fp32 whatever torch's default dtype, a prefix of one kept buffer."""
+    import torch
+
+    from kernel.scalar_decay import prim_func
+    from kernel.variants import unused_state
+
+    big, small = Problem(4, 3, 100, 64, 32), Problem(2, 3, 700, 64, 32)
+    func = prim_func(small, KernelConfig(64, 32, 1, 128), arch="sm_90a")
+    torch.set_default_dtype(torch.float64)
+    try:
+        first = unused_state(small, "cpu")
+        grown, again = unused_state(big, "cpu"), unused_state(small, "cpu")
+    finally:
+        torch.set_default_dtype(torch.float32)
+    for arg in (4, 6):  # H0, HT
+        assert tuple(first.shape) == tuple(int(n) for n in func.buffer_map[func.params[arg]].shape)
+    assert first.dtype == grown.dtype == torch.float32 and first.is_contiguous()
+    assert grown.shape[0] == 12 and again.shape == first.shape
+    assert again.data_ptr() == grown.data_ptr() != first.data_ptr()  # grew once, then reused
+
+
 def test_the_package_exports_the_build_function_whatever_was_imported_first():
     """``kernel`` loads ``build`` lazily; no submodule of that name may shadow it."""
     import kernel.builder
