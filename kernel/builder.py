@@ -106,14 +106,10 @@ class ScalarDecayKernel:
     ) -> torch.Tensor:
         """The call on tensors already checked as ``__call__`` checks them (as
         ``decay_attention`` does): no check again on the way to the launch."""
-        p = self.problem
         if out is None:
             out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        h0, ht = (
-            unused_state(p, q.device) if t is None else t.view(-1, 1, p.dk, p.dv)
-            for t in (initial_state, final_state)
-        )
-        launch(p, self.config, self.call, self.compiled, q, k, v, decay, h0, out, ht, cu_seqlens)
+        h0, ht = self._states(initial_state, final_state, q.device)
+        launch(self.problem, self.config, self.call, self.compiled, q, k, v, decay, h0, out, ht, cu_seqlens)
         return out
 
     def run_dkdv(
@@ -131,14 +127,16 @@ class ScalarDecayKernel:
         tensors checked as ``run``'s: do ``[B, S, H, DV]``; ``initial_state``, dS's start
         after the last token; ``final_state`` receives dS at the first."""
         (single,) = self.compiled
-        p = self.problem
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        h0, ht = (
-            unused_state(p, q.device) if t is None else t.view(-1, 1, p.dk, p.dv)
-            for t in (initial_state, final_state)
-        )
+        h0, ht = self._states(initial_state, final_state, q.device)
         single(q, k, v, do, decay, h0, ht, dk, dv, *([cu_seqlens] if self.call.packed else []))
         return dk, dv
+
+    def _states(self, initial: torch.Tensor | None, final: torch.Tensor | None, device: torch.device):
+        """H0 and HT as the kernels declare them, ``[rows, 1, DK, DV]``: the call's states,
+        or ``unused_state`` where it has none."""
+        p = self.problem
+        return (unused_state(p, device) if t is None else t.view(-1, 1, p.dk, p.dv) for t in (initial, final))
 
     @property
     def source(self) -> str:

@@ -145,8 +145,10 @@ def test_gradcheck(offsets):
     assert torch.autograd.gradcheck(lambda *x: _RefAttention.apply(*x, decay, 0.7, cu), leaves)
 
 
-def test_sweep_calls_are_the_kernel_calls_backward_makes():
-    """What ``sweep_calls`` lists (for compiling and tuning) is what ``backward`` calls."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_sweep_calls_are_the_kernel_calls_backward_makes(fused):
+    """What ``sweep_calls`` lists (for compiling and tuning) is what ``backward`` calls,
+    with dk and dv in two sweeps or in one (``fused``, here the two reference sweeps)."""
     problem = Problem(2, 4, 20, 16, 32)
     q, k, v, do, h0, dht = _inputs(2, 20, 4, 16, 32, 2, seed=1)
     decay = torch.tensor(DECAYS, dtype=F64)
@@ -154,15 +156,26 @@ def test_sweep_calls_are_the_kernel_calls_backward_makes():
         made: list[tuple[Problem, Call]] = []
         sweep = _ref_sweep(decay, 0.5)
 
-        def recording(q_, k_, v_, h0_, want_final, cu, reverse, sweep=sweep, made=made):
+        def record(q_, v_, call, made=made):
             b, s, h, dk_ = q_.shape
-            call = Call(0.5, h0_ is not None, want_final, reverse=reverse)
             made.append((Problem(b, h, s, dk_, v_.shape[-1]), call))
+
+        def recording(q_, k_, v_, h0_, want_final, cu, reverse, sweep=sweep):
+            record(q_, v_, Call(0.5, h0_ is not None, want_final, reverse=reverse))
             return sweep(q_, k_, v_, h0_, want_final, cu, reverse)
 
+        def dkdv(q_, k_, v_, do_, start, want_final, cu, sweep=sweep):
+            record(q_, v_, Call(0.5, start is not None, want_final, reverse=True, dkdv=True))
+            start_t = None if start is None else start.transpose(-1, -2)
+            dk_, _ = sweep(v_, do_, q_, start_t, False, cu, True)
+            return dk_, *sweep(k_, q_, do_, start, want_final, cu, True)
+
         state, grad = (h0 if initial else None), (dht if final else None)
-        backward(recording, q, k, v, do, decay, 0.5, initial_state=state, dht=grad, want_dh0=initial)
-        assert made == sweep_calls(problem, Call(0.5, initial, final)), (initial, final)
+        backward(
+            recording, q, k, v, do, decay, 0.5, initial_state=state, dht=grad, want_dh0=initial,
+            fused=dkdv if fused else None,
+        )  # fmt: skip
+        assert made == sweep_calls(problem, Call(0.5, initial, final), fused), (initial, final)
 
 
 # ---- on the GPU: decay_attention's autograd, the kernel's sweeps --------------------------

@@ -2,15 +2,13 @@
 autograd through reference A, when it serves, and what it compiles to (real TileLang and
 nvcc, no GPU). On the GPU, ``decay_attention``'s gradients run it (tests/test_backward.py)."""
 
-import itertools
-
 import pytest
 import torch
 from test_backward import CASES, DECAYS, F64, _autograd, _inputs, _ref_sweep
 
 import refs
 from kernel.arch import ARCHS
-from kernel.backward import backward, sweep_calls
+from kernel.backward import backward
 from kernel.config import Call, KernelConfig, Problem
 from kernel.dkdv import MAX_STATE, dkdv_config, smem_bytes
 
@@ -77,34 +75,6 @@ def test_the_fused_loop_gives_autograd_s_gradients(b, s, dk, dv, offsets, with_d
     )
     for name, g, w in zip(("dq", "dk", "dv", "dh0"), got, _autograd(q, k, v, h0, decay, scale, do, dht, cu)):
         assert g.shape == w.shape and refs.rel_l2(g, w) < 1e-12, (name, refs.rel_l2(g, w))
-
-
-def test_sweep_calls_name_the_fused_call_backward_makes():
-    problem = Problem(2, 4, 20, 16, 32)
-    q, k, v, do, h0, dht = _inputs(2, 20, 4, 16, 32, 2, seed=1)
-    decay = torch.tensor(DECAYS, dtype=F64)
-    for initial, final in itertools.product([False, True], repeat=2):
-        made: list[tuple[Problem, Call]] = []
-        sweep = _ref_sweep(decay, 0.5)
-
-        def recording(q_, k_, v_, h0_, want_final, cu, reverse, sweep=sweep, made=made):
-            b, s, h, dk_ = q_.shape
-            made.append(
-                (Problem(b, h, s, dk_, v_.shape[-1]), Call(0.5, h0_ is not None, want_final, reverse=reverse))
-            )
-            return sweep(q_, k_, v_, h0_, want_final, cu, reverse)
-
-        def fused(q_, k_, v_, do_, start, want_final, cu, made=made):
-            b, s, h, dk_ = q_.shape
-            call = Call(0.5, start is not None, want_final, reverse=True, dkdv=True)
-            made.append((Problem(b, h, s, dk_, v_.shape[-1]), call))
-            return loop(q_, k_, v_, do_, decay, 0.5, start, want_final, cu)
-
-        state, grad = (h0 if initial else None), (dht if final else None)
-        backward(
-            recording, q, k, v, do, decay, 0.5, initial_state=state, dht=grad, want_dh0=initial, fused=fused
-        )
-        assert made == sweep_calls(problem, Call(0.5, initial, final), fused=True), (initial, final)
 
 
 def test_where_the_fused_sweep_serves():
