@@ -545,7 +545,27 @@ def test_a_training_step_runs_inside_a_captured_cuda_graph():
             assert torch.equal(c, e)
 
 
+FLA_CASE = (2, 1000, 4, 128)  # b, s, h, dk
+
+
+@pytest.fixture(scope="module")
+def compiled_for_fla(request) -> None:
+    """Compile the selected fla comparisons' kernels in parallel processes: one after the
+    other inside the test, their dozen split kernels did not finish in 150 s on the H200."""
+    from kernel.attention import training_jobs
+    from kernel.builder import cuda_arch, precompile
+    from kernel.resources import Resources
+
+    b, s, h, dk = FLA_CASE
+    jobs = set()
+    for (dv,) in selected(request, "dv"):
+        jobs |= training_jobs(Problem(b, h, s, dk, dv, "bfloat16"), Call(dk**-0.5, True, True), b)
+    for res in precompile(sorted(jobs, key=str), arch=cuda_arch()):
+        assert isinstance(res, Resources), res
+
+
 @pytest.mark.gpu
+@pytest.mark.usefixtures("compiled_for_fla")
 @pytest.mark.parametrize("dv", [128, 256])  # 256: fla's RetNet layers (DV = 2 DK)
 def test_gradients_match_fla_s_chunk_simple_gla(dv):
     """The same gradients as fla's autograd, with the same arguments (its g_gamma is the
@@ -553,7 +573,8 @@ def test_gradients_match_fla_s_chunk_simple_gla(dv):
     fla = pytest.importorskip("fla.ops.simple_gla")
     from kernel.attention import decay_attention
 
-    q, k, v, do, h0, dht, _ = _gpu_case(2, 1000, 4, 128, dv, "bfloat16", None)
+    b, s, h, dk = FLA_CASE
+    q, k, v, do, h0, dht, _ = _gpu_case(b, s, h, dk, dv, "bfloat16", None)
     decay = torch.tensor([1 - 2 ** (-5 - h) for h in range(4)], device="cuda")  # RetNet's
     grads = {}
     for name in ("ours", "fla"):
