@@ -55,40 +55,28 @@ def dkdv_config(problem: Problem, arch: str) -> KernelConfig | None:
     return None
 
 
-def prim_func(
-    problem: Problem,
-    config: KernelConfig,
-    *,
-    arch: str,
-    scale: float,
-    initial_state: bool,
-    final_state: bool,
-    packed: bool,
+def sweep_macro(
+    *, chunk: int, dk: int, dv: int, scale: float, num_stages: int, dtype: str, packed: bool, arch: str
 ):
-    """The ``@T.prim_func`` ``main(Q, K, V, dO, Decay, H0, HT, dK, dV)`` (``CuSeqlens``
-    last where ``packed``).
-
-    Q, K, dK: ``[B, S, H, DK]``; V, dO, dV: ``[B, S, H, DV]``; packed, ``B = 1`` and ``S``
-    the symbolic token count T, with the int32 offsets ``[N + 1]``. Decay: fp32 ``[H]``.
-    H0: fp32 ``[B*H or N*H, 1, DK, DV]``, the state dS starts from after each sequence's
-    last token, read only with ``initial_state`` (else zero); HT receives dS at its first
-    token, written only with ``final_state``. ``kernel.backward`` says what they hold.
-    """
+    """The reversed sweep of one block, as a ``@T.macro`` ``sweep(Q, K, V, dO, Decay, dK,
+    dV, bb, bh, s_begin, s_end, State, Final, bbh, p_in, final)``: tokens ``s_begin`` to
+    ``s_end`` of batch ``bb``, head ``bh``, walked chunk by chunk from the last. dS starts
+    from ``State[bbh, p_in]`` (``None``: zero) and is left in ``Final[bbh, 0]`` where
+    ``Final`` is a tensor and the run-time condition ``final`` holds, as
+    ``kernel.scalar_decay.chunk_loop_macro`` takes its states. ``packed``: rows past
+    ``s_end`` belong to the next sequence, and only the sequence's rows are written."""
     import tilelang.language as T  # loaded when a kernel is built, as kernel.variants does
 
     from kernel.mma import Mma
     from kernel.scalar_decay import store_macro
 
-    if config.block_dv != problem.dv or config.segments != 1 or config.scores != "smem":
-        raise ValueError(f"the fused sweep holds the whole DV in one block, single pass: got {config.label}")
-    C, accum, dtype = config.chunk, "float32", problem.dtype
-    dk, dv, heads, stages = problem.dk, problem.dv, problem.heads, config.num_stages
+    C, accum, stages = chunk, "float32", num_stages
     mma = Mma(asynchronous=get_arch(arch).wgmma and C % 64 == 0)  # wgmma: 64-row tiles
     store_k = store_macro(chunk=C, block_dv=dk, packed=packed)
     store_v = store_macro(chunk=C, block_dv=dv, packed=packed)
 
     @T.macro
-    def sweep(Q, K, V, dO, Decay, H0, HT, dK, dV, bb, bh, bbh, s_begin, s_end):
+    def sweep(Q, K, V, dO, Decay, dK, dV, bb, bh, s_begin, s_end, State, Final, bbh, p_in, final):
         Q_s = T.alloc_shared([C, dk], dtype)
         K_s = T.alloc_shared([C, dk], dtype)
         Qw_s = T.alloc_shared([C, dk], dtype)  # Q rows r < m, * alpha^r: writes dS
@@ -113,10 +101,10 @@ def prim_func(
             Gamma[i, j] = T.if_then_else(
                 j >= i, scale * T.exp2(lg[0] * T.Cast(accum, j - i)), T.Cast(accum, 0)
             )
-        if initial_state:
-            T.copy(H0[bbh, 0, :, :], dS_f)
-        else:
+        if State is None:
             T.clear(dS_f)
+        else:
+            T.copy(State[bbh, p_in, :, :], dS_f)
         n_chunks = T.ceildiv(s_end - s_begin, C)
         for c in T.Pipelined(n_chunks, num_stages=stages):
             s0 = s_begin + (n_chunks - 1 - c) * C
@@ -162,8 +150,46 @@ def prim_func(
             touch[0] = K_s[0, 0]
             touch[0] = V_s[0, 0]
             touch[0] = dO_s[0, 0]
-        if final_state:
-            T.copy(dS_f, HT[bbh, 0, :, :])
+        if Final is not None and final:
+            T.copy(dS_f, Final[bbh, 0, :, :])
+
+    return sweep
+
+
+def prim_func(
+    problem: Problem,
+    config: KernelConfig,
+    *,
+    arch: str,
+    scale: float,
+    initial_state: bool,
+    final_state: bool,
+    packed: bool,
+):
+    """The ``@T.prim_func`` ``main(Q, K, V, dO, Decay, H0, HT, dK, dV)`` (``CuSeqlens``
+    last where ``packed``).
+
+    Q, K, dK: ``[B, S, H, DK]``; V, dO, dV: ``[B, S, H, DV]``; packed, ``B = 1`` and ``S``
+    the symbolic token count T, with the int32 offsets ``[N + 1]``. Decay: fp32 ``[H]``.
+    H0: fp32 ``[B*H or N*H, 1, DK, DV]``, the state dS starts from after each sequence's
+    last token, read only with ``initial_state`` (else zero); HT receives dS at its first
+    token, written only with ``final_state``. ``kernel.backward`` says what they hold.
+    """
+    import tilelang.language as T
+
+    if config.block_dv != problem.dv or config.segments != 1 or config.scores != "smem":
+        raise ValueError(f"the fused sweep holds the whole DV in one block, single pass: got {config.label}")
+    accum, dtype, dk, dv, heads = "float32", problem.dtype, problem.dk, problem.dv, problem.heads
+    sweep = sweep_macro(
+        chunk=config.chunk,
+        dk=dk,
+        dv=dv,
+        scale=scale,
+        num_stages=config.num_stages,
+        dtype=dtype,
+        packed=packed,
+        arch=arch,
+    )
 
     if packed:
         tokens, offsets, h0_rows, ht_rows = (
@@ -185,7 +211,24 @@ def prim_func(
         ):
             with T.Kernel((offsets - 1) * heads, threads=config.threads) as bnh:
                 n, bh = bnh // heads, bnh % heads
-                sweep(Q, K, V, dO, Decay, H0, HT, dK, dV, 0, bh, bnh, CuSeqlens[n], CuSeqlens[n + 1])
+                sweep(
+                    Q,
+                    K,
+                    V,
+                    dO,
+                    Decay,
+                    dK,
+                    dV,
+                    0,
+                    bh,
+                    CuSeqlens[n],
+                    CuSeqlens[n + 1],
+                    H0 if initial_state else None,
+                    HT if final_state else None,
+                    bnh,
+                    0,
+                    True,
+                )
 
         return main_packed
 
@@ -204,6 +247,10 @@ def prim_func(
         dV: T.Tensor([b, s, heads, dv], dtype),
     ):
         with T.Kernel(b * heads, threads=config.threads) as bbh:
-            sweep(Q, K, V, dO, Decay, H0, HT, dK, dV, bbh // heads, bbh % heads, bbh, 0, s)
+            bb, bh = bbh // heads, bbh % heads
+            sweep(
+                Q, K, V, dO, Decay, dK, dV, bb, bh, 0, s,
+                H0 if initial_state else None, HT if final_state else None, bbh, 0, True,
+            )  # fmt: skip
 
     return main
