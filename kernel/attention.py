@@ -272,7 +272,8 @@ def _fuses(problem: Problem, packed: bool) -> bool:
     serves the problem, and the two sweeps it replaces would run single-pass. Where the
     table splits the sequence the sweeps' blocks fill the GPU and the fused sweep's one
     block per (batch, head) does not: at 2x16x16384 on the H200 the backward took 1.080
-    ms fused against 0.608 ms in three sweeps (experiments/h200/backward/README.md)."""
+    ms fused, and 0.635 ms in three split sweeps in a later run
+    (experiments/h200/backward/README.md)."""
     single = packed or config_for(problem, _TABLE[0], sm_count()).segments == 1
     return single and dkdv_config(problem, cuda_arch()) is not None
 
