@@ -266,16 +266,31 @@ def _shape(q_shape: torch.Size, dv: int, dtype: torch.dtype) -> Problem:
     return Problem(b, h, s, dk, dv, _DTYPE_NAMES[dtype])
 
 
+def fuses(problem: Problem, packed: bool, table: Dispatch | None, *, arch: str, sms: int) -> bool:
+    """Whether the backward of ``problem`` runs dk and dv in one sweep (``kernel.dkdv``) on
+    a GPU of ``arch`` with ``sms`` SMs, served by ``table``: where the fused sweep serves
+    the problem, and the two sweeps it replaces would run single-pass. Where the table
+    splits the sequence the sweeps' blocks fill the GPU and the fused sweep's one block
+    per (batch, head) does not: at 2x16x16384 on the H200 the backward took 1.080 ms
+    fused, and 0.635 ms in three split sweeps in a later run
+    (experiments/h200/backward/README.md)."""
+    single = packed or config_for(problem, table, sms).segments == 1
+    return single and dkdv_config(problem, arch) is not None
+
+
 @functools.lru_cache(maxsize=256)
 def _fuses(problem: Problem, packed: bool) -> bool:
-    """Whether this GPU's backward runs dk and dv in one sweep (``kernel.dkdv``): where it
-    serves the problem, and the two sweeps it replaces would run single-pass. Where the
-    table splits the sequence the sweeps' blocks fill the GPU and the fused sweep's one
-    block per (batch, head) does not: at 2x16x16384 on the H200 the backward took 1.080
-    ms fused, and 0.635 ms in three split sweeps in a later run
-    (experiments/h200/backward/README.md)."""
-    single = packed or config_for(problem, _TABLE[0], sm_count()).segments == 1
-    return single and dkdv_config(problem, cuda_arch()) is not None
+    """``fuses`` on this GPU with the table in use."""
+    return fuses(problem, packed, _TABLE[0], arch=cuda_arch(), sms=sm_count())
+
+
+def backward_configs(problem: Problem, call: Call, sequences: int) -> dict[str, KernelConfig]:
+    """The configs the backward of ``call`` on ``problem`` runs, by sweep: ``dq``, then
+    ``dk+dv`` where it fuses, else ``dk`` and ``dv`` (as ``kernel_job`` picks them)."""
+    fused = _fuses(problem, call.packed)
+    names = ("dq", "dk+dv") if fused else ("dq", "dk", "dv")
+    sweeps = sweep_calls(problem, call, fused=fused)
+    return {name: kernel_job(p, c, sequences)[1] for name, (p, c) in zip(names, sweeps)}
 
 
 def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:

@@ -90,6 +90,19 @@ def test_where_the_fused_sweep_serves():
         Call(dkdv=True)
 
 
+def test_the_backward_fuses_where_the_table_runs_the_sweeps_single_pass():
+    """Without a table the default config splits where one block per (batch, head) falls
+    short of the SMs: there the two split sweeps run (they were faster on the H200)."""
+    from kernel.attention import fuses
+
+    headline, long = Problem(8, 16, 4096, 128, 128), Problem(2, 16, 16384, 128, 128)
+    assert fuses(headline, False, None, arch="sm_90a", sms=132)
+    assert not fuses(long, False, None, arch="sm_90a", sms=132)
+    assert fuses(long, True, None, arch="sm_90a", sms=132)  # packed: the sweeps never split
+    assert not fuses(headline, False, None, arch="sm_80", sms=108)
+    assert not fuses(Problem(8, 16, 4096, 128, 256), False, None, arch="sm_90a", sms=132)
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_fused_sweep_compiles_as_counted(packed):
     """For sm_90a, states in and out: no spills, and the shared memory ``smem_bytes``

@@ -30,7 +30,7 @@ import torch
 
 import refs
 from kernel.builder import build, constant_decay, cuda_arch, precompile, sm_count
-from kernel.config import SEED_CONFIG, KernelConfig, Problem, model_call, retnet_decay
+from kernel.config import SEED_CONFIG, Call, KernelConfig, Problem, model_call, retnet_decay
 from kernel.dispatch import Dispatch
 from kernel.resources import ProbeFailure
 from kernel.timing import bench
@@ -77,13 +77,14 @@ def model_error(got: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...]) ->
 def _row(
     shape: dict[str, Any],
     impl: str,
-    config: KernelConfig | None,
+    config: KernelConfig | str | None,
     fn: Callable[[], tuple[torch.Tensor, ...]],
     ref: tuple[torch.Tensor, ...],
     floor_ms: float,
     log: Path | None,
 ) -> dict[str, Any]:
-    row = {**shape, "impl": impl, "config": config.label if config else "", **model_error(fn(), ref)}
+    label = config.label if isinstance(config, KernelConfig) else config or ""
+    row = {**shape, "impl": impl, "config": label, **model_error(fn(), ref)}
     if row["rel_l2"] < refs.TOLERANCE:
         row |= bench(fn).to_dict()
         row["x_floor"] = row["median_ms"] / floor_ms
@@ -211,6 +212,9 @@ def run_backward(
                 forwards["fla chunk_simple_gla"] = lambda: fla_simple_gla(q, k, v, g_gamma, scale=scale)[0]
             else:
                 print("fla is not installed: no fla column", file=sys.stderr)
+            sweeps = attention.backward_configs(problem, Call(scale), problem.batch)
+            served = {name: None for name in forwards}  # which sweeps ran ours, with which configs
+            served["decay_attention"] = ", ".join(f"{n} {c.label}" for n, c in sweeps.items())
             for name, forward in forwards.items():
                 kept = forward()
 
@@ -224,7 +228,7 @@ def run_backward(
                     ("backward", backward_only, floor_ms),
                     ("fwd+bwd", both, both_floor_ms),
                 ):
-                    row = _row(shape | {"pass": label}, f"{name} {label}", None, fn, ref, floor, log)
+                    row = _row(shape | {"pass": label}, f"{name} {label}", served[name], fn, ref, floor, log)
                     rows.append(row)
                 del kept
             del ref
