@@ -13,7 +13,7 @@ import torch
 from kernel.arch import local_arch
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, retnet_decay
 from kernel.resources import ProbeResult, compile_kernel, probe
-from kernel.variants import launch, unused_state
+from kernel.variants import launch, launch_dkdv, unused_state
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -126,10 +126,9 @@ class ScalarDecayKernel:
         """``(dk, dv)`` of the fused reversed sweep (``call.dkdv``, ``kernel.dkdv``) on
         tensors checked as ``run``'s: do ``[B, S, H, DV]``; ``initial_state``, dS's start
         after the last token; ``final_state`` receives dS at the first."""
-        (single,) = self.compiled
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         h0, ht = self._states(initial_state, final_state, q.device)
-        single(q, k, v, do, decay, h0, ht, dk, dv, *([cu_seqlens] if self.call.packed else []))
+        launch_dkdv(self.call, self.compiled, q, k, v, do, decay, h0, ht, dk, dv, cu_seqlens)
         return dk, dv
 
     def _states(self, initial: torch.Tensor | None, final: torch.Tensor | None, device: torch.device):

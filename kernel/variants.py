@@ -1,6 +1,6 @@
 """Which kernels a config runs, and how one call launches them: the one place that tells
-the single-pass kernel (``segments == 1``) from the sequence split, for the probe, the
-compiler and the call alike."""
+the single-pass kernel (``segments == 1``) from the sequence split and from the backward's
+fused sweep (``Call.dkdv``), for the probe, the compiler and the call alike."""
 
 import dataclasses
 from typing import Any
@@ -83,6 +83,15 @@ def launch(
     if launches_carry(problem, config, call):
         carry_kernel(decay, states)
     outputs_kernel(q, k, v, decay, states, out, ht)
+
+
+def launch_dkdv(
+    call: Call, compiled: tuple[Any, ...], q, k, v, do, decay, h0, ht, dk, dv, cu_seqlens=None
+) -> None:
+    """Run the fused sweep (``call.dkdv``, ``kernel.dkdv``) once on checked tensors, as
+    ``launch`` runs the forward: dK and dV into ``dk`` and ``dv``."""
+    (single,) = compiled
+    single(q, k, v, do, decay, h0, ht, dk, dv, *([cu_seqlens] if call.packed else []))
 
 
 def launches_carry(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL) -> bool:
