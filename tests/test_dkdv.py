@@ -2,8 +2,11 @@
 autograd through reference A, when it serves, and what it compiles to (real TileLang and
 nvcc, no GPU). On the GPU, ``decay_attention``'s gradients run it (tests/test_backward.py)."""
 
+import itertools
+
 import pytest
 import torch
+from helpers import selected
 from test_backward import CASES, DECAYS, F64, _autograd, _inputs, _ref_sweep
 
 import refs
@@ -115,3 +118,68 @@ def test_the_fused_sweep_compiles_as_counted(packed):
     assert isinstance(res, Resources), res
     assert res.spill_stores == 0 and res.fits_smem, res
     assert res.dynamic_smem + 1024 == smem_bytes(problem, config) and res.static_smem <= 1024, res
+
+
+# ---- on the GPU: the kernel itself, whatever ``fuses`` picks for decay_attention ---------
+
+GPU_CASES = [  # (problem, state in, state out, packed lengths): ragged, S < C, bf16, DK != DV
+    (Problem(2, 3, 1000, 128, 128), True, True, None),
+    (Problem(1, 2, 37, 64, 128, "bfloat16"), False, False, None),
+    (Problem(3, 4, 65, 128, 64), False, True, None),
+    (Problem(1, 4, 510, 128, 128), True, True, [1, 63, 64, 65, 300, 17]),
+    (Problem(1, 2, 1007, 128, 128, "bfloat16"), True, False, [2, 1000, 5]),
+]
+
+
+def _job(problem: Problem, initial: bool, final: bool, lengths):
+    call = Call(0.1, initial, final, lengths is not None, reverse=True, dkdv=True)
+    config = dkdv_config(problem, "sm_90a")  # the one architecture it serves
+    if lengths is not None:  # a packed kernel serves every T
+        problem = Problem(1, problem.heads, 1, problem.dk, problem.dv, problem.dtype)
+    return problem, config, call
+
+
+@pytest.fixture(scope="module")
+def compiled_dkdv(request) -> None:
+    from kernel.builder import cuda_arch, precompile
+    from kernel.resources import Resources
+
+    if not ARCHS[cuda_arch()].wgmma:
+        return  # the tests skip
+    jobs = [_job(*case) for case in selected(request, "problem", "initial", "final", "lengths")]
+    for res in precompile(jobs, arch=cuda_arch()):
+        assert isinstance(res, Resources), res
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("compiled_dkdv")
+@pytest.mark.parametrize("problem,initial,final,lengths", GPU_CASES, ids=str)
+def test_the_fused_sweep_matches_reference_e(problem, initial, final, lengths):
+    """dK, dV and dH0 of the kernel against ``refs.chunked_backward`` in fp64, outputs and
+    the state NaN-filled first, on Hopper (where ``dkdv_config`` serves)."""
+    from kernel.builder import build, cuda_arch
+    from kernel.validate import random_qkv
+
+    if dkdv_config(problem, cuda_arch()) is None:
+        pytest.skip(f"the fused sweep does not serve {cuda_arch()}")
+    p = problem
+    q, k, v = random_qkv(p, seed=p.seqlen)
+    do = torch.randn_like(v, dtype=torch.float32).to(v.dtype)
+    cu = None if lengths is None else torch.tensor([0, *itertools.accumulate(lengths)], device="cuda")
+    n = p.batch if cu is None else len(lengths)
+    decay = torch.tensor(DECAYS[: p.heads], device="cuda")
+    h0, dht = (torch.randn(n, p.heads, p.dk, p.dv, device="cuda") for _ in range(2))
+    scale = 0.1
+    weight = (scale * decay)[:, None, None]  # kernel.backward's start and dH0
+    start = dht / weight if initial else None
+    out = torch.full_like(h0, float("nan")) if final else None
+    kernel = build(*_job(p, initial, final, lengths))
+    dk, dv = kernel.run_dkdv(q, k, v, do, decay, start, out, None if cu is None else cu.to(torch.int32))
+    _, want_dk, want_dv, want_dh0 = refs.chunked_backward(
+        q, k, v, decay, 64, do, scale=scale, initial_state=h0, dht=dht if initial else None, cu_seqlens=cu
+    )
+    got = {"dk": (dk, want_dk), "dv": (dv, want_dv)}
+    if final:
+        got["dh0"] = (out * weight, want_dh0)
+    for name, (g, w) in got.items():
+        assert not g.isnan().any() and refs.rel_l2(g, w) < refs.TOLERANCE, (name, refs.rel_l2(g, w))
