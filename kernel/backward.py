@@ -99,8 +99,7 @@ def sweep_calls(problem: Problem, call: Call, fused: bool = False) -> list[tuple
     took one."""
     swapped = dataclasses.replace(problem, dk=problem.dv, dv=problem.dk)
     scale, packed = call.scale, call.packed
-    dv = Call(scale, call.final_state, call.initial_state, packed, reverse=True, dkdv=fused)
     dq = (swapped, Call(scale, call.initial_state, False, packed))
-    if fused:
-        return [dq, (problem, dv)]
-    return [dq, (swapped, Call(scale, call.final_state, False, packed, reverse=True)), (problem, dv)]
+    dk = (swapped, Call(scale, call.final_state, False, packed, reverse=True))
+    dv = (problem, Call(scale, call.final_state, call.initial_state, packed, reverse=True, dkdv=fused))
+    return [dq, dv] if fused else [dq, dk, dv]
