@@ -122,13 +122,12 @@ def _forward(
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
-    reverse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's call on checked inputs (``problem``, their shape; decay fp32 ``[H]``,
-    offsets int32), backwards in time where ``reverse`` (``kernel.config.Call``); the final
-    state is an empty ``(0,)`` tensor unless ``output_final_state``."""
+    offsets int32); the final state is an empty ``(0,)`` tensor unless
+    ``output_final_state``."""
     sequences = problem.batch if cu_seqlens is None else cu_seqlens.numel() - 1
-    call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None, reverse)
+    call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None)
     final = _empty_state(q, problem, sequences, output_final_state)
     o = _kernel(problem, call, sequences).run(  # checked above: no second check
         q.contiguous(),
@@ -170,19 +169,15 @@ def _backward(
     problem = _shape(q.shape, v.shape[-1], q.dtype)
     sequences = problem.batch if cu is None else cu.numel() - 1
 
-    def state(wanted: bool, p: Problem) -> torch.Tensor | None:
-        shape = (sequences, p.heads, p.dk, p.dv)
-        return torch.empty(shape, dtype=torch.float32, device=q.device) if wanted else None
-
     def sweep(q_, k_, v_, h0, want_final, offsets, reverse):
         p = _shape(q_.shape, v_.shape[-1], q_.dtype)
         call = Call(scale, h0 is not None, want_final, offsets is not None, reverse)
-        final = state(want_final, p)
+        final = _empty_state(q, p, sequences, True) if want_final else None
         return _kernel(p, call, sequences).run(q_, k_, v_, decay, h0, final, None, offsets), final
 
     def fused(q_, k_, v_, do_, start, want_final, offsets):
         call = Call(scale, start is not None, want_final, offsets is not None, reverse=True, dkdv=True)
-        final = state(want_final, problem)
+        final = _empty_state(q, problem, sequences, True) if want_final else None
         return *_kernel(problem, call, sequences).run_dkdv(
             q_, k_, v_, do_, decay, start, final, offsets
         ), final
@@ -287,10 +282,14 @@ def _fuses(problem: Problem, packed: bool) -> bool:
 def backward_configs(problem: Problem, call: Call, sequences: int) -> dict[str, KernelConfig]:
     """The configs the backward of ``call`` on ``problem`` runs, by sweep: ``dq``, then
     ``dk+dv`` where it fuses, else ``dk`` and ``dv`` (as ``kernel_job`` picks them)."""
-    fused = _fuses(problem, call.packed)
-    names = ("dq", "dk+dv") if fused else ("dq", "dk", "dv")
-    sweeps = sweep_calls(problem, call, fused=fused)
-    return {name: kernel_job(p, c, sequences)[1] for name, (p, c) in zip(names, sweeps)}
+    names = ("dq", "dk+dv") if _fuses(problem, call.packed) else ("dq", "dk", "dv")
+    return {name: job[1] for name, job in zip(names, _backward_jobs(problem, call, sequences))}
+
+
+def _backward_jobs(problem: Problem, call: Call, sequences: int) -> list[tuple[Problem, KernelConfig, Call]]:
+    """The ``kernel_job`` of each sweep the backward of ``call`` runs, in order."""
+    sweeps = sweep_calls(problem, call, fused=_fuses(problem, call.packed))
+    return [kernel_job(p, c, sequences) for p, c in sweeps]
 
 
 def _problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Problem:
@@ -408,24 +407,26 @@ def kernel_job(problem: Problem, call: Call, sequences: int) -> tuple[Problem, K
     Packed sequences run the single-pass kernel with the config picked for ``sequences``
     sequences of the mean length (``kernel.variants.packed_config``); a compiled kernel
     serves every T and N, so packed calls compile at most once per config the table holds."""
+    p = problem
     if call.dkdv:  # its own config, not the table's
-        config = dkdv_config(problem, cuda_arch())
+        config = dkdv_config(p, cuda_arch())
         if config is None:
-            raise ValueError(f"the fused dk and dv sweep does not serve {problem} on {cuda_arch()}")
-    if call.packed:
-        p = problem
+            raise ValueError(f"the fused dk and dv sweep does not serve {p} on {cuda_arch()}")
+    elif call.packed:
         mean = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
-        config = config if call.dkdv else config_for(mean, _TABLE[0], sm_count())
-        return dataclasses.replace(problem, seqlen=1), packed_config(config, cuda_arch()), call
-    return problem, (config if call.dkdv else config_for(problem, _TABLE[0], sm_count())), call
+        config = config_for(mean, _TABLE[0], sm_count())
+    else:
+        config = config_for(p, _TABLE[0], sm_count())
+    if call.packed:
+        return dataclasses.replace(p, seqlen=1), packed_config(config, cuda_arch()), call
+    return p, config, call
 
 
 def training_jobs(problem: Problem, call: Call, sequences: int) -> set[tuple[Problem, KernelConfig, Call]]:
     """What a differentiable call compiles: its forward's ``kernel_job`` and its backward's
     sweeps' (``kernel.backward.sweep_calls``), to compile ahead in parallel
     (``kernel.builder.precompile``)."""
-    sweeps = sweep_calls(problem, call, fused=_fuses(problem, call.packed))
-    return {kernel_job(p, c, sequences) for p, c in [(problem, call), *sweeps]}
+    return {kernel_job(problem, call, sequences), *_backward_jobs(problem, call, sequences)}
 
 
 def config_for(problem: Problem, table: Dispatch | None, sms: int) -> KernelConfig:
