@@ -48,7 +48,6 @@ def use_table(table: Dispatch | None) -> None:
     documented default, ``kernel.dispatch.default_config``)."""
     _TABLE[0] = table
     _SERVED.clear()
-    _fuses.cache_clear()
 
 
 def decay_attention(
@@ -194,7 +193,7 @@ def _backward(
         dht=dht,
         cu_seqlens=cu,
         want_dh0=initial_state is not None,
-        fused=fused if _fuses(problem, cu is not None) else None,
+        fused=fused if _fuses(problem) else None,
     )
     return dq, dk, dv, (torch.empty(0, dtype=torch.float32, device=q.device) if dh0 is None else dh0)
 
@@ -261,34 +260,30 @@ def _shape(q_shape: torch.Size, dv: int, dtype: torch.dtype) -> Problem:
     return Problem(b, h, s, dk, dv, _DTYPE_NAMES[dtype])
 
 
-def fuses(problem: Problem, packed: bool, table: Dispatch | None, *, arch: str, sms: int) -> bool:
+def fuses(problem: Problem, arch: str) -> bool:
     """Whether the backward of ``problem`` runs dk and dv in one sweep (``kernel.dkdv``) on
-    a GPU of ``arch`` with ``sms`` SMs, served by ``table``: where the fused sweep serves
-    the problem, and the two sweeps it replaces would run single-pass. Where the table
-    splits the sequence the sweeps' blocks fill the GPU and the fused sweep's one block
-    per (batch, head) does not: at 2x16x16384 on the H200 the backward took 1.080 ms
-    fused, and 0.635 ms in three split sweeps in a later run
-    (experiments/h200/backward/README.md)."""
-    single = packed or config_for(problem, table, sms).segments == 1
-    return single and dkdv_config(problem, arch) is not None
+    a GPU of ``arch``: wherever that sweep serves the problem. It splits the sequence
+    itself where the two sweeps' table would (``kernel.dkdv.dkdv_config``), and was the
+    faster in one pass and split alike (experiments/h200/fused_sweep/)."""
+    return dkdv_config(problem, arch) is not None
 
 
 @functools.lru_cache(maxsize=256)
-def _fuses(problem: Problem, packed: bool) -> bool:
-    """``fuses`` on this GPU with the table in use."""
-    return fuses(problem, packed, _TABLE[0], arch=cuda_arch(), sms=sm_count())
+def _fuses(problem: Problem) -> bool:
+    """``fuses`` on this GPU."""
+    return fuses(problem, cuda_arch())
 
 
 def backward_configs(problem: Problem, call: Call, sequences: int) -> dict[str, KernelConfig]:
     """The configs the backward of ``call`` on ``problem`` runs, by sweep: ``dq``, then
     ``dk+dv`` where it fuses, else ``dk`` and ``dv`` (as ``kernel_job`` picks them)."""
-    names = ("dq", "dk+dv") if _fuses(problem, call.packed) else ("dq", "dk", "dv")
+    names = ("dq", "dk+dv") if _fuses(problem) else ("dq", "dk", "dv")
     return {name: job[1] for name, job in zip(names, _backward_jobs(problem, call, sequences))}
 
 
 def _backward_jobs(problem: Problem, call: Call, sequences: int) -> list[tuple[Problem, KernelConfig, Call]]:
     """The ``kernel_job`` of each sweep the backward of ``call`` runs, in order."""
-    sweeps = sweep_calls(problem, call, fused=_fuses(problem, call.packed))
+    sweeps = sweep_calls(problem, call, fused=_fuses(problem))
     return [kernel_job(p, c, sequences) for p, c in sweeps]
 
 
@@ -409,7 +404,7 @@ def kernel_job(problem: Problem, call: Call, sequences: int) -> tuple[Problem, K
     serves every T and N, so packed calls compile at most once per config the table holds."""
     p = problem
     if call.dkdv:  # its own config, not the table's
-        config = dkdv_config(p, cuda_arch())
+        config = dkdv_config(p, cuda_arch(), None if call.packed else sm_count())
         if config is None:
             raise ValueError(f"the fused dk and dv sweep does not serve {p} on {cuda_arch()}")
     elif call.packed:

@@ -15,6 +15,16 @@ head) for packed sequences, holds the whole ``[DK, DV]`` state, so it serves a p
 only where that fits: ``dkdv_config``. On the H200 at 8x16x4096 fp16 it took 0.250 ms
 against the two sweeps' 0.308 ms, same run (experiments/h200/fused_sweep/fused.json).
 
+Where one block per (batch, head) leaves SMs idle, the sweep is split along the sequence
+as ``kernel.seq_split`` splits the forward (``KernelConfig.segments > 1``, dense batches):
+the dv sweep's reversed ``states`` and ``carry`` kernels on (K, V) := (Q, dO) give dS
+entering each segment from its end, then one block per (batch, head, segment) runs the
+sweep over its segment from that state, and segment 0's blocks leave dS at the first
+token. It reads Q and dO twice: 8 tensor moves where the two split sweeps make 12. On the
+H200 at 2x16x16384 fp16 it took 0.308 ms in 4 segments against the two split sweeps'
+0.428 ms, same run (0.548 in 2 segments, 0.332 in 8; one pass: 1.080 ms in another run;
+experiments/h200/fused_sweep/split.json).
+
 The numerical rules of the forward hold: every weight is ``exp2(log2(alpha) * k)`` with
 ``k >= 0``, ``Gamma`` is evaluated only where ``j >= i``, fp32 accumulation, and key
 columns past ``m`` (TMA's zero rows, or the next sequence's) are masked out of the scores.
@@ -22,6 +32,7 @@ columns past ``m`` (TMA's zero rows, or the next sequence's) are masked out of t
 
 from kernel.arch import get_arch
 from kernel.config import KernelConfig, Problem
+from kernel.dispatch import nearest_grid
 
 CHUNK, THREADS = 64, 256
 MAX_STATE = 128 * 128  # DK * DV: the fp32 state in 256 threads' registers, 64 each
@@ -38,20 +49,25 @@ def smem_bytes(problem: Problem, config: KernelConfig) -> int:
     return 2 * (staged + c * (2 * dk + dv) + dk * dv + 2 * c * c) + 1024
 
 
-def dkdv_config(problem: Problem, arch: str) -> KernelConfig | None:
+def dkdv_config(problem: Problem, arch: str, sms: int | None = None) -> KernelConfig | None:
     """The config the fused sweep runs with on ``arch`` (a name of ``kernel.arch.ARCHS``),
     or None where it does not serve ``problem``: the backward then runs two sweeps. It
     serves Hopper (wgmma), where it was timed, a state of at most ``MAX_STATE`` elements,
     with two stages where they fit the shared memory: on the H200 two stages took 0.250
     ms and one 0.291 ms (fused.json). Without wgmma its synchronous MMAs hold more in
-    registers: 255 with spills on sm_80 at DK = DV = 128 (ptxas), never timed."""
+    registers: 255 with spills on sm_80 at DK = DV = 128 (ptxas), never timed.
+
+    ``sms``: the GPU's SM count, to split the sequence into the segment count whose grid
+    comes nearest one block per SM (``kernel.dispatch.nearest_grid``, as the forward's
+    default does); None, one pass (what packed sequences run)."""
     if problem.dk * problem.dv > MAX_STATE or not get_arch(arch).wgmma:
         return None
     limit = get_arch(arch).smem_per_block
     for stages in (2, 1):
         config = KernelConfig(CHUNK, problem.dv, stages, THREADS, "smem")
         if smem_bytes(problem, config) <= limit:
-            return config
+            split = None if sms is None else nearest_grid(config, problem, sms)
+            return config if split is None else split
     return None
 
 
@@ -156,7 +172,7 @@ def sweep_macro(
     return sweep
 
 
-def prim_func(
+def prim_funcs(
     problem: Problem,
     config: KernelConfig,
     *,
@@ -165,9 +181,12 @@ def prim_func(
     initial_state: bool,
     final_state: bool,
     packed: bool,
-):
-    """The ``@T.prim_func`` ``main(Q, K, V, dO, Decay, H0, HT, dK, dV)`` (``CuSeqlens``
-    last where ``packed``).
+) -> list:
+    """The ``@T.prim_func`` kernels, in launch order: one pass, ``[main(Q, K, V, dO, Decay,
+    H0, HT, dK, dV)]`` (``CuSeqlens`` last where ``packed``); split (``config.segments >
+    1``), ``[states(Q, dO, Decay, H0, States), carry(Decay, States), outputs(Q, K, V, dO,
+    Decay, States, HT, dK, dV)]`` with ``States`` fp32 ``[B*H, P, DK, DV]``, the dv
+    sweep's reversed kernels of ``kernel.seq_split``.
 
     Q, K, dK: ``[B, S, H, DK]``; V, dO, dV: ``[B, S, H, DV]``; packed, ``B = 1`` and ``S``
     the symbolic token count T, with the int32 offsets ``[N + 1]``. Decay: fp32 ``[H]``.
@@ -177,8 +196,13 @@ def prim_func(
     """
     import tilelang.language as T
 
-    if config.block_dv != problem.dv or config.segments != 1 or config.scores != "smem":
-        raise ValueError(f"the fused sweep holds the whole DV in one block, single pass: got {config.label}")
+    from kernel import seq_split
+
+    if config.block_dv != problem.dv or config.scores != "smem" or (packed and config.segments != 1):
+        raise ValueError(
+            f"the fused sweep holds the whole DV in one block, in one pass for packed sequences: "
+            f"got {config.label}"
+        )
     accum, dtype, dk, dv, heads = "float32", problem.dtype, problem.dk, problem.dv, problem.heads
     sweep = sweep_macro(
         chunk=config.chunk,
@@ -230,27 +254,56 @@ def prim_func(
                     True,
                 )
 
-        return main_packed
+        return [main_packed]
 
     b, s = problem.batch, problem.seqlen
+    state_shape = [b * heads, 1, dk, dv]
+
+    if config.segments == 1:
+
+        @T.prim_func
+        def main(
+            Q: T.Tensor([b, s, heads, dk], dtype),
+            K: T.Tensor([b, s, heads, dk], dtype),
+            V: T.Tensor([b, s, heads, dv], dtype),
+            dO: T.Tensor([b, s, heads, dv], dtype),
+            Decay: T.Tensor([heads], accum),
+            H0: T.Tensor(state_shape, accum),
+            HT: T.Tensor(state_shape, accum),
+            dK: T.Tensor([b, s, heads, dk], dtype),
+            dV: T.Tensor([b, s, heads, dv], dtype),
+        ):
+            with T.Kernel(b * heads, threads=config.threads) as bbh:
+                bb, bh = bbh // heads, bbh % heads
+                sweep(
+                    Q, K, V, dO, Decay, dK, dV, bb, bh, 0, s,
+                    H0 if initial_state else None, HT if final_state else None, bbh, 0, True,
+                )  # fmt: skip
+
+        return [main]
+
+    states, carry, _ = seq_split.prim_funcs(
+        problem, config, initial_state=initial_state, reverse=True, arch=arch
+    )
+    L, P = config.segment_length(s), config.segment_count(s)
 
     @T.prim_func
-    def main(
+    def outputs(
         Q: T.Tensor([b, s, heads, dk], dtype),
         K: T.Tensor([b, s, heads, dk], dtype),
         V: T.Tensor([b, s, heads, dv], dtype),
         dO: T.Tensor([b, s, heads, dv], dtype),
         Decay: T.Tensor([heads], accum),
-        H0: T.Tensor([b * heads, 1, dk, dv], accum),
-        HT: T.Tensor([b * heads, 1, dk, dv], accum),
+        States: T.Tensor([b * heads, P, dk, dv], accum),
+        HT: T.Tensor(state_shape, accum),
         dK: T.Tensor([b, s, heads, dk], dtype),
         dV: T.Tensor([b, s, heads, dv], dtype),
     ):
-        with T.Kernel(b * heads, threads=config.threads) as bbh:
+        with T.Kernel(b * heads, P, threads=config.threads) as (bbh, bp):
             bb, bh = bbh // heads, bbh % heads
             sweep(
-                Q, K, V, dO, Decay, dK, dV, bb, bh, 0, s,
-                H0 if initial_state else None, HT if final_state else None, bbh, 0, True,
+                Q, K, V, dO, Decay, dK, dV, bb, bh, bp * L, T.min(bp * L + L, s),
+                States, HT if final_state else None, bbh, bp, bp == 0,
             )  # fmt: skip
 
-    return main
+    return [states, carry, outputs]

@@ -33,7 +33,7 @@ def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, 
     knobs = call.to_dict()
     if knobs.pop("dkdv"):
         del knobs["reverse"]
-        return [dkdv.prim_func(problem, config, arch=arch, **knobs)]
+        return dkdv.prim_funcs(problem, config, arch=arch, **knobs)
     if call.packed and config != packed_config(config, arch):
         raise ValueError(
             f"packed sequences run the single-pass kernel, with one stage where TileLang does not "
@@ -86,12 +86,34 @@ def launch(
 
 
 def launch_dkdv(
-    call: Call, compiled: tuple[Any, ...], q, k, v, do, decay, h0, ht, dk, dv, cu_seqlens=None
+    problem: Problem,
+    config: KernelConfig,
+    call: Call,
+    compiled: tuple[Any, ...],
+    q,
+    k,
+    v,
+    do,
+    decay,
+    h0,
+    ht,
+    dk,
+    dv,
+    cu_seqlens=None,
 ) -> None:
     """Run the fused sweep (``call.dkdv``, ``kernel.dkdv``) once on checked tensors, as
-    ``launch`` runs the forward: dK and dV into ``dk`` and ``dv``."""
-    (single,) = compiled
-    single(q, k, v, do, decay, h0, ht, dk, dv, *([cu_seqlens] if call.packed else []))
+    ``launch`` runs the forward: dK and dV into ``dk`` and ``dv``. Split, its states over
+    (Q, dO) are the dv sweep's."""
+    if config.segments == 1:
+        (single,) = compiled
+        single(q, k, v, do, decay, h0, ht, dk, dv, *([cu_seqlens] if call.packed else []))
+        return
+    states_kernel, carry_kernel, outputs_kernel = compiled
+    states = states_buffer(problem, config, q.device)
+    states_kernel(q, do, decay, h0, states)
+    if launches_carry(problem, config, call):
+        carry_kernel(decay, states)
+    outputs_kernel(q, k, v, do, decay, states, ht, dk, dv)
 
 
 def launches_carry(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL) -> bool:

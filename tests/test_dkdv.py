@@ -2,6 +2,7 @@
 autograd through reference A, when it serves, and what it compiles to (real TileLang and
 nvcc, no GPU). On the GPU, ``decay_attention``'s gradients run it (tests/test_backward.py)."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -93,47 +94,73 @@ def test_where_the_fused_sweep_serves():
         Call(dkdv=True)
 
 
-def test_the_backward_fuses_where_the_table_runs_the_sweeps_single_pass():
-    """Without a table the default config splits where one block per (batch, head) falls
-    short of the SMs: there the two split sweeps run (they were faster on the H200)."""
+def test_the_fused_sweep_splits_where_one_block_per_head_leaves_sms_idle():
+    """With the GPU's SM count the sweep takes the segment count nearest one block per SM,
+    as the forward's default does; packed sequences (no SM count) run one pass; the
+    backward fuses wherever the sweep serves."""
     from kernel.attention import fuses
 
-    headline, long = Problem(8, 16, 4096, 128, 128), Problem(2, 16, 16384, 128, 128)
-    assert fuses(headline, False, None, arch="sm_90a", sms=132)
-    assert not fuses(long, False, None, arch="sm_90a", sms=132)
-    assert fuses(long, True, None, arch="sm_90a", sms=132)  # packed: the sweeps never split
-    assert not fuses(headline, False, None, arch="sm_80", sms=108)
-    assert not fuses(Problem(8, 16, 4096, 128, 256), False, None, arch="sm_90a", sms=132)
+    def segments(b, h, s, sms=132):
+        return dkdv_config(Problem(b, h, s, 128, 128), "sm_90a", sms).segments
+
+    assert segments(8, 16, 4096) == 1  # 128 blocks
+    assert segments(2, 16, 16384) == 4  # the H200's fastest (fused_sweep/split.json)
+    assert segments(1, 8, 32768) == 16 and segments(1, 8, 32768, sms=108) == 16
+    assert segments(1, 2, 100) == 1  # two chunks: no segment holds the two stages' pipeline
+    assert dkdv_config(Problem(1, 2, 32768, 128, 128), "sm_90a") == KernelConfig(64, 128, 2, 256, "smem")
+    headline = Problem(8, 16, 4096, 128, 128)
+    assert fuses(headline, "sm_90a") and fuses(Problem(2, 16, 16384, 128, 128), "sm_90a")
+    assert not fuses(headline, "sm_80")
+    assert not fuses(Problem(8, 16, 4096, 128, 256), "sm_90a")
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_the_fused_sweep_compiles_as_counted(packed):
+@pytest.mark.parametrize("packed,segments", [(False, 1), (True, 1), (False, 4)])
+def test_the_fused_sweep_compiles_as_counted(packed, segments):
     """For sm_90a, states in and out: no spills, and the shared memory ``smem_bytes``
-    counts (which ``dkdv_config`` holds against the architecture's limit)."""
+    counts (which ``dkdv_config`` holds against the architecture's limit), split or not."""
     from kernel.resources import Resources, probe
 
-    problem = Problem(2, 3, 1 if packed else 200, 64, 128)
-    config = dkdv_config(problem, "sm_90a")
+    problem = Problem(2, 3, 1 if packed else 600, 64, 128)
+    config = dataclasses.replace(dkdv_config(problem, "sm_90a"), segments=segments)
     res = probe(problem, config, arch="sm_90a", call=Call(0.1, True, True, packed, reverse=True, dkdv=True))
     assert isinstance(res, Resources), res
     assert res.spill_stores == 0 and res.fits_smem, res
     assert res.dynamic_smem + 1024 == smem_bytes(problem, config) and res.static_smem <= 1024, res
 
 
+def test_the_fused_sweep_is_one_kernel_or_three():
+    """One pass: one kernel; split: the dv sweep's reversed states and carry, then the
+    sweep per segment; packed sequences: one pass only."""
+    from kernel.variants import prim_funcs
+
+    problem, config = Problem(2, 3, 600, 64, 128), KernelConfig(64, 128, 2, 256, "smem")
+    call = Call(0.1, True, True, reverse=True, dkdv=True)
+    for segments, names in ((1, ["main"]), (4, ["states", "carry", "outputs"])):
+        funcs = prim_funcs(problem, dataclasses.replace(config, segments=segments), call, arch="sm_90a")
+        assert [f.attrs["global_symbol"] for f in funcs] == names
+    packed = dataclasses.replace(call, packed=True)
+    with pytest.raises(ValueError, match="one pass for packed"):
+        prim_funcs(problem, dataclasses.replace(config, segments=2), packed, arch="sm_90a")
+
+
 # ---- on the GPU: the kernel itself, whatever ``fuses`` picks for decay_attention ---------
 
-GPU_CASES = [  # (problem, state in, state out, packed lengths): ragged, S < C, bf16, DK != DV
-    (Problem(2, 3, 1000, 128, 128), True, True, None),
-    (Problem(1, 2, 37, 64, 128, "bfloat16"), False, False, None),
-    (Problem(3, 4, 65, 128, 64), False, True, None),
-    (Problem(1, 4, 510, 128, 128), True, True, [1, 63, 64, 65, 300, 17]),
-    (Problem(1, 2, 1007, 128, 128, "bfloat16"), True, False, [2, 1000, 5]),
+GPU_CASES = [  # (problem, state in, state out, packed lengths, segments): ragged, S < C, bf16, DK != DV
+    (Problem(2, 3, 1000, 128, 128), True, True, None, 1),
+    (Problem(1, 2, 37, 64, 128, "bfloat16"), False, False, None, 1),
+    (Problem(3, 4, 65, 128, 64), False, True, None, 1),
+    (Problem(1, 4, 510, 128, 128), True, True, [1, 63, 64, 65, 300, 17], 1),
+    (Problem(1, 2, 1007, 128, 128, "bfloat16"), True, False, [2, 1000, 5], 1),
+    (Problem(2, 3, 1000, 128, 128), True, True, None, 4),  # a ragged last segment and chunk
+    (Problem(1, 2, 300, 128, 128), False, False, None, 2),  # two segments: no carry
+    (Problem(2, 2, 777, 128, 128, "bfloat16"), True, False, None, 8),  # 7 segments of 128
+    (Problem(3, 2, 500, 64, 128), False, True, None, 2),
 ]
 
 
-def _job(problem: Problem, initial: bool, final: bool, lengths):
+def _job(problem: Problem, initial: bool, final: bool, lengths, segments: int):
     call = Call(0.1, initial, final, lengths is not None, reverse=True, dkdv=True)
-    config = dkdv_config(problem, "sm_90a")  # the one architecture it serves
+    config = dataclasses.replace(dkdv_config(problem, "sm_90a"), segments=segments)  # Hopper alone
     if lengths is not None:  # a packed kernel serves every T
         problem = Problem(1, problem.heads, 1, problem.dk, problem.dv, problem.dtype)
     return problem, config, call
@@ -146,15 +173,15 @@ def compiled_dkdv(request) -> None:
 
     if not ARCHS[cuda_arch()].wgmma:
         return  # the tests skip
-    jobs = [_job(*case) for case in selected(request, "problem", "initial", "final", "lengths")]
+    jobs = [_job(*case) for case in selected(request, "problem", "initial", "final", "lengths", "segments")]
     for res in precompile(jobs, arch=cuda_arch()):
         assert isinstance(res, Resources), res
 
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("compiled_dkdv")
-@pytest.mark.parametrize("problem,initial,final,lengths", GPU_CASES, ids=str)
-def test_the_fused_sweep_matches_reference_e(problem, initial, final, lengths):
+@pytest.mark.parametrize("problem,initial,final,lengths,segments", GPU_CASES, ids=str)
+def test_the_fused_sweep_matches_reference_e(problem, initial, final, lengths, segments):
     """dK, dV and dH0 of the kernel against ``refs.chunked_backward`` in fp64, outputs and
     the state NaN-filled first, on Hopper (where ``dkdv_config`` serves)."""
     from kernel.builder import build, cuda_arch
@@ -173,7 +200,7 @@ def test_the_fused_sweep_matches_reference_e(problem, initial, final, lengths):
     weight = (scale * decay)[:, None, None]  # kernel.backward's start and dH0
     start = dht / weight if initial else None
     out = torch.full_like(h0, float("nan")) if final else None
-    kernel = build(*_job(p, initial, final, lengths))
+    kernel = build(*_job(p, initial, final, lengths, segments))
     dk, dv = kernel.run_dkdv(q, k, v, do, decay, start, out, None if cu is None else cu.to(torch.int32))
     _, want_dk, want_dv, want_dh0 = refs.chunked_backward(
         q, k, v, decay, 64, do, scale=scale, initial_state=h0, dht=dht if initial else None, cu_seqlens=cu
