@@ -190,12 +190,20 @@ def run_backward(
     """Per shape, the backward alone (autograd over a kept graph) and the forward plus
     backward of ``decay_attention`` (serving ``dispatch``'s picks for its sweeps,
     ``kernel.backward``) and of fla's ``chunk_simple_gla``, with the same arguments (RetNet's
-    decays, scale, no state), each row's gradients checked against reference E."""
+    decays, scale, no state), each row's gradients checked against reference E. Their
+    kernels compile first, in parallel processes: compiled inside the timing process, the
+    backward at 8x16x4096 timed 0.567 ms (p20 0.48, p80 0.68) in one H200 run, against
+    0.380 ms (0.369, 0.382) compiled ahead on the next machine
+    (experiments/h200/backward/README.md, fourth session)."""
     from kernel import attention
 
     rows = []
     attention.use_table(dispatch)
     try:
+        jobs = set()
+        for problem in problems:
+            jobs |= attention.training_jobs(problem, Call(model_call(problem).scale), problem.batch)
+        precompile(sorted(jobs, key=str), arch=cuda_arch())
         for problem in problems:
             shape = _shape(problem)
             floor_ms = backward_bytes(problem) / bandwidth * 1e3

@@ -1,5 +1,5 @@
 """The bench's backward rows alone (``tuner.bench.run_backward``: ours and fla's, same run)
-at the shapes given, after compiling ``decay_attention``'s kernels in parallel:
+at the shapes given:
 
     python3 experiments/h200/backward/bench_long.py --out DIR 2x16x16384
 
@@ -13,9 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 
 def main() -> int:
-    from kernel import attention
-    from kernel.builder import cuda_arch, precompile
-    from kernel.config import Call, Problem, model_call
+    from kernel.config import Problem
     from tuner.bench import copy_bandwidth, run_backward
 
     parser = argparse.ArgumentParser()
@@ -23,10 +21,6 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     problems = [Problem(*map(int, s.split("x")), 128, 128) for s in args.shapes]
-    jobs = set()
-    for p in problems:
-        jobs |= attention.training_jobs(p, Call(model_call(p).scale), p.batch)
-    precompile(sorted(jobs, key=str), arch=cuda_arch())
     args.out.mkdir(parents=True, exist_ok=True)
     for row in run_backward(
         problems, dispatch=None, bandwidth=copy_bandwidth(), log=args.out / "bench_long.jsonl"
