@@ -29,7 +29,7 @@ from kernel.config import Call, KernelConfig, Problem
 from kernel.deploy import ExportError
 from kernel.dispatch import Dispatch, default_config
 from kernel.dkdv import dkdv_config
-from kernel.variants import packed_config
+from kernel.variants import packed_config, same_segments
 
 _KERNELS: dict[tuple[Problem, KernelConfig, Call], ScalarDecayKernel] = {}
 # (problem, call, sequences) -> the kernel serving it under the current table: picking a
@@ -98,6 +98,29 @@ def _attention(
     output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    o, final, _ = _attention_and_split(
+        q, k, v, decay, alpha, scale, initial_state, output_final_state, cu_seqlens
+    )
+    return o, final
+
+
+# A split forward's config and the state entering each of its segments, which the
+# backward's dq sweep reads instead of computing them again (``_backward_of``).
+Split = tuple[KernelConfig, torch.Tensor]
+
+
+def _attention_and_split(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor | None,
+    alpha: float,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, Split | None]:
+    """The op's implementation, and the forward's ``Split`` where it ran split."""
     problem = _problem(q, k, v)
     decay = _decay_tensor(decay, alpha, problem.heads, q.device)
     sequences = problem.batch
@@ -121,14 +144,15 @@ def _forward(
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, Split | None]:
     """The kernel's call on checked inputs (``problem``, their shape; decay fp32 ``[H]``,
     offsets int32); the final state is an empty ``(0,)`` tensor unless
-    ``output_final_state``."""
+    ``output_final_state``; the ``Split`` where the kernel ran split."""
     sequences = problem.batch if cu_seqlens is None else cu_seqlens.numel() - 1
     call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None)
     final = _empty_state(q, problem, sequences, output_final_state)
-    o = _kernel(problem, call, sequences).run(  # checked above: no second check
+    kern = _kernel(problem, call, sequences)
+    o, states = kern.run(  # checked above: no second check
         q.contiguous(),
         k.contiguous(),
         v.contiguous(),
@@ -137,7 +161,7 @@ def _forward(
         final_state=final if output_final_state else None,
         cu_seqlens=cu_seqlens,
     )
-    return o, final
+    return o, final, (None if states is None else (kern.config, states))
 
 
 @_attention_op.register_fake
@@ -162,6 +186,26 @@ def _backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv, dH0)`` by the kernel's sweeps (``kernel.backward``) on the inputs the
     forward checked; dH0 is an empty ``(0,)`` tensor where the forward took no state."""
+    return _backward_of(q, k, v, do, decay, alpha, scale, initial_state, dht, cu_seqlens, None)
+
+
+def _backward_of(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    decay: torch.Tensor | None,
+    alpha: float,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    dht: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    split: Split | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_backward``, given the forward's ``Split`` where it ran split (an eager call
+    keeps it): the dq sweep, the forward on (dO, V, K), has the forward's states
+    transposed, so where it cuts the sequence into the same segments it reads them and
+    runs its outputs kernel alone."""
     decay = _decay_tensor(decay, alpha, q.shape[2], q.device)
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     q, k, v, do = (x.contiguous() for x in (q, k, v, do))
@@ -172,7 +216,10 @@ def _backward(
         p = _shape(q_.shape, v_.shape[-1], q_.dtype)
         call = Call(scale, h0 is not None, want_final, offsets is not None, reverse)
         final = _empty_state(q, p, sequences, True) if want_final else None
-        return _kernel(p, call, sequences).run(q_, k_, v_, decay, h0, final, None, offsets), final
+        kern, states = _kernel(p, call, sequences), None
+        if split is not None and not reverse and same_segments(kern.config, split[0], p.seqlen):
+            states = split[1].transpose(-1, -2).contiguous()  # the dq sweep's states
+        return kern.run(q_, k_, v_, decay, h0, final, None, offsets, states)[0], final
 
     def fused(q_, k_, v_, do_, start, want_final, offsets):
         call = Call(scale, start is not None, want_final, offsets is not None, reverse=True, dkdv=True)
@@ -209,20 +256,25 @@ def _(q, k, v, do, decay, alpha, scale, initial_state, dht, cu_seqlens):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dh0
 
 
-def _setup_backward(ctx: Any, inputs: tuple, output: tuple) -> None:
+def _setup_backward(ctx: Any, inputs: tuple, output: tuple, split: Split | None = None) -> None:
     q, k, v, decay, alpha, scale, initial_state, _, cu_seqlens = inputs
-    ctx.save_for_backward(q, k, v, decay, initial_state, cu_seqlens)
-    ctx.alpha, ctx.scale = alpha, scale
+    config, states = (None, None) if split is None else split
+    ctx.save_for_backward(q, k, v, decay, initial_state, cu_seqlens, states)
+    ctx.alpha, ctx.scale, ctx.split_config = alpha, scale, config
 
 
 def _gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None, backward=_backward) -> tuple:
     """The autograd rule of ``decay_attention``: gradients for q, k, v and the initial state;
     none for the decay (not learned) or the offsets. ``backward``: the backward's
     implementation, or (under ``torch.compile``) its op."""
-    q, k, v, decay, initial_state, cu_seqlens = ctx.saved_tensors
+    q, k, v, decay, initial_state, cu_seqlens, states = ctx.saved_tensors
     do = torch.zeros_like(v) if do is None else do
     dht = dfinal if dfinal is not None and dfinal.numel() else None  # the (0,) stand-in: no state
-    dq, dk, dv, dh0 = backward(q, k, v, do, decay, ctx.alpha, ctx.scale, initial_state, dht, cu_seqlens)
+    args = (q, k, v, do, decay, ctx.alpha, ctx.scale, initial_state, dht, cu_seqlens)
+    if states is None:
+        dq, dk, dv, dh0 = backward(*args)
+    else:  # an eager call's split forward
+        dq, dk, dv, dh0 = _backward_of(*args, (ctx.split_config, states))
     return dq, dk, dv, None, None, None, (dh0 if initial_state is not None else None), None, None
 
 
@@ -239,9 +291,9 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, *inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        output = _attention(*inputs)
-        _setup_backward(ctx, inputs, output)
-        return output
+        o, final, split = _attention_and_split(*inputs)
+        _setup_backward(ctx, inputs, (o, final), split)
+        return o, final
 
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple:

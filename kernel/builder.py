@@ -91,7 +91,7 @@ class ScalarDecayKernel:
             check_tensor(name, tensor, shape, kind)
             if tensor.device != q.device:
                 raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
-        return self.run(q, k, v, decay, initial_state, final_state, out, cu_seqlens)
+        return self.run(q, k, v, decay, initial_state, final_state, out, cu_seqlens)[0]
 
     def run(
         self,
@@ -103,14 +103,18 @@ class ScalarDecayKernel:
         final_state: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        states: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The call on tensors already checked as ``__call__`` checks them (as
-        ``decay_attention`` does): no check again on the way to the launch."""
+        ``decay_attention`` does): no check again on the way to the launch. Returns the
+        output and, split, the state entering each segment (``kernel.variants.launch``:
+        given as ``states``, only the outputs kernel runs)."""
         if out is None:
             out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         h0, ht = self._states(initial_state, final_state, q.device)
-        launch(self.problem, self.config, self.call, self.compiled, q, k, v, decay, h0, out, ht, cu_seqlens)
-        return out
+        p, c = self.problem, self.config
+        used = launch(p, c, self.call, self.compiled, q, k, v, decay, h0, out, ht, cu_seqlens, states)
+        return out, used
 
     def run_dkdv(
         self,

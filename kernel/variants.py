@@ -68,21 +68,33 @@ def launch(
     out,
     ht,
     cu_seqlens=None,
-) -> None:
+    states=None,
+):
     """Run the compiled kernels of ``prim_funcs`` once on checked tensors: ``decay`` fp32
     ``[H]``; ``h0`` and ``ht`` fp32 ``[B*H, 1, DK, DV]`` (read, or written, only where
     ``call`` asks for a state in, or out); the outputs into ``out``. A packed call passes
-    its int32 ``cu_seqlens`` and states ``[N*H, 1, DK, DV]``."""
+    its int32 ``cu_seqlens`` and states ``[N*H, 1, DK, DV]``. Split, ``states`` may give
+    the state entering each segment, carried (``states_buffer``'s shape): then only the
+    outputs kernel runs. Returns the split's states (None single-pass)."""
     if config.segments == 1:
         (single,) = compiled
         single(q, k, v, decay, h0, out, ht, *([cu_seqlens] if call.packed else []))
-        return
+        return None
     states_kernel, carry_kernel, outputs_kernel = compiled
-    states = states_buffer(problem, config, q.device)
-    states_kernel(k, v, decay, h0, states)
-    if launches_carry(problem, config, call):
-        carry_kernel(decay, states)
+    if states is None:
+        states = states_buffer(problem, config, q.device)
+        states_kernel(k, v, decay, h0, states)
+        if launches_carry(problem, config, call):
+            carry_kernel(decay, states)
     outputs_kernel(q, k, v, decay, states, out, ht)
+    return states
+
+
+def same_segments(a: KernelConfig, b: KernelConfig, seqlen: int) -> bool:
+    """Whether two split configs cut a sequence of ``seqlen`` tokens into the same segments,
+    so that one's states serve the other (the backward's dq sweep reads the forward's,
+    transposed: ``kernel.attention``)."""
+    return a.segments > 1 and b.segments > 1 and a.segment_length(seqlen) == b.segment_length(seqlen)
 
 
 def launch_dkdv(

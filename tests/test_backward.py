@@ -286,6 +286,22 @@ def test_the_backward_op_passes_torch_s_opcheck():
     torch.library.opcheck(op, (q, k, v, do, None, 0.9, 0.125, None, None, None))
 
 
+def test_the_dq_sweep_reads_the_forward_s_states_where_they_cut_alike():
+    """The dq sweep (DK and DV swapped) reads a split forward's states, transposed, only
+    where both cut the sequence into the same segments (``kernel.variants.same_segments``):
+    so the default configs do at DK = DV and DK != DV alike."""
+    from kernel.dispatch import default_config
+    from kernel.variants import same_segments
+
+    for b, h, s, dk, dv in [(2, 16, 16384, 128, 128), (1, 4, 1000, 64, 128), (2, 4, 300, 128, 128)]:
+        forward, dq = (default_config(Problem(b, h, s, x, y), 132) for x, y in ((dk, dv), (dv, dk)))
+        assert forward.segments > 1 and same_segments(forward, dq, s), (forward, dq)
+    split = KernelConfig(64, 128, 2, 256, "smem", 4)
+    assert not same_segments(split, dataclasses.replace(split, segments=8), 16384)
+    assert not same_segments(split, dataclasses.replace(split, chunk=128), 1100)  # 320 and 384 tokens
+    assert not same_segments(dataclasses.replace(split, segments=1), split, 1000)
+
+
 def test_the_sweeps_compile_for_hopper_and_ampere():
     """Each sweep of a backward with DK != DV, state in and out, compiles with the default
     config for its shape (the dq and dk sweeps at (DV, DK)), for sm_90a and for sm_80."""
