@@ -6,7 +6,8 @@ its autograd rule is the op ``decay_tuner::decay_attention_backward``, sweeps of
 kernel (``kernel.backward``; dk and dv in one where ``kernel.dkdv`` serves). Called
 eagerly on real tensors, the same two implementations run under a plain
 ``torch.autograd.Function`` instead, without the host time torch's dispatch of the ops
-adds (experiments/cpu/host_overhead/).
+adds (experiments/cpu/host_overhead/); there a split forward also keeps the state entering
+each segment for the backward's dq sweep (``_backward_of``), which the ops do not.
 
 fla's arguments map one to one: ``g_gamma`` (log-decay per head) is ``log(decay)``, i.e.
 ``decay = exp(g_gamma)``; ``scale``, ``initial_state`` and ``output_final_state`` mean the
