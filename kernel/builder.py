@@ -132,22 +132,8 @@ class ScalarDecayKernel:
         after the last token; ``final_state`` receives dS at the first."""
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         h0, ht = self._states(initial_state, final_state, q.device)
-        launch_dkdv(
-            self.problem,
-            self.config,
-            self.call,
-            self.compiled,
-            q,
-            k,
-            v,
-            do,
-            decay,
-            h0,
-            ht,
-            dk,
-            dv,
-            cu_seqlens,
-        )
+        p, c = self.problem, self.config
+        launch_dkdv(p, c, self.call, self.compiled, q, k, v, do, decay, h0, ht, dk, dv, cu_seqlens)
         return dk, dv
 
     def _states(self, initial: torch.Tensor | None, final: torch.Tensor | None, device: torch.device):
