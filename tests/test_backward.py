@@ -457,6 +457,21 @@ def _loop(q, k, v, alpha, scale, state, begin, end, chunk, reverse):
 
 def _split(q, k, v, alpha, scale, h0, s, chunk, length, reverse):
     """The split of ``s`` tokens over segments of ``length``: states kernel, carry, outputs."""
+    p, states = -(-s // length), _split_states(k, v, alpha, h0, s, chunk, length, reverse)
+    outs, final = [], None
+    for bp in range(p):  # the outputs kernel
+        o, st = _loop(
+            q, k, v, alpha, scale, states[bp], bp * length, min(bp * length + length, s), chunk, reverse
+        )
+        outs.append(o)
+        if bp == (0 if reverse else p - 1):
+            final = st
+    return torch.cat(outs), final
+
+
+def _split_states(k, v, alpha, h0, s, chunk, length, reverse):
+    """The split's states kernel and carry: the state entering each segment (from its end
+    where ``reverse``)."""
     p = -(-s // length)
     last = s - (p - 1) * length
     states = [None] * p
@@ -478,15 +493,7 @@ def _split(q, k, v, alpha, scale, h0, s, chunk, length, reverse):
         prev = q_ + 1 if reverse else q_ - 1
         across = last if reverse and prev == p - 1 else length
         states[q_] = alpha**across * states[prev] + states[q_]
-    outs, final = [], None
-    for bp in range(p):  # the outputs kernel
-        o, st = _loop(
-            q, k, v, alpha, scale, states[bp], bp * length, min(bp * length + length, s), chunk, reverse
-        )
-        outs.append(o)
-        if bp == (0 if reverse else p - 1):
-            final = st
-    return torch.cat(outs), final
+    return states
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 from helpers import selected
-from test_backward import CASES, DECAYS, F64, _autograd, _inputs, _ref_sweep
+from test_backward import CASES, DECAYS, F64, _autograd, _inputs, _ref_sweep, _split_states
 
 import refs
 from kernel.arch import ARCHS
@@ -79,6 +79,26 @@ def test_the_fused_loop_gives_autograd_s_gradients(b, s, dk, dv, offsets, with_d
     )
     for name, g, w in zip(("dq", "dk", "dv", "dh0"), got, _autograd(q, k, v, h0, decay, scale, do, dht, cu)):
         assert g.shape == w.shape and refs.rel_l2(g, w) < 1e-12, (name, refs.rel_l2(g, w))
+
+
+@pytest.mark.parametrize("s,length,chunk", [(1000, 256, 16), (300, 160, 16), (97, 32, 8), (64, 32, 16)])
+def test_the_split_fused_loop_gives_autograd_s_gradients(s, length, chunk):
+    """The split (``kernel.dkdv.prim_funcs``, segments > 1): the dv sweep's reversed states
+    and carry on (Q, dO) give dS entering each segment from its end; the loop over each
+    segment from there gives autograd's dk and dv, and segment 0's dS the dH0."""
+    q, k, v, do, h0, dht = _inputs(1, s, 1, 16, 24, 1, seed=s)
+    alpha, scale = 0.9, 0.3
+    start = dht / (scale * alpha)  # kernel.backward's start
+    garbage = [torch.randn(length, x.shape[-1], dtype=F64) for x in (q, do)]  # rows past S a tile reads
+    tiles = [torch.cat([x[0, :, 0], g]) for x, g in zip((q, do), garbage)]
+    states = _split_states(*tiles, alpha, start[0, 0], s, chunk, length, reverse=True)
+    bounds = torch.tensor([*range(0, s, length), s])  # the segments, walked as sequences
+    decay = torch.tensor([alpha], dtype=F64)
+    dk, dv, final = loop(q, k, v, do, decay, scale, torch.stack(states)[:, None], True, bounds, chunk)
+    want = _autograd(q, k, v, h0, decay, scale, do, dht, None)
+    got = {"dk": (dk, want[1]), "dv": (dv, want[2]), "dh0": (final[:1] * scale * alpha, want[3])}
+    for name, (g, w) in got.items():
+        assert refs.rel_l2(g, w) < 1e-12, (name, refs.rel_l2(g, w))
 
 
 def test_where_the_fused_sweep_serves():
