@@ -1,4 +1,5 @@
-"""Issue 18: the fused dk+dv sweep split along the sequence, prototyped outside the product.
+"""Issue 18: the fused dk+dv sweep split along the sequence, prototyped outside the product
+(since its H200 run, ``kernel.dkdv`` builds it, and this script times the product's).
 
 Where the batch has few (batch, head) pairs the backward runs its sweeps split
 (``kernel.seq_split``, reversed), since the fused sweep's one block per pair leaves SMs
@@ -38,59 +39,14 @@ SEGMENTS = (2, 4, 8)
 def prim_funcs(
     problem: Problem, segments: int, *, scale: float, initial_state: bool, final_state: bool, arch: str
 ):
-    """``(states(Q, dO, Decay, H0, States), carry(Decay, States), outputs(Q, K, V, dO,
-    Decay, States, HT, dK, dV))``: States fp32 ``[B*H, P, DK, DV]``; H0 dS's start after
-    the last token (read with ``initial_state``), HT receives dS at the first token
-    (written with ``final_state``), ``[B*H, 1, DK, DV]``."""
-    import tilelang.language as T
-
-    from kernel import dkdv, seq_split
+    """``(config, (states, carry, outputs))``: the split fused sweep, since this run the
+    product's (``kernel.dkdv.prim_funcs`` with ``segments``), whose generated CUDA is
+    byte-identical to the prototype's of 6a86f39 (README)."""
+    from kernel import dkdv
 
     config = dataclasses.replace(dkdv.dkdv_config(problem, arch), segments=segments)
-    states, carry, _ = seq_split.prim_funcs(
-        problem, config, scale=scale, initial_state=initial_state, reverse=True, arch=arch
-    )
-    sweep = dkdv.sweep_macro(
-        chunk=config.chunk,
-        dk=problem.dk,
-        dv=problem.dv,
-        scale=scale,
-        num_stages=config.num_stages,
-        dtype=problem.dtype,
-        packed=False,
-        arch=arch,
-    )
-    b, h, s, dk, dv, dtype = (
-        problem.batch,
-        problem.heads,
-        problem.seqlen,
-        problem.dk,
-        problem.dv,
-        problem.dtype,
-    )
-    L, P = config.segment_length(s), config.segment_count(s)
-
-    @T.prim_func
-    def outputs(
-        Q: T.Tensor([b, s, h, dk], dtype),
-        K: T.Tensor([b, s, h, dk], dtype),
-        V: T.Tensor([b, s, h, dv], dtype),
-        dO: T.Tensor([b, s, h, dv], dtype),
-        Decay: T.Tensor([h], "float32"),
-        States: T.Tensor([b * h, P, dk, dv], "float32"),
-        HT: T.Tensor([b * h, 1, dk, dv], "float32"),
-        dK: T.Tensor([b, s, h, dk], dtype),
-        dV: T.Tensor([b, s, h, dv], dtype),
-    ):
-        with T.Kernel(b * h, P, threads=config.threads) as (bbh, bp):
-            bb, bh = bbh // h, bbh % h
-            end = T.min(bp * L + L, s)
-            sweep(
-                Q, K, V, dO, Decay, dK, dV, bb, bh, bp * L, end,
-                States, HT if final_state else None, bbh, bp, bp == 0,
-            )  # fmt: skip
-
-    return config, (states, carry, outputs)
+    call = {"scale": scale, "initial_state": initial_state, "final_state": final_state}
+    return config, tuple(dkdv.prim_funcs(problem, config, arch=arch, packed=False, **call))
 
 
 def compile_split(problem: Problem, segments: int, initial: bool, final: bool, arch: str):
