@@ -1,6 +1,18 @@
 """GPU timing in the manner of Triton's ``do_bench``: CUDA events, warm-up, L2 flushed
-before every repetition, median with the 20th and 80th percentiles."""
+before every repetition, median with the 20th and 80th percentiles.
 
+A call of several kernels whose host side takes about as long as its kernels (forward
+plus backward through autograd) times the host too, unevenly: the GPU waits for launches
+whenever the host falls behind. ``bench(host_ahead=True)`` queues a GPU sleep before each
+repetition's start event, twice the host's time per call, so that the whole call is queued
+before the GPU reaches it: the kernels' time alone, and the host's (``host_time``)
+reported beside it. At 8x16x4096 (fifth backward session,
+``experiments/h200/backward/gap_cause.py``) forward plus backward timed 0.50-0.57 ms for
+ours and 1.67-1.89 ms for fla's plainly, depending on the allocator's state, and 0.504-0.510
+and 1.672-1.673 ms with the sleep; the host took 0.44-0.62 and 1.59-2.23 ms per call."""
+
+import functools
+import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TypeVar
@@ -19,9 +31,10 @@ class Timing:
     p20_ms: float
     p80_ms: float
     reps: int
+    host_ms: float | None = None  # the host's time per call, where timed with host_ahead
 
     def to_dict(self) -> dict[str, float]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def bench(
@@ -31,11 +44,16 @@ def bench(
     rep_ms: float = 100.0,
     min_reps: int = 10,
     max_reps: int = 1000,
+    host_ahead: bool = False,
 ) -> Timing:
-    """Time ``fn()`` on the current CUDA stream; return median and p20/p80 in milliseconds."""
+    """Time ``fn()`` on the current CUDA stream; return median and p20/p80 in milliseconds.
+    With ``host_ahead``, the GPU time with the host's queued ahead (see the module), and
+    the host's time per call."""
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     fn()
     torch.cuda.synchronize()
+    host_ms = host_time(fn) if host_ahead else None
+    sleep = round(2 * host_ms * _sleep_cycles_per_ms()) if host_ms else 0
     # Estimate one call to size the warm-up and the repetitions from the time budgets.
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -52,13 +70,41 @@ def bench(
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends):
         flush.zero_()
+        if sleep:
+            torch.cuda._sleep(sleep)
         s.record()
         fn()
         e.record()
     torch.cuda.synchronize()
     times = torch.tensor([s.elapsed_time(e) for s, e in zip(starts, ends)], dtype=torch.float64)
     q = torch.quantile(times, torch.tensor([0.5, 0.2, 0.8], dtype=torch.float64)).tolist()
-    return Timing(median_ms=q[0], p20_ms=q[1], p80_ms=q[2], reps=reps)
+    return Timing(median_ms=q[0], p20_ms=q[1], p80_ms=q[2], reps=reps, host_ms=host_ms)
+
+
+def host_time(fn: Callable[[], object], *, calls: int = 20) -> float:
+    """The host's milliseconds per ``fn()``: ``calls`` calls queued behind a GPU sleep long
+    enough that no launch waits for the GPU, timed on the host's clock."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(round(200 * _sleep_cycles_per_ms()))  # 200 ms: the GPU stays busy meanwhile
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e3
+
+
+@functools.cache
+def _sleep_cycles_per_ms() -> float:
+    """``torch.cuda._sleep``'s cycles per millisecond on this GPU, timed once."""
+    cycles = 10_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(cycles // 10)  # warm
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    torch.cuda.synchronize()
+    return cycles / start.elapsed_time(end)
 
 
 def alternating(calls: Mapping[Key, Callable[[], object]], *, rounds: int = 3) -> dict[Key, list[float]]:

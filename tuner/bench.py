@@ -6,6 +6,9 @@ bandwidth measured in the same run); then a packed batch of sequences of mixed l
 backward and forward plus backward of ``decay_attention``'s autograd against fla's
 ``chunk_simple_gla`` with autograd, each against its floor (``backward_bytes``).
 
+Each row times the GPU with the host's launches queued ahead (``kernel.timing.bench``'s
+``host_ahead``) and gives the host's time per call beside it (``host_ms``).
+
 Every implementation runs the model form, with the same arguments: RetNet's decay per
 head (``kernel.config.retnet_decay``; fla's ``g_gamma`` is its log), the query scale
 ``DK^-1/2`` and the final state returned (``kernel.config.model_call``). Each is checked
@@ -86,7 +89,7 @@ def _row(
     label = config.label if isinstance(config, KernelConfig) else config or ""
     row = {**shape, "impl": impl, "config": label, **model_error(fn(), ref)}
     if row["rel_l2"] < refs.TOLERANCE:
-        row |= bench(fn).to_dict()
+        row |= bench(fn, host_ahead=True).to_dict()
         row["x_floor"] = row["median_ms"] / floor_ms
     print(row, flush=True)
     if log is not None:  # one JSON line per measurement, so a killed run keeps what it measured
@@ -330,4 +333,5 @@ def bench_and_write(
             print(
                 f"{r['batch']:>3} {r['heads']:>3} {r['seqlen']:>6} {impl:<32} {r.get('config', ''):<20} "
                 f"{r['median_ms']:8.4f} ms {r['x_floor']:6.2f}x floor"
+                + (f"  host {r['host_ms']:.3f} ms" if "host_ms" in r else "")
             )
