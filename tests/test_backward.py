@@ -259,8 +259,11 @@ def test_decay_attention_gradients_match_autograd_through_a(b, s, h, dk, dv, dty
 @pytest.mark.gpu
 def test_training_step_under_torch_compile_fullgraph():
     """The loss compiled whole, with ``fullgraph=True``: its backward graph (which AOTAutograd
-    builds from the op's autograd rule) gives the same gradients as eager. (Dynamo does not
-    trace ``torch.autograd.grad`` itself, so the step calls it outside.)"""
+    builds from the op's autograd rule) gives eager's gradients: dk, dv and dH0 bit for bit;
+    dq to within 1e-2, since the eager call's dq sweep reads the split forward's states
+    (``kernel.attention._attention_and_split``) where the custom op computes them again,
+    the same sums in another order. (Dynamo does not trace ``torch.autograd.grad`` itself,
+    so the step calls it outside.)"""
     from kernel.attention import decay_attention
 
     q, k, v, do, h0, _, _ = _gpu_case(2, 500, 4, 64, 64, "bfloat16", None)
@@ -273,7 +276,8 @@ def test_training_step_under_torch_compile_fullgraph():
     leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]
     eager = torch.autograd.grad(loss(*leaves), leaves)
     compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True)(*leaves), leaves)
-    for e, c in zip(eager, compiled):
+    assert refs.rel_l2(compiled[0], eager[0]) < 1e-2
+    for e, c in zip(eager[1:], compiled[1:]):
         assert torch.equal(e, c)
 
 
