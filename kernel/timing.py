@@ -82,8 +82,10 @@ def bench(
 
 
 def host_time(fn: Callable[[], object], *, calls: int = 20) -> float:
-    """The host's milliseconds per ``fn()``: ``calls`` calls queued behind a GPU sleep long
-    enough that no launch waits for the GPU, timed on the host's clock."""
+    """The host's milliseconds per ``fn()``: ``calls`` calls queued behind a 200 ms GPU
+    sleep, so that no launch waits for the GPU, timed on the host's clock. A call that waits
+    for the GPU all the same (a synchronisation, or more launches than CUDA's queue holds)
+    counts its wait too."""
     torch.cuda.synchronize()
     torch.cuda._sleep(round(200 * _sleep_cycles_per_ms()))  # 200 ms: the GPU stays busy meanwhile
     start = time.perf_counter()

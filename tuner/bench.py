@@ -220,7 +220,9 @@ def run_backward(
             rows.append(_floor_row(shape | {"pass": "fwd+bwd"}, both_floor_ms, bandwidth))
             forwards = {"decay_attention": lambda: attention.decay_attention(q, k, v, decay, scale=scale)[0]}
             if importlib.util.find_spec("fla") is not None:
-                forwards["fla chunk_simple_gla"] = lambda: fla_simple_gla(q, k, v, g_gamma, scale=scale)[0]
+                forwards["fla chunk_simple_gla"] = lambda: fla_simple_gla(
+                    q, k, v, g_gamma, scale=scale, output_final_state=False
+                )[0]
             else:
                 print("fla is not installed: no fla column", file=sys.stderr)
             sweeps = attention.backward_configs(problem, Call(scale), problem.batch)

@@ -19,19 +19,22 @@ def fla_simple_gla(
     scale: float,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """fla's ``chunk_simple_gla(q, k, v, g_gamma=g_gamma, scale=scale, output_final_state=True)``.
+    output_final_state: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fla's ``chunk_simple_gla(q, k, v, g_gamma=g_gamma, scale=scale, output_final_state=...)``.
 
     q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; g_gamma: fp32 ``[H]``, ``log(alpha_h)``.
     Packed: ``[1, T, H, D]`` with ``cu_seqlens`` (int64 ``[N + 1]`` on the GPU, and its CPU
     copy ``cu_seqlens_cpu``, which spares fla a device sync). Returns ``o`` ``[B, S, H, DV]``
-    and the fp32 final state ``[N, H, DK, DV]``. Raises ``ImportError`` when fla is not
-    installed.
+    and the fp32 final state ``[N, H, DK, DV]`` (None without ``output_final_state``).
+    Raises ``ImportError`` when fla is not installed.
     """
     from fla.ops.simple_gla import chunk_simple_gla
 
     packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens, "cu_seqlens_cpu": cu_seqlens_cpu}
-    return chunk_simple_gla(q, k, v, g_gamma=g_gamma, scale=scale, output_final_state=True, **packed)
+    return chunk_simple_gla(
+        q, k, v, g_gamma=g_gamma, scale=scale, output_final_state=output_final_state, **packed
+    )
 
 
 def torch_chunked(

@@ -57,7 +57,7 @@ def main() -> int:
     g_gamma = decay.log()
     forwards = {
         "ours": lambda: attention.decay_attention(q, k, v, decay, scale=scale)[0],
-        "fla": lambda: fla_simple_gla(q, k, v, g_gamma, scale=scale)[0],
+        "fla": lambda: fla_simple_gla(q, k, v, g_gamma, scale=scale)[0],  # its final state too, as run
     }
 
     def both(forward: Callable) -> Callable:
