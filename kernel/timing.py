@@ -47,8 +47,8 @@ def bench(
     host_ahead: bool = False,
 ) -> Timing:
     """Time ``fn()`` on the current CUDA stream; return median and p20/p80 in milliseconds.
-    With ``host_ahead``, the GPU time with the host's queued ahead (see the module), and
-    the host's time per call."""
+    With ``host_ahead``, the GPU's time with the host's launches queued ahead (see the
+    module), and the host's time per call."""
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     fn()
     torch.cuda.synchronize()
