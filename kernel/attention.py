@@ -458,10 +458,13 @@ def kernel_job(problem: Problem, call: Call, sequences: int) -> tuple[Problem, K
     sequences of the mean length (``kernel.variants.packed_config``); a compiled kernel
     serves every T and N, so packed calls compile at most once per config the table holds."""
     p = problem
-    if call.dkdv:  # its own config, not the table's
+    if call.dkdv:  # the table's dk+dv entry, else dkdv_config's rule; packed sequences run one pass
         config = dkdv_config(p, cuda_arch(), None if call.packed else sm_count())
         if config is None:
             raise ValueError(f"the fused dk and dv sweep does not serve {p} on {cuda_arch()}")
+        tuned = None if _TABLE[0] is None else _TABLE[0].fused(p)
+        if tuned is not None:
+            config = dataclasses.replace(tuned, segments=1) if call.packed else tuned
     elif call.packed:
         mean = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
         config = config_for(mean, _TABLE[0], sm_count())

@@ -25,8 +25,9 @@ Dividing ``dHT`` by ``scale a`` stays finite for every decay of a model (it over
 only where ``|dHT| > 3e38 scale a``). The decay is not learned: no gradient for it.
 
 The dk sweep's state is the dv sweep's transposed, so ``kernel.dkdv`` carries it once and
-writes both: from the dv sweep's start, with its final state, and with its own config
-(``kernel.dkdv.dkdv_config``), not the table's.
+writes both: from the dv sweep's start, with its final state, and with its own config:
+the table's entry for it where ``dispatch --backward`` tuned one (``--sweep dkdv``), else
+``kernel.dkdv.dkdv_config``'s rule.
 
 ``backward`` takes the forward as ``sweep`` so that the same algebra runs on the GPU kernel
 (``kernel.attention``) and, in the tests, on the fp64 references, whose reversed sweep is

@@ -126,11 +126,15 @@ class ScalarDecayKernel:
         initial_state: torch.Tensor | None = None,
         final_state: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        dk: torch.Tensor | None = None,
+        dv: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(dk, dv)`` of the fused reversed sweep (``call.dkdv``, ``kernel.dkdv``) on
         tensors checked as ``run``'s: do ``[B, S, H, DV]``; ``initial_state``, dS's start
-        after the last token; ``final_state`` receives dS at the first."""
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        after the last token; ``final_state`` receives dS at the first; ``dk`` and ``dv``,
+        where given, receive the gradients (like k and v)."""
+        dk = torch.empty_like(k) if dk is None else dk
+        dv = torch.empty_like(v) if dv is None else dv
         h0, ht = self._states(initial_state, final_state, q.device)
         p, c = self.problem, self.config
         launch_dkdv(p, c, self.call, self.compiled, q, k, v, do, decay, h0, ht, dk, dv, cu_seqlens)

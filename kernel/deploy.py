@@ -59,6 +59,11 @@ def load_config(
     environment or problem unless ``allow_mismatch``.
     """
     data = read_export(path)
+    if data.get("sweep", "forward") != "forward":
+        raise ExportError(
+            f"{path} holds configs of the backward's fused dk and dv sweep, not of a forward kernel: "
+            "serve them through a dispatch table (python -m tuner dispatch --backward)"
+        )
     try:
         saved = Problem.from_dict(data["problem"])
         config = KernelConfig.from_dict(data["configs"][0]["config"])

@@ -11,6 +11,7 @@ from kernel.deploy import ExportError, check_environment, read_versioned
 
 DISPATCH_FORMAT = "decay-tuner/dispatch"
 DISPATCH_VERSION = 1
+SWEEPS = ("forward", "dkdv")  # the kernels an entry may hold a config of
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class DispatchEntry:
     problem: Problem
     config: KernelConfig
     median_ms: float | None = None
+    sweep: str = "forward"  # or "dkdv": the backward's fused dk and dv sweep (kernel.dkdv)
 
     def distance(self, problem: Problem) -> float:
         """How far ``problem``'s shape is from this entry's, in log2(B*H) plus log2(S)."""
@@ -38,6 +40,10 @@ class Dispatch:
         {"format": "decay-tuner/dispatch", "version": 1, "environment": {...},
          "entries": [{"problem": {...}, "config": {...}, "median_ms": .., "study": ..}, ...]}
 
+    An entry marked ``"sweep": "dkdv"`` holds the config of the backward's fused dk and dv
+    sweep (``kernel.dkdv``, tuned by ``dispatch --backward``), picked among those entries
+    the same way (``fused``).
+
     Each entry owns a shape bucket: the shapes nearer to its tuned (B*H, S) than to any
     other entry's, in log2 of each. ``pick`` takes the nearest entry of the same DK, DV and
     dtype (a tie goes to the earlier entry) and keeps its config, with one change: the
@@ -54,16 +60,17 @@ class Dispatch:
     environment: dict[str, Any]
     _kernels: dict[Problem, Any] = field(default_factory=dict, repr=False)
 
-    def pick(self, problem: Problem) -> DispatchEntry:
+    def pick(self, problem: Problem, sweep: str = "forward") -> DispatchEntry:
         """The entry (tuned shape and the config to run) that serves ``problem``;
         ``ExportError`` if the table has no entry of its DK, DV and dtype."""
+        kind = [e for e in self.entries if e.sweep == sweep]
         same = [
             e
-            for e in self.entries
+            for e in kind
             if (e.problem.dk, e.problem.dv, e.problem.dtype) == (problem.dk, problem.dv, problem.dtype)
         ]
         if not same:
-            tuned = sorted({(e.problem.dk, e.problem.dv, e.problem.dtype) for e in self.entries})
+            tuned = sorted({(e.problem.dk, e.problem.dv, e.problem.dtype) for e in kind})
             raise ExportError(
                 f"no dispatch entry for dk={problem.dk}, dv={problem.dv}, {problem.dtype}; "
                 f"the table was tuned for (dk, dv, dtype) in {tuned}"
@@ -72,8 +79,16 @@ class Dispatch:
         config = same_wave(nearest, problem)
         if config is None:  # a sequence too short for the pipeline: the single-pass kernel
             single = dataclasses.replace(nearest.config, segments=1)
-            return DispatchEntry(nearest.problem, _shorter_pipeline(single, problem), None)
-        return nearest if config == nearest.config else DispatchEntry(nearest.problem, config, None)
+            return DispatchEntry(nearest.problem, _shorter_pipeline(single, problem), None, sweep)
+        return nearest if config == nearest.config else DispatchEntry(nearest.problem, config, None, sweep)
+
+    def fused(self, problem: Problem) -> KernelConfig | None:
+        """The fused dk and dv sweep's config for ``problem``, picked as ``pick`` picks; None
+        where the table holds no such entry of its DK, DV and dtype."""
+        try:
+            return self.pick(problem, "dkdv").config
+        except ExportError:
+            return None
 
     def kernel(self, problem: Problem):
         """The built kernel for ``problem`` (compiled on first use, then cached)."""
@@ -160,12 +175,18 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
     try:
         entries = [
             DispatchEntry(
-                Problem.from_dict(e["problem"]), KernelConfig.from_dict(e["config"]), e.get("median_ms")
+                Problem.from_dict(e["problem"]),
+                KernelConfig.from_dict(e["config"]),
+                e.get("median_ms"),
+                e.get("sweep", "forward"),
             )
             for e in data["entries"]
         ]
     except (KeyError, TypeError, ValueError) as exc:
         raise ExportError(f"{path}: malformed entry: {exc}") from None
+    unknown = {e.sweep for e in entries} - set(SWEEPS)
+    if unknown:
+        raise ExportError(f"{path}: malformed entry: sweep {sorted(unknown)}, expected one of {list(SWEEPS)}")
     if not allow_mismatch:
         check_environment(path, data.get("environment") or {})
     return Dispatch(entries, data.get("environment") or {})

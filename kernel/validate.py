@@ -55,11 +55,14 @@ def check(kernel: ScalarDecayKernel, *, seed: int, decay: torch.Tensor | None = 
     state, that lands in a NaN-filled buffer too. Returns ``rel_l2``: the larger relative
     L2 of the outputs and of the final state (fp64, against C computed from the same
     rounded inputs), ``state_rel_l2`` for the state alone (None without one), the count of
-    elements still NaN (unwritten, or NaN produced) and whether all are finite.
+    elements still NaN (unwritten, or NaN produced) and whether all are finite. A kernel of
+    the backward's fused sweep (``call.dkdv``) is checked as ``_check_dkdv`` says.
     """
+    if kernel.call.dkdv:
+        return _check_dkdv(kernel, seed=seed, decay=decay)
     p, call = kernel.problem, kernel.call
     q, k, v = random_qkv(p, seed=seed)
-    decay = constant_decay(retnet_decay(p.heads), p.heads, q.device) if decay is None else decay
+    decay = _decay(p, q.device) if decay is None else decay
     state_shape = (p.batch, p.heads, p.dk, p.dv)
     gen = torch.Generator(device="cuda").manual_seed(seed + 1)
     h0 = torch.randn(state_shape, generator=gen, device="cuda") if call.initial_state else None
@@ -79,15 +82,55 @@ def check(kernel: ScalarDecayKernel, *, seed: int, decay: torch.Tensor | None = 
         initial_state=h0,
         output_final_state=True,
     )
-    results = [out] + ([ht] if ht is not None else [])
-    state_err = refs.rel_l2(ht, ref_state) if ht is not None else None
-    errors = [refs.rel_l2(out, ref)] + ([state_err] if ht is not None else [])
+    return _verdict([(out, ref)] + ([(ht, ref_state)] if ht is not None else []), ht is not None)
+
+
+def _check_dkdv(kernel: ScalarDecayKernel, *, seed: int, decay: torch.Tensor | None) -> dict[str, Any]:
+    """``check`` of the backward's fused sweep: its dK and dV for fresh q, k, v and dO
+    (and, where the call takes a state, a fresh final-state gradient dHT as
+    ``kernel.backward`` hands it in; where it returns one, dH0) into NaN-filled buffers,
+    against reference E (``refs.chunked_backward``) in fp64. ``state_rel_l2``: dH0's."""
+    p, call = kernel.problem, kernel.call
+    q, k, v, do = _dkdv_inputs(p, seed)
+    decay = _decay(p, q.device) if decay is None else decay
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    state_shape = (p.batch, p.heads, p.dk, p.dv)
+    dht = torch.randn(state_shape, generator=gen, device="cuda") if call.initial_state else None
+    weight = (call.scale * decay)[:, None, None]  # kernel.backward's start and dH0
+    nan = float("nan")
+    dk, dv = torch.full_like(k, nan), torch.full_like(v, nan)
+    final = torch.full(state_shape, nan, device="cuda") if call.final_state else None
+    kernel.run_dkdv(q, k, v, do, decay, None if dht is None else dht / weight, final, dk=dk, dv=dv)
+    torch.cuda.synchronize()
+    _, want_dk, want_dv, want_dh0 = refs.chunked_backward(
+        q, k, v, decay, kernel.config.chunk, do, scale=call.scale, dht=dht
+    )
+    pairs = [(dk, want_dk), (dv, want_dv)] + ([(final * weight, want_dh0)] if final is not None else [])
+    return _verdict(pairs, final is not None)
+
+
+def _verdict(pairs: list[tuple[torch.Tensor, torch.Tensor]], with_state: bool) -> dict[str, Any]:
+    """``check``'s result for (result, reference) pairs; ``with_state``: the last pair is a
+    state's (the final state, or dH0)."""
+    errors = [refs.rel_l2(got, want) for got, want in pairs]
     return {
         "rel_l2": math.nan if any(math.isnan(e) for e in errors) else max(errors),
-        "state_rel_l2": state_err,
-        "nan_count": sum(int(torch.isnan(t).sum()) for t in results),
-        "finite": all(bool(torch.isfinite(t).all()) for t in results),
+        "state_rel_l2": errors[-1] if with_state else None,
+        "nan_count": sum(int(torch.isnan(got).sum()) for got, _ in pairs),
+        "finite": all(bool(torch.isfinite(got).all()) for got, _ in pairs),
     }
+
+
+def _decay(problem: Problem, device: torch.device) -> torch.Tensor:
+    """RetNet's decays (``retnet_decay``): what the checks run with unless told."""
+    return constant_decay(retnet_decay(problem.heads), problem.heads, device)
+
+
+def _dkdv_inputs(problem: Problem, seed: int) -> tuple[torch.Tensor, ...]:
+    """Fresh q, k, v and dO (like v) for the fused sweep."""
+    q, k, v = random_qkv(problem, seed=seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 2)
+    return q, k, v, torch.randn(v.shape, generator=gen, device="cuda").to(v.dtype)
 
 
 def check_and_time(
@@ -99,18 +142,30 @@ def check_and_time(
 ) -> dict[str, Any]:
     """``check``; then, when the kernel is correct, its latency (``kernel.timing.bench``)
     on other fresh inputs with the same decay. The tuner passes a kernel built for
-    ``model_call``: correct means the output and the final state are within
-    ``tolerance``."""
+    ``model_call``, where correct means the output and the final state are within
+    ``tolerance``, or for ``dkdv_call`` (``--sweep dkdv``), where it means dK and dV."""
     result = check(kernel, seed=seed, decay=decay)
     if result["finite"] and result["rel_l2"] < tolerance:
         p, call = kernel.problem, kernel.call
-        q, k, v = random_qkv(p, seed=seed + 1)
-        out = torch.empty_like(v)
-        states = {
-            name: torch.randn(p.batch, p.heads, p.dk, p.dv, device="cuda") if wanted else None
-            for name, wanted in (("initial_state", call.initial_state), ("final_state", call.final_state))
-        }
-        result |= bench(lambda: kernel(q, k, v, decay=decay, out=out, **states)).to_dict()
+        states = [
+            torch.randn(p.batch, p.heads, p.dk, p.dv, device="cuda") if wanted else None
+            for wanted in (call.initial_state, call.final_state)
+        ]
+        if call.dkdv:
+            q, k, v, do = _dkdv_inputs(p, seed + 1)
+            decay = _decay(p, q.device) if decay is None else decay
+            dk, dv = torch.empty_like(k), torch.empty_like(v)
+
+            def timed():
+                return kernel.run_dkdv(q, k, v, do, decay, *states, dk=dk, dv=dv)
+        else:
+            q, k, v = random_qkv(p, seed=seed + 1)
+            out = torch.empty_like(v)
+
+            def timed():
+                return kernel(q, k, v, decay=decay, initial_state=states[0], final_state=states[1], out=out)
+
+        result |= bench(timed).to_dict()
     return result
 
 

@@ -616,3 +616,81 @@ def test_gradients_match_fla_s_chunk_simple_gla(dv):
         grads[name] = torch.autograd.grad(loss, leaves)
     for name, ours, theirs in zip(("dq", "dk", "dv", "dh0"), grads["ours"], grads["fla"]):
         assert refs.rel_l2(ours, theirs) < refs.TOLERANCE, name
+
+
+def test_dispatch_backward_adds_the_fused_sweep_s_studies():
+    """``dispatch --backward`` adds a study of the fused dk and dv sweep per shape where it
+    serves the architecture (``--sweep dkdv`` alone: only those); none on sm_80."""
+    from tuner.cli import _dispatch_tasks, _options, build_parser
+    from tuner.options import UsageError
+
+    def tasks(*flags: str) -> list[tuple[str, int, int]]:
+        args = build_parser().parse_args(["dispatch", "--shapes", "8x16x4096,2x16x16384", *flags])
+        arch = args.arch or "sm_90a"
+        return [(o.sweep, p.seqlen, p.dk) for p, o in _dispatch_tasks(args, _options(args), arch)]
+
+    forward = [("forward", 4096, 128), ("forward", 16384, 128)]
+    assert tasks() == forward
+    assert tasks("--backward") == forward + [("dkdv", 4096, 128), ("dkdv", 16384, 128)]
+    assert tasks("--backward", "--dk", "64") == [
+        *[("forward", s, 64) for s in (4096, 16384)],
+        *[("forward", s, 128) for s in (4096, 16384)],
+        ("dkdv", 4096, 64),
+        ("dkdv", 16384, 64),
+    ]
+    assert tasks("--sweep", "dkdv") == [("dkdv", 4096, 128), ("dkdv", 16384, 128)]
+    assert tasks("--backward", "--arch", "sm_80") == forward
+    with pytest.raises(UsageError, match="serves none of these shapes on sm_80"):
+        tasks("--sweep", "dkdv", "--arch", "sm_80")
+
+
+@pytest.mark.gpu
+def test_gpu_dispatch_backward_tunes_the_fused_sweep(tmp_path, monkeypatch):
+    """On Hopper: ``dispatch --backward`` at one shape times the fused sweep's configs (each
+    trial's dK and dV checked against reference E), writes its entry to the table, and
+    ``decay_attention``'s backward then runs the table's config for it, with autograd's
+    gradients through reference A."""
+    from kernel import attention
+    from kernel.builder import cuda_arch
+    from kernel.config import dkdv_call
+    from kernel.dispatch import load_dispatch
+    from kernel.dkdv import dkdv_config
+    from tuner.cli import main
+
+    problem = Problem(2, 4, 1024, 64, 64)
+    if dkdv_config(problem, cuda_arch()) is None:
+        pytest.skip(f"the fused sweep does not serve {cuda_arch()}")
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    argv = [
+        "dispatch",
+        "--dk",
+        "64",
+        "--dv",
+        "64",
+        "--shapes",
+        "2x4x1024",
+        "--backward",
+        "--storage",
+        storage,
+    ]
+    argv += ["--n-trials", "3", "--workers", "4", "--no-progress", "--out", str(tmp_path / "dispatch.json")]
+    assert main(argv) == 0
+    table = load_dispatch(tmp_path / "dispatch.json")
+    assert [e.sweep for e in table.entries] == ["forward", "dkdv"]
+    fused = table.fused(problem)
+    assert fused is not None and fused.block_dv == 64
+    attention.use_table(table)
+    try:
+        assert attention.kernel_job(problem, dkdv_call(problem), problem.batch)[1] == fused
+        q, k, v, do, h0, _, _ = _gpu_case(2, 1024, 4, 64, 64, "float16", None)
+        decay = torch.tensor(DECAYS[:4], device="cuda")
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        o, _ = attention.decay_attention(*leaves, decay, scale=0.1)
+        _poison_allocator()
+        got = torch.autograd.grad(o, leaves, do)
+        want = _autograd(q, k, v, torch.zeros_like(h0), decay, 0.1, do, None, None)
+        for g, w in zip(got, want):
+            assert not g.isnan().any() and refs.rel_l2(g, w) < refs.TOLERANCE
+    finally:
+        attention.use_table(None)

@@ -45,6 +45,31 @@ def test_dispatch_picks_the_nearest_shape_and_keeps_its_grid(tmp_path):
         table.pick(Problem(8, 16, 4096, 128, 128, "bfloat16"))
 
 
+def test_the_fused_sweep_s_entries_serve_it_alone(tmp_path):
+    """Entries of the fused dk and dv sweep (``"sweep": "dkdv"``) are picked among
+    themselves, as the forward's are, with the segment count of the same grid; a forward
+    table has none (``fused``: None, the rule serves), and an unknown sweep is refused."""
+    forward = KernelConfig(64, 128, 2, 256)
+    fused = KernelConfig(64, 128, 1, 256, segments=4)  # at 2x16x16384: 128 blocks
+    path = dispatch_file(
+        tmp_path, [(Problem(8, 16, 4096, 128, 128), forward), (Problem(2, 16, 16384, 128, 128), fused)]
+    )
+    data = json.loads(path.read_text())
+    data["entries"][1]["sweep"] = "dkdv"
+    path.write_text(json.dumps(data))
+    table = load_dispatch(path)
+    # The forward's entries alone: its one entry, split to keep its 128 blocks.
+    assert table.pick(Problem(2, 16, 16384, 128, 128)).config == dataclasses.replace(forward, segments=4)
+    assert table.fused(Problem(2, 16, 16384, 128, 128)) == fused
+    assert table.fused(Problem(8, 16, 4096, 128, 128)) == dataclasses.replace(fused, segments=1)
+    assert table.fused(Problem(8, 16, 4096, 64, 64)) is None
+    assert load_dispatch(dispatch_file(tmp_path, [(SMALL_PROBLEM, forward)])).fused(SMALL_PROBLEM) is None
+    data["entries"][1]["sweep"] = "dq"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ExportError, match=r"malformed entry: sweep \['dq'\]"):
+        load_dispatch(path)
+
+
 def test_the_committed_table_serves_untuned_shapes_the_segment_count_measured_best():
     """The H200 table (retable) serves three shapes it was not tuned at (oos); for each,
     the pick's segment count is the fastest one the oos study measured with its other

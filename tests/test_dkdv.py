@@ -230,3 +230,31 @@ def test_the_fused_sweep_matches_reference_e(problem, initial, final, lengths, s
         got["dh0"] = (out * weight, want_dh0)
     for name, (g, w) in got.items():
         assert not g.isnan().any() and refs.rel_l2(g, w) < refs.TOLERANCE, (name, refs.rel_l2(g, w))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "problem,config,call",
+    [
+        (Problem(2, 4, 1000, 128, 128), KernelConfig(64, 128, 2, 256, segments=4), None),  # the tuner's call
+        (
+            Problem(1, 4, 300, 64, 128, "bfloat16"),
+            KernelConfig(64, 128, 1, 256),
+            Call(0.1, True, True, reverse=True, dkdv=True),
+        ),
+    ],
+    ids=str,
+)
+def test_the_tuner_s_check_of_the_fused_sweep(problem, config, call):
+    """``kernel.validate.check_and_time`` on a fused sweep (what a ``--sweep dkdv`` trial
+    measures): dK and dV (and dH0 where the call returns it) within tolerance of reference
+    E, nothing left NaN, and timed."""
+    from kernel.builder import build, cuda_arch
+    from kernel.config import dkdv_call
+    from kernel.validate import check_and_time
+
+    if dkdv_config(problem, cuda_arch()) is None:
+        pytest.skip(f"the fused sweep does not serve {cuda_arch()}")
+    result = check_and_time(build(problem, config, call or dkdv_call(problem)), seed=3)
+    assert result["finite"] and result["nan_count"] == 0 and result["rel_l2"] < refs.TOLERANCE, result
+    assert (result["state_rel_l2"] is not None) == (call is not None) and result["median_ms"] > 0

@@ -39,6 +39,19 @@ def test_dispatch_table_takes_each_studys_best(tmp_path):
     assert [(e.config, e.median_ms) for e in table.entries] == [(configs[1], 0.2), (configs[0], 0.1)]
 
 
+def test_a_fused_sweep_study_s_best_is_marked_in_the_table(tmp_path):
+    """A study of the backward's fused sweep (``--sweep dkdv``) writes its entry marked, so
+    that the table serves it to the fused sweep (``Dispatch.fused``) and not to the forward."""
+    env = environment()
+    forward, fused = gpu_study([0.5, 0.2], env=env), gpu_study([0.1, 0.3], env=env)
+    fused.set_user_attr("sweep", "dkdv")
+    data = export_dispatch([forward, fused], tmp_path / "dispatch.json")
+    assert ["sweep" in e for e in data["entries"]] == [False, True] and data["entries"][1]["sweep"] == "dkdv"
+    table = load_dispatch(tmp_path / "dispatch.json")
+    configs = list(space.grid(SMALL_PROBLEM))
+    assert table.pick(SMALL_PROBLEM).config == configs[1] and table.fused(SMALL_PROBLEM) == configs[0]
+
+
 def test_dispatch_refuses_compile_only_and_mixed_studies(tmp_path):
     compile_only = gpu_study([0.5])
     compile_only.set_user_attr("mode", "compile-only")

@@ -14,7 +14,7 @@ import pytest
 from helpers import REPO, SMALL, SMALL_PROBLEM, WARP_FAILURE, run_small
 
 from kernel import SEED_CONFIG, KernelConfig, Problem
-from kernel.deploy import read_export
+from kernel.deploy import ExportError, load_config, read_export
 from tuner import space
 from tuner.options import Options
 from tuner.samplers import make_sampler
@@ -184,3 +184,53 @@ def test_workers_started_with_one_seed_propose_different_configs(tmp_path):
     # Two samplers of one seed would propose the same: what the offset prevents.
     same = [_proposals(optuna.create_study(sampler=make_sampler("tpe", SMALL_PROBLEM, 3))) for _ in range(2)]
     assert same[0] == same[1] == ours[0]
+
+
+def test_the_fused_sweep_is_tuned_in_its_own_study(tmp_path, monkeypatch):
+    """``run --sweep dkdv``: a compile-only study of the backward's fused dk and dv sweep.
+    Its trials take the sweep's own knobs (``space.choices(.., "dkdv")``), its first ones
+    are ``dkdv_config``'s pick and its neighbours (no seed config: that is a forward's), the
+    probe compiles the fused sweep (its shared memory, not a forward's), and the study
+    refuses a forward run."""
+    from kernel import dkdv
+    from tuner.cli import main
+    from tuner.options import UsageError
+
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    argv = ["run", *SMALL, "--storage", storage, "--workers", "2", "--no-progress", "--n-trials", "2"]
+    assert main([*argv, "--sweep", "dkdv"]) == 0
+    study = optuna.load_study(study_name="b1-h2-s256-dk64-dv64-float16-dkdv", storage=storage)
+    assert study.user_attrs["sweep"] == "dkdv"
+    configs = [KernelConfig.from_dict(t.params) for t in study.trials]
+    assert configs == space.wave_seeds(SMALL_PROBLEM, sweep="dkdv")[:2]
+    for t, config in zip(study.trials, configs):
+        assert (config.chunk, config.block_dv, config.threads) == (dkdv.CHUNK, 64, dkdv.THREADS)
+        assert t.user_attrs["status"] == "ok"
+        assert t.user_attrs["dynamic_smem"] + t.user_attrs["static_smem"] == dkdv.smem_bytes(
+            SMALL_PROBLEM, config
+        )
+    with pytest.raises(UsageError, match="tunes the dkdv kernel"):
+        Tuner(SMALL_PROBLEM, Options(), name=study.study_name, storage=storage)
+    with pytest.raises(ExportError, match="fused dk and dv sweep, not of a forward kernel"):
+        load_config(export_dir(storage, study.study_name, tmp_path) / "best.json", allow_mismatch=True)
+
+
+def test_the_fused_sweep_s_space():
+    from kernel.dkdv import dkdv_config
+
+    long = Problem(2, 16, 16384, 128, 128)
+    table = space.choices(long, "dkdv")
+    assert (
+        table["num_stages"] == (1, 2)
+        and table["block_dv"] == (128,)
+        and table["segments"] == space.choices(long)["segments"]
+    )
+    seeds = space.wave_seeds(long, sms=132, sweep="dkdv")
+    assert seeds[0] == dkdv_config(long, "sm_90a", 132) and [c.segments for c in seeds] == [4, 2, 8]
+    assert space.violated(long, seeds[0], "sm_80", "dkdv")[0].startswith(
+        "the fused dk and dv sweep does not serve"
+    )
+    big = Problem(1, 1, 64, 256, 256)
+    assert any("does not serve" in r for r in space.violated(big, space.grid(big, "dkdv")[0], sweep="dkdv"))
+    assert space.wave_seeds(big, sweep="dkdv") == []

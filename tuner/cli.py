@@ -6,6 +6,7 @@ once.
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 import typing
@@ -186,8 +187,9 @@ def _where(args: argparse.Namespace) -> tuple[str, str]:
     """(study name, storage URL) from the flags, defaulting to the problem's study in studies/."""
     from tuner.storage import check_study_name, default_study_name
 
+    sweep = getattr(args, "sweep", "forward")  # run's; the read-only commands name a dkdv study with --study
     return check_study_name(
-        args.study or default_study_name(_problem(args))
+        args.study or default_study_name(_problem(args), sweep)
     ), args.storage or default_storage()
 
 
@@ -354,27 +356,25 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     from tuner.storage import default_study_name
     from tuner.study import Tuner
 
-    heads = [(args.dk, args.dv)] + ([(args.dv, args.dk)] if args.backward and args.dk != args.dv else [])
-    shapes = parse_shapes(args.shapes)
-    problems = [Problem(b, h, s, dk, dv, args.dtype) for dk, dv in heads for b, h, s in shapes]
     out = Path(args.out) if args.out else STUDIES_DIR / "dispatch.json"
     if out.is_dir():
         raise UsageError(f"--out wants a file path for the table, got the directory {str(out)!r}")
     storage = args.storage or default_storage()
     opts = _options(args)
+    tasks = _dispatch_tasks(args, opts, resolve(opts.arch)[0])
     if opts.arch is not None and not resolve(opts.arch)[1]:
-        return _explore_shapes(problems, opts, storage)
+        return _explore_shapes(tasks, storage)
     if args.gpus is not None:
-        studies = _dispatch_on_gpus(problems, opts, storage, _gpus(args, storage, len(problems)))
+        studies = _dispatch_on_gpus(tasks, storage, _gpus(args, storage, len(tasks)))
     elif not torch.cuda.is_available():
         raise UsageError("dispatch ranks configs by measured latency and needs a CUDA device (or --arch)")
     else:
         studies = [
             _run_and_log(
-                Tuner(problem, opts, name=default_study_name(problem), storage=storage),
-                _exports(storage, default_study_name(problem)),
+                Tuner(problem, o, name=default_study_name(problem, o.sweep), storage=storage),
+                _exports(storage, default_study_name(problem, o.sweep)),
             )
-            for problem in problems
+            for problem, o in tasks
         ]
     if studies is None:
         return 1
@@ -389,23 +389,48 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     for entry in data["entries"]:
         p, c = entry["problem"], KernelConfig.from_dict(entry["config"])
         shape = f"{p['dk']}x{p['dv']} B*H={p['batch'] * p['heads']:>4} S={p['seqlen']:>6}"
-        print(f"{shape}: {c.label} {entry['median_ms']:.4f} ms")
+        print(
+            f"{shape}: {c.label} {entry['median_ms']:.4f} ms" + (" (dk+dv sweep)" if "sweep" in entry else "")
+        )
     print(out)
     return 0
 
 
-def _explore_shapes(problems: list[Problem], opts: Options, storage: str) -> int:
+def _dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[tuple[Problem, Options]]:
+    """The studies of ``dispatch``, a (problem, options) each: per shape the forward's at DK x
+    DV; with ``--backward`` also at DV x DK (the dq sweep's shape) and the fused dk and dv
+    sweep's (``--sweep dkdv``) where it serves the shape on ``arch``; with ``--sweep dkdv``
+    only those."""
+    from kernel.dkdv import dkdv_config
+
+    shapes = parse_shapes(args.shapes)
+    swapped = args.backward and args.dk != args.dv
+    heads = [(args.dk, args.dv)] + ([(args.dv, args.dk)] if swapped else [])
+    tasks: list[tuple[Problem, Options]] = []
+    if opts.sweep == "forward":
+        tasks += [(Problem(b, h, s, dk, dv, args.dtype), opts) for dk, dv in heads for b, h, s in shapes]
+    if args.backward or opts.sweep == "dkdv":
+        fused = dataclasses.replace(opts, sweep="dkdv")
+        problems = [Problem(b, h, s, args.dk, args.dv, args.dtype) for b, h, s in shapes]
+        tasks += [(p, fused) for p in problems if dkdv_config(p, arch) is not None]
+    if not tasks:
+        raise UsageError(
+            f"the fused dk and dv sweep serves none of these shapes on {arch} (Hopper, DK x DV <= 128 x 128)"
+        )
+    return tasks
+
+
+def _explore_shapes(tasks: list[tuple[Problem, Options]], storage: str) -> int:
     """``dispatch --arch`` for an architecture that is not this GPU's: one compile-only
     study per shape, its best config printed; no table, which ranks by latency."""
     from tuner.storage import default_study_name
     from tuner.study import Tuner
     from tuner.trials import best_trials, trial_config
 
-    print(
-        f"compile-only exploration for {opts.arch}: no latency is measured, no table written", file=sys.stderr
-    )
-    for problem in problems:
-        name = default_study_name(problem)
+    arch = tasks[0][1].arch
+    print(f"compile-only exploration for {arch}: no latency is measured, no table written", file=sys.stderr)
+    for problem, opts in tasks:
+        name = default_study_name(problem, opts.sweep)
         tuner = Tuner(problem, opts, name=name, storage=storage)
         study = _run_and_log(tuner, _exports(storage, name))
         best = best_trials(study, tuner.env_key)
@@ -415,24 +440,27 @@ def _explore_shapes(problems: list[Problem], opts: Options, storage: str) -> int
             if best
             else "no feasible config"
         )
-        p = problem
-        print(f"{opts.arch} {p.dk}x{p.dv} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}: {found}, compile-only")
+        p, what = problem, " dk+dv" if opts.sweep == "dkdv" else ""
+        print(f"{arch} {p.dk}x{p.dv}{what} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}: {found}, compile-only")
     return 0
 
 
 def _dispatch_on_gpus(
-    problems: list[Problem], opts: Options, storage: str, gpus: list[int]
+    tasks: list[tuple[Problem, Options]], storage: str, gpus: list[int]
 ) -> "list[optuna.Study] | None":
     """``dispatch --gpus``: the shapes' studies handed out whole, one at a time per GPU, the
     next to the first GPU that comes free; None when a shape's worker failed."""
     from tuner.fleet import Job, run_jobs
     from tuner.storage import default_study_name, load_study
 
-    names = [default_study_name(p) for p in problems]
-    base = _worker_options(opts, min(len(gpus), len(problems)))
+    names = [default_study_name(p, o.sweep) for p, o in tasks]
+    share = min(len(gpus), len(tasks))
     jobs = [
-        Job(f"{p.batch}x{p.heads}x{p.seqlen}", _run_argv(p, base, name, storage))
-        for p, name in zip(problems, names)
+        Job(
+            f"{p.batch}x{p.heads}x{p.seqlen}" + ("/dkdv" if o.sweep == "dkdv" else ""),
+            _run_argv(p, _worker_options(o, share), name, storage),
+        )
+        for (p, o), name in zip(tasks, names)
     ]
     outcomes = run_jobs(jobs, gpus, log_dir=STUDIES_DIR / "dispatch-workers")
     for o in outcomes:
@@ -465,11 +493,12 @@ def table(frame: "pd.DataFrame", columns=TABLE) -> str:
 
 
 def _heading(study: "optuna.Study") -> str:
-    """The study's name and mode; a compile-only study says that nothing was timed."""
+    """The study's name, kernel and mode; a compile-only study says that nothing was timed."""
     mode, arch = study.user_attrs.get("mode", "unknown mode"), study.user_attrs.get("arch")
     where = f" for {arch}" if arch and mode == "compile-only" else f" on {arch}" if arch else ""
     note = ": resources from the compiler, no latency measured" if mode == "compile-only" else ""
-    return f"study {study.study_name!r} ({mode}{where}{note})"
+    kernel = "the backward's fused dk+dv sweep, " if study.user_attrs.get("sweep") == "dkdv" else ""
+    return f"study {study.study_name!r} ({kernel}{mode}{where}{note})"
 
 
 def cmd_trials(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ def export_best(study: optuna.Study, path: Path, *, env: str | None = None, top:
         "version": VERSION,
         "study": study.study_name,
         "problem": study.user_attrs["problem"],
+        **({"sweep": "dkdv"} if study.user_attrs.get("sweep") == "dkdv" else {}),
         "mode": study.user_attrs.get("mode"),
         "objectives": study.user_attrs.get("objectives"),
         "environment": first.get("environment"),
@@ -46,7 +47,8 @@ def export_best(study: optuna.Study, path: Path, *, env: str | None = None, top:
 
 def export_dispatch(studies: list[optuna.Study], path: Path, *, env: str | None = None) -> dict[str, Any]:
     """Write the dispatch table (``kernel.dispatch.Dispatch``): the best config of each
-    study measured in environment ``env`` (None: any), one entry per tuned shape. All
+    study measured in environment ``env`` (None: any), one entry per tuned shape (marked
+    ``"sweep": "dkdv"`` for a study of the backward's fused sweep). All
     studies must be GPU studies measured in one environment; a study with no feasible
     trial is a ``LookupError``."""
     entries, environments = [], []
@@ -66,6 +68,7 @@ def export_dispatch(studies: list[optuna.Study], path: Path, *, env: str | None 
             {
                 "problem": study.user_attrs["problem"],
                 "config": trial_config(t).to_dict(),
+                **({"sweep": "dkdv"} if study.user_attrs.get("sweep") == "dkdv" else {}),
                 "study": study.study_name,
                 "trial": t.number,
                 **{k: t.user_attrs.get(k) for k in (*TIMES, "rel_l2")},

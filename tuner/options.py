@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from kernel.arch import ARCHS, DEFAULT_ARCH
 from kernel.config import HEADLINE, KernelConfig
+from kernel.dispatch import SWEEPS
 from refs import TOLERANCE
 
 SAMPLERS = ("tpe", "nsga2", "gp", "grid")
@@ -66,6 +67,12 @@ class Options:
         "the GPU architecture to compile for; compile-only unless it is this GPU's (default: this GPU's, "
         f"else {DEFAULT_ARCH} compile-only)",
         choices=tuple(ARCHS),
+    )
+    sweep: str = option(
+        "forward",
+        "the kernel to tune: the forward, or dkdv, the backward's fused dk and dv sweep "
+        "(kernel.dkdv; Hopper, DK x DV <= 128 x 128)",
+        choices=SWEEPS,
     )
     seed: int = option(0, "seed of the sampler and of the random inputs")
     enqueue: tuple[KernelConfig, ...] = option((), "configs measured first", flag="")

@@ -7,7 +7,9 @@ from tuner import space
 from tuner.options import SAMPLERS, UsageError
 
 
-def make_sampler(name: str, problem: Problem, seed: int) -> optuna.samplers.BaseSampler:
+def make_sampler(
+    name: str, problem: Problem, seed: int, sweep: str = "forward"
+) -> optuna.samplers.BaseSampler:
     if name == "tpe":
         return optuna.samplers.TPESampler(
             seed=seed, multivariate=True, n_startup_trials=8, constant_liar=True
@@ -21,5 +23,7 @@ def make_sampler(name: str, problem: Problem, seed: int) -> optuna.samplers.Base
             raise UsageError("the gp sampler needs scipy: pip install scipy") from None
         return optuna.samplers.GPSampler(seed=seed)
     if name == "grid":
-        return optuna.samplers.GridSampler({k: list(v) for k, v in space.choices(problem).items()}, seed=seed)
+        return optuna.samplers.GridSampler(
+            {k: list(v) for k, v in space.choices(problem, sweep).items()}, seed=seed
+        )
     raise UsageError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")

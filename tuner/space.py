@@ -3,32 +3,56 @@
 Restrictions are cheap predicates on a config, checked before any compile. Everything the
 compiler decides (layout failures, spills, shared memory) is left to the probe, which
 records it as a value.
+
+Two kernels are tuned (``sweep``): the forward (``"forward"``, every knob of
+``kernel.config``), and the backward's fused dk and dv sweep (``"dkdv"``, ``kernel.dkdv``),
+whose design fixes its chunk (64: wgmma's rows), its threads (256: the ``[DK, DV]`` state
+in registers), its block_dv (DV: the whole state in one block) and its scores (in shared
+memory), and leaves its stages and its segments to tune.
 """
 
+import itertools
 import math
 
 from optuna.distributions import CategoricalDistribution
 
+from kernel import dkdv
 from kernel.arch import DEFAULT_ARCH, get_arch
-from kernel.config import KernelConfig, Problem, config_grid, knob_choices
+from kernel.config import KernelConfig, Problem, knob_choices
 
 
-def choices(problem: Problem) -> dict[str, tuple]:
-    """Knob name -> choices: the knob table of ``kernel.config`` for this problem's DV."""
-    return knob_choices(problem.dv)
+def choices(problem: Problem, sweep: str = "forward") -> dict[str, tuple]:
+    """Knob name -> choices, in ``KernelConfig``'s field order: the knob table of
+    ``kernel.config`` for this problem's DV, or the fused sweep's (see the module)."""
+    table = knob_choices(problem.dv)
+    if sweep == "dkdv":
+        fixed = {"chunk": dkdv.CHUNK, "block_dv": problem.dv, "threads": dkdv.THREADS, "scores": "smem"}
+        return {name: (fixed[name],) if name in fixed else values for name, values in table.items()} | {
+            "num_stages": (1, 2)
+        }
+    return table
 
 
-def distributions(problem: Problem) -> dict[str, CategoricalDistribution]:
-    return {name: CategoricalDistribution(values) for name, values in choices(problem).items()}
+def distributions(problem: Problem, sweep: str = "forward") -> dict[str, CategoricalDistribution]:
+    return {name: CategoricalDistribution(values) for name, values in choices(problem, sweep).items()}
 
 
-def violated(problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH) -> list[str]:
+def violated(
+    problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH, sweep: str = "forward"
+) -> list[str]:
     """Why ``config`` may not run ``problem`` on ``arch``, one reason per broken
     restriction: it must tile the problem (``KernelConfig.check_fits``), its pipeline may
     be no deeper than the chunks of one segment it overlaps, and the shared memory it
-    needs at the least (``KernelConfig.smem_floor``) must fit one block of ``arch``."""
+    needs at the least (``KernelConfig.smem_floor``; the fused sweep's,
+    ``kernel.dkdv.smem_bytes``) must fit one block of ``arch``; the fused sweep must serve
+    the problem on ``arch`` (``kernel.dkdv.dkdv_config``)."""
     reasons = []
-    floor, limit = config.smem_floor(problem), get_arch(arch).smem_per_block
+    limit = get_arch(arch).smem_per_block
+    floor = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else config.smem_floor(problem)
+    if sweep == "dkdv" and dkdv.dkdv_config(problem, arch) is None:
+        reasons.append(
+            f"the fused dk and dv sweep does not serve DK x DV = {problem.dk} x {problem.dv} on {arch}"
+        )
     if floor > limit:
         reasons.append(f"shared memory: at least {floor} B, over {arch}'s {limit} B per block")
     try:
@@ -41,12 +65,15 @@ def violated(problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH) -
     return reasons
 
 
-def grid(problem: Problem) -> list[KernelConfig]:
+def grid(problem: Problem, sweep: str = "forward") -> list[KernelConfig]:
     """Every config of the table, restricted or not, in a fixed order."""
-    return config_grid(problem.dv)
+    table = choices(problem, sweep)
+    return [KernelConfig(**dict(zip(table, values))) for values in itertools.product(*table.values())]
 
 
-def wave_seeds(problem: Problem, *, arch: str = DEFAULT_ARCH, sms: int | None = None) -> list[KernelConfig]:
+def wave_seeds(
+    problem: Problem, *, arch: str = DEFAULT_ARCH, sms: int | None = None, sweep: str = "forward"
+) -> list[KernelConfig]:
     """Configs worth measuring first: the family that won at every shape tuned on the H200
     (64-token chunks, the widest block_dv up to 128, 256 threads, scores in shared memory,
     2 or 3 stages), with the segment count whose grid is nearest one wave of blocks (one
@@ -59,8 +86,22 @@ def wave_seeds(problem: Problem, *, arch: str = DEFAULT_ARCH, sms: int | None = 
     outside that sample (1x16x16384, 4x8x8192, 1x4x65536, and 2x16x16384 at DK = DV = 64)
     these seeds held the best of 23 trials ("oos"). Configs restricted on ``arch`` are left out; the
     sampler explores everything else as before.
+
+    For the fused sweep: ``kernel.dkdv.dkdv_config``'s pick for that grid, and the segment
+    counts on either side of it.
     """
     blocks_per_wave = sms or get_arch(arch).sms
+    if sweep == "dkdv":
+        rule = dkdv.dkdv_config(problem, arch, blocks_per_wave)
+        if rule is None:
+            return []
+        counts = choices(problem, sweep)["segments"]
+        i = counts.index(rule.segments)
+        configs = [
+            KernelConfig(rule.chunk, rule.block_dv, rule.num_stages, rule.threads, rule.scores, n)
+            for n in (counts[i], *counts[max(0, i - 1) : i], *counts[i + 1 : i + 2])
+        ]
+        return [c for c in configs if not violated(problem, c, arch, sweep)]
     block_dv = max(d for d in choices(problem)["block_dv"] if d <= 128)
     lanes = problem.batch * problem.heads * (problem.dv // block_dv)
     segments = choices(problem)["segments"]

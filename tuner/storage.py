@@ -39,9 +39,11 @@ HEARTBEAT_ATTR = "decay_tuner:heartbeat"
 CLAIM_MARK = "/claim/"
 
 
-def default_study_name(problem: Problem) -> str:
+def default_study_name(problem: Problem, sweep: str = "forward") -> str:
     p = problem
-    return f"b{p.batch}-h{p.heads}-s{p.seqlen}-dk{p.dk}-dv{p.dv}-{p.dtype}"
+    return f"b{p.batch}-h{p.heads}-s{p.seqlen}-dk{p.dk}-dv{p.dv}-{p.dtype}" + (
+        "-dkdv" if sweep == "dkdv" else ""
+    )
 
 
 def _kind(url: str) -> tuple[str, str]:

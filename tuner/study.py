@@ -47,7 +47,7 @@ from optuna.trial import TrialState
 
 from kernel.arch import resolve
 from kernel.builder import sm_count
-from kernel.config import SEED_CONFIG, KernelConfig, Problem, model_call
+from kernel.config import SEED_CONFIG, KernelConfig, Problem, dkdv_call, model_call
 from kernel.environment import env_key, environment
 from kernel.record import MEASURES
 from kernel.resources import ProbeFailure, Resources, probe
@@ -94,8 +94,10 @@ class Tuner:
 
     def __init__(self, problem: Problem, options: Options, *, name: str, storage: str) -> None:
         self.problem, self.options = problem, options
-        self.call = model_call(problem)  # what the worker builds and measures: probe the same kernel
-        table = space.choices(problem)
+        # What the worker builds and measures, and the probe compiles: the same kernel.
+        self.sweep = options.sweep
+        self.call = dkdv_call(problem) if self.sweep == "dkdv" else model_call(problem)
+        table = space.choices(problem, self.sweep)
         for config in options.enqueue:
             outside = {k: v for k, v in config.to_dict().items() if v not in table[k]}
             if outside:
@@ -106,7 +108,7 @@ class Tuner:
         self.env = environment(self.arch)
         self.env_key = env_key(self.env)
         self.objectives = objective_names(self.gpu, options.multi_objective)
-        sampler = make_sampler(options.sampler, problem, options.seed)
+        sampler = make_sampler(options.sampler, problem, options.seed, self.sweep)
         self.storage = get_storage(storage, heartbeat_s=options.heartbeat_s, grace_s=options.grace_s)
         self.study = open_study(
             problem,
@@ -118,13 +120,25 @@ class Tuner:
         # Workers on one study with one --seed would otherwise propose the same configs.
         self.worker_index = worker_index(self.study)
         if self.worker_index:
-            self.study.sampler = make_sampler(options.sampler, problem, options.seed + self.worker_index)
+            self.study.sampler = make_sampler(
+                options.sampler, problem, options.seed + self.worker_index, self.sweep
+            )
         mode = "gpu" if self.gpu else "compile-only"
         if self.study.user_attrs.get("objectives", self.objectives) != self.objectives:
             raise UsageError(
                 f"study {name!r} holds {self.study.user_attrs['objectives']} trials; "
                 f"this run would record {self.objectives} ({mode} mode): use another --study"
             )
+        # A study from before the fused sweep was tunable holds forward trials.
+        held = self.study.user_attrs.get(
+            "sweep", "forward" if self.study.get_trials(deepcopy=False) else None
+        )
+        if held not in (None, self.sweep):
+            raise UsageError(
+                f"study {name!r} tunes the {held} kernel; this run asks for "
+                f"--sweep {self.sweep}: use another --study"
+            )
+        self.study.set_user_attr("sweep", self.sweep)
         self.study.set_user_attr("objectives", self.objectives)
         self.study.set_user_attr("mode", mode)
         self.study.set_user_attr("arch", self.arch)
@@ -133,12 +147,13 @@ class Tuner:
         self._live: set[int] = set()  # ids of this worker's trials in flight, kept alive by heartbeats
         self._pool: ProcessPoolExecutor | None = None
         seeds = (
-            space.wave_seeds(problem, arch=self.arch, sms=sm_count() if self.gpu else None)
+            space.wave_seeds(problem, arch=self.arch, sms=sm_count() if self.gpu else None, sweep=self.sweep)
             if options.wave_seeds and options.sampler != "grid"
             else []
         )
-        _enqueue(self.study, [SEED_CONFIG, *options.enqueue, *seeds], self.env_key)
-        self.distributions = space.distributions(problem)
+        baseline = [SEED_CONFIG] if self.sweep == "forward" else []  # the seed's config is a forward's
+        _enqueue(self.study, [*baseline, *options.enqueue, *seeds], self.env_key)
+        self.distributions = space.distributions(problem, self.sweep)
         cores = os.cpu_count() or 1
         # Beside a GPU, leave cores to the process that launches and times the kernels.
         self.workers = options.workers or (max(1, cores - 2) if self.gpu else cores)
@@ -230,7 +245,7 @@ class Tuner:
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("pid", os.getpid())
         config = KernelConfig(**trial.params)
-        if space.violated(self.problem, config, self.arch):
+        if space.violated(self.problem, config, self.arch, self.sweep):
             return trial, config, None  # nothing to compile or measure
         state = self.claims.claim(config, trial.number)
         if isinstance(state, Owned):
@@ -281,7 +296,7 @@ class Tuner:
         trial.set_user_attr("environment", self.env)
         trial.set_user_attr("mode", "gpu" if self.gpu else "compile-only")
         if res is None:
-            reason = "; ".join(space.violated(self.problem, config, self.arch))
+            reason = "; ".join(space.violated(self.problem, config, self.arch, self.sweep))
             self._reject(trial, "restricted", "restriction", reason, start)
             return
         for key, value in res.to_dict().items():
@@ -337,6 +352,7 @@ class Tuner:
                 {
                     "problem": self.problem.to_dict(),
                     "config": config.to_dict(),
+                    "call": self.call.to_dict(),
                     "seed": self.options.seed + trial.number,
                     "tolerance": self.options.tolerance,
                 }

@@ -11,7 +11,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from kernel.config import KernelConfig, Problem, model_call
+from kernel.config import Call, KernelConfig, Problem, model_call
 
 # Fault injection for the tests: "LABEL=FAULT,..." (``KernelConfig.label``, e.g.
 # "64/64/1/128/smem/1") makes the worker misbehave on those configs, so isolation is
@@ -50,7 +50,8 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
 
     problem, config = Problem.from_dict(job["problem"]), KernelConfig.from_dict(job["config"])
     _inject(config)
-    kernel = build(problem, config, model_call(problem))  # RetNet's decays: check_and_time's default
+    call = Call(**job["call"]) if "call" in job else model_call(problem)
+    kernel = build(problem, config, call)  # RetNet's decays: check_and_time's default
     return check_and_time(kernel, seed=job["seed"], tolerance=job["tolerance"])
 
 
