@@ -26,10 +26,14 @@ def choices(problem: Problem, sweep: str = "forward") -> dict[str, tuple]:
     ``kernel.config`` for this problem's DV, or the fused sweep's (see the module)."""
     table = knob_choices(problem.dv)
     if sweep == "dkdv":
-        fixed = {"chunk": dkdv.CHUNK, "block_dv": problem.dv, "threads": dkdv.THREADS, "scores": "smem"}
-        return {name: (fixed[name],) if name in fixed else values for name, values in table.items()} | {
-            "num_stages": (1, 2)
+        fused = {
+            "chunk": (dkdv.CHUNK,),
+            "block_dv": (problem.dv,),
+            "num_stages": (1, 2),
+            "threads": (dkdv.THREADS,),
+            "scores": ("smem",),
         }
+        return {name: fused.get(name, values) for name, values in table.items()}
     return table
 
 
