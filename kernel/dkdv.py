@@ -50,8 +50,10 @@ def smem_bytes(problem: Problem, config: KernelConfig) -> int:
 
 
 def dkdv_config(problem: Problem, arch: str, sms: int | None = None) -> KernelConfig | None:
-    """The config the fused sweep runs with on ``arch`` (a name of ``kernel.arch.ARCHS``),
-    or None where it does not serve ``problem``: the backward then runs two sweeps. It
+    """The config the fused sweep runs with on ``arch`` (a name of ``kernel.arch.ARCHS``)
+    where no dispatch table holds one for it (``kernel.dispatch.Dispatch.fused``; the
+    study's first trials), or None where it does not serve ``problem``: the backward then
+    runs two sweeps. It
     serves Hopper (wgmma), where it was timed, a state of at most ``MAX_STATE`` elements,
     with two stages where they fit the shared memory: on the H200 two stages took 0.250
     ms and one 0.291 ms (fused.json). Without wgmma its synchronous MMAs hold more in
