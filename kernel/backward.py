@@ -104,3 +104,10 @@ def sweep_calls(problem: Problem, call: Call, fused: bool = False) -> list[tuple
     dk = (swapped, Call(scale, call.final_state, False, packed, reverse=True))
     dv = (problem, Call(scale, call.final_state, call.initial_state, packed, reverse=True, dkdv=fused))
     return [dq, dv] if fused else [dq, dk, dv]
+
+
+def dkdv_call(problem: Problem) -> Call:
+    """What the tuner measures of the backward's fused dk and dv sweep (``kernel.dkdv``,
+    ``tuner run --sweep dkdv``): the sweep of a model call's backward, with its scale, from no
+    final-state gradient and with no initial state, as the bench's backward rows run it."""
+    return Call(scale=problem.dk**-0.5, reverse=True, dkdv=True)

@@ -242,13 +242,6 @@ def model_call(problem: Problem) -> Call:
     return Call(scale=problem.dk**-0.5, final_state=True)
 
 
-def dkdv_call(problem: Problem) -> Call:
-    """What the tuner measures of the backward's fused dk and dv sweep (``kernel.dkdv``,
-    ``tuner --sweep dkdv``): the sweep of a model call's backward, with its scale, from no
-    final-state gradient and with no initial state, as the bench's backward rows run it."""
-    return Call(scale=problem.dk**-0.5, reverse=True, dkdv=True)
-
-
 def segment_length(seqlen: int, chunk: int, segments: int) -> int:
     """Tokens per segment: whole chunks, so only the last segment is ragged."""
     return math.ceil(math.ceil(seqlen / segments) / chunk) * chunk

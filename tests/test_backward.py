@@ -651,8 +651,8 @@ def test_gpu_dispatch_backward_tunes_the_fused_sweep(tmp_path, monkeypatch):
     ``decay_attention``'s backward then runs the table's config for it, with autograd's
     gradients through reference A."""
     from kernel import attention
+    from kernel.backward import dkdv_call
     from kernel.builder import cuda_arch
-    from kernel.config import dkdv_call
     from kernel.dispatch import load_dispatch
     from kernel.dkdv import dkdv_config
     from tuner.cli import main

@@ -249,8 +249,8 @@ def test_the_tuner_s_check_of_the_fused_sweep(problem, config, call):
     """``kernel.validate.check_and_time`` on a fused sweep (what a ``--sweep dkdv`` trial
     measures): dK and dV (and dH0 where the call returns it) within tolerance of reference
     E, nothing left NaN, and timed."""
+    from kernel.backward import dkdv_call
     from kernel.builder import build, cuda_arch
-    from kernel.config import dkdv_call
     from kernel.validate import check_and_time
 
     if dkdv_config(problem, cuda_arch()) is None:

@@ -46,8 +46,9 @@ import optuna
 from optuna.trial import TrialState
 
 from kernel.arch import resolve
+from kernel.backward import dkdv_call
 from kernel.builder import sm_count
-from kernel.config import SEED_CONFIG, KernelConfig, Problem, dkdv_call, model_call
+from kernel.config import SEED_CONFIG, KernelConfig, Problem, model_call
 from kernel.environment import env_key, environment
 from kernel.record import MEASURES
 from kernel.resources import ProbeFailure, Resources, probe
