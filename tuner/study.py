@@ -49,6 +49,7 @@ from kernel.arch import resolve
 from kernel.backward import dkdv_call
 from kernel.builder import sm_count
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, model_call
+from kernel.dkdv import dkdv_config
 from kernel.environment import env_key, environment
 from kernel.record import MEASURES
 from kernel.resources import ProbeFailure, Resources, probe
@@ -106,6 +107,11 @@ class Tuner:
                     f"enqueued config {config} is outside the search space: {outside} (choices: {table})"
                 )
         self.arch, self.gpu = resolve(options.arch)  # gpu: the kernels run and are timed here
+        if self.sweep == "dkdv" and dkdv_config(problem, self.arch) is None:
+            raise UsageError(
+                f"the fused dk and dv sweep does not serve DK x DV = {problem.dk} x {problem.dv} on "
+                f"{self.arch} (Hopper, DK x DV <= 128 x 128): nothing to tune"
+            )
         self.env = environment(self.arch)
         self.env_key = env_key(self.env)
         self.objectives = objective_names(self.gpu, options.multi_objective)
