@@ -47,7 +47,19 @@ def code_digest(source: str) -> str:
             and isinstance(body[0].value.value, str)
         ):
             node.body = body[1:] or ([] if isinstance(node, ast.Module) else [ast.Pass()])
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+    return hashlib.sha256(_dump(tree).encode()).hexdigest()
+
+
+def _dump(node: object) -> str:
+    """``node`` as text, without the fields that hold None or an empty list: what Python
+    versions add to a node (3.12's ``type_params``) or leave out of ``ast.dump`` (3.13)
+    is one of those, so the same code gives the same text under 3.10 to 3.13."""
+    if isinstance(node, list):
+        return "[" + ", ".join(map(_dump, node)) + "]"
+    if not isinstance(node, ast.AST):
+        return repr(node)
+    fields = (f"{k}={_dump(v)}" for k, v in ast.iter_fields(node) if v is not None and v != [])
+    return f"{type(node).__name__}({', '.join(fields)})"
 
 
 def kernel_key(sources: dict[str, str] | None = None) -> str:

@@ -1,7 +1,10 @@
 """kernel.environment: the kernels' identity is their code, and JSON is written atomically."""
 
 import json
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,6 +64,30 @@ def test_only_docstrings_are_dropped_not_other_strings():
     assert code_digest('def f():\n    """doc"""\n    return 1\n') == code_digest("def f():\n    return 1\n")
     assert code_digest('def f():\n    x = "smem"\n') != code_digest('def f():\n    x = "regs"\n')
     assert code_digest('"""only a docstring"""\n') == code_digest("")
+
+
+def _key_under(python: str) -> tuple[str, str] | None:
+    """(version, kernel_key) computed by another interpreter, or None where it does not run."""
+    code = (
+        "import importlib.util as u, sys; s = u.spec_from_file_location('e', sys.argv[1]); "
+        "m = u.module_from_spec(s); s.loader.exec_module(m); print(sys.version.split()[0], m.kernel_key())"
+    )
+    run = subprocess.run(
+        [python, "-c", code, str(KERNEL_DIR / "environment.py")], capture_output=True, text=True
+    )
+    return tuple(run.stdout.split()) if run.returncode == 0 else None  # type: ignore[return-value]
+
+
+def test_the_kernel_key_is_the_same_under_every_python():
+    """A table tuned under Python 3.12 is served under 3.11: ``ast.dump``'s text differs
+    between versions (3.12 adds ``type_params``, 3.13 drops empty fields), the key must not."""
+    pythons = {str(p) for p in Path.home().glob(".pyenv/versions/*/bin/python3")}
+    pythons |= {w for n in range(9, 15) if (w := shutil.which(f"python3.{n}"))}
+    keys = dict(k for p in sorted(pythons) if (k := _key_under(p)))
+    keys.pop(sys.version.split()[0], None)
+    if not keys:
+        pytest.skip("no other Python interpreter on this machine")
+    assert keys == dict.fromkeys(keys, kernel_key())
 
 
 def test_environment_names_the_kernel_and_the_stack():
