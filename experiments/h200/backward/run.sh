@@ -22,7 +22,7 @@ for step in ${steps[@]}; do
     overhead) timeout 300 python3 experiments/h200/backward/overhead.py --out "$OUT" 2>&1 | tail -40 ;;
     gradients) timeout 540 python3 experiments/h200/backward/train_retnet.py --check-only --out "$OUT" 2>&1 | tee "$OUT/gradients.log" | tail -20 ;;
     layers) timeout 540 python3 experiments/h200/backward/train_retnet.py --check-only --layers --out "$OUT" 2>&1 | tee "$OUT/gradients.log" | tail -20 ;;
-    tune) timeout 560 python3 -m tuner dispatch --backward --shapes 8x16x4096,2x16x16384 --n-trials 12 --timeout 120 \
+    tune) timeout 400 python3 -m tuner dispatch --backward --shapes 8x16x4096,2x16x16384 --n-trials 8 --timeout 70 \
         --storage "journal:/tmp/backward.journal" --out "$OUT/dispatch.json" --no-progress 2>&1 | grep -v WARNING |
         tee "$OUT/dispatch.log" | tail -12 ;;
     tuned) timeout 400 python3 -m tuner bench --shapes 8x16x4096,2x16x16384 --packed 0 --dispatch "$DISPATCH" \
