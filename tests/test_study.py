@@ -226,6 +226,9 @@ def test_the_fused_sweep_s_space():
         and table["block_dv"] == (128,)
         and table["segments"] == space.choices(long)["segments"]
     )
+    assert space.grid(long, "dkdv") == [
+        KernelConfig(64, 128, stages, 256, "smem", n) for stages in (1, 2) for n in table["segments"]
+    ]
     seeds = space.wave_seeds(long, sms=132, sweep="dkdv")
     assert seeds[0] == dkdv_config(long, "sm_90a", 132) and [c.segments for c in seeds] == [4, 2, 8]
     assert space.violated(long, seeds[0], "sm_80", "dkdv")[0].startswith(

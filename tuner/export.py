@@ -25,7 +25,7 @@ def export_best(study: optuna.Study, path: Path, *, env: str | None = None, top:
         "version": VERSION,
         "study": study.study_name,
         "problem": study.user_attrs["problem"],
-        **({"sweep": "dkdv"} if study.user_attrs.get("sweep") == "dkdv" else {}),
+        **_sweep_mark(study),
         "mode": study.user_attrs.get("mode"),
         "objectives": study.user_attrs.get("objectives"),
         "environment": first.get("environment"),
@@ -68,7 +68,7 @@ def export_dispatch(studies: list[optuna.Study], path: Path, *, env: str | None 
             {
                 "problem": study.user_attrs["problem"],
                 "config": trial_config(t).to_dict(),
-                **({"sweep": "dkdv"} if study.user_attrs.get("sweep") == "dkdv" else {}),
+                **_sweep_mark(study),
                 "study": study.study_name,
                 "trial": t.number,
                 **{k: t.user_attrs.get(k) for k in (*TIMES, "rel_l2")},
@@ -88,3 +88,9 @@ def export_dispatch(studies: list[optuna.Study], path: Path, *, env: str | None 
 
 def _in(env: str | None) -> str:
     return "" if env is None else f" in environment {env}"
+
+
+def _sweep_mark(study: optuna.Study) -> dict[str, str]:
+    """``{"sweep": "dkdv"}`` for a study of the backward's fused sweep, else nothing: a
+    forward's file or entry reads as before the fused sweep was tunable."""
+    return {"sweep": "dkdv"} if study.user_attrs.get("sweep") == "dkdv" else {}

@@ -11,14 +11,13 @@ in registers), its block_dv (DV: the whole state in one block) and its scores (i
 memory), and leaves its stages and its segments to tune.
 """
 
-import itertools
 import math
 
 from optuna.distributions import CategoricalDistribution
 
 from kernel import dkdv
 from kernel.arch import DEFAULT_ARCH, get_arch
-from kernel.config import KernelConfig, Problem, knob_choices
+from kernel.config import KernelConfig, Problem, config_grid, knob_choices
 
 
 def choices(problem: Problem, sweep: str = "forward") -> dict[str, tuple]:
@@ -72,7 +71,7 @@ def violated(
 def grid(problem: Problem, sweep: str = "forward") -> list[KernelConfig]:
     """Every config of the table, restricted or not, in a fixed order."""
     table = choices(problem, sweep)
-    return [KernelConfig(**dict(zip(table, values))) for values in itertools.product(*table.values())]
+    return [c for c in config_grid(problem.dv) if all(v in table[k] for k, v in c.to_dict().items())]
 
 
 def wave_seeds(
