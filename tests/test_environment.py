@@ -1,5 +1,6 @@
 """kernel.environment: the kernels' identity is their code, and JSON is written atomically."""
 
+import ast
 import json
 import shutil
 import stat
@@ -88,6 +89,21 @@ def test_the_kernel_key_is_the_same_under_every_python():
     if not keys:
         pytest.skip("no other Python interpreter on this machine")
     assert keys == dict.fromkeys(keys, kernel_key())
+
+
+def test_a_field_a_python_adds_empty_keeps_the_digest(monkeypatch):
+    """What 3.12 did to every function (a new field, ``type_params``, empty), simulated on
+    any Python with a field no version has: the digest's text is unchanged while the field
+    is empty, and changes once it holds something."""
+    from kernel.environment import _dump
+
+    tree = ast.parse("def f(x):\n    return x\n")
+    before = _dump(tree)
+    monkeypatch.setattr(ast.FunctionDef, "_fields", (*ast.FunctionDef._fields, "later_field"))
+    tree.body[0].later_field = []
+    assert _dump(tree) == before
+    tree.body[0].later_field = [ast.Name("y")]
+    assert _dump(tree) != before
 
 
 def test_environment_names_the_kernel_and_the_stack():
