@@ -6,8 +6,11 @@ sm_90a, builds its cubin with TileLang's nvcc options, disassembles it with ``cu
 consumer's chunk loop (the backward branch whose body holds the most ``HGMMA``) and counts
 its instructions by opcode. From the repo root:
 
-    pip download --no-deps nvidia-cuda-cuobjdump -d /tmp/nvd && python3 -m zipfile -e /tmp/nvd/*.whl /tmp/nvd/x
-    python3 experiments/cpu/sass/loop_count.py --cuobjdump /tmp/nvd/x/nvidia/cu13/bin/cuobjdump > experiments/cpu/sass/loop_count.json
+    pip download --no-deps nvidia-cuda-cuobjdump -d /tmp/nvd
+    python3 -m zipfile -e /tmp/nvd/*.whl /tmp/nvd/x
+    chmod +x /tmp/nvd/x/nvidia/cu13/bin/cuobjdump
+    python3 experiments/cpu/sass/loop_count.py --cuobjdump /tmp/nvd/x/nvidia/cu13/bin/cuobjdump \
+        > experiments/cpu/sass/loop_count.json
 """
 
 import argparse
