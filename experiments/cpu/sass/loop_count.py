@@ -1,4 +1,4 @@
-"""The instructions of the headline kernel's chunk loop, from its SASS (a CPU check).
+r"""The instructions of the headline kernel's chunk loop, from its SASS (a CPU check).
 
 Compiles the headline forward in the model form (64/128/3/256/smem/1, ``model_call``) for
 sm_90a, builds its cubin with TileLang's nvcc options, disassembles it with ``cuobjdump``
