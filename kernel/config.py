@@ -27,6 +27,7 @@ KNOBS: dict[str, tuple] = {
 }
 SCORES = KNOBS["scores"]
 SEGMENT_COUNTS = KNOBS["segments"]
+SWEEPS = ("forward", "dkdv")  # the kernels a config is tuned for: the forward, the fused dk+dv sweep
 
 
 def knob_choices(dv: int) -> dict[str, tuple]:
@@ -195,7 +196,7 @@ class Call:
     sequence count, so the problem's batch and seqlen do not matter to it), and whether
     the recurrence runs backwards in time (``reverse``: the state enters after each
     sequence's last token and leaves at its first; the backward's dk and dv sweeps,
-    ``kernel.backward``). ``dkdv``: the backward's fused reversed sweep (``kernel.dkdv``),
+    ``kernel.ops.backward``). ``dkdv``: the backward's fused reversed sweep (``kernel.dkdv``),
     which takes dO too and writes dK and dV; its state in is dS's start, its state out dS
     at the first token. The decay is not here: the kernels read each head's alpha at run
     time."""
@@ -240,6 +241,13 @@ def model_call(problem: Problem) -> Call:
     state in: a prefill from zero). Its decay is ``retnet_decay(problem.heads)``; the
     correctness bound covers the output and the final state (``kernel.validate.check``)."""
     return Call(scale=problem.dk**-0.5, final_state=True)
+
+
+def dkdv_call(problem: Problem) -> Call:
+    """What the tuner measures of the backward's fused dk and dv sweep (``kernel.dkdv``,
+    ``tuner run --sweep dkdv``): the sweep of a model call's backward, with its scale, from no
+    final-state gradient and with no initial state, as the bench's backward rows run it."""
+    return Call(scale=problem.dk**-0.5, reverse=True, dkdv=True)
 
 
 def segment_length(seqlen: int, chunk: int, segments: int) -> int:

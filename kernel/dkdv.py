@@ -1,6 +1,6 @@
-"""The backward's dk and dv in one reversed sweep (issue 18).
+"""The backward's dk and dv in one reversed sweep.
 
-The dk and dv sweeps of ``kernel.backward`` each run the forward backwards in time, and
+The dk and dv sweeps of ``kernel.ops.backward`` each run the forward backwards in time, and
 their states are each other's transpose: one reversed sweep carries ``dS`` (``[DK, DV]``,
 fp32) and writes both gradients. Per chunk of ``m`` tokens, with the reversed weights of
 ``kernel.scalar_decay.Direction`` (``Gamma[i, j] = scale alpha^(j-i)`` for ``i <= j < m``)::
@@ -12,7 +12,7 @@ fp32) and writes both gradients. Per chunk of ``m`` tokens, with the reversed we
 Seven MMAs per chunk where a sweep has four; it reads Q, K, V and dO once and writes dK
 and dV, 6 tensors where the two sweeps move 8. One block per (batch, head), or (sequence,
 head) for packed sequences, holds the whole ``[DK, DV]`` state, so it serves a problem
-only where that fits: ``dkdv_config``. On the H200 at 8x16x4096 fp16 it took 0.250 ms
+only where that fits: ``kernel.defaults.dkdv_config``. On the H200 at 8x16x4096 fp16 it took 0.250 ms
 against the two sweeps' 0.308 ms, same run (experiments/h200/fused_sweep/fused.json).
 
 Where one block per (batch, head) leaves SMs idle, the sweep is split along the sequence
@@ -32,7 +32,6 @@ columns past ``m`` (TMA's zero rows, or the next sequence's) are masked out of t
 
 from kernel.arch import get_arch
 from kernel.config import KernelConfig, Problem
-from kernel.dispatch import nearest_grid
 
 CHUNK, THREADS = 64, 256
 MAX_STATE = 128 * 128  # DK * DV: the fp32 state in 256 threads' registers, 64 each
@@ -47,30 +46,6 @@ def smem_bytes(problem: Problem, config: KernelConfig) -> int:
     c, dk, dv = config.chunk, problem.dk, problem.dv
     staged = config.num_stages * c * (2 * dk + 2 * dv)
     return 2 * (staged + c * (2 * dk + dv) + dk * dv + 2 * c * c) + 1024
-
-
-def dkdv_config(problem: Problem, arch: str, sms: int | None = None) -> KernelConfig | None:
-    """The config the fused sweep runs with on ``arch`` (a name of ``kernel.arch.ARCHS``)
-    where no dispatch table holds one for it (``kernel.dispatch.Dispatch.fused``; the
-    study's first trials), or None where it does not serve ``problem``: the backward then
-    runs two sweeps. It
-    serves Hopper (wgmma), where it was timed, a state of at most ``MAX_STATE`` elements,
-    with two stages where they fit the shared memory: on the H200 two stages took 0.250
-    ms and one 0.291 ms (fused.json). Without wgmma its synchronous MMAs hold more in
-    registers: 255 with spills on sm_80 at DK = DV = 128 (ptxas), never timed.
-
-    ``sms``: the GPU's SM count, to split the sequence into the segment count whose grid
-    comes nearest one block per SM (``kernel.dispatch.nearest_grid``, as the forward's
-    default does); None, one pass (what packed sequences run)."""
-    if problem.dk * problem.dv > MAX_STATE or not get_arch(arch).wgmma:
-        return None
-    limit = get_arch(arch).smem_per_block
-    for stages in (2, 1):
-        config = KernelConfig(CHUNK, problem.dv, stages, THREADS, "smem")
-        if smem_bytes(problem, config) <= limit:
-            split = None if sms is None else nearest_grid(config, problem, sms)
-            return config if split is None else split
-    return None
 
 
 def sweep_macro(
@@ -194,7 +169,7 @@ def prim_funcs(
     the symbolic token count T, with the int32 offsets ``[N + 1]``. Decay: fp32 ``[H]``.
     H0: fp32 ``[B*H or N*H, 1, DK, DV]``, the state dS starts from after each sequence's
     last token, read only with ``initial_state`` (else zero); HT receives dS at its first
-    token, written only with ``final_state``. ``kernel.backward`` says what they hold.
+    token, written only with ``final_state``. ``kernel.ops.backward`` says what they hold.
     """
     import tilelang.language as T
 

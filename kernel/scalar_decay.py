@@ -46,7 +46,7 @@ def transposes(*, chunk: int, block_dv: int, threads: int, scores: str) -> bool:
 class Direction:
     """Where the recurrence runs: forward in time, or backwards (``reverse``: each token's
     state gathers the tokens from it to its sequence's end, ``S_t = alpha S_{t+1} + k_t^T
-    v_t``; the backward's dk and dv sweeps, ``kernel.backward``). Reversed, the chunks keep
+    v_t``; the backward's dk and dv sweeps, ``kernel.ops.backward``). Reversed, the chunks keep
     their place and are walked last to first, and within a chunk of ``m`` tokens every
     weight mirrors the forward's: query row i sees key rows j >= i, weighted
     ``alpha^(j-i)``; it reads the state carried in with ``alpha^(m-i)``; key row r writes

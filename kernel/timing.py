@@ -3,7 +3,7 @@ before every repetition, median with the 20th and 80th percentiles.
 
 A call of several kernels whose host side takes about as long as its kernels (forward
 plus backward through autograd) times the host too, unevenly: the GPU waits for launches
-whenever the host falls behind. ``bench(host_ahead=True)`` queues a GPU sleep before each
+whenever the host falls behind. ``time_gpu(host_ahead=True)`` queues a GPU sleep before each
 repetition's start event, twice the host's time per call, so that the whole call is queued
 before the GPU reaches it: the kernels' time alone, and the host's (``host_time``)
 reported beside it. At 8x16x4096 (fifth backward session,
@@ -37,7 +37,7 @@ class Timing:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
-def bench(
+def time_gpu(
     fn: Callable[[], object],
     *,
     warmup_ms: float = 25.0,
@@ -110,11 +110,11 @@ def _sleep_cycles_per_ms() -> float:
 
 
 def alternating(calls: Mapping[Key, Callable[[], object]], *, rounds: int = 3) -> dict[Key, list[float]]:
-    """``bench`` each call once per round, the calls taking turns within every round, so
+    """``time_gpu`` each call once per round, the calls taking turns within every round, so
     that a drift of the GPU's clocks or of the host falls on all of them alike: the way
     variants are compared in one run. Returns each call's ``rounds`` medians in ms."""
     times: dict[Key, list[float]] = {key: [] for key in calls}
     for _ in range(rounds):
         for key, fn in calls.items():
-            times[key].append(bench(fn).median_ms)
+            times[key].append(time_gpu(fn).median_ms)
     return times

@@ -22,7 +22,7 @@ from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_deca
 from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem, config_grid, model_call, retnet_decay
 from kernel.environment import environment
 from kernel.resources import ProbeFailure
-from kernel.timing import bench
+from kernel.timing import time_gpu
 
 # Constant decays (one alpha for every head) checked besides RetNet's per-head gammas.
 ALPHAS = (1.0, 0.99, 0.9, 0.8, 0.5)
@@ -88,7 +88,7 @@ def check(kernel: ScalarDecayKernel, *, seed: int, decay: torch.Tensor | None = 
 def _check_dkdv(kernel: ScalarDecayKernel, *, seed: int, decay: torch.Tensor | None) -> dict[str, Any]:
     """``check`` of the backward's fused sweep: its dK and dV for fresh q, k, v and dO
     (and, where the call takes a state, a fresh final-state gradient dHT as
-    ``kernel.backward`` hands it in; where it returns one, dH0) into NaN-filled buffers,
+    ``kernel.ops.backward`` hands it in; where it returns one, dH0) into NaN-filled buffers,
     against reference E (``refs.chunked_backward``) in fp64. ``state_rel_l2``: dH0's."""
     p, call = kernel.problem, kernel.call
     q, k, v, do = _dkdv_inputs(p, seed)
@@ -140,7 +140,7 @@ def check_and_time(
     tolerance: float = refs.TOLERANCE,
     decay: torch.Tensor | None = None,
 ) -> dict[str, Any]:
-    """``check``; then, when the kernel is correct, its latency (``kernel.timing.bench``)
+    """``check``; then, when the kernel is correct, its latency (``kernel.timing.time_gpu``)
     on other fresh inputs with the same decay. The tuner passes a kernel built for
     ``model_call``, where correct means the output and the final state are within
     ``tolerance``, or for ``dkdv_call`` (``--sweep dkdv``), where it means dK and dV."""
@@ -165,7 +165,7 @@ def check_and_time(
             def timed():
                 return kernel(q, k, v, decay=decay, initial_state=states[0], final_state=states[1], out=out)
 
-        result |= bench(timed).to_dict()
+        result |= time_gpu(timed).to_dict()
     return result
 
 

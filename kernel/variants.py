@@ -93,7 +93,7 @@ def launch(
 def same_segments(a: KernelConfig, b: KernelConfig, seqlen: int) -> bool:
     """Whether two split configs cut a sequence of ``seqlen`` tokens into the same segments,
     so that one's states serve the other (the backward's dq sweep reads the forward's,
-    transposed: ``kernel.attention``)."""
+    transposed: ``kernel.ops.attention``)."""
     return a.segments > 1 and b.segments > 1 and a.segment_length(seqlen) == b.segment_length(seqlen)
 
 

@@ -21,8 +21,8 @@ import torch
 
 from kernel.arch import ARCHS
 from kernel.config import KernelConfig, knob_choices, retnet_decay
-from kernel.record import MEASURES, PARAMS, TRIAL_COLUMNS
-from kernel.record import RESOURCES as RESOURCES_ALL
+from kernel.trial_schema import MEASURES, PARAMS, TRIAL_COLUMNS
+from kernel.trial_schema import RESOURCES as RESOURCES_ALL
 from refs import factorised_peak, gamma_table
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504

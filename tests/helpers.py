@@ -7,9 +7,9 @@ from pathlib import Path
 import optuna
 
 from kernel import KernelConfig, Problem
-from kernel.deploy import FORMAT, VERSION
-from kernel.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
 from kernel.environment import environment, write_json
+from kernel.ops.deploy import FORMAT, VERSION
+from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
 from tuner import space
 from tuner.cli import main
 

@@ -12,9 +12,9 @@ from helpers import SMALL, SMALL_PROBLEM, dispatch_file
 from kernel import KernelConfig, ProbeFailure, Problem, Resources, probe
 from kernel.arch import ARCHS, DEFAULT_ARCH, arch_of_capability, get_arch, resolve, target
 from kernel.config import HEADLINE, SEED_CONFIG, Call, model_call
-from kernel.deploy import ExportError
-from kernel.dispatch import load_dispatch
 from kernel.environment import env_key, environment
+from kernel.ops.deploy import ExportError
+from kernel.ops.dispatch import load_dispatch
 from tuner import space
 from tuner.cli import main
 from tuner.options import Options

@@ -1,11 +1,11 @@
-"""kernel.attention without a GPU: the custom op's schema and fake implementation (what
+"""kernel.ops.attention without a GPU: the custom op's schema and fake implementation (what
 torch.compile traces), and the checks that need no device."""
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from kernel.attention import decay_attention
+from kernel.ops.attention import decay_attention
 
 
 def test_the_custom_op_is_registered_with_its_schema():
@@ -52,18 +52,19 @@ def test_a_wrong_q_is_refused_with_one_line(q, message):
 
 
 def test_a_table_without_the_problem_s_head_sizes_serves_the_default_config_with_a_warning():
-    from kernel.attention import config_for
     from kernel.config import KernelConfig, Problem
-    from kernel.dispatch import Dispatch, DispatchEntry, default_config
+    from kernel.defaults import default_config
+    from kernel.ops.dispatch import Dispatch, DispatchEntry
+    from kernel.ops.serve import config_for
 
     tuned = KernelConfig(64, 128, 3, 256, "smem", 1)
     table = Dispatch([DispatchEntry(Problem(8, 16, 4096, 128, 128), tuned)], {})
     same = Problem(8, 16, 4096, 128, 128)
-    assert config_for(same, table, 132) == tuned
+    assert config_for(same, table, arch="sm_90a", sms=132) == tuned
     other = Problem(8, 16, 4096, 64, 64)
     with pytest.warns(UserWarning, match="python -m tuner dispatch --dk 64 --dv 64 --dtype float16"):
-        assert config_for(other, table, 132) == default_config(other, 132)
-    assert config_for(other, None, 132) == default_config(other, 132)
+        assert config_for(other, table, arch="sm_90a", sms=132) == default_config(other, "sm_90a", 132)
+    assert config_for(other, None, arch="sm_90a", sms=132) == default_config(other, "sm_90a", 132)
 
 
 @pytest.mark.parametrize(
@@ -74,9 +75,9 @@ def test_the_default_config_launches_about_one_block_per_sm(shape, segments):
     """The segment counts the H200's tuned tables chose at these shapes (128 blocks on 132
     SMs), and the single-pass kernel where a sequence has too few chunks to split."""
     from kernel.config import Problem
-    from kernel.dispatch import default_config
+    from kernel.defaults import default_config
 
-    config = default_config(Problem(*shape, 128, 128), 132)
+    config = default_config(Problem(*shape, 128, 128), "sm_90a", 132)
     assert (config.chunk, config.block_dv, config.threads, config.segments) == (64, 128, 256, segments)
 
 

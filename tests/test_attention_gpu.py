@@ -10,9 +10,9 @@ import torch
 from helpers import selected
 
 import refs
-from kernel.attention import decay_attention
 from kernel.builder import build, cuda_arch, precompile
 from kernel.config import Call, KernelConfig, Problem
+from kernel.ops.attention import decay_attention
 from kernel.resources import Resources
 from kernel.validate import check, random_qkv
 from refs import TOLERANCE
@@ -300,18 +300,18 @@ def test_a_new_table_serves_the_next_call():
     default config again."""
     import dataclasses
 
-    from kernel import attention
-    from kernel.dispatch import Dispatch, DispatchEntry
+    from kernel.ops import serve
+    from kernel.ops.dispatch import Dispatch, DispatchEntry
 
     problem, call = Problem(1, 2, 256, 64, 64), Call(0.125)
-    default = attention._kernel(problem, call, 1).config
+    default = serve.kernel_for(problem, call, 1).config
     other = dataclasses.replace(default, block_dv=32)
-    attention.use_table(Dispatch([DispatchEntry(problem, other)], {}))
+    serve.use_table(Dispatch([DispatchEntry(problem, other)], {}))
     try:
-        assert attention._kernel(problem, call, 1).config == other
+        assert serve.kernel_for(problem, call, 1).config == other
     finally:
-        attention.use_table(None)
-    assert attention._kernel(problem, call, 1).config == default
+        serve.use_table(None)
+    assert serve.kernel_for(problem, call, 1).config == default
 
 
 def test_a_steady_call_never_waits_for_the_gpu():

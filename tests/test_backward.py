@@ -1,4 +1,4 @@
-"""The backward pass (``kernel.backward``): its three forward sweeps give autograd's
+"""The backward pass (``kernel.ops.backward``): its three forward sweeps give autograd's
 gradients through reference A and reference E's, in fp64 on the references (here), and
 through ``decay_attention``'s autograd on the GPU kernel (marked ``gpu``)."""
 
@@ -10,8 +10,8 @@ import torch
 from helpers import selected
 
 import refs
-from kernel.backward import backward, sweep_calls
 from kernel.config import Call, KernelConfig, Problem
+from kernel.ops.backward import backward, sweep_calls
 
 F64 = torch.float64
 
@@ -115,7 +115,7 @@ def test_no_initial_state_no_dh0():
 
 
 class _RefAttention(torch.autograd.Function):
-    """Reference B forward, ``kernel.backward`` backward: what gradcheck differentiates."""
+    """Reference B forward, ``kernel.ops.backward`` backward: what gradcheck differentiates."""
 
     @staticmethod
     def forward(ctx, q, k, v, h0, decay, scale, cu):
@@ -217,8 +217,8 @@ GPU_CASES = [  # (b, s, h, dk, dv, dtype, packed lengths)
 def compiled(request) -> None:
     """Compile every kernel the selected GPU cases call, forward and sweeps, in parallel
     processes."""
-    from kernel.attention import training_jobs
     from kernel.builder import cuda_arch, precompile
+    from kernel.ops.serve import training_jobs
     from kernel.resources import Resources
 
     jobs = set()
@@ -236,7 +236,7 @@ def compiled(request) -> None:
 @pytest.mark.parametrize("b,s,h,dk,dv,dtype,lengths", GPU_CASES, ids=str)
 @pytest.mark.parametrize("with_state", [True, False])
 def test_decay_attention_gradients_match_autograd_through_a(b, s, h, dk, dv, dtype, lengths, with_state):
-    from kernel.attention import decay_attention
+    from kernel.ops.attention import decay_attention
 
     q, k, v, do, h0, dht, cu = _gpu_case(b, s, h, dk, dv, dtype, lengths)
     decay = torch.tensor(DECAYS[:h], device="cuda")
@@ -261,10 +261,10 @@ def test_training_step_under_torch_compile_fullgraph():
     """The loss compiled whole, with ``fullgraph=True``: its backward graph (which AOTAutograd
     builds from the op's autograd rule) gives eager's gradients: dk, dv and dH0 bit for bit;
     dq to within 1e-2, since the eager call's dq sweep reads the split forward's states
-    (``kernel.attention._attention_and_split``) where the custom op computes them again,
+    (``kernel.ops.attention._forward``) where the custom op computes them again,
     the same sums in another order. (Dynamo does not trace ``torch.autograd.grad`` itself,
     so the step calls it outside.)"""
-    from kernel.attention import decay_attention
+    from kernel.ops.attention import decay_attention
 
     q, k, v, do, h0, _, _ = _gpu_case(2, 500, 4, 64, 64, "bfloat16", None)
     decay = torch.tensor(DECAYS, device="cuda")
@@ -294,11 +294,11 @@ def test_the_dq_sweep_reads_the_forward_s_states_where_they_cut_alike():
     """The dq sweep (DK and DV swapped) reads a split forward's states, transposed, only
     where both cut the sequence into the same segments (``kernel.variants.same_segments``):
     so the default configs do at DK = DV and DK != DV alike."""
-    from kernel.dispatch import default_config
+    from kernel.defaults import default_config
     from kernel.variants import same_segments
 
     for b, h, s, dk, dv in [(2, 16, 16384, 128, 128), (1, 4, 1000, 64, 128), (2, 4, 300, 128, 128)]:
-        forward, dq = (default_config(Problem(b, h, s, x, y), 132) for x, y in ((dk, dv), (dv, dk)))
+        forward, dq = (default_config(Problem(b, h, s, x, y), "sm_90a", 132) for x, y in ((dk, dv), (dv, dk)))
         assert forward.segments > 1 and same_segments(forward, dq, s), (forward, dq)
     split = KernelConfig(64, 128, 2, 256, "smem", 4)
     assert not same_segments(split, dataclasses.replace(split, segments=8), 16384)
@@ -310,12 +310,12 @@ def test_the_sweeps_compile_for_hopper_and_ampere():
     """Each sweep of a backward with DK != DV, state in and out, compiles with the default
     config for its shape (the dq and dk sweeps at (DV, DK)), for sm_90a and for sm_80."""
     from kernel.builder import precompile
-    from kernel.dispatch import default_config
+    from kernel.defaults import default_config
     from kernel.resources import Resources
 
     problem = Problem(1, 2, 200, 64, 128)
     calls = sweep_calls(problem, Call(0.125, True, True))
-    jobs = [(p, default_config(p, 132), c) for p, c in calls]
+    jobs = [(p, default_config(p, "sm_90a", 132), c) for p, c in calls]
     for arch in ("sm_90a", "sm_80"):
         for job, res in zip(jobs, precompile(jobs, arch=arch)):
             assert isinstance(res, Resources) and res.spill_stores == 0 and res.fits_smem, (arch, job, res)
@@ -410,7 +410,7 @@ def test_decay_attention_autograd_wiring_on_meta_tensors(packed, with_state):
     """The autograd rule registered for the custom op, run on meta tensors (the ops' fake
     implementations; no GPU): a gradient of each input's shape and dtype for q, k, v and
     the initial state, none for the decay."""
-    from kernel.attention import decay_attention
+    from kernel.ops.attention import decay_attention
 
     b, s, h, dk, dv = (1, 40, 4, 16, 32) if packed else (2, 40, 4, 16, 32)
     n = 3 if packed else b
@@ -542,7 +542,7 @@ def test_the_mirrored_weights_run_the_recurrence_backwards(s, chunk, length):
 @pytest.mark.gpu
 def test_a_training_step_runs_inside_a_captured_cuda_graph():
     """Forward and backward captured once, replayed on new inputs: eager's gradients."""
-    from kernel.attention import decay_attention
+    from kernel.ops.attention import decay_attention
     from kernel.validate import random_qkv
 
     q, k, v, do, h0, _, _ = _gpu_case(1, 700, 4, 128, 128, "float16", None)
@@ -579,8 +579,8 @@ FLA_CASE = (2, 1000, 4, 128)  # b, s, h, dk
 def compiled_for_fla(request) -> None:
     """Compile the selected fla comparisons' kernels in parallel processes: one after the
     other inside the test, their dozen split kernels did not finish in 150 s on the H200."""
-    from kernel.attention import training_jobs
     from kernel.builder import cuda_arch, precompile
+    from kernel.ops.serve import training_jobs
     from kernel.resources import Resources
 
     b, s, h, dk = FLA_CASE
@@ -598,7 +598,7 @@ def test_gradients_match_fla_s_chunk_simple_gla(dv):
     """The same gradients as fla's autograd, with the same arguments (its g_gamma is the
     log of our decay), where fla is installed."""
     fla = pytest.importorskip("fla.ops.simple_gla")
-    from kernel.attention import decay_attention
+    from kernel.ops.attention import decay_attention
 
     b, s, h, dk = FLA_CASE
     q, k, v, do, h0, dht, _ = _gpu_case(b, s, h, dk, dv, "bfloat16", None)
@@ -650,11 +650,11 @@ def test_gpu_dispatch_backward_tunes_the_fused_sweep(tmp_path, monkeypatch):
     trial's dK and dV checked against reference E), writes its entry to the table, and
     ``decay_attention``'s backward then runs the table's config for it, with autograd's
     gradients through reference A."""
-    from kernel import attention
-    from kernel.backward import dkdv_call
     from kernel.builder import cuda_arch
-    from kernel.dispatch import load_dispatch
-    from kernel.dkdv import dkdv_config
+    from kernel.config import dkdv_call
+    from kernel.defaults import dkdv_config
+    from kernel.ops import decay_attention, serve
+    from kernel.ops.dispatch import load_dispatch
     from tuner.cli import main
 
     problem = Problem(2, 4, 1024, 64, 64)
@@ -680,17 +680,17 @@ def test_gpu_dispatch_backward_tunes_the_fused_sweep(tmp_path, monkeypatch):
     assert [e.sweep for e in table.entries] == ["forward", "dkdv"]
     fused = table.fused(problem)
     assert fused is not None and fused.block_dv == 64
-    attention.use_table(table)
+    serve.use_table(table)
     try:
-        assert attention.kernel_job(problem, dkdv_call(problem), problem.batch)[1] == fused
+        assert serve.kernel_job(problem, dkdv_call(problem), problem.batch)[1] == fused
         q, k, v, do, h0, _, _ = _gpu_case(2, 1024, 4, 64, 64, "float16", None)
         decay = torch.tensor(DECAYS[:4], device="cuda")
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        o, _ = attention.decay_attention(*leaves, decay, scale=0.1)
+        o, _ = decay_attention(*leaves, decay, scale=0.1)
         _poison_allocator()
         got = torch.autograd.grad(o, leaves, do)
         want = _autograd(q, k, v, torch.zeros_like(h0), decay, 0.1, do, None, None)
         for g, w in zip(got, want):
             assert not g.isnan().any() and refs.rel_l2(g, w) < refs.TOLERANCE
     finally:
-        attention.use_table(None)
+        serve.use_table(None)

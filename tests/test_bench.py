@@ -8,7 +8,7 @@ import pytest
 from helpers import dispatch_file
 
 from kernel import KernelConfig, Problem
-from kernel.dispatch import load_dispatch
+from kernel.ops.dispatch import load_dispatch
 from tuner.bench import backward_bytes, served_by, traffic_bytes
 from tuner.options import BENCH_PACKED, Packed
 
@@ -55,7 +55,7 @@ def test_bench_gpu(tmp_path):
     import inspect
 
     import refs
-    from kernel.attention import decay_attention
+    from kernel.ops.attention import decay_attention
     from tuner.bench import bench_and_write
 
     packed = Packed(sequences=5, shortest=1, longest=700, heads=4)
@@ -85,7 +85,7 @@ def test_host_ahead_times_the_gpu_alone():
 
     import torch
 
-    from kernel.timing import bench
+    from kernel.timing import time_gpu
 
     src = torch.randn(1 << 20, device="cuda")
     dst = torch.empty_like(src)
@@ -94,7 +94,7 @@ def test_host_ahead_times_the_gpu_alone():
         time.sleep(3e-3)
         dst.copy_(src)
 
-    plain, ahead = bench(slow_host, rep_ms=30), bench(slow_host, rep_ms=30, host_ahead=True)
+    plain, ahead = time_gpu(slow_host, rep_ms=30), time_gpu(slow_host, rep_ms=30, host_ahead=True)
     assert plain.median_ms > 2.5 and plain.host_ms is None
     assert ahead.median_ms < 0.5 and ahead.host_ms > 2.5
     assert torch.equal(dst, src)

@@ -21,8 +21,8 @@ from helpers import LAYOUT_FAILURE, REPO, SMALL, SMALL_PROBLEM, gpu_study, run_s
 import refs
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.config import retnet_decay
-from kernel.deploy import load_config, read_export
-from kernel.record import TRIAL_COLUMNS
+from kernel.ops.deploy import load_config, read_export
+from kernel.trial_schema import TRIAL_COLUMNS
 from tuner.cli import COMMANDS, TABLE, build_parser, main
 from tuner.storage import default_study_name, export_dir
 from tuner.trials import trials_frame
@@ -329,7 +329,7 @@ def test_dispatch_needs_a_gpu(capsys):
 @pytest.mark.gpu
 def test_gpu_study_end_to_end(tmp_path, monkeypatch, capsys):
     """On a GPU: trials are timed and checked, and the export loads into a kernel that runs."""
-    from kernel.deploy import load_kernel
+    from kernel.ops.deploy import load_kernel
     from kernel.validate import check
 
     monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
@@ -348,7 +348,7 @@ def test_gpu_study_end_to_end(tmp_path, monkeypatch, capsys):
 @pytest.mark.gpu
 def test_gpu_dispatch_end_to_end(tmp_path, monkeypatch, capsys):
     """On a GPU: two shapes tuned, the table written, and a kernel it serves matches C."""
-    from kernel.dispatch import load_dispatch
+    from kernel.ops.dispatch import load_dispatch
     from kernel.validate import random_qkv
 
     monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)

@@ -1,11 +1,11 @@
-"""kernel.deploy: the best-config loader refuses a file measured elsewhere or for another problem."""
+"""kernel.ops.deploy: the best-config loader refuses a file measured elsewhere or for another problem."""
 
 import pytest
 from helpers import best_config_file
 
 from kernel import KernelConfig, Problem
-from kernel.deploy import ExportError, load_config, read_export
 from kernel.environment import environment
+from kernel.ops.deploy import ExportError, load_config, read_export
 
 
 def test_loader_refuses_other_environment_or_problem(tmp_path):

@@ -9,8 +9,8 @@ import torch
 from helpers import DATA, SMALL_PROBLEM, best_config_file, dispatch_file
 
 from kernel import KernelConfig, Problem
-from kernel.deploy import ExportError
-from kernel.dispatch import load_dispatch
+from kernel.ops.deploy import ExportError
+from kernel.ops.dispatch import load_dispatch
 
 
 def test_dispatch_picks_the_nearest_shape_and_keeps_its_grid(tmp_path):

@@ -12,15 +12,16 @@ from test_backward import CASES, DECAYS, F64, _autograd, _inputs, _ref_sweep, _s
 
 import refs
 from kernel.arch import ARCHS
-from kernel.backward import backward
 from kernel.config import Call, KernelConfig, Problem
-from kernel.dkdv import MAX_STATE, dkdv_config, smem_bytes
+from kernel.defaults import dkdv_config
+from kernel.dkdv import MAX_STATE, smem_bytes
+from kernel.ops.backward import backward
 
 
 def loop(q, k, v, do, decay, scale: float, start, want_final: bool, cu_seqlens, chunk: int = 16):
     """``kernel.dkdv``'s chunk loop statement by statement in fp64 (``[B, S, H, D]``
     tensors; packed: ``B = 1`` and each sequence walked alone): ``(dk, dv, final)``, the
-    fused contract of ``kernel.backward.backward``."""
+    fused contract of ``kernel.ops.backward.backward``."""
     b, t, h, dk = q.shape
     spans = [(bb, 0, t) for bb in range(b)] if cu_seqlens is None else [
         (0, int(a), int(e)) for a, e in zip(cu_seqlens[:-1], cu_seqlens[1:])
@@ -118,7 +119,7 @@ def test_the_fused_sweep_splits_where_one_block_per_head_leaves_sms_idle():
     """With the GPU's SM count the sweep takes the segment count nearest one block per SM,
     as the forward's default does; packed sequences (no SM count) run one pass; the
     backward fuses wherever the sweep serves."""
-    from kernel.attention import fuses
+    from kernel.ops.serve import fuses
 
     def segments(b, h, s, sms=132):
         return dkdv_config(Problem(b, h, s, 128, 128), "sm_90a", sms).segments
@@ -249,8 +250,8 @@ def test_the_tuner_s_check_of_the_fused_sweep(problem, config, call):
     """``kernel.validate.check_and_time`` on a fused sweep (what a ``--sweep dkdv`` trial
     measures): dK and dV (and dH0 where the call returns it) within tolerance of reference
     E, nothing left NaN, and timed."""
-    from kernel.backward import dkdv_call
     from kernel.builder import build, cuda_arch
+    from kernel.config import dkdv_call
     from kernel.validate import check_and_time
 
     if dkdv_config(problem, cuda_arch()) is None:

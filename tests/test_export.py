@@ -3,9 +3,9 @@
 import pytest
 from helpers import SMALL_PROBLEM, gpu_study
 
-from kernel.deploy import load_config, read_export
-from kernel.dispatch import load_dispatch
 from kernel.environment import environment
+from kernel.ops.deploy import load_config, read_export
+from kernel.ops.dispatch import load_dispatch
 from tuner import space
 from tuner.export import export_best, export_dispatch
 

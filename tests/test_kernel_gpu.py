@@ -103,8 +103,8 @@ def test_rejects_bad_tensors():
 
 
 def test_exported_config_loads_into_a_ready_kernel(tmp_path):
-    from kernel.deploy import FORMAT, VERSION, load_kernel
     from kernel.environment import environment, write_json
+    from kernel.ops.deploy import FORMAT, VERSION, load_kernel
 
     problem = Problem(2, 3, 300, 64, 64)
     path = tmp_path / "best.json"
@@ -144,7 +144,7 @@ SPLIT_CASES = [
     (Problem(1, 3, 4096, 128, 128), KernelConfig(64, 128, 2, 256, segments=64), 0.999),
     (Problem(2, 16, 4096, 128, 128), KernelConfig(64, 128, 2, 256, segments=8), None),  # RetNet's
     # DK = 256: the dq and dk sweeps of a backward with DV = 2 DK (fla's RetNet), at the
-    # default config for their shape (kernel.dispatch.default_config); single-pass below.
+    # default config for their shape (kernel.ops.dispatch.default_config); single-pass below.
     (Problem(2, 2, 1000, 256, 128, "bfloat16"), KernelConfig(64, 64, 2, 256, segments=2), None),
 ]
 

@@ -26,11 +26,11 @@ from optuna.trial import TrialState
 from kernel import KernelConfig, Problem
 from kernel.arch import ARCHS
 from kernel.config import SEED_CONFIG, knob_choices
-from kernel.record import TRIAL_COLUMNS
+from kernel.trial_schema import TRIAL_COLUMNS
 from refs import TOLERANCE
 from reports import StudyInfo, browser, data, figures, render_report, write_report
-from reports.bench import figure as bench_figure
-from reports.benchmark import PEERS, synthetic_trials
+from reports.bench_figure import figure as bench_figure
+from reports.stress import PEERS, synthetic_trials
 from tuner.cli import main
 from tuner.storage import export_dir
 from tuner.trials import problem_trials, trial_config, trials_frame
@@ -148,7 +148,7 @@ def test_study_info_from_attrs(study, info):
 def test_trial_log_holds_what_the_report_reads(study):
     trials = trials_frame(study)
     assert set(data.FRAME_COLUMNS) <= set(trials.columns), set(data.FRAME_COLUMNS) - set(trials.columns)
-    # The synthetic log of reports.benchmark has exactly the trial log's columns.
+    # The synthetic log of reports.stress has exactly the trial log's columns.
     assert set(TRIAL_COLUMNS) == set(trials.columns) | {"constraints"}
     assert data.constraints(trials.constraints[4]) == {
         "spills": 64.0,
@@ -179,7 +179,7 @@ def test_constraints_and_config_label_cells():
 
 def test_reports_never_import_the_tuner():
     code = (
-        "import sys, reports, reports.bench, reports.benchmark, reports.browser, reports.data, "
+        "import sys, reports, reports.bench, reports.stress, reports.browser, reports.data, "
         "reports.figures, reports.page; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tuner'))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

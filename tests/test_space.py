@@ -4,6 +4,7 @@ from helpers import SMALL_PROBLEM
 
 from kernel import KernelConfig, Problem
 from kernel.config import SEGMENT_COUNTS
+from kernel.defaults import default_config
 from tuner import space
 
 SHALLOW = "num_stages={} is deeper than the {} chunk(s) of a segment"
@@ -54,4 +55,10 @@ def test_wave_seeds_launch_about_one_wave_and_are_allowed():
         seeds = space.wave_seeds(problem)
         assert all(c.block_dv == min(128, problem.dv) for c in seeds)
         assert all(space.violated(problem, c) == [] for c in seeds)
-    assert space.wave_seeds(Problem(1, 2, 256, 64, 64)) == []  # 64-token segments: no pipeline
+    # the one-wave count (64 segments) would leave no pipeline: the rule's runnable count leads
+    short = Problem(1, 2, 256, 64, 64)
+    assert (
+        space.wave_seeds(short)[0]
+        == default_config(short, "sm_90a")
+        == KernelConfig(64, 64, 2, 256, "smem", 2)
+    )

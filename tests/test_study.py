@@ -14,7 +14,7 @@ import pytest
 from helpers import REPO, SMALL, SMALL_PROBLEM, WARP_FAILURE, run_small
 
 from kernel import SEED_CONFIG, KernelConfig, Problem
-from kernel.deploy import ExportError, load_config, read_export
+from kernel.ops.deploy import ExportError, load_config, read_export
 from tuner import space
 from tuner.options import Options
 from tuner.samplers import make_sampler
@@ -143,7 +143,8 @@ def test_every_sampler_and_mode_runs(sampler, multi, tmp_path, monkeypatch):
         == 0
     )
     study = optuna.load_study(study_name=sampler, storage=storage)
-    assert len(study.trials) == 2 and len(study.directions) == (2 if multi else 1)
+    finished = [t for t in study.trials if t.state.is_finished()]  # the wave seeds left wait
+    assert len(finished) == 2 and len(study.directions) == (2 if multi else 1)
     assert study.user_attrs["objectives"] == (["spill_bytes", "smem_bytes"] if multi else ["spill_bytes"])
     assert (
         read_export(export_dir(storage, sampler, tmp_path) / "best.json")["objectives"]
@@ -217,7 +218,7 @@ def test_the_fused_sweep_is_tuned_in_its_own_study(tmp_path, monkeypatch):
 
 
 def test_the_fused_sweep_s_space():
-    from kernel.dkdv import dkdv_config
+    from kernel.defaults import dkdv_config
 
     long = Problem(2, 16, 16384, 128, 128)
     table = space.choices(long, "dkdv")

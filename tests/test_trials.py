@@ -6,7 +6,7 @@ import pytest
 from helpers import SMALL_PROBLEM, gpu_study
 
 from kernel import SEED_CONFIG, KernelConfig
-from kernel.record import TRIAL_COLUMNS
+from kernel.trial_schema import TRIAL_COLUMNS
 from tuner import space
 from tuner.trials import compare, save_frame, trials_frame
 

@@ -2,11 +2,11 @@
 seed's default config, fla's ``chunk_simple_gla`` and plain torch, each against the
 shape's HBM floor (the bytes of Q, K, V and O and of the final state, over the copy
 bandwidth measured in the same run); then a packed batch of sequences of mixed lengths,
-``kernel.attention.decay_attention`` against fla with ``cu_seqlens``; then, per shape, the
+``kernel.ops.attention.decay_attention`` against fla with ``cu_seqlens``; then, per shape, the
 backward and forward plus backward of ``decay_attention``'s autograd against fla's
 ``chunk_simple_gla`` with autograd, each against its floor (``backward_bytes``).
 
-Each row times the GPU with the host's launches queued ahead (``kernel.timing.bench``'s
+Each row times the GPU with the host's launches queued ahead (``kernel.timing.time_gpu``'s
 ``host_ahead``) and gives the host's time per call beside it (``host_ms``).
 
 Every implementation runs the model form, with the same arguments: RetNet's decay per
@@ -34,9 +34,9 @@ import torch
 import refs
 from kernel.builder import build, constant_decay, cuda_arch, precompile, sm_count
 from kernel.config import SEED_CONFIG, Call, KernelConfig, Problem, model_call, retnet_decay
-from kernel.dispatch import Dispatch
+from kernel.ops.dispatch import Dispatch
 from kernel.resources import ProbeFailure
-from kernel.timing import bench
+from kernel.timing import time_gpu
 from kernel.validate import random_qkv
 from tuner import space
 from tuner.options import BENCH_PACKED, Packed
@@ -65,7 +65,7 @@ def copy_bandwidth() -> float:
     """Device-to-device copy rate in bytes/s (bytes read plus bytes written)."""
     src = torch.randn(COPY_BYTES // 4, device="cuda")
     dst = torch.empty_like(src)
-    return 2 * COPY_BYTES / (bench(lambda: dst.copy_(src)).median_ms * 1e-3)
+    return 2 * COPY_BYTES / (time_gpu(lambda: dst.copy_(src)).median_ms * 1e-3)
 
 
 def model_error(got: tuple[torch.Tensor, ...], ref: tuple[torch.Tensor, ...]) -> dict:
@@ -89,7 +89,7 @@ def _row(
     label = config.label if isinstance(config, KernelConfig) else config or ""
     row = {**shape, "impl": impl, "config": label, **model_error(fn(), ref)}
     if row["rel_l2"] < refs.TOLERANCE:
-        row |= bench(fn, host_ahead=True).to_dict()
+        row |= time_gpu(fn, host_ahead=True).to_dict()
         row["x_floor"] = row["median_ms"] / floor_ms
     print(row, flush=True)
     if log is not None:  # one JSON line per measurement, so a killed run keeps what it measured
@@ -192,20 +192,20 @@ def run_backward(
 ) -> list[dict]:
     """Per shape, the backward alone (autograd over a kept graph) and the forward plus
     backward of ``decay_attention`` (serving ``dispatch``'s picks for its sweeps,
-    ``kernel.backward``) and of fla's ``chunk_simple_gla``, with the same arguments (RetNet's
+    ``kernel.ops.backward``) and of fla's ``chunk_simple_gla``, with the same arguments (RetNet's
     decays, scale, no state), each row's gradients checked against reference E. Their
     kernels compile first, in parallel processes: compiled inside the timing process, the
     backward at 8x16x4096 timed 0.567 ms (p20 0.48, p80 0.68) in one H200 run, against
     0.380 ms (0.369, 0.382) compiled ahead on the next machine
     (experiments/h200/backward/README.md, fourth session)."""
-    from kernel import attention
+    from kernel.ops import decay_attention, serve
 
     rows = []
-    attention.use_table(dispatch)
+    serve.use_table(dispatch)
     try:
         jobs = set()
         for problem in problems:
-            jobs |= attention.training_jobs(problem, Call(model_call(problem).scale), problem.batch)
+            jobs |= serve.training_jobs(problem, Call(model_call(problem).scale), problem.batch)
         precompile(sorted(jobs, key=str), arch=cuda_arch())
         for problem in problems:
             shape = _shape(problem)
@@ -218,14 +218,14 @@ def run_backward(
             ref = refs.chunked_backward(q.detach(), k.detach(), v.detach(), decay, 64, do, scale=scale)[:3]
             rows.append(_floor_row(shape | {"pass": "backward"}, floor_ms, bandwidth))
             rows.append(_floor_row(shape | {"pass": "fwd+bwd"}, both_floor_ms, bandwidth))
-            forwards = {"decay_attention": lambda: attention.decay_attention(q, k, v, decay, scale=scale)[0]}
+            forwards = {"decay_attention": lambda: decay_attention(q, k, v, decay, scale=scale)[0]}
             if importlib.util.find_spec("fla") is not None:
                 forwards["fla chunk_simple_gla"] = lambda: fla_simple_gla(
                     q, k, v, g_gamma, scale=scale, output_final_state=False
                 )[0]
             else:
                 print("fla is not installed: no fla column", file=sys.stderr)
-            sweeps = attention.backward_configs(problem, Call(scale), problem.batch)
+            sweeps = serve.backward_configs(problem, Call(scale), problem.batch)
             served = {name: None for name in forwards}  # which sweeps ran ours, with which configs
             served["decay_attention"] = ", ".join(f"{n} {c.label}" for n, c in sweeps.items())
             for name, forward in forwards.items():
@@ -246,7 +246,7 @@ def run_backward(
                 del kept
             del ref
     finally:
-        attention.use_table(None)
+        serve.use_table(None)
     return rows
 
 
@@ -262,7 +262,7 @@ def run_packed(
 ) -> list[dict]:
     """The packed batch: ``decay_attention`` (serving ``dispatch``'s picks where given,
     else the default config) and fla, each with ``cu_seqlens``, in the model form."""
-    from kernel import attention
+    from kernel.ops import decay_attention, serve
 
     offsets = packed.cu_seqlens()
     problem = Problem(1, packed.heads, offsets[-1], dk, dv, dtype)  # [1, T, H, D]
@@ -276,18 +276,16 @@ def run_packed(
     cu_long, cu_cpu = cu.long(), torch.tensor(offsets, dtype=torch.long)
     ref = refs.kernel_mimic(q, k, v, decay, 64, scale=scale, cu_seqlens=cu, output_final_state=True)
     rows = [_floor_row(shape, floor_ms, bandwidth)]
-    attention.use_table(dispatch)
+    serve.use_table(dispatch)
     try:
 
         def ours():
-            return attention.decay_attention(
-                q, k, v, decay, scale=scale, output_final_state=True, cu_seqlens=cu
-            )
+            return decay_attention(q, k, v, decay, scale=scale, output_final_state=True, cu_seqlens=cu)
 
         impl = "decay_attention" + (" (dispatch table)" if dispatch else " (default config)")
         rows.append(_row(shape, impl, None, ours, ref, floor_ms, log))
     finally:
-        attention.use_table(None)
+        serve.use_table(None)
     try:
         fla = lambda: fla_simple_gla(  # noqa: E731
             q, k, v, g_gamma, scale=scale, cu_seqlens=cu_long, cu_seqlens_cpu=cu_cpu
@@ -319,7 +317,7 @@ def bench_and_write(
     backward: bool = True,
 ) -> None:
     """Run the bench and write ``out``/bench.csv, bench.jsonl and bench.html; print a table."""
-    from reports.bench import figure
+    from reports.bench_figure import figure
 
     out.mkdir(parents=True, exist_ok=True)
     log = out / "bench.jsonl"

@@ -159,7 +159,7 @@ def _config(text: str, flag: str = "--enqueue") -> KernelConfig:
 
 def _configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:
     """The configs of best-config JSON files (``export``), to measure first."""
-    from kernel.deploy import read_export
+    from kernel.ops.deploy import read_export
 
     configs = []
     for path in paths:
@@ -346,7 +346,7 @@ def _log(study: "optuna.Study", folder: Path, note: str = "") -> None:
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
     """Tune several shapes, one resumable study each, and write the dispatch table: the
-    best config per shape, which ``kernel.dispatch.load_dispatch`` serves by shape (with
+    best config per shape, which ``kernel.ops.dispatch.load_dispatch`` serves by shape (with
     ``--backward``, for DK x DV and DV x DK)."""
     import torch
 
@@ -401,7 +401,7 @@ def _dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[
     DV; with ``--backward`` also at DV x DK (the dq sweep's shape) and the fused dk and dv
     sweep's (``--sweep dkdv``) where it serves the shape on ``arch``; with ``--sweep dkdv``
     only those."""
-    from kernel.dkdv import dkdv_config
+    from kernel.defaults import dkdv_config
 
     shapes = parse_shapes(args.shapes)
     swapped = args.backward and args.dk != args.dv
@@ -476,7 +476,7 @@ def table(frame: "pd.DataFrame", columns=TABLE) -> str:
     point, empty cells blank, each reason's first line whole."""
     import pandas as pd
 
-    from kernel.record import PARAMS
+    from kernel.trial_schema import PARAMS
 
     shown = frame.assign(
         config=[KernelConfig(**{k: row[k] for k in PARAMS}).label for _, row in frame.iterrows()],
@@ -555,7 +555,7 @@ def _out_file(args: argparse.Namespace, default: Path, suffixes: tuple[str, ...]
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Write the best-config JSON of a study (what ``kernel.deploy.load_kernel`` loads)."""
+    """Write the best-config JSON of a study (what ``kernel.ops.deploy.load_kernel`` loads)."""
     from tuner.export import export_best
 
     out = _out_file(args, _default_out(args, "best.json"), (".json",))
@@ -667,7 +667,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     backward and forward plus backward against fla's, each against its HBM floor."""
     import torch
 
-    from kernel.dispatch import load_dispatch
+    from kernel.ops.dispatch import load_dispatch
     from tuner.bench import bench_and_write
 
     shapes = parse_shapes(args.shapes)
@@ -748,7 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--backward",
         action="store_true",
         help="also tune DK and DV swapped, where they differ: the shape of the backward's dq "
-        "sweep, and of its dk sweep where dk and dv do not run fused (kernel.backward), so that "
+        "sweep, and of its dk sweep where dk and dv do not run fused (kernel.ops.backward), so that "
         "the table serves training",
     )
     sub.choices["run"].add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # of --gpus
@@ -794,8 +794,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kernel.deploy import ExportError
-
     try:
         args = build_parser().parse_args(argv)
         if getattr(args, "top", 1) < 1:
@@ -804,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         return args.func(args)
-    except (UsageError, ExportError, ValueError) as exc:
+    except (UsageError, ValueError) as exc:  # ExportError is a ValueError
         print(f"error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
     except KeyboardInterrupt:

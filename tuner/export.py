@@ -1,20 +1,20 @@
 """A study's results as the files a deployment loads: the best-config file
-(``kernel.deploy``) and the dispatch table (``kernel.dispatch``)."""
+(``kernel.ops.deploy``) and the dispatch table (``kernel.dispatch``)."""
 
 from pathlib import Path
 from typing import Any
 
 import optuna
 
-from kernel.deploy import FORMAT, VERSION
-from kernel.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
 from kernel.environment import write_json
-from kernel.record import TIMES
+from kernel.ops.deploy import FORMAT, VERSION
+from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
+from kernel.trial_schema import TIMES
 from tuner.trials import best_trials, trial_config
 
 
 def export_best(study: optuna.Study, path: Path, *, env: str | None = None, top: int = 5) -> dict[str, Any]:
-    """Write the versioned best-config JSON (``kernel.deploy``) for ``study``, of the trials
+    """Write the versioned best-config JSON (``kernel.ops.deploy``) for ``study``, of the trials
     measured in environment ``env`` (``tuner.trials.choose_env``; None: all); return it."""
     best = best_trials(study, env)
     if not best:
@@ -46,7 +46,7 @@ def export_best(study: optuna.Study, path: Path, *, env: str | None = None, top:
 
 
 def export_dispatch(studies: list[optuna.Study], path: Path, *, env: str | None = None) -> dict[str, Any]:
-    """Write the dispatch table (``kernel.dispatch.Dispatch``): the best config of each
+    """Write the dispatch table (``kernel.ops.dispatch.Dispatch``): the best config of each
     study measured in environment ``env`` (None: any), one entry per tuned shape (marked
     ``"sweep": "dkdv"`` for a study of the backward's fused sweep). All
     studies must be GPU studies measured in one environment; a study with no feasible

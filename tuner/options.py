@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from kernel.arch import ARCHS, DEFAULT_ARCH
-from kernel.config import HEADLINE, KernelConfig
-from kernel.dispatch import SWEEPS
+from kernel.config import HEADLINE, SWEEPS, KernelConfig
 from refs import TOLERANCE
 
 SAMPLERS = ("tpe", "nsga2", "gp", "grid")

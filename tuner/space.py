@@ -11,13 +11,14 @@ in registers), its block_dv (DV: the whole state in one block) and its scores (i
 memory), and leaves its stages and its segments to tune.
 """
 
-import math
+import dataclasses
 
 from optuna.distributions import CategoricalDistribution
 
 from kernel import dkdv
 from kernel.arch import DEFAULT_ARCH, get_arch
 from kernel.config import KernelConfig, Problem, config_grid, knob_choices
+from kernel.defaults import default_config, dkdv_config
 
 
 def choices(problem: Problem, sweep: str = "forward") -> dict[str, tuple]:
@@ -48,11 +49,11 @@ def violated(
     be no deeper than the chunks of one segment it overlaps, and the shared memory it
     needs at the least (``KernelConfig.smem_floor``; the fused sweep's,
     ``kernel.dkdv.smem_bytes``) must fit one block of ``arch``; the fused sweep must serve
-    the problem on ``arch`` (``kernel.dkdv.dkdv_config``)."""
+    the problem on ``arch`` (``kernel.defaults.dkdv_config``)."""
     reasons = []
     limit = get_arch(arch).smem_per_block
     floor = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else config.smem_floor(problem)
-    if sweep == "dkdv" and dkdv.dkdv_config(problem, arch) is None:
+    if sweep == "dkdv" and dkdv_config(problem, arch) is None:
         reasons.append(
             f"the fused dk and dv sweep does not serve DK x DV = {problem.dk} x {problem.dv} on {arch}"
         )
@@ -77,42 +78,23 @@ def grid(problem: Problem, sweep: str = "forward") -> list[KernelConfig]:
 def wave_seeds(
     problem: Problem, *, arch: str = DEFAULT_ARCH, sms: int | None = None, sweep: str = "forward"
 ) -> list[KernelConfig]:
-    """Configs worth measuring first: the family that won at every shape tuned on the H200
-    (64-token chunks, the widest block_dv up to 128, 256 threads, scores in shared memory,
-    2 or 3 stages), with the segment count whose grid is nearest one wave of blocks (one
-    per SM, as these configs' ~190 KB of shared memory allows), and its two neighbours.
-    ``sms``: the GPU's SM count; by default that of ``arch``'s reference GPU
-    (``kernel.arch.Arch.sms``), as a compile-only run assumes.
-
-    At the four shapes tuned on the H200 (8x16x4096, 2x16x16384, 1x8x32768, 4x16x8192) the
-    best config launched 128 blocks (experiments/h200/README.md, "retable"); at four shapes
-    outside that sample (1x16x16384, 4x8x8192, 1x4x65536, and 2x16x16384 at DK = DV = 64)
-    these seeds held the best of 23 trials ("oos"). Configs restricted on ``arch`` are left out; the
-    sampler explores everything else as before.
-
-    For the fused sweep: ``kernel.dkdv.dkdv_config``'s pick for that grid, and the segment
-    counts on either side of it.
-    """
-    blocks_per_wave = sms or get_arch(arch).sms
-    if sweep == "dkdv":
-        rule = dkdv.dkdv_config(problem, arch, blocks_per_wave)
-        if rule is None:
-            return []
-        counts = choices(problem, sweep)["segments"]
-        i = counts.index(rule.segments)
-        configs = [
-            KernelConfig(rule.chunk, rule.block_dv, rule.num_stages, rule.threads, rule.scores, n)
-            for n in (counts[i], *counts[max(0, i - 1) : i], *counts[i + 1 : i + 2])
-        ]
-        return [c for c in configs if not violated(problem, c, arch, sweep)]
-    block_dv = max(d for d in choices(problem)["block_dv"] if d <= 128)
-    lanes = problem.batch * problem.heads * (problem.dv // block_dv)
-    segments = choices(problem)["segments"]
-    one_wave = min(segments, key=lambda n: abs(math.log2(n * lanes / blocks_per_wave)))
-    i = segments.index(one_wave)
+    """Configs worth measuring first: the rule's config (``kernel.defaults``: the forward's
+    ``default_config``, the fused sweep's ``dkdv_config``), whose segment count gives the
+    grid nearest one wave of blocks (one per SM), then the segment counts on either side
+    of it; for the forward each also with 3 stages. ``sms``: the GPU's SM count; by
+    default that of ``arch``'s reference GPU (``kernel.arch.Arch.sms``), as a compile-only
+    run assumes. Configs restricted on ``arch`` are left out; the sampler explores
+    everything else as before."""
+    sms = sms or get_arch(arch).sms
+    rule = dkdv_config(problem, arch, sms) if sweep == "dkdv" else default_config(problem, arch, sms)
+    if rule is None:
+        return []
+    counts = choices(problem, sweep)["segments"]
+    i = counts.index(rule.segments)
+    stages = (rule.num_stages,) if sweep == "dkdv" else (rule.num_stages, 3)
     configs = [
-        KernelConfig(64, block_dv, stages, 256, "smem", n)
-        for n in segments[max(0, i - 1) : i + 2]
-        for stages in (2, 3)
+        dataclasses.replace(rule, segments=n, num_stages=s)
+        for n in (counts[i], *counts[max(0, i - 1) : i], *counts[i + 1 : i + 2])
+        for s in stages
     ]
-    return [c for c in configs if not violated(problem, c, arch)]
+    return [c for c in dict.fromkeys(configs) if not violated(problem, c, arch, sweep)]

@@ -46,13 +46,12 @@ import optuna
 from optuna.trial import TrialState
 
 from kernel.arch import resolve
-from kernel.backward import dkdv_call
 from kernel.builder import sm_count
-from kernel.config import SEED_CONFIG, KernelConfig, Problem, model_call
-from kernel.dkdv import dkdv_config
+from kernel.config import SEED_CONFIG, KernelConfig, Problem, dkdv_call, model_call
+from kernel.defaults import dkdv_config
 from kernel.environment import env_key, environment
-from kernel.record import MEASURES
 from kernel.resources import ProbeFailure, Resources, probe
+from kernel.trial_schema import MEASURES
 from tuner import space
 from tuner.claims import Claimed, Claims, Owned, interrupted, worker_index
 from tuner.options import Options, UsageError

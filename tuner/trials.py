@@ -12,7 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from kernel.config import KernelConfig
 from kernel.environment import ENVIRONMENT_KEYS, env_key, replacing
-from kernel.record import MEASURES, PARAMS, RESOURCES, TRIAL_COLUMNS
+from kernel.trial_schema import MEASURES, PARAMS, RESOURCES, TRIAL_COLUMNS
 from tuner.options import UsageError
 
 # The knobs' defaults: a study made before a knob existed ran it at its default

@@ -27,10 +27,10 @@ only where ``|dHT| > 3e38 scale a``). The decay is not learned: no gradient for 
 The dk sweep's state is the dv sweep's transposed, so ``kernel.dkdv`` carries it once and
 writes both: from the dv sweep's start, with its final state, and with its own config:
 the table's entry for it where ``dispatch --backward`` tuned one (``--sweep dkdv``), else
-``kernel.dkdv.dkdv_config``'s rule.
+``kernel.defaults.dkdv_config``'s rule.
 
 ``backward`` takes the forward as ``sweep`` so that the same algebra runs on the GPU kernel
-(``kernel.attention``) and, in the tests, on the fp64 references, whose reversed sweep is
+(``kernel.ops.attention``) and, in the tests, on the fp64 references, whose reversed sweep is
 the forward on reversed copies of the tokens.
 """
 
@@ -104,10 +104,3 @@ def sweep_calls(problem: Problem, call: Call, fused: bool = False) -> list[tuple
     dk = (swapped, Call(scale, call.final_state, False, packed, reverse=True))
     dv = (problem, Call(scale, call.final_state, call.initial_state, packed, reverse=True, dkdv=fused))
     return [dq, dv] if fused else [dq, dk, dv]
-
-
-def dkdv_call(problem: Problem) -> Call:
-    """What the tuner measures of the backward's fused dk and dv sweep (``kernel.dkdv``,
-    ``tuner run --sweep dkdv``): the sweep of a model call's backward, with its scale, from no
-    final-state gradient and with no initial state, as the bench's backward rows run it."""
-    return Call(scale=problem.dk**-0.5, reverse=True, dkdv=True)

@@ -1,6 +1,6 @@
 """How big and how slow is a report of a large study? A synthetic trial log answers.
 
-``python -m reports.benchmark --trials 1000`` builds the trial log of a study of that many
+``python -m reports.stress --trials 1000`` builds the trial log of a study of that many
 trials directly (no compiler, no GPU, no Optuna study: the frame ``tuner.trials.trials_frame``
 would return, with the same columns), writes its report, and opens it in headless Chromium
 a few times: the HTML size, the time to render it, and the browser's load time (navigation
@@ -25,7 +25,7 @@ import pandas as pd
 from kernel.arch import ARCHS
 from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, knob_choices
 from kernel.environment import ENVIRONMENT_KEYS
-from kernel.record import TRIAL_COLUMNS
+from kernel.trial_schema import TRIAL_COLUMNS
 from refs import TOLERANCE
 from reports.data import StudyInfo
 
@@ -196,7 +196,7 @@ def measure(n_trials: int, out: Path, *, loads: int = 3) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m reports.benchmark",
+        prog="python -m reports.stress",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

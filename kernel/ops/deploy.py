@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kernel.builder import ScalarDecayKernel, build
 from kernel.config import KernelConfig, Problem
 from kernel.environment import environment, mismatches
 
@@ -100,8 +101,8 @@ def check_environment(path: str | Path, saved: dict[str, Any]) -> None:
         )
 
 
-def load_kernel(path: str | Path, *, problem: Problem | None = None, allow_mismatch: bool = False):
+def load_kernel(
+    path: str | Path, *, problem: Problem | None = None, allow_mismatch: bool = False
+) -> ScalarDecayKernel:
     """Load a best-config file into a kernel ready to call (``kernel.build``)."""
-    from kernel.builder import build
-
     return build(*load_config(path, problem=problem, allow_mismatch=allow_mismatch))

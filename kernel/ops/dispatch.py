@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
-from kernel.deploy import ExportError, check_environment, read_versioned
+from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay
+from kernel.config import SWEEPS, KernelConfig, Problem
+from kernel.defaults import nearest_grid, runs, shorter_pipeline
+from kernel.ops.deploy import ExportError, check_environment, read_versioned
 
 DISPATCH_FORMAT = "decay-tuner/dispatch"
 DISPATCH_VERSION = 1
-SWEEPS = ("forward", "dkdv")  # the kernels an entry may hold a config of
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class Dispatch:
         config = same_wave(nearest, problem)
         if config is None:  # a sequence too short for the pipeline: the single-pass kernel
             single = dataclasses.replace(nearest.config, segments=1)
-            return DispatchEntry(nearest.problem, _shorter_pipeline(single, problem), None, sweep)
+            return DispatchEntry(nearest.problem, shorter_pipeline(single, problem), None, sweep)
         return nearest if config == nearest.config else DispatchEntry(nearest.problem, config, None, sweep)
 
     def fused(self, problem: Problem) -> KernelConfig | None:
@@ -90,11 +91,9 @@ class Dispatch:
         except ExportError:
             return None
 
-    def kernel(self, problem: Problem):
+    def kernel(self, problem: Problem) -> ScalarDecayKernel:
         """The built kernel for ``problem`` (compiled on first use, then cached)."""
         if problem not in self._kernels:
-            from kernel.builder import build
-
             self._kernels[problem] = build(problem, self.pick(problem).config)
         return self._kernels[problem]
 
@@ -103,8 +102,6 @@ class Dispatch:
 
         ``decay``: a float for every head, or an fp32 ``[H]`` tensor of one per head, on
         q's device (default: RetNet's, ``kernel.config.retnet_decay``)."""
-        from kernel.builder import TORCH_DTYPES, constant_decay
-
         dtypes = {torch_dtype: name for name, torch_dtype in TORCH_DTYPES.items()}
         if q.dim() != 4 or v.dim() != 4:
             raise ValueError(f"q and v must be [B, S, H, D], got {list(q.shape)} and {list(v.shape)}")
@@ -125,47 +122,9 @@ def same_wave(entry: DispatchEntry, problem: Problem) -> KernelConfig | None:
     itself when it runs ``problem`` with that many blocks already; ``None`` when no count
     runs ``problem``."""
     tuned = entry.config.blocks(entry.problem)
-    if _runs(entry.config, problem) and entry.config.blocks(problem) == tuned:
+    if runs(entry.config, problem) and entry.config.blocks(problem) == tuned:
         return entry.config
     return nearest_grid(entry.config, problem, tuned)
-
-
-def nearest_grid(config: KernelConfig, problem: Problem, blocks: int) -> KernelConfig | None:
-    """``config`` with the segment count whose grid on ``problem`` comes nearest, in log2,
-    to ``blocks``; ``None`` when no count runs ``problem``. A tie goes to fewer segments,
-    which read K and V less often."""
-    runnable = [
-        c for c in (dataclasses.replace(config, segments=n) for n in SEGMENT_COUNTS) if _runs(c, problem)
-    ]
-    if not runnable:
-        return None
-    return min(runnable, key=lambda c: (abs(math.log2(c.blocks(problem) / blocks)), c.segments))
-
-
-def default_config(problem: Problem, sms: int) -> KernelConfig:
-    """The config served where nothing was tuned: the family that won at every shape tuned
-    on the H200 (64-token chunks, the widest block_dv up to 128, 2 stages, 256 threads,
-    scores in shared memory) with the segment count nearest one block per SM. Past DK = 128
-    block_dv narrows to keep the block's state at 128 x 128 (at DK = 256, block_dv 128
-    spills: what the dq and dk sweeps of a backward with DV = 2 DK meet)."""
-    widest = max(16, min(problem.dv, 128, 128 * 128 // problem.dk))
-    block_dv = max(d for d in range(16, widest + 1, 16) if problem.dv % d == 0)
-    base = KernelConfig(64, block_dv, 2, 256, "smem", 1)
-    return nearest_grid(base, problem, sms) or _shorter_pipeline(base, problem)
-
-
-def _runs(config: KernelConfig, problem: Problem) -> bool:
-    """Whether ``config`` tiles ``problem`` with a pipeline no deeper than a segment."""
-    try:
-        config.check_fits(problem)
-    except ValueError:
-        return False
-    return config.pipeline_fits(problem)
-
-
-def _shorter_pipeline(config: KernelConfig, problem: Problem) -> KernelConfig:
-    chunks = max(1, config.segment_length(problem.seqlen) // config.chunk)
-    return dataclasses.replace(config, num_stages=min(config.num_stages, chunks))
 
 
 def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch:

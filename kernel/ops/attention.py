@@ -1,0 +1,263 @@
+"""The forward a model calls: ``decay_attention``, a drop-in for the forward of fla's
+``chunk_simple_gla`` for a constant decay per head, registered as the torch custom op
+``decay_tuner::decay_attention`` so that it runs under ``torch.compile(fullgraph=True)``
+and inside a captured CUDA graph. It is differentiable in q, k, v and the initial state:
+its autograd rule is the op ``decay_tuner::decay_attention_backward``, sweeps of the same
+kernel (``kernel.ops.backward``; dk and dv in one where ``kernel.dkdv`` serves). Called
+eagerly on real tensors, the same two implementations run under a plain
+``torch.autograd.Function`` instead, without the host time of torch's dispatch of the
+ops; there a split forward also keeps the state entering each segment for the
+backward's dq sweep (``_gradients``), which the ops do not.
+
+fla's arguments map one to one: ``g_gamma`` (log-decay per head) is ``log(decay)``, i.e.
+``decay = exp(g_gamma)``; ``scale``, ``initial_state`` and ``output_final_state`` mean the
+same, and the state is fp32 ``[B, H, DK, DV]`` in both; ``cu_seqlens`` packs sequences as
+fla's does (q, k, v ``[1, T, H, D]``, states ``[N, H, DK, DV]``).
+"""
+
+from typing import Any, NamedTuple
+
+import torch
+
+from kernel.config import Call, KernelConfig, Problem
+from kernel.ops import inputs
+from kernel.ops.backward import backward
+from kernel.ops.serve import fuses_here, kernel_for
+from kernel.variants import same_segments
+
+# A split forward's config and the state entering each of its segments, which the
+# backward's dq sweep reads instead of computing them again.
+Split = tuple[KernelConfig, torch.Tensor]
+
+
+def decay_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: float | torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``o_t = (scale * q_t) S_t`` with ``S_t = decay_h * S_{t-1} + k_t^T v_t`` per head.
+
+    Args:
+        q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; float16 or bfloat16 CUDA tensors.
+        decay: a float in (0, 1], or a tensor ``[H]`` of one alpha per head in (0, 1].
+        scale: multiplies the queries (default ``DK ** -0.5``, as fla).
+        initial_state: fp32 ``[B, H, DK, DV]``, the state before the first token (default zero).
+        output_final_state: return the state after the last token.
+        cu_seqlens: packed sequences, an int32 (or int64) tensor ``[N + 1]`` of offsets
+            from 0 to T, strictly increasing, with q, k, v ``[1, T, H, D]`` and states
+            ``[N, H, DK, DV]``; no state crosses from one sequence to the next.
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, S, H, DV]`` in q's dtype, and the fp32
+        ``[B, H, DK, DV]`` state after the last token when ``output_final_state``, else None.
+
+    A wrong input raises ``ValueError`` before anything is launched.
+    """
+    if scale is None:  # a q that is no tensor is refused with the other checks
+        scale = q.shape[-1] ** -0.5 if isinstance(q, torch.Tensor) else 1.0
+    alpha, per_head = (float(decay), None) if isinstance(decay, (int, float)) else (1.0, decay)
+    args = (q, k, v, per_head, alpha, float(scale), initial_state, output_final_state, cu_seqlens)
+    # Traced (torch.compile, fake or meta tensors): the op, whose fake implementation gives
+    # the shapes. Called on real tensors: the same implementation, without the op's dispatch.
+    traced = torch.compiler.is_compiling() or (
+        isinstance(q, torch.Tensor) and (type(q) is not torch.Tensor or q.is_meta)
+    )
+    o, final = (torch.ops.decay_tuner.decay_attention if traced else _Eager.apply)(*args)
+    return o, (final if output_final_state else None)
+
+
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor | None,
+    alpha: float,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's implementation: ``(o, final)``, final an empty ``(0,)`` tensor unless
+    ``output_final_state``."""
+    o, final, _ = _forward(q, k, v, decay, alpha, scale, initial_state, output_final_state, cu_seqlens)
+    return o, final
+
+
+def _forward(*args: Any) -> tuple[torch.Tensor, torch.Tensor, Split | None]:
+    """``_attention``, and the forward's ``Split`` where it ran split."""
+    q, k, v, decay, alpha, scale, initial_state, output_final_state, cu_seqlens = args
+    problem = inputs.check_qkv(q, k, v)
+    decay = inputs.decay_tensor(decay, alpha, problem.heads, q.device)
+    sequences = problem.batch
+    if cu_seqlens is not None:
+        cu_seqlens = inputs.check_offsets(cu_seqlens, problem, q.device)
+        sequences = cu_seqlens.numel() - 1
+    inputs.check_state(initial_state, problem, sequences, q.device)
+    call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None)
+    final = _empty_state(q, problem, sequences, output_final_state)
+    kern = kernel_for(problem, call, sequences)
+    o, states = kern.run(  # checked above: no second check
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        decay,
+        initial_state=None if initial_state is None else initial_state.contiguous(),
+        final_state=final if output_final_state else None,
+        cu_seqlens=cu_seqlens,
+    )
+    return o, final, (None if states is None else (kern.config, states))
+
+
+_attention_op = torch.library.custom_op("decay_tuner::decay_attention", mutates_args=())(_attention)
+
+
+@_attention_op.register_fake
+def _(q, k, v, decay, alpha, scale, initial_state, output_final_state, cu_seqlens):
+    b, s, h, dk = q.shape
+    n = b if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    final = q.new_empty((n, h, dk, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
+    return q.new_empty(b, s, h, v.shape[-1]), final
+
+
+class _Grads(NamedTuple):
+    """What the backward reads: the forward's checked inputs and the outputs' gradients."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    decay: torch.Tensor | None
+    alpha: float
+    scale: float
+    initial_state: torch.Tensor | None
+    dht: torch.Tensor | None
+    cu_seqlens: torch.Tensor | None
+
+
+def _backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    decay: torch.Tensor | None,
+    alpha: float,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    dht: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward op's implementation: ``(dq, dk, dv, dH0)`` by the kernel's sweeps
+    (``kernel.ops.backward``) on the inputs the forward checked; dH0 is an empty ``(0,)``
+    tensor where the forward took no state."""
+    return _sweeps(_Grads(q, k, v, do, decay, alpha, scale, initial_state, dht, cu_seqlens), None)
+
+
+def _sweeps(g: _Grads, split: Split | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_backward``, given the forward's ``Split`` where it ran split (an eager call
+    keeps it): the dq sweep, the forward on (dO, V, K), has the forward's states
+    transposed, so where it cuts the sequence into the same segments it reads them and
+    runs its outputs kernel alone."""
+    decay = inputs.decay_tensor(g.decay, g.alpha, g.q.shape[2], g.q.device)
+    cu = None if g.cu_seqlens is None else g.cu_seqlens.to(torch.int32)
+    q, k, v, do = (x.contiguous() for x in (g.q, g.k, g.v, g.do))
+    problem = inputs.shape_problem(q.shape, v.shape[-1], q.dtype)
+    sequences = problem.batch if cu is None else cu.numel() - 1
+    scale = g.scale
+
+    def sweep(q_, k_, v_, h0, want_final, offsets, reverse):
+        p = inputs.shape_problem(q_.shape, v_.shape[-1], q_.dtype)
+        call = Call(scale, h0 is not None, want_final, offsets is not None, reverse)
+        final = _empty_state(q, p, sequences, True) if want_final else None
+        kern, states = kernel_for(p, call, sequences), None
+        if split is not None and not reverse and same_segments(kern.config, split[0], p.seqlen):
+            states = split[1].transpose(-1, -2).contiguous()  # the dq sweep's states
+        return kern.run(q_, k_, v_, decay, h0, final, None, offsets, states)[0], final
+
+    def fused(q_, k_, v_, do_, start, want_final, offsets):
+        call = Call(scale, start is not None, want_final, offsets is not None, reverse=True, dkdv=True)
+        final = _empty_state(q, problem, sequences, True) if want_final else None
+        return *kernel_for(problem, call, sequences).run_dkdv(
+            q_, k_, v_, do_, decay, start, final, offsets
+        ), final
+
+    dq, dk, dv, dh0 = backward(
+        sweep,
+        q,
+        k,
+        v,
+        do,
+        decay,
+        scale,
+        initial_state=None if g.initial_state is None else g.initial_state.contiguous(),
+        dht=g.dht,
+        cu_seqlens=cu,
+        want_dh0=g.initial_state is not None,
+        fused=fused if fuses_here(problem) else None,
+    )
+    return dq, dk, dv, (torch.empty(0, dtype=torch.float32, device=q.device) if dh0 is None else dh0)
+
+
+_backward_op = torch.library.custom_op("decay_tuner::decay_attention_backward", mutates_args=())(_backward)
+
+
+@_backward_op.register_fake
+def _(q, k, v, do, decay, alpha, scale, initial_state, dht, cu_seqlens):
+    dh0 = (
+        torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0, dtype=torch.float32)
+    )
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dh0
+
+
+def _setup_backward(ctx: Any, inputs: tuple, output: tuple, split: Split | None = None) -> None:
+    q, k, v, decay, alpha, scale, initial_state, _, cu_seqlens = inputs
+    config, states = (None, None) if split is None else split
+    ctx.save_for_backward(q, k, v, decay, initial_state, cu_seqlens, states)
+    ctx.alpha, ctx.scale, ctx.split_config = alpha, scale, config
+
+
+def _gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None, op: Any = None) -> tuple:
+    """The autograd rule of ``decay_attention``: gradients for q, k, v and the initial state;
+    none for the decay (not learned) or the offsets. ``op``: the backward op, which
+    ``torch.compile`` traces; None, its implementation, with the forward's split."""
+    q, k, v, decay, initial_state, cu_seqlens, states = ctx.saved_tensors
+    do = torch.zeros_like(v) if do is None else do
+    dht = dfinal if dfinal is not None and dfinal.numel() else None  # the (0,) stand-in: no state
+    g = _Grads(q, k, v, do, decay, ctx.alpha, ctx.scale, initial_state, dht, cu_seqlens)
+    if op is not None:
+        dq, dk, dv, dh0 = op(*g)
+    else:
+        dq, dk, dv, dh0 = _sweeps(g, None if states is None else (ctx.split_config, states))
+    return dq, dk, dv, None, None, None, (dh0 if initial_state is not None else None), None, None
+
+
+def _op_gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple:
+    return _gradients(ctx, do, dfinal, torch.ops.decay_tuner.decay_attention_backward)
+
+
+torch.library.register_autograd("decay_tuner::decay_attention", _op_gradients, setup_context=_setup_backward)
+
+
+class _Eager(torch.autograd.Function):
+    """The two implementations and the autograd rule of the ops, without torch's dispatch
+    of them: what an eager call runs."""
+
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        o, final, split = _forward(*args)
+        _setup_backward(ctx, args, (o, final), split)
+        return o, final
+
+    @staticmethod
+    def backward(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple:
+        return _gradients(ctx, do, dfinal)
+
+
+def _empty_state(q: torch.Tensor, problem: Problem, sequences: int, wanted: bool) -> torch.Tensor:
+    shape = (sequences, problem.heads, problem.dk, problem.dv) if wanted else (0,)
+    return torch.empty(shape, dtype=torch.float32, device=q.device)

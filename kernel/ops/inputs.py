@@ -1,0 +1,129 @@
+"""The checks of a ``decay_attention`` call: one ``ValueError`` naming the expected and the
+actual value, before anything is launched."""
+
+import functools
+import math
+import weakref
+from typing import Any
+
+import torch
+
+from kernel.builder import TORCH_DTYPES, constant_decay
+from kernel.config import Problem
+
+DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+# id -> (weak reference, version) of the decay and cu_seqlens tensors whose values passed
+# their check: the check waits for the GPU, so a model's buffers pay it once.
+_CHECKED: dict[int, tuple[weakref.ref, int]] = {}
+
+
+@functools.lru_cache(maxsize=256)
+def shape_problem(q_shape: torch.Size, dv: int, dtype: torch.dtype) -> Problem:
+    """The problem of checked tensors (q's shape, v's last dimension, their dtype)."""
+    b, s, h, dk = q_shape
+    return Problem(b, h, s, dk, dv, DTYPE_NAMES[dtype])
+
+
+def check_qkv(q: Any, k: Any, v: Any) -> Problem:
+    """The shape of the call: q, k ``[B, S, H, DK]`` and v ``[B, S, H, DV]``, fp16 or bf16
+    CUDA tensors of one dtype and device."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-d tensor [B, S, H, D], got {_describe(t)}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+    if q.dtype not in DTYPE_NAMES:
+        raise ValueError(f"q must be float16 or bfloat16, got {q.dtype}")
+    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"k must be shaped as q {list(q.shape)} and v [B, S, H, DV]; got {list(k.shape)}, {list(v.shape)}"
+        )
+    if not (k.dtype == v.dtype == q.dtype) or not (k.device == v.device == q.device):
+        got = ", ".join(f"{t.dtype} on {t.device}" for t in (q, k, v))
+        raise ValueError(f"q, k, v must share dtype and device, got {got}")
+    return shape_problem(q.shape, v.shape[-1], q.dtype)
+
+
+def decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: torch.device) -> torch.Tensor:
+    """The fp32 ``[H]`` decay the kernels read: ``decay``, or ``alpha`` for every head where
+    it is None, checked to lie in (0, 1]."""
+    if decay is None:
+        if not (math.isfinite(alpha) and 0.0 < alpha <= 1.0):
+            raise ValueError(f"decay must be in (0, 1], got {alpha}")
+        return constant_decay(alpha, heads, device)
+    if decay.shape != (heads,):
+        raise ValueError(
+            f"decay must be a float or a tensor of {heads} alphas [H], got shape {list(decay.shape)}"
+        )
+    if not decay.is_floating_point():
+        raise ValueError(f"decay must be a floating-point tensor, got {decay.dtype}")
+    if decay.device != device:
+        raise ValueError(f"decay is on {decay.device} but q is on {device}")
+    alphas = decay.to(torch.float32).contiguous()
+    # The values as the kernels read them, checked once per caller's tensor and version
+    # (a decay of another dtype is cast anew on every call), never while a graph is captured.
+    if not _checked_before(decay) and not torch.cuda.is_current_stream_capturing():
+        bad = ~((alphas > 0) & (alphas <= 1))
+        if bool(bad.any()):
+            head = int(bad.nonzero()[0])
+            raise ValueError(
+                f"decay must lie in (0, 1] for every head, got {alphas[head].item()} at head {head}"
+            )
+        _remember(decay)
+    return alphas
+
+
+def check_offsets(cu_seqlens: torch.Tensor, problem: Problem, device: torch.device) -> torch.Tensor:
+    """The int32 offsets the packed kernel reads: ``[N + 1]``, 0 first, T last, strictly
+    increasing (values checked once per tensor and version, as the decay's are)."""
+    if problem.batch != 1:
+        raise ValueError(f"with cu_seqlens, q, k, v must be [1, T, H, D], got a batch of {problem.batch}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            "cu_seqlens must be an int32 or int64 tensor [N + 1], "
+            f"got {cu_seqlens.dtype} {list(cu_seqlens.shape)}"
+        )
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {device}")
+    if not _checked_before(cu_seqlens) and not torch.cuda.is_current_stream_capturing():
+        offsets = cu_seqlens.tolist()
+        steps = [b - a for a, b in zip(offsets, offsets[1:])]
+        if offsets[0] != 0 or offsets[-1] != problem.seqlen or min(steps) < 1:
+            raise ValueError(
+                f"cu_seqlens must rise strictly from 0 to T = {problem.seqlen}, got {_clip(offsets)}"
+            )
+        _remember(cu_seqlens)
+    return cu_seqlens.to(torch.int32).contiguous()
+
+
+def check_state(state: torch.Tensor | None, problem: Problem, sequences: int, device: torch.device) -> None:
+    """An initial state is fp32 ``[B, H, DK, DV]``, or ``[N, H, DK, DV]`` for N packed sequences."""
+    if state is None:
+        return
+    shape = [sequences, problem.heads, problem.dk, problem.dv]
+    if list(state.shape) != shape or state.dtype != torch.float32:
+        what = "[N, H, DK, DV] for N packed sequences" if sequences != problem.batch else "[B, H, DK, DV]"
+        raise ValueError(
+            f"initial_state must be float32 {shape} {what}, got {state.dtype} {list(state.shape)}"
+        )
+    if state.device != device:
+        raise ValueError(f"initial_state is on {state.device} but q is on {device}")
+
+
+def _checked_before(tensor: torch.Tensor) -> bool:
+    """Whether this tensor's values, unchanged since, passed their check (``_remember``)."""
+    seen = _CHECKED.get(id(tensor))
+    return seen is not None and seen[0]() is tensor and seen[1] == tensor._version
+
+
+def _remember(tensor: torch.Tensor) -> None:
+    key = id(tensor)
+    _CHECKED[key] = (weakref.ref(tensor, lambda _: _CHECKED.pop(key, None)), tensor._version)
+
+
+def _clip(values: list[int]) -> str:
+    return str(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:4]))}, ..., {values[-1]}]"
+
+
+def _describe(x: Any) -> str:
+    return f"shape {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
