@@ -56,7 +56,7 @@ ARCHS: dict[str, Arch] = {
         Arch("sm_120", (12, 0), 101_376, 170, False, False, "RTX 5090, RTX PRO 6000"),
     )
 }
-# The target of a compile-only run on a machine without a GPU, as before issue 19.
+# The target of a compile-only run on a machine without a GPU.
 DEFAULT_ARCH = "sm_90a"
 
 

@@ -6,10 +6,7 @@ plus backward through autograd) times the host too, unevenly: the GPU waits for 
 whenever the host falls behind. ``time_gpu(host_ahead=True)`` queues a GPU sleep before each
 repetition's start event, twice the host's time per call, so that the whole call is queued
 before the GPU reaches it: the kernels' time alone, and the host's (``host_time``)
-reported beside it. At 8x16x4096 (fifth backward session,
-``experiments/h200/backward/gap_cause.py``) forward plus backward timed 0.50-0.57 ms for
-ours and 1.67-1.89 ms for fla's plainly, from one timing to the next, and 0.504-0.510 and
-1.672-1.673 ms with the sleep; the host took 0.44-0.62 and 1.59-2.23 ms per call."""
+reported beside it (measured: ``experiments/h200/backward/``, ``gap_cause.py``)."""
 
 import functools
 import time

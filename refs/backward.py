@@ -1,4 +1,4 @@
-"""Reference E: the backward pass of the chunked form, in float64 (issue 18).
+"""Reference E: the backward pass of the chunked form, in float64.
 
 The forward of one chunk (``refs.chunk``, ``Q`` already scaled) is
 ``O = (Q * w_query) @ S_prev + ((Q K^T) * Gamma) @ V`` and

@@ -194,10 +194,8 @@ def run_backward(
     backward of ``decay_attention`` (serving ``dispatch``'s picks for its sweeps,
     ``kernel.ops.backward``) and of fla's ``chunk_simple_gla``, with the same arguments (RetNet's
     decays, scale, no state), each row's gradients checked against reference E. Their
-    kernels compile first, in parallel processes: compiled inside the timing process, the
-    backward at 8x16x4096 timed 0.567 ms (p20 0.48, p80 0.68) in one H200 run, against
-    0.380 ms (0.369, 0.382) compiled ahead on the next machine
-    (experiments/h200/backward/README.md, fourth session)."""
+    kernels compile first, in parallel processes, never inside the timing process, where a
+    compile slows the timings (measured: experiments/h200/backward/README.md)."""
     from kernel.ops import decay_attention, serve
 
     rows = []

@@ -1,4 +1,4 @@
-"""The backward pass (issue 18): three sweeps of the forward kernel, or one sweep of it and
+"""The backward pass: three sweeps of the forward kernel, or one sweep of it and
 the fused dk and dv sweep (``kernel.dkdv``) where that serves the problem.
 
 With ``o_t = scale q_t S_t``, ``S_t = a S_{t-1} + k_t^T v_t`` and ``S_{-1} = H0`` (the
