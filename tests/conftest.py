@@ -1,9 +1,11 @@
-"""Test set-up: the gpu marker, and a PostgreSQL server of the session's own."""
+"""Test set-up: the gpu marker, a temporary studies folder for every test, and a
+PostgreSQL server of the session's own."""
 
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +25,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def studies_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The studies folder of this test, a temporary one (never the checkout's ``studies/``),
+    for the processes it starts (``DECAY_TUNER_STUDIES``) and in this one: every loaded
+    module's ``STUDIES_DIR``, which ``tuner.options`` reads from the environment at import
+    and other modules import from it."""
+    folder = tmp_path_factory.mktemp("studies")
+    monkeypatch.setenv("DECAY_TUNER_STUDIES", str(folder))
+    for module in list(sys.modules.values()):
+        if isinstance(getattr(module, "STUDIES_DIR", None), Path):
+            monkeypatch.setattr(module, "STUDIES_DIR", folder)
+    return folder
 
 
 def _pg_bin() -> Path | None:
