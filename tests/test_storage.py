@@ -3,20 +3,25 @@
 import json
 import os
 import socket
+import time
 
 import optuna
 import pytest
 from helpers import SMALL_PROBLEM
 
 from kernel import Problem
+from tuner.cli import main
 from tuner.options import UsageError
 from tuner.storage import (
+    HEARTBEAT_ATTR,
     default_study_name,
     export_dir,
     fail_interrupted,
     get_storage,
     load_study,
     open_study,
+    record_heartbeat,
+    unfinished_summary,
 )
 
 
@@ -230,3 +235,65 @@ def test_a_study_opens_in_optuna_dashboard(kind, tmp_path):
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.mark.parametrize("url", ["journal:{}/no/dir/j.log", "{}/no/dir/j.log"])
+def test_a_file_storage_in_a_missing_folder_exits_2_and_makes_none(url, tmp_path, capsys):
+    argv = ["run", "--batch", "1", "--heads", "2", "--seqlen", "256", "--dk", "64", "--dv", "64"]
+    assert main([*argv, "--storage", url.format(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no folder") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_studies_folder_is_made_for_a_journal_in_it(studies_dir):
+    from optuna.storages import JournalStorage
+
+    studies_dir.rmdir()
+    assert isinstance(get_storage(f"journal:{studies_dir / 'decay-tuner.journal'}"), JournalStorage)
+    assert studies_dir.is_dir()
+
+
+@pytest.mark.parametrize("command", ["run", "trials"])
+def test_a_file_that_is_no_storage_exits_2_saying_so(command, tmp_path, capsys):
+    bad = tmp_path / "bad.log"
+    bad.write_bytes(bytes([0xD1, 0x00, 0xFF, 0x80]) * 64)
+    for url in (str(bad), f"journal:{bad}"):
+        assert main([command, "--storage", url, "--no-progress"][: 3 + (command == "run")]) == 2
+        err = capsys.readouterr().err
+        assert "is neither an Optuna journal file nor an SQLite database" in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_the_summary_counts_queued_running_and_dead_trials_apart(kind, tmp_path):
+    """WAITING trials are queued; RUNNING ones are another worker's while it lives, a dead
+    worker's once its process is gone from this host or its heartbeat is stale."""
+    if kind == "journal":
+        storage = get_storage(f"journal:{tmp_path / 'j.log'}")
+    else:
+        storage = get_storage(f"sqlite:///{tmp_path / 'db.sqlite'}", heartbeat_s=1, grace_s=1)
+    study = optuna.create_study(study_name="s", storage=storage)
+    dead_pid = os.fork()
+    if dead_pid == 0:
+        os._exit(0)
+    os.waitpid(dead_pid, 0)
+    stale, gone, live = (study.ask() for _ in range(3))
+    for trial, pid in ((stale, 1), (gone, dead_pid), (live, os.getpid())):
+        trial.set_user_attr("host", socket.gethostname() if trial is not stale else "elsewhere")
+        trial.set_user_attr("pid", pid)
+    if kind == "journal":
+        storage.set_trial_system_attr(stale._trial_id, HEARTBEAT_ATTR, time.time() - 100)
+    else:
+        record_heartbeat(storage, stale._trial_id)
+        time.sleep(2.2)  # past the grace period of 1 s
+    for trial in (gone, live):
+        record_heartbeat(storage, trial._trial_id)
+    for n in (1, 2):
+        study.enqueue_trial({"x": n}, skip_if_exists=False)
+    assert unfinished_summary(study, grace_s=60) == (
+        "2 queued for the next run, 1 running in another worker, 2 left by a dead worker"
+    )
+    for trial in (stale, gone, live, study.ask(), study.ask()):
+        study.tell(trial, 1.0)
+    assert unfinished_summary(study, grace_s=60) == ""

@@ -18,6 +18,7 @@ then queues its config again (``fail_stale``).
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import socket
 import time
@@ -135,14 +136,31 @@ def _missing(url: str) -> UsageError:
 
 
 def _journal(path: str, create: bool) -> BaseStorage:
+    """The journal file ``path``; a ``UsageError`` for a file that is no journal, or a folder
+    that does not exist (only the studies folder is made, where missing)."""
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     file = Path(path)
     if not create and not file.is_file():
         raise _missing(path)
-    file.parent.mkdir(parents=True, exist_ok=True)
+    if file.is_file() and not _journal_like(file):
+        raise UsageError(f"{path!r} is neither an Optuna journal file nor an SQLite database")
+    if file.parent.resolve() == STUDIES_DIR.resolve():
+        file.parent.mkdir(parents=True, exist_ok=True)
+    elif not file.parent.is_dir():
+        raise UsageError(f"no folder {str(file.parent)!r} for the journal file {path!r}: make it first")
     # Optuna's default lock (a symlink), the one optuna-dashboard and Optuna scripts take too.
     return JournalStorage(JournalFileBackend(str(file)))
+
+
+def _journal_like(file: Path) -> bool:
+    """Whether ``file`` is empty or starts as an Optuna journal does: a line of JSON."""
+    with file.open("rb") as f:
+        first = f.readline()
+    try:
+        return not first or isinstance(json.loads(first), dict)
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return False
 
 
 def _grpc(target: str) -> BaseStorage:
@@ -336,6 +354,45 @@ def fail_stale(study: optuna.Study, grace_s: float) -> int:
         if beat is not None and now - beat > grace_s:
             count += interrupt(study, t, f"no heartbeat for {now - beat:.0f} s: its worker died")
     return count
+
+
+def _stale_ids(study: optuna.Study, grace_s: float) -> set[int]:
+    """Ids of the RUNNING trials whose heartbeat is older than ``grace_s`` (the storage's own
+    grace period where it keeps Optuna's heartbeats)."""
+    storage = study._storage
+    if optuna.storages._heartbeat.is_heartbeat_enabled(storage):
+        return set(storage._get_stale_trial_ids(study._study_id))  # type: ignore[attr-defined]
+    now = time.time()
+    return {
+        t._trial_id
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if now - t.system_attrs.get(HEARTBEAT_ATTR, now) > grace_s
+    }
+
+
+def unfinished_summary(study: optuna.Study, grace_s: float) -> str:
+    """The study's unfinished trials counted apart, e.g. "2 queued for the next run, 1
+    running in another worker, 1 left by a dead worker" (dead: its process is gone from
+    this host, or its heartbeat is older than ``grace_s``); empty when every trial is finished."""
+    host, stale = socket.gethostname(), _stale_ids(study, grace_s)
+    queued = running = dead = 0
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.WAITING:
+            queued += 1
+        elif t.state == TrialState.RUNNING:
+            pid = t.user_attrs.get("pid")
+            if t._trial_id in stale or (
+                t.user_attrs.get("host") == host and pid is not None and not _alive(pid)
+            ):
+                dead += 1
+            else:
+                running += 1
+    counts = (
+        (queued, "queued for the next run"),
+        (running, "running in another worker"),
+        (dead, "left by a dead worker"),
+    )
+    return ", ".join(f"{n} {what}" for n, what in counts if n)
 
 
 def fail_interrupted(study: optuna.Study) -> int:
