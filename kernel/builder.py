@@ -1,10 +1,16 @@
 """Build a callable kernel for one (problem, config) on the current CUDA device."""
 
+import contextlib
+import ctypes
 import functools
 import multiprocessing
 import os
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,10 +228,84 @@ def precompile(
     full = [(*job[:2], job[2] if len(job) > 2 else PLAIN_CALL) for job in jobs]
     problems, configs, calls = zip(*full) if full else ((), (), ())
     workers = workers or min(len(problems), os.cpu_count() or 1) or 1
-    # spawn: the parent may hold a CUDA context, which a forked child must not inherit
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with compile_pool(workers) as pool:
         return list(pool.map(functools.partial(_probe, arch=arch), problems, configs, calls))
 
 
 def _probe(problem: Problem, config: KernelConfig, call: Call, *, arch: str) -> ProbeResult:
     return probe(problem, config, arch=arch, call=call)
+
+
+PR_SET_PDEATHSIG = 1  # Linux's prctl option: a signal for this process when its parent dies
+
+
+def bind_to_parent(parent: int) -> None:
+    """In a child process of ``parent``: Ctrl-C is left to the parent (the terminal sends it
+    to the whole process group), and the child is killed when the parent dies, even by
+    SIGKILL (Linux's parent-death signal; elsewhere a thread that watches the parent)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError):  # not Linux
+        threading.Thread(target=_watch, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the signal was set
+        os._exit(1)
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(1)
+
+
+class CompilePool(ProcessPoolExecutor):
+    """A ``ProcessPoolExecutor`` that knows its futures (``compile_pool``'s)."""
+
+    def __init__(self, workers: int) -> None:
+        # spawn: the parent may hold a CUDA context, which a forked child must not inherit
+        ctx = multiprocessing.get_context("spawn")
+        super().__init__(workers, mp_context=ctx, initializer=bind_to_parent, initargs=(os.getpid(),))
+        self.futures: set[Future] = set()
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future = super().submit(fn, *args, **kwargs)
+        self.futures.add(future)
+        future.add_done_callback(self.futures.discard)
+        return future
+
+    def kill(self) -> None:
+        """Kill the pool's processes now, compiles in flight and all."""
+        for process in list((self._processes or {}).values()):  # no public way before Python 3.14
+            process.kill()
+
+
+@contextlib.contextmanager
+def compile_pool(workers: int) -> Iterator[CompilePool]:
+    """A pool of ``workers`` compile processes, which die with this process and leave
+    Ctrl-C to it. On Ctrl-C in the block, queued compiles are cancelled and those in flight
+    are waited for, saying so on stderr; a second Ctrl-C kills them. Either way the
+    ``KeyboardInterrupt`` goes on."""
+    pool = CompilePool(workers)
+    try:
+        yield pool
+    except KeyboardInterrupt:
+        for future in list(pool.futures):
+            future.cancel()  # those not started yet
+        flying = [f for f in pool.futures if not f.done()]
+        if flying:
+            n = len(flying)
+            print(
+                f"interrupted: waiting for {n} compile{'s' * (n != 1)} in flight to finish "
+                "(Ctrl-C again to stop now)",
+                file=sys.stderr,
+                flush=True,
+            )
+            try:
+                wait(flying)
+            except KeyboardInterrupt:
+                pool.kill()
+                raise
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

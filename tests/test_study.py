@@ -2,6 +2,7 @@
 compiles, real Optuna and real SQLite: outcomes told as values with their reasons, every
 sampler, the wave seeds measured first, and a kill -9 that loses no finished trial."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import time
 
 import optuna
 import pandas as pd
+import psutil
 import pytest
 from helpers import REPO, SMALL, SMALL_PROBLEM, WARP_FAILURE, run_small
 
@@ -52,7 +54,6 @@ def test_kill_9_mid_study_loses_no_finished_trial(tmp_path):
     # lands while a trial is in flight, whatever earlier tests or runs left cached.
     env = os.environ | {
         "PYTHONPATH": str(REPO),
-        "DECAY_TUNER_STUDIES": str(tmp_path),
         "TILELANG_CACHE_DIR": str(tmp_path / "tilelang-cache"),
     }
     proc = subprocess.Popen(
@@ -90,6 +91,49 @@ def test_kill_9_mid_study_loses_no_finished_trial(tmp_path):
     assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
     interrupted = [t for t in study.trials if t.user_attrs.get("status") == "interrupted"]
     assert interrupted and all(t.state == optuna.trial.TrialState.FAIL for t in interrupted)
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_kill_9_of_a_run_takes_its_compile_processes_with_it(tmp_path):
+    """The compile processes, and multiprocessing's resource tracker, end with their run."""
+    argv = ["run", *SMALL, "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}", "--study", "k9"]
+    argv += ["--workers", "2", "--n-trials", "20", "--no-progress"]
+    env = os.environ | {"PYTHONPATH": str(REPO), "TILELANG_CACHE_DIR": str(tmp_path / "tilelang-cache")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner", *argv],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    run, children = psutil.Process(proc.pid), []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            children = run.children(recursive=True)
+            if sum("spawn_main" in " ".join(c.cmdline()) for c in children) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None and children, "the run ended before its compile processes started"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(_gone(c) for c in children):
+            time.sleep(0.2)
+        assert all(_gone(c) for c in children), [c.cmdline() for c in children if not _gone(c)]
+    finally:
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +179,7 @@ def test_a_compile_failure_keeps_the_diagnostic_and_off_the_terminal(over_budget
 
 
 @pytest.mark.parametrize("sampler,multi", [("nsga2", True), ("gp", False), ("grid", False), ("tpe", True)])
-def test_every_sampler_and_mode_runs(sampler, multi, tmp_path, monkeypatch):
-    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+def test_every_sampler_and_mode_runs(sampler, multi, tmp_path, studies_dir):
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     assert (
         run_small(storage, sampler, "--n-trials", "2", "--sampler", sampler, *(["--multi-objective"] * multi))
@@ -147,7 +190,7 @@ def test_every_sampler_and_mode_runs(sampler, multi, tmp_path, monkeypatch):
     assert len(finished) == 2 and len(study.directions) == (2 if multi else 1)
     assert study.user_attrs["objectives"] == (["spill_bytes", "smem_bytes"] if multi else ["spill_bytes"])
     assert (
-        read_export(export_dir(storage, sampler, tmp_path) / "best.json")["objectives"]
+        read_export(export_dir(storage, sampler, studies_dir) / "best.json")["objectives"]
         == study.user_attrs["objectives"]
     )
 
@@ -187,7 +230,7 @@ def test_workers_started_with_one_seed_propose_different_configs(tmp_path):
     assert same[0] == same[1] == ours[0]
 
 
-def test_the_fused_sweep_is_tuned_in_its_own_study(tmp_path, monkeypatch):
+def test_the_fused_sweep_is_tuned_in_its_own_study(tmp_path, studies_dir):
     """``run --sweep dkdv``: a compile-only study of the backward's fused dk and dv sweep.
     Its trials take the sweep's own knobs (``space.choices(.., "dkdv")``), its first ones
     are ``dkdv_config``'s pick and its neighbours (no seed config: that is a forward's), the
@@ -197,7 +240,6 @@ def test_the_fused_sweep_is_tuned_in_its_own_study(tmp_path, monkeypatch):
     from tuner.cli import main
     from tuner.options import UsageError
 
-    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     argv = ["run", *SMALL, "--storage", storage, "--workers", "2", "--no-progress", "--n-trials", "2"]
     assert main([*argv, "--sweep", "dkdv"]) == 0
@@ -214,7 +256,7 @@ def test_the_fused_sweep_is_tuned_in_its_own_study(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match="tunes the dkdv kernel"):
         Tuner(SMALL_PROBLEM, Options(), name=study.study_name, storage=storage)
     with pytest.raises(ExportError, match="fused dk and dv sweep, not of a forward kernel"):
-        load_config(export_dir(storage, study.study_name, tmp_path) / "best.json", allow_mismatch=True)
+        load_config(export_dir(storage, study.study_name, studies_dir) / "best.json", allow_mismatch=True)
 
 
 def test_the_fused_sweep_s_space():

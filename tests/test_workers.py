@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,7 +27,7 @@ MEASURED = ("ok", "infeasible", "compile_failed")  # outcomes that took a compil
 
 
 def _worker(storage: str, tmp: Path, n_trials: int, cache: Path | None = None) -> subprocess.Popen:
-    env = os.environ | {"PYTHONPATH": str(REPO), "DECAY_TUNER_STUDIES": str(tmp)}
+    env = os.environ | {"PYTHONPATH": str(REPO)}
     if cache is not None:
         env["TILELANG_CACHE_DIR"] = str(cache)
     # --worker: as `run --gpus` starts them, leaving the export to a parent (a worker may end
@@ -143,3 +144,46 @@ def test_ctrl_c_then_resume_measures_the_interrupted_configs(tmp_path):
     for t in stopped:
         again = [u for u in trials if u.params == t.params and u.number > t.number]
         assert any(u.user_attrs.get("status") in MEASURED for u in again), t.params
+
+
+def _compiling(backend: BaseStorage) -> bool:
+    """Whether a trial has been compiling for over a second (a cold compile takes several)."""
+    study = _study(backend)
+    return bool(study) and any(
+        t.state == TrialState.RUNNING
+        and "claim_attempt" in t.user_attrs
+        and (datetime.datetime.now() - t.datetime_start).total_seconds() > 1
+        for t in study.get_trials()
+    )
+
+
+def test_ctrl_c_says_what_it_waits_for_and_twice_stops_in_one_line(tmp_path):
+    """The first Ctrl-C says at once which compiles it waits for; the second stops them
+    with one more line and no traceback, leaving the trials in flight failed and queued again."""
+    storage = f"journal:{tmp_path / 'j.log'}"
+    backend = get_storage(storage)
+    run = _worker(storage, tmp_path, 8, cache=tmp_path / "cold-cache")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(run.stderr.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and run.poll() is None and not _compiling(backend):
+        time.sleep(0.1)
+    os.killpg(run.pid, signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any("waiting for" in line for line in lines):
+        time.sleep(0.05)
+    (waiting,) = [i for i, line in enumerate(lines) if "waiting for" in line]
+    assert lines[waiting].startswith("interrupted: waiting for 1 compile in flight to finish (Ctrl-C again")
+    os.killpg(run.pid, signal.SIGINT)
+    assert run.wait(timeout=30) == 130
+    reader.join(10)
+    assert "Traceback" not in "".join(lines)
+    assert len(lines) == waiting + 2 and "interrupted: finished trials are kept" in lines[-1], lines
+
+    trials = _study(backend).get_trials()
+    stopped = [t for t in trials if t.user_attrs.get("status") == "interrupted"]
+    assert stopped and not [t for t in trials if t.state == TrialState.RUNNING]
+    assert all(t.state == TrialState.FAIL for t in stopped)
+    queued = [t.user_attrs.get("requeued_from") for t in trials if t.state == TrialState.WAITING]
+    assert all(t.number in queued for t in stopped)

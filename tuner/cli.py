@@ -806,6 +806,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # one line, however often Ctrl-C is pressed now
         print(
             "interrupted: finished trials are kept in the study; run the same command to go on",
             file=sys.stderr,

@@ -31,22 +31,24 @@ Trial outcomes (Kernel Tuner's "failures are values"):
   (compile-only, where nothing is timed).
 """
 
+import contextlib
 import math
-import multiprocessing
 import os
+import signal
 import socket
 import sys
 import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import optuna
 from optuna.trial import TrialState
 
 from kernel.arch import resolve
-from kernel.builder import sm_count
+from kernel.builder import compile_pool, sm_count
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, dkdv_call, model_call
 from kernel.defaults import dkdv_config
 from kernel.environment import env_key, environment
@@ -88,6 +90,19 @@ def _enqueue(study: optuna.Study, configs: list[KernelConfig], env_key: str) -> 
         if config.to_dict() not in seen:
             study.enqueue_trial(config.to_dict(), user_attrs={"baseline": config == SEED_CONFIG})
             seen.append(config.to_dict())
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored() -> Iterator[None]:
+    """Ctrl-C does nothing in the block (in the main thread; elsewhere it cannot arrive)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 class Tuner:
@@ -189,7 +204,7 @@ class Tuner:
         beats = threading.Thread(target=self._heartbeats, args=(stop,), daemon=True)
         beats.start()
         try:
-            with ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            with compile_pool(self.workers) as pool:
                 self._pool = pool
                 while True:
                     while (
@@ -219,16 +234,17 @@ class Tuner:
                     bar.update()
                     bar.set_postfix_str(self._best_text(), refresh=True)
         finally:
-            stop.set()
-            for trial, _, _ in pending:  # asked but never evaluated: Ctrl-C or an error
-                frozen = self.study._storage.get_trial(trial._trial_id)
-                if not frozen.state.is_finished():
-                    interrupt(self.study, frozen, "the run stopped before this trial was measured")
-            self._live.clear()
-            self._pool = None
-            bar.close()
-            if worker is not None:
-                worker.close()
+            with _ctrl_c_ignored():  # a Ctrl-C now would leave trials running
+                stop.set()
+                for trial_id in list(self._live):  # asked but never told: Ctrl-C or an error
+                    frozen = self.study._storage.get_trial(trial_id)
+                    if not frozen.state.is_finished():
+                        interrupt(self.study, frozen, "the run stopped before this trial was measured")
+                self._live.clear()
+                self._pool = None
+                bar.close()
+                if worker is not None:
+                    worker.close()
         return self.study
 
     def _heartbeats(self, stop: threading.Event) -> None:

@@ -55,7 +55,10 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
     return check_and_time(kernel, seed=job["seed"], tolerance=job["tolerance"])
 
 
-def _serve(conn: Connection) -> None:
+def _serve(conn: Connection, parent: int) -> None:
+    from kernel.builder import bind_to_parent
+
+    bind_to_parent(parent)  # Ctrl-C is the parent's, which closes this worker; dies with the parent
     while (job := conn.recv()) is not None:
         try:
             conn.send({"ok": True, **_measure(job)})
@@ -75,7 +78,7 @@ class GpuWorker:
 
     def _start(self) -> None:
         self._conn, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child,), daemon=True)
+        self._proc = self._ctx.Process(target=_serve, args=(child, os.getpid()), daemon=True)
         self._proc.start()
         child.close()
 
