@@ -23,9 +23,9 @@ from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.config import retnet_decay
 from kernel.ops.deploy import load_config, read_export
 from kernel.trial_schema import TRIAL_COLUMNS
-from tuner.cli import COMMANDS, TABLE, build_parser, main
+from tuner.cli import COMMANDS, build_parser, main
 from tuner.storage import default_study_name, export_dir
-from tuner.trials import trials_frame
+from tuner.trials import TABLE, trials_frame
 
 
 @pytest.fixture(scope="module")

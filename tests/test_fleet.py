@@ -16,8 +16,9 @@ from helpers import REPO, as_at_a_terminal
 from optuna.trial import TrialState
 
 from kernel import KernelConfig, Problem
-from tuner.cli import _options, _problem, _run_argv, build_parser, main
-from tuner.fleet import Job, run_jobs
+from tuner.cli import build_parser, main
+from tuner.commands.args import options_of, problem_of
+from tuner.fleet import Job, run_argv, run_jobs
 from tuner.options import Options
 from tuner.storage import get_storage
 
@@ -25,9 +26,9 @@ TINY = Problem(1, 2, 256, 64, 64)
 
 
 def _job(label: str, storage: str, n_trials: int) -> Job:
-    """A worker as ``--gpus`` starts it (``tuner.cli._run_argv``), on a problem that compiles fast."""
+    """A worker as ``--gpus`` starts it (``tuner.fleet.run_argv``), on a problem that compiles fast."""
     opts = Options(n_trials=n_trials, workers=1, progress=False, heartbeat_s=1, grace_s=4)
-    return Job(label, _run_argv(TINY, opts, "w", storage))
+    return Job(label, run_argv(TINY, opts, "w", storage))
 
 
 def _trials(storage: str) -> list[optuna.trial.FrozenTrial]:
@@ -170,5 +171,5 @@ def test_workers_run_the_options_they_were_given():
     opts = Options(
         n_trials=3, sampler="nsga2", wave_seeds=False, seed=7, enqueue=(KernelConfig(64, 64, 1, 128),)
     )
-    args = build_parser().parse_args(list(_run_argv(problem, opts, "s", "journal:j.log")))
-    assert _problem(args) == problem and _options(args) == opts and args.study == "s"
+    args = build_parser().parse_args(list(run_argv(problem, opts, "s", "journal:j.log")))
+    assert problem_of(args) == problem and options_of(args) == opts and args.study == "s"

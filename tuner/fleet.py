@@ -1,5 +1,6 @@
 """Local workers: ``python -m tuner`` child processes, one per GPU at a time, fed from a
-queue of jobs.
+queue of jobs; a study's trials split between them (``run --gpus``), or several studies
+handed out whole (``dispatch --gpus``).
 
 Each child sees one GPU (``CUDA_VISIBLE_DEVICES``) and runs in a process group of its own.
 Its output is relayed whole line by whole line, prefixed with its GPU and job, so children
@@ -10,6 +11,7 @@ passed on to every child as SIGINT, as a terminal passes it to a lone ``run``, s
 fails its trials in flight and queues their configs again; a second Ctrl-C kills them.
 """
 
+import dataclasses
 import os
 import re
 import signal
@@ -22,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tuner.options import UsageError
+from kernel.config import Problem
+from tuner import options
+from tuner.options import PROBLEM_FLAGS, Options, UsageError
 
 # Seconds the children get to stop after Ctrl-C before they are killed.
 STOP_S = 60.0
@@ -55,6 +59,19 @@ def local_gpus(wanted: list[int] | None) -> list[int]:
     if missing:
         raise UsageError(f"--gpus {missing[0]}: this machine has {count} GPU(s), 0 to {count - 1}")
     return list(range(count)) if wanted is None else wanted
+
+
+def gpus_for(text: str, storage: str, jobs: int) -> list[int]:
+    """The GPUs of ``--gpus TEXT`` for ``jobs`` jobs; ``UsageError`` for a malformed list, a
+    storage that cannot serve that many processes at once, or a machine without CUDA."""
+    from tuner.storage import check_shared  # loads Optuna
+
+    wanted = parse_gpus(text)
+    if wanted is not None:  # before loading torch: a mistake answers at once
+        check_shared(storage, min(len(wanted), jobs))
+    gpus = local_gpus(wanted)
+    check_shared(storage, min(len(gpus), jobs))
+    return gpus
 
 
 @dataclass(frozen=True)
@@ -200,3 +217,65 @@ def _stop(live: list[_Child], lock: threading.Lock) -> None:
         if child.proc.poll() is None:
             child.signal(signal.SIGKILL)
         child.finish()
+
+
+def run_argv(problem: Problem, opts: Options, name: str, storage: str) -> tuple[str, ...]:
+    """The ``run`` command line of a worker of ``--gpus``: ``problem`` and ``opts`` as flags."""
+    argv = ["run", "--worker", "--study", name, "--storage", storage]
+    argv += [a for key in PROBLEM_FLAGS for a in (f"--{key}", str(getattr(problem, key)))]
+    for f in options.fields():
+        value = getattr(opts, f.name)
+        if isinstance(f.default, bool):
+            argv += [options.flag(f)] * (value != f.default)
+        elif value is not None:
+            argv += [options.flag(f), str(value)]
+    return (*argv, *(a for c in opts.enqueue for a in ("--enqueue", c.label)))
+
+
+def worker_options(opts: Options, workers: int) -> Options:
+    """Each of ``workers`` concurrent workers: its share of the cores. Its progress bar
+    reaches the terminal as a line per update."""
+    cores = os.cpu_count() or 1
+    return dataclasses.replace(opts, workers=opts.workers or max(1, cores // workers - 2))
+
+
+def shares(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` nearly equal positive shares."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def run_study(
+    problem: Problem, opts: Options, name: str, storage: str, gpus: list[int], folder: Path
+) -> list[Outcome]:
+    """``run --gpus``: one worker per GPU (at most one per trial) on study ``name``, its
+    ``opts.n_trials`` trials split between them; their logs in ``folder/workers``."""
+    gpus = gpus[: opts.n_trials]
+    base = worker_options(opts, len(gpus))
+    jobs = [
+        Job(f"worker{i}", run_argv(problem, dataclasses.replace(base, n_trials=share), name, storage))
+        for i, share in enumerate(shares(opts.n_trials, len(gpus)))
+    ]
+    print(
+        f"{len(jobs)} workers on study {name!r} in {storage} (logs in {folder / 'workers'})", file=sys.stderr
+    )
+    return run_jobs(jobs, gpus, log_dir=folder / "workers")
+
+
+def run_studies(
+    tasks: list[tuple[Problem, Options, str]], storage: str, gpus: list[int], log_dir: Path
+) -> list[Outcome]:
+    """``dispatch --gpus``: the studies of ``tasks`` (problem, options, study name) handed out
+    whole, one at a time per GPU, the next to the first GPU that comes free; each one's
+    outcome in a line."""
+    share = min(len(gpus), len(tasks))
+    jobs = [
+        Job(
+            f"{p.batch}x{p.heads}x{p.seqlen}" + ("/dkdv" if o.sweep == "dkdv" else ""),
+            run_argv(p, worker_options(o, share), name, storage),
+        )
+        for p, o, name in tasks
+    ]
+    outcomes = run_jobs(jobs, gpus, log_dir=log_dir)
+    for o in outcomes:
+        print(f"{o.job.label}: GPU {o.gpu}, {o.wall_s:.0f} s, exit {o.returncode}", file=sys.stderr)
+    return outcomes

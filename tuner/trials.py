@@ -20,6 +20,18 @@ from tuner.options import UsageError
 PARAM_DEFAULTS = KernelConfig().to_dict()
 # Outcomes that cost a GPU launch (a cached trial reuses an earlier launch and costs none).
 GPU_OUTCOMES = ("ok", "incorrect", "runtime_failed")
+# The trial table's columns, as `trials` and `best` print them.
+TABLE = (
+    "number",
+    "status",
+    "config",
+    "median_ms",
+    "rel_l2",
+    "spill_bytes",
+    "smem_bytes",
+    "registers",
+    "reason",
+)
 
 
 def is_feasible(trial: FrozenTrial) -> bool:
@@ -147,6 +159,23 @@ def trials_frame(study: optuna.Study, *, env: str | None = None) -> pd.DataFrame
         }
         rows.append(row)
     return pd.DataFrame(rows, columns=list(TRIAL_COLUMNS))
+
+
+def table(frame: pd.DataFrame, columns=TABLE) -> str:
+    """The trial log as text: the config as its label, whole numbers without a decimal
+    point, empty cells blank, each reason's first line whole."""
+    shown = frame.assign(
+        config=[KernelConfig(**{k: row[k] for k in PARAMS}).label for _, row in frame.iterrows()],
+        reason=frame.reason.map(
+            lambda r: r.strip().splitlines()[0] if isinstance(r, str) and r.strip() else None
+        ),
+    )[list(columns)]
+    for column in shown.columns:
+        values = shown[column]
+        numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
+        if numeric and values.dropna().map(lambda x: float(x).is_integer()).all():  # ints and floats
+            shown[column] = values.astype("Int64")
+    return shown.astype(object).where(shown.notna(), "").to_string(index=False)
 
 
 def problem_trials(study: optuna.Study) -> pd.DataFrame:

@@ -1,0 +1,96 @@
+"""What a command reads from its parsed flags: the problem, the tuning options, a config,
+the study and its storage, and where the study's files go."""
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kernel.config import KernelConfig, Problem
+from tuner import options
+from tuner.options import Options, UsageError, default_storage
+
+if TYPE_CHECKING:
+    import optuna
+
+
+def problem_of(args: argparse.Namespace) -> Problem:
+    return Problem(args.batch, args.heads, args.seqlen, args.dk, args.dv, args.dtype)
+
+
+def parse_config(text: str, flag: str = "--enqueue") -> KernelConfig:
+    """'64/128/2/256/smem/8' -> KernelConfig (scores optional, default smem; segments
+    optional, default 1)."""
+    parts = text.split("/")
+    if len(parts) not in (4, 5, 6):
+        raise UsageError(f"{flag} wants C/bDV/stages/threads[/scores[/segments]], got {text!r}")
+    try:
+        return KernelConfig(*map(int, parts[:4]), *parts[4:5], *map(int, parts[5:]))
+    except ValueError as exc:
+        raise UsageError(f"{flag} {text}: {exc}") from None
+
+
+def configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:
+    """The configs of best-config JSON files (``export``), to measure first."""
+    from kernel.ops.deploy import read_export  # loads torch
+
+    configs = []
+    for path in paths:
+        for entry in read_export(path)["configs"]:
+            try:
+                configs.append(KernelConfig.from_dict(entry["config"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise UsageError(f"{path}: malformed config entry: {exc}") from None
+    return tuple(configs)
+
+
+def options_of(args: argparse.Namespace) -> Options:
+    """The tuning options of the flags; ``UsageError`` for a value below its field's minimum."""
+    values = {f.name: getattr(args, f.name) for f in options.fields()}
+    for f in options.fields():
+        minimum, value = f.metadata["minimum"], values[f.name]
+        if minimum is not None and value is not None and not value >= minimum:  # `not >=` rejects NaN
+            raise UsageError(
+                f"{options.flag(f)} must be {'positive' if minimum > 0 else '>= 0'}, got {value}"
+            )
+    enqueue = tuple(parse_config(c) for c in args.enqueue) + configs_from(args.enqueue_from)
+    return Options(**values, enqueue=enqueue)
+
+
+def where(args: argparse.Namespace) -> tuple[str, str]:
+    """(study name, storage URL) from the flags, defaulting to the problem's study in studies/."""
+    from tuner.storage import check_study_name, default_study_name  # loads Optuna
+
+    sweep = getattr(args, "sweep", "forward")  # run's; the read-only commands name a dkdv study with --study
+    return check_study_name(
+        args.study or default_study_name(problem_of(args), sweep)
+    ), args.storage or default_storage()
+
+
+def exports(studies: Path, storage: str, name: str) -> Path:
+    """The folder of the study's files under ``studies``, keyed by storage and study
+    (``tuner.storage.export_dir``)."""
+    from tuner.storage import export_dir  # loads Optuna
+
+    return export_dir(storage, name, studies)
+
+
+def open_study(args: argparse.Namespace, name: str | None = None) -> "optuna.Study":
+    """An existing study (read-only commands: a missing storage or study is a ``UsageError``)."""
+    from tuner.storage import load_study  # loads Optuna
+
+    default_name, storage = where(args)
+    return load_study(name or default_name, storage)
+
+
+def default_out(args: argparse.Namespace, file: str) -> Path:
+    """``file`` in the folder of the flags' study."""
+    name, storage = where(args)
+    return exports(args.studies_dir, storage, name) / file
+
+
+def out_file(args: argparse.Namespace, default: Path, suffixes: tuple[str, ...]) -> Path:
+    """``--out`` or ``default``: a file path with one of ``suffixes``, never a directory."""
+    out = Path(args.out) if args.out else default
+    if out.is_dir() or args.out and args.out.endswith(("/", "\\")) or out.suffix.lower() not in suffixes:
+        raise UsageError(f"--out wants a {' or '.join(suffixes)} file path, got {str(args.out or out)!r}")
+    return out

@@ -1,0 +1,146 @@
+"""The commands that read a study back: ``trials``, ``best``, ``export``, ``compare`` and
+``report``. None of them creates a storage or a study: a missing one is a ``UsageError``."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kernel.config import KernelConfig, Problem
+from kernel.environment import env_key, environment, write_json
+from tuner.commands.args import default_out, open_study, out_file
+from tuner.options import UsageError
+
+if TYPE_CHECKING:
+    import optuna
+
+
+def _heading(study: "optuna.Study") -> str:
+    """The study's name, kernel and mode; a compile-only study says that nothing was timed."""
+    mode, arch = study.user_attrs.get("mode", "unknown mode"), study.user_attrs.get("arch")
+    where = f" for {arch}" if arch and mode == "compile-only" else f" on {arch}" if arch else ""
+    note = ": resources from the compiler, no latency measured" if mode == "compile-only" else ""
+    kernel = "the backward's fused dk+dv sweep, " if study.user_attrs.get("sweep") == "dkdv" else ""
+    return f"study {study.study_name!r} ({kernel}{mode}{where}{note})"
+
+
+def cmd_trials(args: argparse.Namespace) -> int:
+    """Print the trial log of a study."""
+    from tuner.trials import table, trials_frame  # loads Optuna and pandas
+
+    study = open_study(args)
+    frame = trials_frame(study)
+    print(_heading(study))
+    print(frame.to_string(index=False) if args.all_columns else table(frame))
+    return 0
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    """Print the best configs of a study, best first, as `trials` prints trials."""
+    from tuner.trials import best_trials, table, trials_frame  # loads Optuna and pandas
+
+    study = open_study(args)
+    env = _env(args, study)
+    best = [t.number for t in best_trials(study, env)[: args.top]]
+    if not best:
+        print(f"study {study.study_name!r} has no feasible, correct trial yet", file=sys.stderr)
+        return 1
+    frame = trials_frame(study).set_index("number", drop=False).loc[best]
+    print(f"{_heading(study)}, {_env_line(study, env)}")
+    print(table(frame))
+    return 0
+
+
+def _env(args: argparse.Namespace, study: "optuna.Study") -> str | None:
+    """The environment ``best``, ``export`` and ``report`` report (``tuner.trials.choose_env``)."""
+    from tuner.trials import choose_env  # loads Optuna and pandas
+
+    return choose_env(study, args.env, lambda: env_key(environment()))
+
+
+def _env_line(study: "optuna.Study", env: str | None) -> str:
+    from tuner.trials import describe_env, environments  # loads Optuna and pandas
+
+    return f"measured in environment {describe_env(env, environments(study).get(env, (None, 0))[0])}"
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the best-config JSON of a study (what ``kernel.ops.deploy.load_kernel`` loads)."""
+    from tuner.export import export_best  # loads torch, Optuna and pandas
+
+    out = out_file(args, default_out(args, "best.json"), (".json",))
+    study = open_study(args)
+    env = _env(args, study)
+    try:
+        export_best(study, out, env=env)
+    except LookupError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
+    print(_env_line(study, env), file=sys.stderr)
+    print(out)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Compare a study with a yardstick study (e.g. the exhaustive grid) of the same problem.
+
+    With ``--remeasure`` on a GPU, both best configs are timed again, alternately, in this
+    one process, so the final ratio does not depend on when each study ran.
+    """
+    from tuner.trials import compare, trials_frame  # loads Optuna and pandas
+
+    study, yardstick = open_study(args), open_study(args, args.against)
+    if study.user_attrs.get("problem") != yardstick.user_attrs.get("problem"):
+        raise UsageError(f"{study.study_name!r} and {args.against!r} tuned different problems")
+    for s in (study, yardstick):
+        if s.user_attrs.get("mode") != "gpu":
+            raise UsageError(f"study {s.study_name!r} is compile-only: it timed nothing to compare")
+    try:
+        summary = compare(trials_frame(study), trials_frame(yardstick))
+    except LookupError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    summary |= {"study": study.study_name, "yardstick": args.against}
+    if args.remeasure:
+        from tuner.remeasure import remeasure  # loads torch and TileLang
+
+        summary["remeasured"] = remeasure(
+            Problem.from_dict(study.user_attrs["problem"]),
+            KernelConfig(**summary["best_config"]),
+            KernelConfig(**summary["yardstick_best_config"]),
+        )
+    if args.out:
+        write_json(Path(args.out), summary)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write one self-contained HTML report of a study (works offline)."""
+    from reports import StudyInfo, write_report  # loads plotly, pandas and Optuna
+    from tuner.trials import environments, problem_trials, trials_frame
+
+    out = out_file(args, default_out(args, "report.html"), (".html", ".htm"))
+    study = open_study(args)
+    if not study.trials:
+        raise UsageError(f"study {study.study_name!r} has no trials yet: nothing to report")
+    env = None
+    if len(environments(study)) > 1:  # workers on several GPU kinds: one environment's trials
+        env = _env(args, study)
+        print(f"report of study {study.study_name!r}, {_env_line(study, env)}", file=sys.stderr)
+    frame = trials_frame(study, env=env)
+    try:
+        info = StudyInfo.from_attrs(study.study_name, study.user_attrs)
+        write_report(frame, info, out, across=problem_trials(study))
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
+    print(out)
+    if args.open:
+        import webbrowser
+
+        if not webbrowser.open(out.resolve().as_uri()):
+            print(f"no browser to open here; the report is {out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,203 @@
+"""The commands that tune: ``run`` (one study) and ``dispatch`` (a study per shape, then
+the dispatch table), each on this process or spread over the local GPUs (``tuner.fleet``)."""
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kernel.arch import resolve
+from kernel.config import KernelConfig, Problem
+from kernel.defaults import dkdv_config
+from kernel.environment import env_key, environment
+from tuner import fleet
+from tuner.commands.args import exports, options_of, problem_of, where
+from tuner.options import Options, UsageError, default_storage, parse_shapes
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.study import Tuner
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run an Optuna study over the kernel's design space."""
+    from tuner.study import Tuner  # loads torch, Optuna and pandas
+
+    name, storage = where(args)
+    if args.gpus is not None:
+        return _run_on_gpus(args, name, storage)
+    tuner = Tuner(problem_of(args), options_of(args), name=name, storage=storage)
+    if not tuner.gpu:
+        why = "no CUDA device" if tuner.env["gpu"] is None else f"this GPU is not {tuner.arch}"
+        print(
+            f"{why}: compile-only exploration for {tuner.arch} (probe resources, no latency is measured)",
+            file=sys.stderr,
+        )
+    if tuner.interrupted:
+        print(f"marked {tuner.interrupted} trial(s) of a killed run as failed", file=sys.stderr)
+    folder = exports(args.studies_dir, storage, name)
+    study = _run_and_log(tuner, folder)
+    if args.worker:  # started by --gpus: the parent exports once all workers are done
+        return 0
+    return _export_run(study, folder / "best.json", tuner.env_key)
+
+
+def _run_on_gpus(args: argparse.Namespace, name: str, storage: str) -> int:
+    """``run --gpus``: the study's trials split between one worker per GPU
+    (``tuner.fleet.run_study``), then its log and export; 1 when a worker failed."""
+    from tuner.storage import load_study  # loads Optuna
+
+    problem, opts = problem_of(args), options_of(args)
+    gpus = fleet.gpus_for(args.gpus, storage, opts.n_trials)
+    folder = exports(args.studies_dir, storage, name)
+    outcomes = fleet.run_study(problem, opts, name, storage, gpus, folder)
+    failed = [o for o in outcomes if o.returncode != 0]
+    study = load_study(name, storage)
+    _log(study, folder)
+    return _export_run(study, folder / "best.json", env_key(environment(opts.arch))) or int(bool(failed))
+
+
+def _export_run(study: "optuna.Study", out: Path, env: str) -> int:
+    """Export the best configs measured in environment ``env`` after a run; print the best."""
+    from tuner.export import export_best  # loads torch, Optuna and pandas
+
+    try:
+        data = export_best(study, out, env=env)
+    except LookupError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    best, arch = data["configs"][0], (data["environment"] or {}).get("arch")
+    label = (
+        "median {:.4f} ms on {}".format(best["median_ms"], arch)
+        if data["mode"] == "gpu"
+        else f"compile-only for {arch}: {best['spill_bytes']} B spilled, {best['smem_bytes']} B smem, "
+        "no latency"
+    )
+    print(f"best {KernelConfig.from_dict(best['config']).label} ({label}); exported {out}")
+    return 0
+
+
+def _run_and_log(tuner: "Tuner", folder: Path) -> "optuna.Study":
+    """Run the study, then save its trial log (CSV and Parquet) in ``folder``, with its exports."""
+    study = tuner.run()
+    _log(study, folder, f", {tuner.gpu_evaluations} GPU evaluations this run")
+    return study
+
+
+def _log(study: "optuna.Study", folder: Path, note: str = "") -> None:
+    """Save the study's trial log (CSV and Parquet) in ``folder`` and say so in one line."""
+    from tuner.trials import save_frame, trials_frame  # loads Optuna and pandas
+
+    paths = save_frame(trials_frame(study), folder / "trials")
+    finished = sum(t.state.is_finished() for t in study.trials)
+    queued = len(study.trials) - finished  # enqueued configs the next run measures first
+    print(
+        f"study {study.study_name!r}: {finished} trial{'s' * (finished != 1)}"
+        + (f" ({queued} queued for the next run)" if queued else "")
+        + f"{note}; log {', '.join(map(str, paths))}"
+    )
+
+
+def cmd_dispatch(args: argparse.Namespace) -> int:
+    """Tune several shapes, one resumable study each, and write the dispatch table: the
+    best config per shape, which ``kernel.ops.dispatch.load_dispatch`` serves by shape (with
+    ``--backward``, for DK x DV and DV x DK)."""
+    import torch
+
+    from tuner.export import export_dispatch  # loads torch, Optuna and pandas
+    from tuner.storage import default_study_name, load_study
+    from tuner.study import Tuner
+
+    out = Path(args.out) if args.out else args.studies_dir / "dispatch.json"
+    if out.is_dir():
+        raise UsageError(f"--out wants a file path for the table, got the directory {str(out)!r}")
+    storage = args.storage or default_storage()
+    opts = options_of(args)
+    tasks = dispatch_tasks(args, opts, resolve(opts.arch)[0])
+    if opts.arch is not None and not resolve(opts.arch)[1]:
+        return _explore_shapes(tasks, storage, args.studies_dir)
+    names = [default_study_name(p, o.sweep) for p, o in tasks]
+    if args.gpus is not None:
+        gpus = fleet.gpus_for(args.gpus, storage, len(tasks))
+        tasks_named = [(p, o, name) for (p, o), name in zip(tasks, names)]
+        outcomes = fleet.run_studies(tasks_named, storage, gpus, args.studies_dir / "dispatch-workers")
+        if any(o.returncode != 0 for o in outcomes):
+            print(
+                "a shape's worker failed: no table written (run the same command to go on)", file=sys.stderr
+            )
+            return 1
+        studies = [load_study(name, storage) for name in names]
+    elif not torch.cuda.is_available():
+        raise UsageError("dispatch ranks configs by measured latency and needs a CUDA device (or --arch)")
+    else:
+        studies = [
+            _run_and_log(
+                Tuner(problem, o, name=name, storage=storage), exports(args.studies_dir, storage, name)
+            )
+            for (problem, o), name in zip(tasks, names)
+        ]
+    try:
+        data = export_dispatch(studies, out, env=env_key(environment(opts.arch)))
+    except LookupError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror or exc} (the studies are saved)") from None
+    print(f"dispatch table for {data['environment']['arch']}:")
+    for entry in data["entries"]:
+        p, c = entry["problem"], KernelConfig.from_dict(entry["config"])
+        shape = f"{p['dk']}x{p['dv']} B*H={p['batch'] * p['heads']:>4} S={p['seqlen']:>6}"
+        print(
+            f"{shape}: {c.label} {entry['median_ms']:.4f} ms" + (" (dk+dv sweep)" if "sweep" in entry else "")
+        )
+    print(out)
+    return 0
+
+
+def dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[tuple[Problem, Options]]:
+    """The studies of ``dispatch``, a (problem, options) each: per shape the forward's at DK x
+    DV; with ``--backward`` also at DV x DK (the dq sweep's shape) and the fused dk and dv
+    sweep's (``--sweep dkdv``) where it serves the shape on ``arch``; with ``--sweep dkdv``
+    only those."""
+    shapes = parse_shapes(args.shapes)
+    swapped = args.backward and args.dk != args.dv
+    heads = [(args.dk, args.dv)] + ([(args.dv, args.dk)] if swapped else [])
+    tasks: list[tuple[Problem, Options]] = []
+    if opts.sweep == "forward":
+        tasks += [(Problem(b, h, s, dk, dv, args.dtype), opts) for dk, dv in heads for b, h, s in shapes]
+    if args.backward or opts.sweep == "dkdv":
+        fused = dataclasses.replace(opts, sweep="dkdv")
+        problems = [Problem(b, h, s, args.dk, args.dv, args.dtype) for b, h, s in shapes]
+        tasks += [(p, fused) for p in problems if dkdv_config(p, arch) is not None]
+    if not tasks:
+        raise UsageError(
+            f"the fused dk and dv sweep serves none of these shapes on {arch} (Hopper, DK x DV <= 128 x 128)"
+        )
+    return tasks
+
+
+def _explore_shapes(tasks: list[tuple[Problem, Options]], storage: str, studies: Path) -> int:
+    """``dispatch --arch`` for an architecture that is not this GPU's: one compile-only
+    study per shape, its best config printed; no table, which ranks by latency."""
+    from tuner.storage import default_study_name  # loads Optuna
+    from tuner.study import Tuner
+    from tuner.trials import best_trials, trial_config
+
+    arch = tasks[0][1].arch
+    print(f"compile-only exploration for {arch}: no latency is measured, no table written", file=sys.stderr)
+    for problem, opts in tasks:
+        name = default_study_name(problem, opts.sweep)
+        tuner = Tuner(problem, opts, name=name, storage=storage)
+        study = _run_and_log(tuner, exports(studies, storage, name))
+        best = best_trials(study, tuner.env_key)
+        found = (
+            f"{trial_config(best[0]).label} ({best[0].user_attrs['spill_bytes']} B spilled, "
+            f"{best[0].user_attrs['smem_bytes']} B smem)"
+            if best
+            else "no feasible config"
+        )
+        p, what = problem, " dk+dv" if opts.sweep == "dkdv" else ""
+        print(f"{arch} {p.dk}x{p.dv}{what} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}: {found}, compile-only")
+    return 0
