@@ -23,9 +23,10 @@ from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.config import retnet_decay
 from kernel.ops.deploy import load_config, read_export
 from kernel.trial_schema import TRIAL_COLUMNS
+from tuner import space
 from tuner.cli import COMMANDS, build_parser, main
 from tuner.storage import default_study_name, export_dir
-from tuner.trials import TABLE, trials_frame
+from tuner.trials import TABLE, TABLE_WIDTH, save_frame, trials_frame
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +119,34 @@ def test_trials_prints_whole_numbers_blank_cells_and_first_lines(explored, capsy
             ]
             assert len(row.split()) == 6
     layout = frame[frame.status == "compile_failed"].reason.iloc[0].splitlines()
-    assert len(layout) > 1 and layout[0] in printed  # the whole first line, and only that
-    assert layout[1].strip() not in printed
+    shown = next(row for row in rows if "compile_failed" in row).split(maxsplit=3)[3]
+    assert len(layout) > 1 and shown in (layout[0], layout[0][: len(shown) - 3] + "...")  # the first line
+    assert layout[1].strip() not in printed and max(map(len, rows)) <= 120
+
+
+def test_trials_fits_its_width_and_the_log_keeps_the_whole_reason(tmp_path, capsys):
+    """A compiler's message as long as TileLang's: `trials` cuts it to keep every line
+    within 120 characters, and marks the cut; the trial log's CSV holds it whole."""
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    study = gpu_study([0.5, None], storage=storage, name="long")
+    reason = "LoweringError: " + " ".join(f"buffer{i}[{i}:{i + 64}]" for i in range(24)) + "\n  at stage 2"
+    assert len(reason.splitlines()[0]) > 300
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=space.grid(SMALL_PROBLEM)[2].to_dict(),
+            distributions=space.distributions(SMALL_PROBLEM),
+            state=optuna.trial.TrialState.FAIL,
+            user_attrs={"mode": "gpu", "status": "compile_failed", "reason": reason},
+        )
+    )
+    assert main(["trials", *SMALL, "--storage", storage, "--study", "long"]) == 0
+    heading, header, *rows = capsys.readouterr().out.splitlines()
+    assert TABLE_WIDTH == 120 and max(len(line) for line in [header, *rows]) <= 120
+    cut = rows[2].split(maxsplit=3)[3]
+    assert cut.endswith("...") and reason.startswith(cut.removesuffix("..."))
+    assert len(rows[2]) == 120  # cut at the width, not before
+    (csv, *_) = save_frame(trials_frame(study), tmp_path / "trials")
+    assert pd.read_csv(csv).reason.tolist()[2] == reason
 
 
 def test_best_prints_the_columns_of_trials(explored, capsys):

@@ -1,4 +1,4 @@
-"""tuner.trials: the trial log as a pandas frame, and a study against a yardstick."""
+"""tuner.trials: the trial log as a pandas frame and as a table, and a study against a yardstick."""
 
 import optuna
 import pandas as pd
@@ -8,7 +8,7 @@ from helpers import SMALL_PROBLEM, gpu_study
 from kernel import SEED_CONFIG, KernelConfig
 from kernel.trial_schema import TRIAL_COLUMNS
 from tuner import space
-from tuner.trials import compare, save_frame, trials_frame
+from tuner.trials import TABLE, compare, save_frame, table, trials_frame
 
 
 def test_trials_frame_from_hand_built_study():
@@ -61,3 +61,17 @@ def test_compare_against_yardstick():
     )
     with pytest.raises(LookupError, match="no feasible, timed trial"):
         compare(trials_frame(gpu_study([None])), grid)
+
+
+def test_table_cuts_a_long_reason_to_its_width_and_keeps_short_ones_whole():
+    frame = trials_frame(gpu_study([0.5, None]))
+    frame.loc[0, "reason"] = "short"
+    frame.loc[1, "reason"] = "CompileError: " + "x" * 200 + "\nsecond line"
+    lines = table(frame, width=110).splitlines()
+    assert max(map(len, lines)) == 110 and lines[0].split() == list(TABLE)
+    assert lines[1].endswith(" short") and lines[2].endswith(
+        "CompileError: " + "x" * (lines[2].count("x")) + "..."
+    )
+    assert "second line" not in "\n".join(lines)
+    wide = table(frame, width=400).splitlines()  # room for the whole first line: nothing is cut
+    assert wide[2].endswith("x" * 200) and "..." not in "\n".join(wide)

@@ -20,7 +20,7 @@ from tuner.options import UsageError
 PARAM_DEFAULTS = KernelConfig().to_dict()
 # Outcomes that cost a GPU launch (a cached trial reuses an earlier launch and costs none).
 GPU_OUTCOMES = ("ok", "incorrect", "runtime_failed")
-# The trial table's columns, as `trials` and `best` print them.
+# The trial table's columns, as `trials` and `best` print them, and its widest line.
 TABLE = (
     "number",
     "status",
@@ -32,6 +32,7 @@ TABLE = (
     "registers",
     "reason",
 )
+TABLE_WIDTH = 120
 
 
 def is_feasible(trial: FrozenTrial) -> bool:
@@ -161,9 +162,11 @@ def trials_frame(study: optuna.Study, *, env: str | None = None) -> pd.DataFrame
     return pd.DataFrame(rows, columns=list(TRIAL_COLUMNS))
 
 
-def table(frame: pd.DataFrame, columns=TABLE) -> str:
+def table(frame: pd.DataFrame, columns=TABLE, width: int = TABLE_WIDTH) -> str:
     """The trial log as text: the config as its label, whole numbers without a decimal
-    point, empty cells blank, each reason's first line whole."""
+    point, empty cells blank, each reason's first line, cut where it would take a line past
+    ``width`` characters, to no fewer than 12 (a cut reason ends in "..."; the log's files
+    keep it whole)."""
     shown = frame.assign(
         config=[KernelConfig(**{k: row[k] for k in PARAMS}).label for _, row in frame.iterrows()],
         reason=frame.reason.map(
@@ -175,7 +178,14 @@ def table(frame: pd.DataFrame, columns=TABLE) -> str:
         numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
         if numeric and values.dropna().map(lambda x: float(x).is_integer()).all():  # ints and floats
             shown[column] = values.astype("Int64")
-    return shown.astype(object).where(shown.notna(), "").to_string(index=False)
+    shown = shown.astype(object).where(shown.notna(), "")
+    text = shown.to_string(index=False)
+    over = max(map(len, text.splitlines()), default=0) - width
+    if over > 0 and "reason" in shown:  # the reason's column is as wide as its longest cell
+        room = max(shown.reason.map(len).max() - over, 12)
+        shown["reason"] = shown.reason.map(lambda r: r if len(r) <= room else r[: room - 3] + "...")
+        text = shown.to_string(index=False)
+    return text
 
 
 def problem_trials(study: optuna.Study) -> pd.DataFrame:
