@@ -21,6 +21,7 @@ from helpers import LAYOUT_FAILURE, REPO, SMALL, SMALL_PROBLEM, gpu_study, run_s
 import refs
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.config import retnet_decay
+from kernel.defaults import default_config
 from kernel.ops.deploy import load_config, read_export
 from kernel.trial_schema import TRIAL_COLUMNS
 from tuner import space
@@ -197,6 +198,23 @@ def test_the_summary_counts_queued_configs_apart(tmp_path, capsys, monkeypatch):
         t.system_attrs["fixed_params"] for t in study.trials if t.state == optuna.trial.TrialState.WAITING
     ]
     assert queued[list(fixed[0])].to_dict("records") == fixed  # the enqueued configs, not defaults
+
+
+def test_probe_without_a_config_compiles_the_rule_s_config_per_architecture(capsys):
+    """No --config: each architecture's ``default_config`` for the flags' problem (not the
+    seed's), named in a column; a line on stderr as each architecture starts compiling;
+    --help says where the default comes from."""
+    config = default_config(SMALL_PROBLEM, "sm_90a")
+    assert config != SEED_CONFIG
+    assert main(["probe", *SMALL, "--arch", "sm_90a"]) == 0
+    out, err = capsys.readouterr()
+    heading, header, row = out.splitlines()
+    assert heading.startswith("the default config (kernel.defaults.default_config) of each architecture")
+    assert header.split()[:3] == ["config", "arch", "status"]
+    assert row.split()[:3] == [config.label, "sm_90a", "ok"]
+    assert err == f"compiling {config.label} for sm_90a (1 of 1)\n"
+    help_text = _help_entries("probe")["--config"]
+    assert "(default: each architecture's config of the rule kernel.defaults.default_config" in help_text
 
 
 # Runs ``python -m tuner ARGV`` (ARGV as JSON) and prints, last, its exit code and which

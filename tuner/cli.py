@@ -11,7 +11,7 @@ import typing
 from collections.abc import Callable
 
 from kernel.arch import ARCHS
-from kernel.config import HEADLINE, SEED_CONFIG
+from kernel.config import HEADLINE
 from tuner import options
 from tuner.commands.args import options_of
 from tuner.commands.device import cmd_bench, cmd_probe
@@ -165,7 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", help="path of the HTML (default: report.html in the study's folder)")
     report.add_argument("--open", action="store_true", help="open the report in a web browser")
     probe = sub.choices["probe"]
-    probe.add_argument("--config", default=SEED_CONFIG.label, help="C/bDV/stages/threads[/scores[/segments]]")
+    probe.add_argument(
+        "--config",
+        help="C/bDV/stages/threads[/scores[/segments]] (default: each architecture's config of the rule "
+        "kernel.defaults.default_config for the problem)",
+    )
     probe.add_argument(
         "--arch", help=f"architectures, comma-separated, or all ({', '.join(ARCHS)}); default: this GPU's"
     )

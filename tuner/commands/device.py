@@ -2,38 +2,66 @@
 architecture) and ``bench`` (the tuned kernel against the seed's config, fla and torch)."""
 
 import argparse
+import sys
 from pathlib import Path
 
 from kernel.arch import resolve
 from kernel.config import Problem, model_call
+from kernel.defaults import default_config
 from tuner.commands.args import parse_config, problem_of
 from tuner.options import BENCH_PACKED, UsageError, parse_archs, parse_shapes
 
+# The resource columns of ``probe``'s table.
+PROBE_HEADS = ("registers", "spill B", "smem B", "limit B", "threads")
+
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    """Compile one config for one or more GPU architectures (no GPU needed) and print its
-    resources side by side, or why it cannot exist there."""
+    """Compile a config for one or more GPU architectures (no GPU needed) and print its
+    resources side by side, or why it cannot exist there; without --config, each
+    architecture's default config (kernel.defaults.default_config)."""
     from kernel.resources import ProbeFailure, probe  # a slow import; probe alone needs it
     from tuner import space  # loads Optuna
 
-    problem, config = problem_of(args), parse_config(args.config, "--config")
-    config.check_fits(problem)
+    problem = problem_of(args)
+    given = None if args.config is None else parse_config(args.config, "--config")
+    if given is not None:
+        given.check_fits(problem)
     archs = parse_archs(args.arch) if args.arch else [resolve(None)[0]]
-    print(f"{config.label} for {problem} in the model form, compile-only")
-    heads = ("registers", "spill B", "smem B", "limit B", "threads")
-    print(f"{'arch':<8} {'status':<14} " + " ".join(f"{h:>9}" for h in heads) + "  reason")
-    for arch in archs:
+    configs = {arch: given or default_config(problem, arch) for arch in archs}
+    for config in configs.values():
+        config.check_fits(problem)
+    if given is not None:
+        print(f"{given.label} for {problem} in the model form, compile-only", flush=True)
+        print(_probe_row("arch", "status", PROBE_HEADS, "reason"), flush=True)
+    else:  # the rule's config may differ by architecture: a column of its own
+        print(
+            f"the default config (kernel.defaults.default_config) of each architecture for {problem} "
+            "in the model form, compile-only",
+            flush=True,
+        )
+        print(_probe_row("arch", "status", PROBE_HEADS, "reason", config="config"), flush=True)
+    for i, (arch, config) in enumerate(configs.items(), 1):
+        print(f"compiling {config.label} for {arch} ({i} of {len(archs)})", file=sys.stderr, flush=True)
+        label = None if given is not None else config.label
         reasons = space.violated(problem, config, arch)
         res = None if reasons else probe(problem, config, arch=arch, call=model_call(problem))
         if res is None or isinstance(res, ProbeFailure):
             why = "; ".join(reasons) if res is None else f"{res.stage}: {res.error_type}: {res.message}"
             status = "restricted" if res is None else "compile_failed"
-            print(f"{arch:<8} {status:<14} " + " ".join([" " * 9] * 5) + f"  {why.splitlines()[0][:160]}")
-            continue
-        status = "ok" if res.fits_smem else "over_smem"
-        figures = (res.registers, res.spill_bytes, res.smem_bytes, res.smem_limit, res.threads_launched)
-        print(f"{arch:<8} {status:<14} " + " ".join(f"{n:>9}" for n in figures))
+            row = _probe_row(arch, status, [""] * 5, why.splitlines()[0][:160], config=label)
+        else:
+            status = "ok" if res.fits_smem else "over_smem"
+            figures = (res.registers, res.spill_bytes, res.smem_bytes, res.smem_limit, res.threads_launched)
+            row = _probe_row(arch, status, figures, config=label)
+        print(row, flush=True)
     return 0
+
+
+def _probe_row(arch: str, status: str, cells, reason: str = "", config: str | None = None) -> str:
+    """A line of ``probe``'s table; ``config``: a first column of the config's label."""
+    first = "" if config is None else f"{config:<22} "
+    line = f"{first}{arch:<8} {status:<14} " + " ".join(f"{c:>9}" for c in cells)
+    return line + f"  {reason}" if reason else line
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
