@@ -139,7 +139,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(out)
     if args.open:
-        import webbrowser
+        import webbrowser  # a slow import; --open alone needs it
 
         if not webbrowser.open(out.resolve().as_uri()):
             print(f"no browser to open here; the report is {out}", file=sys.stderr)
