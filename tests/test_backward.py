@@ -621,13 +621,15 @@ def test_gradients_match_fla_s_chunk_simple_gla(dv):
 def test_dispatch_backward_adds_the_fused_sweep_s_studies():
     """``dispatch --backward`` adds a study of the fused dk and dv sweep per shape where it
     serves the architecture (``--sweep dkdv`` alone: only those); none on sm_80."""
-    from tuner.cli import _dispatch_tasks, _options, build_parser
+    from tuner.cli import build_parser
+    from tuner.commands.args import options_of
+    from tuner.commands.study import dispatch_tasks
     from tuner.options import UsageError
 
     def tasks(*flags: str) -> list[tuple[str, int, int]]:
         args = build_parser().parse_args(["dispatch", "--shapes", "8x16x4096,2x16x16384", *flags])
         arch = args.arch or "sm_90a"
-        return [(o.sweep, p.seqlen, p.dk) for p, o in _dispatch_tasks(args, _options(args), arch)]
+        return [(o.sweep, p.seqlen, p.dk) for p, o in dispatch_tasks(args, options_of(args), arch)]
 
     forward = [("forward", 4096, 128), ("forward", 16384, 128)]
     assert tasks() == forward

@@ -33,13 +33,14 @@ from tuner.trials import TABLE, TABLE_WIDTH, save_frame, trials_frame
 @pytest.fixture(scope="module")
 def explored(tmp_path_factory) -> SimpleNamespace:
     """A compile-only study "e2e" of ``SMALL_PROBLEM``: 4 trials, the first the seed's
-    config, one a config TileLang cannot lay out; run once for the tests that read it."""
+    config, one a config TileLang cannot lay out, no wave seeds left waiting; run once for
+    the tests that read it."""
     tmp = tmp_path_factory.mktemp("explored")
     storage = f"sqlite:///{tmp / 'db.sqlite'}"
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), redirect_stderr(err):
         mp.setattr("tuner.cli.STUDIES_DIR", tmp)
-        code = run_small(storage, "e2e", "--n-trials", "4", "--enqueue", LAYOUT_FAILURE)
+        code = run_small(storage, "e2e", "--n-trials", "4", "--enqueue", LAYOUT_FAILURE, "--no-wave-seeds")
     return SimpleNamespace(dir=tmp, storage=storage, code=code, out=out.getvalue(), err=err.getvalue())
 
 
@@ -248,9 +249,11 @@ def test_help_answers_without_loading_heavy_libraries(argv):
 
 
 def _help_entries(command: str) -> dict[str, str]:
-    """Each option's entry in ``command --help``, by its first flag, on one line."""
+    """Each option's entry in ``command --help``, by its first flag, on one line (printed
+    wide: argparse breaks a long default, such as a temporary folder's path, at a hyphen)."""
     out = io.StringIO()
-    with redirect_stdout(out), pytest.raises(SystemExit) as exit:
+    with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), pytest.raises(SystemExit) as exit:
+        mp.setenv("COLUMNS", "1000")
         build_parser().parse_args([command, "--help"])
     assert exit.value.code == 0
     entries: dict[str, str] = {}

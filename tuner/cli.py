@@ -13,14 +13,10 @@ from collections.abc import Callable
 from kernel.arch import ARCHS
 from kernel.config import HEADLINE
 from tuner import options
-from tuner.commands.args import options_of
 from tuner.commands.device import cmd_bench, cmd_probe
 from tuner.commands.read import cmd_best, cmd_compare, cmd_export, cmd_report, cmd_trials
-from tuner.commands.study import cmd_dispatch, cmd_run, dispatch_tasks
+from tuner.commands.study import cmd_dispatch, cmd_run
 from tuner.options import BENCH_PACKED, BENCH_SHAPES, PROBLEM_FLAGS, STUDIES_DIR, UsageError, default_storage
-
-# The names under which tests/test_backward.py reads a dispatch's studies from parsed flags.
-_options, _dispatch_tasks = options_of, dispatch_tasks
 
 
 class _Parser(argparse.ArgumentParser):

@@ -55,7 +55,7 @@ def _run_on_gpus(args: argparse.Namespace, name: str, storage: str) -> int:
     outcomes = fleet.run_study(problem, opts, name, storage, gpus, folder)
     failed = [o for o in outcomes if o.returncode != 0]
     study = load_study(name, storage)
-    _log(study, folder)
+    _log(study, folder, opts.grace_s)
     return _export_run(study, folder / "best.json", env_key(environment(opts.arch))) or int(bool(failed))
 
 
@@ -82,20 +82,22 @@ def _export_run(study: "optuna.Study", out: Path, env: str) -> int:
 def _run_and_log(tuner: "Tuner", folder: Path) -> "optuna.Study":
     """Run the study, then save its trial log (CSV and Parquet) in ``folder``, with its exports."""
     study = tuner.run()
-    _log(study, folder, f", {tuner.gpu_evaluations} GPU evaluations this run")
+    _log(study, folder, tuner.options.grace_s, f", {tuner.gpu_evaluations} GPU evaluations this run")
     return study
 
 
-def _log(study: "optuna.Study", folder: Path, note: str = "") -> None:
-    """Save the study's trial log (CSV and Parquet) in ``folder`` and say so in one line."""
+def _log(study: "optuna.Study", folder: Path, grace_s: float, note: str = "") -> None:
+    """Save the study's trial log (CSV and Parquet) in ``folder`` and say so in one line,
+    with its unfinished trials counted apart (``tuner.storage.unfinished_summary``)."""
+    from tuner.storage import unfinished_summary  # loads Optuna
     from tuner.trials import save_frame, trials_frame  # loads Optuna and pandas
 
     paths = save_frame(trials_frame(study), folder / "trials")
     finished = sum(t.state.is_finished() for t in study.trials)
-    queued = len(study.trials) - finished  # enqueued configs the next run measures first
+    unfinished = unfinished_summary(study, grace_s)
     print(
         f"study {study.study_name!r}: {finished} trial{'s' * (finished != 1)}"
-        + (f" ({queued} queued for the next run)" if queued else "")
+        + (f" ({unfinished})" if unfinished else "")
         + f"{note}; log {', '.join(map(str, paths))}"
     )
 
