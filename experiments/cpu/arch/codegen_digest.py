@@ -3,6 +3,8 @@
 Prints JSON: case -> the first 16 hex digits of the sha256 of its kernels' CUDA source,
 lowered for ``sys.argv[1]`` (default sm_90a). Runs against whichever ``kernel`` package is
 first on ``sys.path``, so the same script digests the tree before and after a change.
+``experiments/cpu/codegen/digest.py`` extends it (more cases, every kernel apart) and
+imports its helpers.
 """
 
 import hashlib
@@ -39,26 +41,31 @@ def call_of(problem: Problem, name: str) -> Call:
     return {"plain": Call(), "model": model_call(problem), "packed": PACKED}[name]
 
 
-def lowered(func) -> str:
-    # The tree before issue 19 lowers for sm_90a alone (no ``arch`` keyword).
+def lowered(func, arch: str = ARCH) -> str:
+    # A tree that lowers for sm_90a alone has no ``arch`` keyword.
     if "arch" in inspect.signature(resources.lower).parameters:
-        return resources.lower(func, arch=ARCH).kernel_source
+        return resources.lower(func, arch=arch).kernel_source
     return resources.lower(func).kernel_source
 
 
-def funcs(problem: Problem, config: KernelConfig, call: Call) -> list:
+def funcs(problem: Problem, config: KernelConfig, call: Call, arch: str = ARCH) -> list:
     if "arch" in inspect.signature(variants.prim_funcs).parameters:
-        return variants.prim_funcs(problem, config, call, arch=ARCH)
+        return variants.prim_funcs(problem, config, call, arch=arch)
     return variants.prim_funcs(problem, config, call)
 
 
-out = {}
-for problem, config, name in CASES:
-    key = f"{problem.dk}-{problem.dtype}-{config.label}-{name}"
-    try:
-        sources = [lowered(f) for f in funcs(problem, config, call_of(problem, name))]
-        out[key] = hashlib.sha256("\n".join(sources).encode()).hexdigest()[:16]
-    except Exception as exc:  # recorded, as the probe records a failure
-        out[key] = f"ERR {type(exc).__name__}: {str(exc)[:100]}"
-json.dump(out, sys.stdout, indent=1)
-print()
+def main() -> None:
+    out = {}
+    for problem, config, name in CASES:
+        key = f"{problem.dk}-{problem.dtype}-{config.label}-{name}"
+        try:
+            sources = [lowered(f) for f in funcs(problem, config, call_of(problem, name))]
+            out[key] = hashlib.sha256("\n".join(sources).encode()).hexdigest()[:16]
+        except Exception as exc:  # recorded, as the probe records a failure
+            out[key] = f"ERR {type(exc).__name__}: {str(exc)[:100]}"
+    json.dump(out, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
