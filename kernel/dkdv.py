@@ -12,25 +12,23 @@ fp32) and writes both gradients. Per chunk of ``m`` tokens, with the reversed we
 Seven MMAs per chunk where a sweep has four; it reads Q, K, V and dO once and writes dK
 and dV, 6 tensors where the two sweeps move 8. One block per (batch, head), or (sequence,
 head) for packed sequences, holds the whole ``[DK, DV]`` state, so it serves a problem
-only where that fits: ``kernel.defaults.dkdv_config``. On the H200 at 8x16x4096 fp16 it took 0.250 ms
-against the two sweeps' 0.308 ms, same run (experiments/h200/fused_sweep/fused.json).
+only where that fits: ``kernel.defaults.dkdv_config``. On the H200 it is faster than the
+two sweeps (experiments/h200/fused_sweep/README.md).
 
 Where one block per (batch, head) leaves SMs idle, the sweep is split along the sequence
 as ``kernel.seq_split`` splits the forward (``KernelConfig.segments > 1``, dense batches):
 the dv sweep's reversed ``states`` and ``carry`` kernels on (K, V) := (Q, dO) give dS
 entering each segment from its end, then one block per (batch, head, segment) runs the
 sweep over its segment from that state, and segment 0's blocks leave dS at the first
-token. It reads Q and dO twice: 8 tensor moves where the two split sweeps make 12. On the
-H200 at 2x16x16384 fp16 it took 0.308 ms in 4 segments against the two split sweeps'
-0.428 ms, same run (0.548 in 2 segments, 0.332 in 8; one pass: 1.080 ms in another run;
-experiments/h200/fused_sweep/split.json).
+token. It reads Q and dO twice: 8 tensor moves where the two split sweeps make 12, and
+on the H200 it is faster than they are (experiments/h200/fused_sweep/README.md).
 
-The numerical rules of the forward hold: every weight is ``exp2(log2(alpha) * k)`` with
-``k >= 0``, ``Gamma`` is evaluated only where ``j >= i``, fp32 accumulation, and key
-columns past ``m`` (TMA's zero rows, or the next sequence's) are masked out of the scores.
+The numerical rules of the forward hold, through its decay mask, weights and scores
+(``kernel.scalar_decay``): every weight is ``exp2(log2(alpha) * k)`` with ``k >= 0``,
+``Gamma`` is evaluated only where ``j >= i``, fp32 accumulation, and key columns past ``m``
+(TMA's zero rows, or the next sequence's) are masked out of the scores.
 """
 
-from kernel.arch import get_arch
 from kernel.config import KernelConfig, Problem
 
 CHUNK, THREADS = 64, 256
@@ -48,11 +46,10 @@ def smem_bytes(problem: Problem, config: KernelConfig) -> int:
     return 2 * (staged + c * (2 * dk + dv) + dk * dv + 2 * c * c) + 1024
 
 
-def sweep_macro(
-    *, chunk: int, dk: int, dv: int, scale: float, num_stages: int, dtype: str, packed: bool, arch: str
-):
-    """The reversed sweep of one block, as a ``@T.macro`` ``sweep(Q, K, V, dO, Decay, dK,
-    dV, bb, bh, s_begin, s_end, State, Final, bbh, p_in, final)``: tokens ``s_begin`` to
+def sweep_macro(problem: Problem, config: KernelConfig, *, scale: float, packed: bool, arch: str):
+    """The reversed sweep of one block over ``problem``'s DK and DV in ``config``'s chunks
+    and stages, as a ``@T.macro`` ``sweep(Q, K, V, dO, Decay, dK, dV, bb, bh, s_begin,
+    s_end, State, Final, bbh, p_in, final)``: tokens ``s_begin`` to
     ``s_end`` of batch ``bb``, head ``bh``, walked chunk by chunk from the last. dS starts
     from ``State[bbh, p_in]`` (``None``: zero) and is left in ``Final[bbh, 0]`` where
     ``Final`` is a tensor and the run-time condition ``final`` holds, as
@@ -60,13 +57,23 @@ def sweep_macro(
     ``s_end`` belong to the next sequence, and only the sequence's rows are written."""
     import tilelang.language as T  # loaded when a kernel is built, as kernel.variants does
 
-    from kernel.mma import Mma
-    from kernel.scalar_decay import store_macro
+    from kernel.mma import mma_for
+    from kernel.scalar_decay import (
+        ACCUM,
+        Direction,
+        alpha_power,
+        decay_mask_macro,
+        key_weights_macro,
+        store_macro,
+    )
 
-    C, accum, stages = chunk, "float32", num_stages
-    mma = Mma(asynchronous=get_arch(arch).wgmma and C % 64 == 0)  # wgmma: 64-row tiles
+    C, stages, time = config.chunk, config.num_stages, Direction(reverse=True)
+    accum, dtype, dk, dv = ACCUM, problem.dtype, problem.dk, problem.dv
+    mma = mma_for(arch, rows=C)
     store_k = store_macro(chunk=C, block_dv=dk, packed=packed)
     store_v = store_macro(chunk=C, block_dv=dv, packed=packed)
+    decay_mask = decay_mask_macro(chunk=C, scale=scale, time=time)  # scale alpha^(j-i), j >= i
+    weigh = key_weights_macro(chunk=C, dk=dk, dtype=dtype, time=time)  # Q rows r < m, * alpha^r
 
     @T.macro
     def sweep(Q, K, V, dO, Decay, dK, dV, bb, bh, s_begin, s_end, State, Final, bbh, p_in, final):
@@ -88,12 +95,7 @@ def sweep_macro(
         Gamma = T.alloc_fragment([C, C], accum)
         touch = T.alloc_local([1], dtype)
         lg = T.alloc_local([1], accum)  # log2(alpha) of this head, <= 0
-        lg[0] = T.log2(Decay[bh])
-        # Gamma[i, j] = scale alpha^(j-i) for j >= i, else 0: never computed where j < i.
-        for i, j in T.Parallel(C, C):
-            Gamma[i, j] = T.if_then_else(
-                j >= i, scale * T.exp2(lg[0] * T.Cast(accum, j - i)), T.Cast(accum, 0)
-            )
+        decay_mask(Gamma, lg, Decay, bh)
         if State is None:
             T.clear(dS_f)
         else:
@@ -113,23 +115,20 @@ def sweep_macro(
             mma.gemm(V_s, dS_s, acc_k, transpose_B=True, clear_accum=True)
             mma.wait(3)  # A1 is ready
             for i, j in T.Parallel(C, C):
-                P1_s[i, j] = T.if_then_else(j < m, A1[i, j] * Gamma[i, j], T.Cast(accum, 0))
-            for r, d in T.Parallel(C, dk):
-                Qw_s[r, d] = T.if_then_else(
-                    r < m, Q_s[r, d] * T.exp2(lg[0] * T.Cast(accum, r)), T.Cast(dtype, 0)
-                )
+                P1_s[i, j] = time.scores(A1[i, j], Gamma[i, j], j, m)
+            weigh(Qw_s, Q_s, lg, m)
             mma.wait(1)  # acc_v and A2 are ready
             for i, j in T.Parallel(C, C):
-                P2_s[i, j] = T.if_then_else(j < m, A2[i, j] * Gamma[i, j], T.Cast(accum, 0))
+                P2_s[i, j] = time.scores(A2[i, j], Gamma[i, j], j, m)
             for i, j in T.Parallel(C, dv):
-                acc_v[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, T.max(m - i, 0)))
+                acc_v[i, j] *= scale * alpha_power(lg[0], time.query_power(i, m))
             mma.wait(0)  # acc_k is ready
             for i, j in T.Parallel(C, dk):
-                acc_k[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, T.max(m - i, 0)))
+                acc_k[i, j] *= scale * alpha_power(lg[0], time.query_power(i, m))
             mma.gemm(P1_s, dO_s, acc_v)
             mma.gemm(P2_s, Q_s, acc_k)
             for i, j in T.Parallel(dk, dv):
-                dS_f[i, j] *= T.exp2(lg[0] * T.Cast(accum, m))
+                dS_f[i, j] *= alpha_power(lg[0], m)
             mma.gemm(Qw_s, dO_s, dS_f, transpose_A=True)
             mma.wait(1)  # dV and dK are ready; the state's update may still run
             T.copy(acc_v, dV_s)
@@ -174,81 +173,49 @@ def prim_funcs(
     import tilelang.language as T
 
     from kernel import seq_split
+    from kernel.scalar_decay import ACCUM, tensor_types
 
     if config.block_dv != problem.dv or config.scores != "smem" or (packed and config.segments != 1):
         raise ValueError(
             f"the fused sweep holds the whole DV in one block, in one pass for packed sequences: "
             f"got {config.label}"
         )
-    accum, dtype, dk, dv, heads = "float32", problem.dtype, problem.dk, problem.dv, problem.heads
-    sweep = sweep_macro(
-        chunk=config.chunk,
-        dk=dk,
-        dv=dv,
-        scale=scale,
-        num_stages=config.num_stages,
-        dtype=dtype,
-        packed=packed,
-        arch=arch,
-    )
+    accum, dk, dv, heads = ACCUM, problem.dk, problem.dv, problem.heads
+    shape = dict(heads=heads, dk=dk, dv=dv, dtype=problem.dtype)
+    sweep = sweep_macro(problem, config, scale=scale, packed=packed, arch=arch)
 
     if packed:
         tokens, offsets, h0_rows, ht_rows = (
             T.dynamic(n) for n in ("tokens", "offsets", "h0_rows", "ht_rows")
         )
+        qk, vo, decay = tensor_types(1, tokens, **shape)
 
         @T.prim_func
         def main_packed(
-            Q: T.Tensor([1, tokens, heads, dk], dtype),
-            K: T.Tensor([1, tokens, heads, dk], dtype),
-            V: T.Tensor([1, tokens, heads, dv], dtype),
-            dO: T.Tensor([1, tokens, heads, dv], dtype),
-            Decay: T.Tensor([heads], accum),
-            H0: T.Tensor([h0_rows, 1, dk, dv], accum),
-            HT: T.Tensor([ht_rows, 1, dk, dv], accum),
-            dK: T.Tensor([1, tokens, heads, dk], dtype),
-            dV: T.Tensor([1, tokens, heads, dv], dtype),
-            CuSeqlens: T.Tensor([offsets], "int32"),
-        ):
+            Q: qk(), K: qk(), V: vo(), dO: vo(), Decay: decay(),
+            H0: T.Tensor([h0_rows, 1, dk, dv], accum), HT: T.Tensor([ht_rows, 1, dk, dv], accum),
+            dK: qk(), dV: vo(), CuSeqlens: T.Tensor([offsets], "int32"),
+        ):  # fmt: skip
             with T.Kernel((offsets - 1) * heads, threads=config.threads) as bnh:
                 n, bh = bnh // heads, bnh % heads
                 sweep(
-                    Q,
-                    K,
-                    V,
-                    dO,
-                    Decay,
-                    dK,
-                    dV,
-                    0,
-                    bh,
-                    CuSeqlens[n],
-                    CuSeqlens[n + 1],
-                    H0 if initial_state else None,
-                    HT if final_state else None,
-                    bnh,
-                    0,
-                    True,
-                )
+                    Q, K, V, dO, Decay, dK, dV, 0, bh, CuSeqlens[n], CuSeqlens[n + 1],
+                    H0 if initial_state else None, HT if final_state else None, bnh, 0, True,
+                )  # fmt: skip
 
         return [main_packed]
 
     b, s = problem.batch, problem.seqlen
-    state_shape = [b * heads, 1, dk, dv]
+    qk, vo, decay = tensor_types(b, s, **shape)
+
+    def state(rows: int = 1):
+        return T.Tensor([b * heads, rows, dk, dv], accum)
 
     if config.segments == 1:
 
         @T.prim_func
         def main(
-            Q: T.Tensor([b, s, heads, dk], dtype),
-            K: T.Tensor([b, s, heads, dk], dtype),
-            V: T.Tensor([b, s, heads, dv], dtype),
-            dO: T.Tensor([b, s, heads, dv], dtype),
-            Decay: T.Tensor([heads], accum),
-            H0: T.Tensor(state_shape, accum),
-            HT: T.Tensor(state_shape, accum),
-            dK: T.Tensor([b, s, heads, dk], dtype),
-            dV: T.Tensor([b, s, heads, dv], dtype),
+            Q: qk(), K: qk(), V: vo(), dO: vo(), Decay: decay(), H0: state(), HT: state(), dK: qk(), dV: vo()
         ):
             with T.Kernel(b * heads, threads=config.threads) as bbh:
                 bb, bh = bbh // heads, bbh % heads
@@ -266,15 +233,7 @@ def prim_funcs(
 
     @T.prim_func
     def outputs(
-        Q: T.Tensor([b, s, heads, dk], dtype),
-        K: T.Tensor([b, s, heads, dk], dtype),
-        V: T.Tensor([b, s, heads, dv], dtype),
-        dO: T.Tensor([b, s, heads, dv], dtype),
-        Decay: T.Tensor([heads], accum),
-        States: T.Tensor([b * heads, P, dk, dv], accum),
-        HT: T.Tensor(state_shape, accum),
-        dK: T.Tensor([b, s, heads, dk], dtype),
-        dV: T.Tensor([b, s, heads, dv], dtype),
+        Q: qk(), K: qk(), V: vo(), dO: vo(), Decay: decay(), States: state(P), HT: state(), dK: qk(), dV: vo()
     ):
         with T.Kernel(b * heads, P, threads=config.threads) as (bbh, bp):
             bb, bh = bbh // heads, bbh % heads

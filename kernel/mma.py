@@ -31,6 +31,7 @@ class Mma:
         return T.wait_wgmma(pending) if self.asynchronous else None
 
 
-def mma_for(arch: str) -> Mma:
-    """The MMA statements ``arch`` (a name of ``kernel.arch.ARCHS``) compiles."""
-    return Mma(asynchronous=get_arch(arch).wgmma)
+def mma_for(arch: str, *, rows: int) -> Mma:
+    """The MMA statements ``arch`` (a name of ``kernel.arch.ARCHS``) compiles for tiles of
+    ``rows`` rows: wgmma needs 64-row tiles, so smaller ones wait for each MMA."""
+    return Mma(asynchronous=get_arch(arch).wgmma and rows % 64 == 0)

@@ -1,9 +1,10 @@
-"""The single-pass TileLang kernel of the seed (section 5), corrected for the H200.
+"""The single-pass TileLang kernel of docs/design.md (section 4), corrected for the H200.
 
 One block owns one ``[DK, block_DV]`` slice of one (batch, head) state and walks the whole
 sequence chunk by chunk in a ``T.Pipelined`` loop; the state stays in registers.
 
-Departures from the seed, each measured on the H200 (experiments/h200/README.md):
+Departures from the seed code of docs/design.md, each measured on the H200
+(experiments/h200/README.md):
 
 * The seed scales ``Q_s`` and ``K_s`` in place. TileLang 0.1.15 puts those loops inside a
   branch only half of the consumer threads take, around a named barrier that waits for all
@@ -22,9 +23,9 @@ Departures from the seed, each measured on the H200 (experiments/h200/README.md)
   operand of the inter-chunk MMA, so no shared-memory copy of the state sits between one
   chunk and the next (``transposed_chunk_loop_macro``).
 
-The numerical rules hold: every decay weight is ``exp2(log2(alpha) * k)`` with ``k >= 0``,
-so it lies in ``(0, 1]``; ``Gamma`` is evaluated only where ``j <= i``; weights stay fp32
-and only the product ``A * Gamma`` is cast for the MMA.
+The numerical rules hold: every decay weight is ``exp2(log2(alpha) * k)`` with ``k >= 0``
+(``alpha_power``), so it lies in ``(0, 1]``; ``Gamma`` is evaluated only where ``j <= i``;
+weights stay fp32 and only the product ``A * Gamma`` is cast for the MMA.
 """
 
 from dataclasses import dataclass
@@ -33,6 +34,14 @@ import tilelang.language as T
 
 from kernel.config import KernelConfig, Problem
 from kernel.mma import Mma, mma_for
+
+ACCUM = "float32"  # the dtype of every accumulator and decay weight
+
+
+def alpha_power(lg, k):
+    """``alpha^k`` (fp32) from ``lg = log2(alpha)``, as every decay weight of the kernels is
+    computed: ``exp2(log2(alpha) * k)``, in ``(0, 1]`` for ``k >= 0``."""
+    return T.exp2(lg * T.Cast(ACCUM, k))
 
 
 def transposes(*, chunk: int, block_dv: int, threads: int, scores: str) -> bool:
@@ -76,9 +85,84 @@ class Direction:
         """The exponent of key row ``r < m`` as it writes the state carried out."""
         return r if self.reverse else m - 1 - r
 
+    def gamma(self, i, j, lg, scale):
+        """``Gamma[i, j]``: ``scale * alpha^distance`` where query row ``i`` sees key row
+        ``j``, else 0, from ``lg = log2(alpha)``. Never "compute all, then mask": the weight
+        of a row not seen has a negative exponent, may overflow, and inf * 0 = NaN."""
+        return T.if_then_else(self.sees(i, j), scale * alpha_power(lg, self.distance(i, j)), T.Cast(ACCUM, 0))
+
     def scores(self, a, gamma, j, m):
         """A score times its decay mask (fp32), with key rows past ``m`` out where reversed."""
-        return T.if_then_else(j < m, a * gamma, T.Cast("float32", 0)) if self.reverse else a * gamma
+        return T.if_then_else(j < m, a * gamma, T.Cast(ACCUM, 0)) if self.reverse else a * gamma
+
+
+def decay_mask_macro(*, chunk: int, scale: float, time: Direction, transposed: bool = False):
+    """The decay mask, as a ``@T.macro`` ``decay_mask(Gamma, lg, Decay, bh)``: ``lg[0] =
+    log2(alpha)`` of head ``bh`` (``Decay[bh]``; <= 0), then the fp32 ``[C, C]`` tile
+    ``Gamma[i, j] = time.gamma(i, j)`` for query row ``i`` and key row ``j``, or its
+    transpose ``Gamma[j, i]`` where ``transposed``. Every chunk step's, and the fused
+    backward sweep's (``kernel.dkdv``)."""
+
+    @T.macro
+    def decay_mask(Gamma, lg, Decay, bh):
+        lg[0] = T.log2(Decay[bh])
+        if transposed:
+            for j, i in T.Parallel(chunk, chunk):
+                Gamma[j, i] = time.gamma(i, j, lg[0], scale)
+        else:
+            for i, j in T.Parallel(chunk, chunk):
+                Gamma[i, j] = time.gamma(i, j, lg[0], scale)
+
+    return decay_mask
+
+
+def key_weights_macro(*, chunk: int, dk: int, dtype: str, time: Direction):
+    """The weighted keys, as a ``@T.macro`` ``weigh(Kw_s, K_s, lg, m)``: row ``r < m`` of
+    the ``[C, DK]`` tile ``K_s`` times ``alpha^time.key_power(r, m)`` into ``Kw_s``, the
+    rows past ``m`` zero: the rows that write the state carried out (the fused backward
+    sweep weighs its queries so, ``kernel.dkdv``)."""
+
+    @T.macro
+    def weigh(Kw_s, K_s, lg, m):
+        for r, d in T.Parallel(chunk, dk):
+            Kw_s[r, d] = T.if_then_else(
+                r < m, K_s[r, d] * alpha_power(lg[0], time.key_power(r, m)), T.Cast(dtype, 0)
+            )
+
+    return weigh
+
+
+def tensor_types(batch, seqlen, *, heads: int, dk: int, dv: int, dtype: str) -> tuple:
+    """Factories of the kernels' tensor types over ``[batch, seqlen]`` tokens, ``(qk, vo,
+    decay)``: Q and K's ``[B, S, H, DK]``, V and O's ``[B, S, H, DV]`` (both of ``dtype``),
+    Decay's fp32 ``[H]``. A ``@T.prim_func`` parameter annotated with a call declares a
+    tensor of its own (one shared ``T.Tensor`` would alias the parameters)."""
+    return (
+        lambda: T.Tensor([batch, seqlen, heads, dk], dtype),
+        lambda: T.Tensor([batch, seqlen, heads, dv], dtype),
+        lambda: T.Tensor([heads], ACCUM),
+    )
+
+
+def staged_tiles(*, chunk: int, dk: int, block_dv: int, dtype: str) -> tuple:
+    """Allocate the shared tiles of one chunk, ``(Q_s, K_s, Kw_s, V_s)``: Q and K ``[C, DK]``,
+    the weighted K (``key_weights_macro``), V ``[C, block_dv]``. Called in a chunk loop's
+    ``@T.macro`` body, which names them."""
+    return tuple(T.alloc_shared(shape, dtype) for shape in ([chunk, dk],) * 3 + ([chunk, block_dv],))
+
+
+def load_macro(*, chunk: int, block_dv: int):
+    """The loads of one chunk, as a ``@T.macro`` ``load(Q, K, V, Q_s, K_s, V_s, bb, s0, bh,
+    v0)``: rows ``s0 : s0 + C`` of batch ``bb``, head ``bh`` (V's columns ``v0 : v0 +
+    block_dv``) into their tiles (``staged_tiles``); TMA zero-fills the rows past S."""
+
+    @T.macro
+    def load(Q, K, V, Q_s, K_s, V_s, bb, s0, bh, v0):
+        T.copy(Q[bb, s0 : s0 + chunk, bh, :], Q_s)
+        T.copy(K[bb, s0 : s0 + chunk, bh, :], K_s)
+        T.copy(V[bb, s0 : s0 + chunk, bh, v0 : v0 + block_dv], V_s)
+
+    return load
 
 
 def chunk_loop_macro(
@@ -86,7 +170,7 @@ def chunk_loop_macro(
     chunk: int,
     dk: int,
     block_dv: int,
-    scale: float,
+    scale: float = 1.0,
     num_stages: int,
     threads: int,
     scores: str,
@@ -109,7 +193,7 @@ def chunk_loop_macro(
     (``kernel.arch.ARCHS``) picks the MMA statements (``kernel.mma``). With ``reverse``
     the recurrence runs backwards in time (``Direction``): the state carried in is the one
     after ``s_end``, the state carried out the one at ``s_begin``."""
-    mma = mma_for(arch)
+    mma = mma_for(arch, rows=chunk)
     time = Direction(reverse)
     knobs = dict(
         chunk=chunk,
@@ -123,18 +207,20 @@ def chunk_loop_macro(
     )
     if transposes(chunk=chunk, block_dv=block_dv, threads=threads, scores=scores):
         return transposed_chunk_loop_macro(**knobs, mma=mma)
-    C, accum = chunk, "float32"
-    store = store_macro(chunk=C, block_dv=block_dv, packed=packed)
-    # wgmma needs 64-row tiles: chunks of 32 wait for each MMA (T.gemm).
+    C, accum = chunk, ACCUM
+    load, store = (
+        load_macro(chunk=C, block_dv=block_dv),
+        store_macro(chunk=C, block_dv=block_dv, packed=packed),
+    )
+    decay_mask = decay_mask_macro(chunk=C, scale=scale, time=time)
+    weigh = key_weights_macro(chunk=C, dk=dk, dtype=dtype, time=time)
+    # wgmma needs 64-row tiles: chunks of 32 wait for each MMA (T.gemm, ``mma_for``).
     async_step = C % 64 == 0
-    touches = async_step and mma.asynchronous  # see the async step
+    touches = mma.asynchronous  # see the async step
 
     @T.macro
     def chunk_loop(Q, K, V, O, Decay, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, p_in, final):
-        Q_s = T.alloc_shared([C, dk], dtype)
-        K_s = T.alloc_shared([C, dk], dtype)
-        Kw_s = T.alloc_shared([C, dk], dtype)  # K rows r < m, * alpha^(m-1-r): writes the state
-        V_s = T.alloc_shared([C, block_dv], dtype)
+        Q_s, K_s, Kw_s, V_s = staged_tiles(chunk=C, dk=dk, block_dv=block_dv, dtype=dtype)
         S_s = T.alloc_shared([dk, block_dv], dtype)
         O_s = T.alloc_shared([C, block_dv], dtype)
 
@@ -148,14 +234,7 @@ def chunk_loop_macro(
         Gamma = T.alloc_fragment([C, C], accum)
         touch = T.alloc_local([1], dtype) if touches else None  # see the async step
         lg = T.alloc_local([1], accum)  # log2(alpha) of this head, <= 0
-        lg[0] = T.log2(Decay[bh])
-
-        # Gamma[i, j] = scale * alpha^(i-j) for j <= i, else 0 (reversed: alpha^(j-i), j >= i).
-        # Never "compute all, then mask": alpha^(i-j) for j > i overflows, and inf * 0 = NaN.
-        for i, j in T.Parallel(C, C):
-            Gamma[i, j] = T.if_then_else(
-                time.sees(i, j), scale * T.exp2(lg[0] * T.Cast(accum, time.distance(i, j))), T.Cast(accum, 0)
-            )
+        decay_mask(Gamma, lg, Decay, bh)
         if State is None:
             T.clear(S_f)
         else:
@@ -164,16 +243,9 @@ def chunk_loop_macro(
         for c in T.Pipelined(n_chunks, num_stages=num_stages):
             s0 = time.chunk_start(s_begin, c, n_chunks, C)
             m = T.max(T.min(C, s_end - s0), 0)  # tokens of this chunk: C but at the end
-            T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
-            T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
-            T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
+            load(Q, K, V, Q_s, K_s, V_s, bb, s0, bh, v0)
             if not async_step:
-                for r, d in T.Parallel(C, dk):
-                    Kw_s[r, d] = T.if_then_else(
-                        r < m,
-                        K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, time.key_power(r, m))),
-                        T.Cast(dtype, 0),
-                    )
+                weigh(Kw_s, K_s, lg, m)
 
             if async_step:
                 # The pipeliner hands a stage's buffer back to the producer after the last
@@ -183,22 +255,17 @@ def chunk_loop_macro(
                 mma.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)
                 mma.gemm(Q_s, S_s, acc_o, clear_accum=True)
                 mma.wait(1)  # A is ready and K_s free; Q @ S may still run
-                for r, d in T.Parallel(C, dk):
-                    Kw_s[r, d] = T.if_then_else(
-                        r < m,
-                        K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, time.key_power(r, m))),
-                        T.Cast(dtype, 0),
-                    )
+                weigh(Kw_s, K_s, lg, m)
                 for i, j in T.Parallel(C, C):
                     A_cast[i, j] = time.scores(A[i, j], Gamma[i, j], j, m)
                 mma.wait(0)
                 if touches:
                     touch[0] = Q_s[0, 0]
                 for i, j in T.Parallel(C, block_dv):
-                    acc_o[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, time.query_power(i, m)))
+                    acc_o[i, j] *= scale * alpha_power(lg[0], time.query_power(i, m))
                 mma.gemm(A_cast, V_s, acc_o)
                 for i, j in T.Parallel(dk, block_dv):
-                    S_f[i, j] *= T.exp2(lg[0] * T.Cast(accum, m))
+                    S_f[i, j] *= alpha_power(lg[0], m)
                 mma.gemm(Kw_s, V_s, S_f, transpose_A=True)
                 mma.wait(1)  # the outputs are ready; the state update may still run
                 T.copy(acc_o, O_s)
@@ -211,7 +278,7 @@ def chunk_loop_macro(
                 T.copy(S_f, S_s)
                 T.gemm(Q_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV] -> [C, bDV]
                 for i, j in T.Parallel(C, block_dv):
-                    acc_o[i, j] *= scale * T.exp2(lg[0] * T.Cast(accum, time.query_power(i, m)))
+                    acc_o[i, j] *= scale * alpha_power(lg[0], time.query_power(i, m))
                 # Intra-chunk term with the unweighted Q.
                 T.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
                 for i, j in T.Parallel(C, C):
@@ -223,7 +290,7 @@ def chunk_loop_macro(
                 # State update after the output (the output reads the state before this
                 # chunk), decaying the old state before adding this chunk's keys.
                 for i, j in T.Parallel(dk, block_dv):
-                    S_f[i, j] *= T.exp2(lg[0] * T.Cast(accum, m))
+                    S_f[i, j] *= alpha_power(lg[0], m)
                 T.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV] -> [DK, bDV]
         if Final is not None and final:
             T.copy(S_f, Final[bbh, 0, :, v0 : v0 + block_dv])
@@ -270,16 +337,18 @@ def transposed_chunk_loop_macro(
     store. Each consumer warpgroup owns 64 rows of ``S^T`` and ``O^T``
     (``GemmWarpPolicy.FullRow``), so a warpgroup's state never leaves its registers. The
     MMAs are ``mma``'s (``kernel.mma``): async on Hopper, ``T.gemm`` elsewhere."""
-    C, accum = chunk, "float32"
-    store = store_macro(chunk=C, block_dv=block_dv, packed=packed)
+    C, accum = chunk, ACCUM
+    load, store = (
+        load_macro(chunk=C, block_dv=block_dv),
+        store_macro(chunk=C, block_dv=block_dv, packed=packed),
+    )
+    decay_mask = decay_mask_macro(chunk=C, scale=scale, time=time, transposed=True)
+    weigh = key_weights_macro(chunk=C, dk=dk, dtype=dtype, time=time)
     rows = T.GemmWarpPolicy.FullRow
 
     @T.macro
     def chunk_loop(Q, K, V, O, Decay, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, p_in, final):
-        Q_s = T.alloc_shared([C, dk], dtype)
-        K_s = T.alloc_shared([C, dk], dtype)
-        Kw_s = T.alloc_shared([C, dk], dtype)  # K rows r < m, * alpha^(m-1-r): writes the state
-        V_s = T.alloc_shared([C, block_dv], dtype)
+        Q_s, K_s, Kw_s, V_s = staged_tiles(chunk=C, dk=dk, block_dv=block_dv, dtype=dtype)
         O_s = T.alloc_shared([C, block_dv], dtype)
         AT_cast = T.alloc_shared([C, C], dtype)
 
@@ -290,13 +359,7 @@ def transposed_chunk_loop_macro(
         GammaT = T.alloc_fragment([C, C], accum)
         touch = T.alloc_local([1], dtype) if mma.asynchronous else None  # see chunk_loop_macro's async step
         lg = T.alloc_local([1], accum)  # log2(alpha) of this head, <= 0
-        lg[0] = T.log2(Decay[bh])
-
-        # GammaT[j, i] = scale * alpha^(i-j) for key j <= query i, else 0 (reversed: Direction)
-        for j, i in T.Parallel(C, C):
-            GammaT[j, i] = T.if_then_else(
-                time.sees(i, j), scale * T.exp2(lg[0] * T.Cast(accum, time.distance(i, j))), T.Cast(accum, 0)
-            )
+        decay_mask(GammaT, lg, Decay, bh)  # GammaT[j, i]: key j, query i
         if State is None:
             T.clear(ST_f)
         else:
@@ -306,27 +369,22 @@ def transposed_chunk_loop_macro(
         for c in T.Pipelined(n_chunks, num_stages=num_stages):
             s0 = time.chunk_start(s_begin, c, n_chunks, C)
             m = T.max(T.min(C, s_end - s0), 0)  # tokens of this chunk: C but at the end
-            T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
-            T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
-            T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
+            load(Q, K, V, Q_s, K_s, V_s, bb, s0, bh, v0)
             T.copy(ST_f, ST_h)  # the state before this chunk
             mma.gemm(K_s, Q_s, AT, transpose_B=True, clear_accum=True)  # [C_j, C_i]
             mma.gemm(ST_h, Q_s, OT, transpose_B=True, clear_accum=True, policy=rows)
             mma.wait(1)  # A^T is ready and K_s free; S^T @ Q^T may still run
-            for r, d in T.Parallel(C, dk):
-                Kw_s[r, d] = T.if_then_else(
-                    r < m, K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, time.key_power(r, m))), T.Cast(dtype, 0)
-                )
+            weigh(Kw_s, K_s, lg, m)
             for j, i in T.Parallel(C, C):
                 AT_cast[j, i] = time.scores(AT[j, i], GammaT[j, i], j, m)
             mma.wait(0)
             if mma.asynchronous:
                 touch[0] = Q_s[0, 0]
             for v, i in T.Parallel(block_dv, C):
-                OT[v, i] *= scale * T.exp2(lg[0] * T.Cast(accum, time.query_power(i, m)))
+                OT[v, i] *= scale * alpha_power(lg[0], time.query_power(i, m))
             mma.gemm(V_s, AT_cast, OT, transpose_A=True, policy=rows)  # [bDV, C_i]
             for v, d in T.Parallel(block_dv, dk):
-                ST_f[v, d] *= T.exp2(lg[0] * T.Cast(accum, m))
+                ST_f[v, d] *= alpha_power(lg[0], m)
             mma.gemm(V_s, Kw_s, ST_f, transpose_A=True, policy=rows)  # [bDV, DK]
             mma.wait(1)  # the outputs are ready; the state update may still run
             for i, v in T.Parallel(C, block_dv):
@@ -342,66 +400,38 @@ def transposed_chunk_loop_macro(
     return chunk_loop
 
 
-def scalar_decay_fwd(
-    *,
-    batch: int,
-    heads: int,
-    seqlen: int,
-    dk: int,
-    dv: int,
-    chunk: int,
-    block_dv: int,
-    num_stages: int,
-    threads: int,
-    dtype: str = "float16",
-    scores: str = "smem",
-    scale: float = 1.0,
-    initial_state: bool = False,
-    final_state: bool = False,
-    reverse: bool = False,
-    arch: str,
-):
+def scalar_decay_fwd(problem: Problem, *, initial_state: bool = False, final_state: bool = False, **loop):
     """Return the ``@T.prim_func`` ``main(Q, K, V, Decay, H0, O, HT)`` for one problem and
-    config.
+    config. ``loop``: the config's knobs (``loop_knobs``), ``scale``, ``reverse`` and the
+    ``arch``, for ``chunk_loop_macro``.
 
     Q, K: ``[B, S, H, DK]``; V, O: ``[B, S, H, DV]``; all of ``dtype``. Decay: fp32 ``[H]``,
     each head's alpha in (0, 1]. H0, HT: fp32 ``[B*H, 1, DK, DV]``, the state before the
     first token (read only with ``initial_state``) and after the last (written only with
     ``final_state``); with ``reverse`` the recurrence runs backwards in time (``Direction``),
     from H0 after the last token to HT at the first. Accumulation is fp32. ``seqlen`` need
-    not be a multiple of ``chunk``: the tile copies of the last chunk are bounds-checked (TMA zero-fills reads
-    past S and drops writes past S), and the zero-filled rows add nothing.
+    not be a multiple of ``chunk``: the tile copies of the last chunk are bounds-checked
+    (TMA zero-fills reads past S and drops writes past S), and the zero-filled rows add
+    nothing.
 
     ``scores="smem"`` stages the fp16 scores ``A * Gamma`` in shared memory; ``"regs"``
-    keeps them in registers as the seed does. With TileLang 0.1.15 the register version
-    fails layout inference ("Layout infer conflict between A and A_cast") for every
-    ``chunk=32`` and ``threads=256`` config; the shared version lowers for them and frees
-    registers (64/128/2/256 does not spill). It costs ``2 * C * C`` bytes of shared memory.
+    keeps them in registers as the seed code of docs/design.md does. With TileLang 0.1.15
+    the register version fails layout inference ("Layout infer conflict between A and
+    A_cast") for every ``chunk=32`` and ``threads=256`` config; the shared version lowers
+    for them and frees registers (64/128/2/256 does not spill). It costs ``2 * C * C``
+    bytes of shared memory.
     """
-    chunk_loop = chunk_loop_macro(
-        chunk=chunk,
-        dk=dk,
-        block_dv=block_dv,
-        scale=scale,
-        num_stages=num_stages,
-        threads=threads,
-        scores=scores,
-        dtype=dtype,
-        arch=arch,
-        reverse=reverse,
-    )
+    batch, heads, seqlen, dk, dv = problem.batch, problem.heads, problem.seqlen, problem.dk, problem.dv
+    chunk, block_dv, threads = loop["chunk"], loop["block_dv"], loop["threads"]
+    chunk_loop = chunk_loop_macro(dk=dk, dtype=problem.dtype, **loop)
+    qk, vo, decay = tensor_types(batch, seqlen, heads=heads, dk=dk, dv=dv, dtype=problem.dtype)
     state_shape = [batch * heads, 1, dk, dv]
 
     @T.prim_func
     def main(
-        Q: T.Tensor([batch, seqlen, heads, dk], dtype),
-        K: T.Tensor([batch, seqlen, heads, dk], dtype),
-        V: T.Tensor([batch, seqlen, heads, dv], dtype),
-        Decay: T.Tensor([heads], "float32"),
-        H0: T.Tensor(state_shape, "float32"),
-        O: T.Tensor([batch, seqlen, heads, dv], dtype),
-        HT: T.Tensor(state_shape, "float32"),
-    ):
+        Q: qk(), K: qk(), V: vo(), Decay: decay(), H0: T.Tensor(state_shape, ACCUM), O: vo(),
+        HT: T.Tensor(state_shape, ACCUM),
+    ):  # fmt: skip
         with T.Kernel(T.ceildiv(dv, block_dv), batch * heads, threads=threads) as (bv, bbh):
             bb = bbh // heads
             bh = bbh % heads
@@ -419,29 +449,23 @@ def prim_func(problem: Problem, config: KernelConfig, *, arch: str, packed: bool
     """``scalar_decay_fwd`` (or, ``packed``, ``packed_fwd``) for a validated problem and a
     single-pass config, lowered later for ``arch``; ``call``: ``scale``, ``initial_state``,
     ``final_state``, ``reverse``."""
-    knobs = config.to_dict()
-    if knobs.pop("segments") != 1:
+    if config.segments != 1:
         raise ValueError(f"the single-pass kernel runs one segment, got segments={config.segments}")
-    shape = problem.to_dict()
-    if packed:
-        return packed_fwd(**{k: shape[k] for k in ("heads", "dk", "dv", "dtype")}, **knobs, **call, arch=arch)
-    return scalar_decay_fwd(**shape, **knobs, **call, arch=arch)
+    return (packed_fwd if packed else scalar_decay_fwd)(problem, **loop_knobs(config), **call, arch=arch)
 
 
-def packed_fwd(
-    *,
-    heads: int,
-    dk: int,
-    dv: int,
-    dtype: str = "float16",
-    initial_state: bool = False,
-    final_state: bool = False,
-    **loop,
-):
+def loop_knobs(config: KernelConfig) -> dict:
+    """The knobs of ``config`` that ``chunk_loop_macro`` takes: all but ``segments``."""
+    knobs = config.to_dict()
+    del knobs["segments"]
+    return knobs
+
+
+def packed_fwd(problem: Problem, *, initial_state: bool = False, final_state: bool = False, **loop):
     """Return the ``@T.prim_func`` ``main(Q, K, V, Decay, H0, O, HT, CuSeqlens)`` for
-    packed sequences: one kernel for every token count ``T`` and sequence count ``N``
-    (both symbolic, read from the tensors at launch). ``loop``: the config's knobs, the
-    scale and the arch, as ``scalar_decay_fwd`` takes them, for ``chunk_loop_macro``.
+    packed sequences of ``problem``'s heads, DK, DV and dtype: one kernel for every token
+    count ``T`` and sequence count ``N`` (both symbolic, read from the tensors at launch;
+    the problem's batch and seqlen do not matter). ``loop`` as ``scalar_decay_fwd`` takes it.
 
     Q, K: ``[1, T, H, DK]``; V, O: ``[1, T, H, DV]``. CuSeqlens: int32 ``[N + 1]``, the
     offsets of the sequences, from 0 to T. H0, HT: fp32 ``[N*H, 1, DK, DV]`` (``[1, 1, DK,
@@ -449,21 +473,17 @@ def packed_fwd(
     sequence, head) walks its sequence from its first token; a chunk's tile reaches into
     the next sequence, whose rows are kept out of the state (their key weight is 0) and out
     of the output (``store_macro``)."""
+    heads, dk, dv = problem.heads, problem.dk, problem.dv
     chunk, block_dv, threads = loop["chunk"], loop["block_dv"], loop["threads"]
-    chunk_loop = chunk_loop_macro(dk=dk, dtype=dtype, packed=True, **loop)
+    chunk_loop = chunk_loop_macro(dk=dk, dtype=problem.dtype, packed=True, **loop)
     tokens, offsets, h0_rows, ht_rows = (T.dynamic(n) for n in ("tokens", "offsets", "h0_rows", "ht_rows"))
+    qk, vo, decay = tensor_types(1, tokens, heads=heads, dk=dk, dv=dv, dtype=problem.dtype)
 
     @T.prim_func
     def main(
-        Q: T.Tensor([1, tokens, heads, dk], dtype),
-        K: T.Tensor([1, tokens, heads, dk], dtype),
-        V: T.Tensor([1, tokens, heads, dv], dtype),
-        Decay: T.Tensor([heads], "float32"),
-        H0: T.Tensor([h0_rows, 1, dk, dv], "float32"),
-        O: T.Tensor([1, tokens, heads, dv], dtype),
-        HT: T.Tensor([ht_rows, 1, dk, dv], "float32"),
-        CuSeqlens: T.Tensor([offsets], "int32"),
-    ):
+        Q: qk(), K: qk(), V: vo(), Decay: decay(), H0: T.Tensor([h0_rows, 1, dk, dv], ACCUM), O: vo(),
+        HT: T.Tensor([ht_rows, 1, dk, dv], ACCUM), CuSeqlens: T.Tensor([offsets], "int32"),
+    ):  # fmt: skip
         with T.Kernel(T.ceildiv(dv, block_dv), (offsets - 1) * heads, threads=threads) as (bv, bnh):
             n = bnh // heads
             bh = bnh % heads

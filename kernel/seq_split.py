@@ -27,7 +27,7 @@ measurements, and the designs measured and not kept, are in experiments/h200/REA
 import tilelang.language as T
 
 from kernel.config import KernelConfig, Problem
-from kernel.scalar_decay import chunk_loop_macro
+from kernel.scalar_decay import ACCUM, alpha_power, chunk_loop_macro, loop_knobs
 
 CARRY_THREADS = 128  # state elements one carry block owns, one per thread
 
@@ -56,22 +56,12 @@ def prim_funcs(
     config.check_fits(problem)
     batch, heads, seqlen, dk, dv = problem.batch, problem.heads, problem.seqlen, problem.dk, problem.dv
     dtype = problem.dtype
-    C, block_dv, num_stages, accum = config.chunk, config.block_dv, config.num_stages, "float32"
+    C, block_dv, num_stages, accum = config.chunk, config.block_dv, config.num_stages, ACCUM
     L, P = config.segment_length(seqlen), config.segment_count(seqlen)
     chunks_per_segment = L // C
     state_shape = [batch * heads, 1, dk, dv]
-    chunk_loop = chunk_loop_macro(
-        chunk=C,
-        dk=dk,
-        block_dv=block_dv,
-        scale=scale,
-        num_stages=num_stages,
-        threads=config.threads,
-        scores=config.scores,
-        dtype=dtype,
-        arch=arch,
-        reverse=reverse,
-    )
+    loop = loop_knobs(config) | dict(scale=scale, arch=arch, reverse=reverse)
+    chunk_loop = chunk_loop_macro(dk=dk, dtype=dtype, **loop)
     last_length = seqlen - (P - 1) * L  # tokens of the last segment, 1 to L
     # The states kernel's block bp computes segment bp into States[bp + 1] (forward), or
     # segment bp + 1 into States[bp] (reversed); ``entry``: the first segment walked.
@@ -123,7 +113,7 @@ def prim_funcs(
                 T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
                 T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
                 for r, d in T.Parallel(C, dk):
-                    Kw_s[r, d] = key_weight(K_s[r, d] * T.exp2(lg[0] * T.Cast(accum, distance(c, r))), s0 + r)
+                    Kw_s[r, d] = key_weight(K_s[r, d] * alpha_power(lg[0], distance(c, r)), s0 + r)
                 T.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV] -> [DK, bDV]
             T.copy(S_f, States[bbh, slot_of(bp), :, v0 : v0 + block_dv])
             if segment_of(bp) == entry:  # the state entering the first segment walked
@@ -140,9 +130,9 @@ def prim_funcs(
             S_l = T.alloc_local([P], accum)
             # alpha^L, and reversed alpha^(last segment's length); 0 where they underflow
             decay_l = T.alloc_local([2 if reverse else 1], accum)
-            decay_l[0] = T.exp2(T.log2(Decay[bbh % heads]) * T.Cast(accum, L))
+            decay_l[0] = alpha_power(T.log2(Decay[bbh % heads]), L)
             if reverse:
-                decay_l[1] = T.exp2(T.log2(Decay[bbh % heads]) * T.Cast(accum, last_length))
+                decay_l[1] = alpha_power(T.log2(Decay[bbh % heads]), last_length)
             if e < dk * dv:
                 i, j = e // dv, e % dv
                 if reverse:  # from the last segment down: States[p] += alpha^len(p+1) States[p+1]

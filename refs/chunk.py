@@ -1,4 +1,5 @@
-"""References B, C and D: the chunked forms of the scalar-decay recurrence (seed 3-4).
+"""References B, C and D: the chunked forms of the scalar-decay recurrence (docs/design.md
+sections 1-2).
 
 Inside a chunk of length C (0-based row r), the constant decay enters at three places,
 every weight <= 1 (docs/design.md section 1):
@@ -20,13 +21,14 @@ sequences, each chunked from its own first token (``refs._checks.run_sequences``
 """
 
 from functools import partial
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from ._checks import F64, check_alpha, check_chunk, check_qkv, from_chunks, run_sequences, to_chunks
+from ._checks import F64, check_alpha, check_chunk, check_qkv, from_chunks, to_chunks
+from .naive import run_fla
 
 
 class ChunkWeights(NamedTuple):
@@ -92,66 +94,29 @@ def _chunked(
 
 
 def chunked(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    alpha: float | Tensor,
-    chunk: int,
-    *,
-    scale: float = 1.0,
-    initial_state: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    output_final_state: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, alpha: float | Tensor, chunk: int, **keywords: Any
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Reference B (seed 4.2): chunked and vectorised with the three decay weights.
+    """Reference B: chunked and vectorised with the three decay weights.
 
     q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; alpha: a float in (0, 1] or one per
-    head ``[H]``; chunk >= 1 (S need not be a multiple); initial_state ``[B, H, DK, DV]``
-    (``[N, H, DK, DV]`` with cu_seqlens, N + 1 packed offsets over ``[1, T, H, D]`` inputs).
-    Returns float64 o ``[B, S, H, DV]``, or ``(o, final_state)`` with output_final_state.
+    head ``[H]``; chunk >= 1 (S need not be a multiple); keywords: fla's, as
+    ``refs.naive.recurrent`` takes them (scale, initial_state ``[B, H, DK, DV]``,
+    cu_seqlens, output_final_state). Returns float64 o ``[B, S, H, DV]``, or ``(o,
+    final_state)`` with output_final_state.
     """
-    return run_sequences(
-        partial(_chunked, chunk=check_chunk(chunk), factorised=False),
-        q,
-        k,
-        v,
-        alpha,
-        scale=scale,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-        output_final_state=output_final_state,
-    )
+    return run_fla(partial(_chunked, chunk=check_chunk(chunk), factorised=False), q, k, v, alpha, keywords)
 
 
 def factorised(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    alpha: float | Tensor,
-    chunk: int,
-    *,
-    scale: float = 1.0,
-    initial_state: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    output_final_state: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, alpha: float | Tensor, chunk: int, **keywords: Any
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Reference D (seed 3-4): as ``chunked``, intra-chunk term ``tril((Q*alpha^i)(K*alpha^-j)^T) V``.
+    """Reference D: as ``chunked``, intra-chunk term ``tril((Q*alpha^i)(K*alpha^-j)^T) V``.
 
     Algebraically equal to B and, in float64, numerically too for moderate
     ``alpha^-(C-1)`` (it overflows fp64 past alpha^-(C-1) ~ 1.8e308, e.g. alpha = 0.05
     at C = 238); see ``intra_chunk`` for how it fails in fp16.
     """
-    return run_sequences(
-        partial(_chunked, chunk=check_chunk(chunk), factorised=True),
-        q,
-        k,
-        v,
-        alpha,
-        scale=scale,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-        output_final_state=output_final_state,
-    )
+    return run_fla(partial(_chunked, chunk=check_chunk(chunk), factorised=True), q, k, v, alpha, keywords)
 
 
 def _kernel_mimic(
@@ -190,12 +155,9 @@ def kernel_mimic(
     chunk: int,
     *,
     block_dv: int | None = None,
-    scale: float = 1.0,
-    initial_state: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    output_final_state: bool = False,
+    **keywords: Any,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Reference C (seed 4.3): the kernel's control flow, with a streaming state.
+    """Reference C: the kernel's control flow (docs/design.md section 4), with a streaming state.
 
     Per sequence (a grid block walks one), outer loop over DV blocks of width ``block_dv``
     (the kernel grid's first axis; default all of DV), inner loop over chunks in order (the
@@ -204,20 +166,9 @@ def kernel_mimic(
     state is decayed before the chunk's contribution is added. Runs on the inputs' device.
     Arguments and result as in ``chunked``.
     """
-    return run_sequences(
-        partial(
-            _kernel_mimic,
-            chunk=check_chunk(chunk),
-            block_dv=v.shape[-1] if block_dv is None else check_chunk(block_dv, "block_dv"),
-        ),
-        q,
-        k,
-        v,
-        alpha,
-        scale=scale,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-        output_final_state=output_final_state,
+    block_dv = v.shape[-1] if block_dv is None else check_chunk(block_dv, "block_dv")
+    return run_fla(
+        partial(_kernel_mimic, chunk=check_chunk(chunk), block_dv=block_dv), q, k, v, alpha, keywords
     )
 
 
@@ -230,7 +181,7 @@ def intra_chunk(
     form: Literal["ratio", "factorised"],
     storage: torch.dtype = torch.float16,
 ) -> Tensor:
-    """The seed's single-chunk experiment (3.1): fp16 storage, fp32 accumulation.
+    """The single-chunk experiment of docs/design.md section 2: fp16 storage, fp32 accumulation.
 
     The whole sequence is one chunk (C = S). q, k: ``[B, C, H, DK]``; v: ``[B, C, H, DV]``.
     Inputs are rounded to ``storage``; every matmul takes ``storage`` operands and

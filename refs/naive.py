@@ -1,16 +1,36 @@
 """Reference A and its companions: the definition, its matrix form, and no decay.
 
 Everything is float64 in the kernel's layout ``[B, S, H, D]``. The state is stored
-transposed as the kernel holds it (seed section 4.0): ``S in R^{DK x DV}``,
+transposed as the kernel holds it (docs/design.md section 1): ``S in R^{DK x DV}``,
 ``S_t = alpha_t * S_{t-1} + outer(k_t, v_t)``, ``o_t = (scale * q_t) @ S_t``, from ``S_0``
 (``initial_state``, default zero). The keywords follow fla's ``chunk_simple_gla``
 (``alpha_h = exp(g_gamma_h)``); see ``refs._checks.run_sequences``.
 """
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from ._checks import F64, check_chunk, check_qkv, from_chunks, run_sequences, to_chunks
+from ._checks import F64, Core, check_chunk, check_qkv, from_chunks, run_sequences, to_chunks
+
+# fla's keywords (``chunk_simple_gla``) with their defaults: every reference takes them.
+FLA_DEFAULTS = {"scale": 1.0, "initial_state": None, "cu_seqlens": None, "output_final_state": False}
+
+
+def run_fla(
+    core: Core,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alpha: float | Tensor,
+    keywords: dict[str, Any],
+    **checks: bool,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """``core`` through ``refs._checks.run_sequences`` with fla's ``keywords`` (``scale``,
+    ``initial_state``, ``cu_seqlens``, ``output_final_state``; an absent one takes its
+    ``FLA_DEFAULTS`` value, any other raises ``TypeError``) and ``checks`` (``per_token``)."""
+    return run_sequences(core, q, k, v, alpha, **checks, **(FLA_DEFAULTS | keywords))
 
 
 def _recurrent(q: Tensor, k: Tensor, v: Tensor, decay: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
@@ -25,35 +45,18 @@ def _recurrent(q: Tensor, k: Tensor, v: Tensor, decay: Tensor, state: Tensor) ->
 
 
 def recurrent(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    alpha: float | Tensor,
-    *,
-    scale: float = 1.0,
-    initial_state: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    output_final_state: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, alpha: float | Tensor, **keywords: Any
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Reference A: the recurrence token by token, vectorised over batch and heads.
 
     q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; alpha: a float in (0, 1], one decay per
-    head ``[H]``, or per-token decays ``alpha_t`` ``[B, S, H]``; initial_state: ``[B, H, DK, DV]``
-    (``[N, H, DK, DV]`` with cu_seqlens, N + 1 packed offsets over ``[1, T, H, D]`` inputs).
-    Returns float64 o ``[B, S, H, DV]``, or ``(o, final_state)`` with output_final_state.
+    head ``[H]``, or per-token decays ``alpha_t`` ``[B, S, H]``. keywords: fla's
+    (``run_fla``): scale (multiplies q), initial_state ``[B, H, DK, DV]`` (``[N, H, DK,
+    DV]`` with cu_seqlens, N + 1 packed offsets over ``[1, T, H, D]`` inputs),
+    output_final_state. Returns float64 o ``[B, S, H, DV]``, or ``(o, final_state)`` with
+    output_final_state.
     """
-    return run_sequences(
-        _recurrent,
-        q,
-        k,
-        v,
-        alpha,
-        scale=scale,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-        output_final_state=output_final_state,
-        per_token=True,
-    )
+    return run_fla(_recurrent, q, k, v, alpha, keywords, per_token=True)
 
 
 def decay_mask(alpha: Tensor) -> Tensor:
@@ -91,33 +94,14 @@ def _parallel(q: Tensor, k: Tensor, v: Tensor, decay: Tensor, state0: Tensor) ->
 
 
 def parallel(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    alpha: float | Tensor,
-    *,
-    scale: float = 1.0,
-    initial_state: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
-    output_final_state: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, alpha: float | Tensor, **keywords: Any
 ) -> Tensor | tuple[Tensor, Tensor]:
     """The matrix parallel form ``O = ((Q K^T) * Gamma) V + (Q * gamma) S_0`` per sequence.
 
     Arguments and result as in ``recurrent``. O(S^2) memory: for checks, not for long
     sequences.
     """
-    return run_sequences(
-        _parallel,
-        q,
-        k,
-        v,
-        alpha,
-        scale=scale,
-        initial_state=initial_state,
-        cu_seqlens=cu_seqlens,
-        output_final_state=output_final_state,
-        per_token=True,
-    )
+    return run_fla(_parallel, q, k, v, alpha, keywords, per_token=True)
 
 
 def plain_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int) -> Tensor:
