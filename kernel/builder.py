@@ -239,11 +239,25 @@ def _probe(problem: Problem, config: KernelConfig, call: Call, *, arch: str) -> 
 PR_SET_PDEATHSIG = 1  # Linux's prctl option: a signal for this process when its parent dies
 
 
+@contextlib.contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread for the block: a child process started in it starts
+    with SIGINT blocked (the mask survives fork and exec), so a Ctrl-C during its start-up
+    waits until ``bind_to_parent`` ignores it, instead of raising in its imports."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def bind_to_parent(parent: int) -> None:
-    """In a child process of ``parent``: Ctrl-C is left to the parent (the terminal sends it
-    to the whole process group), and the child is killed when the parent dies, even by
-    SIGKILL (Linux's parent-death signal; elsewhere a thread that watches the parent)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """In a child process of ``parent`` (started under ``sigint_blocked``): Ctrl-C is left
+    to the parent (the terminal sends it to the whole process group), and the child is
+    killed when the parent dies, even by SIGKILL (Linux's parent-death signal; elsewhere a
+    thread that watches the parent)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # also drops a Ctrl-C pending since the start
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
             raise OSError(ctypes.get_errno(), "prctl")
@@ -267,6 +281,10 @@ class CompilePool(ProcessPoolExecutor):
         ctx = multiprocessing.get_context("spawn")
         super().__init__(workers, mp_context=ctx, initializer=bind_to_parent, initargs=(os.getpid(),))
         self.futures: set[Future] = set()
+
+    def _spawn_process(self) -> None:  # the one place the executor starts a process
+        with sigint_blocked():
+            super()._spawn_process()  # type: ignore[misc]
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         future = super().submit(fn, *args, **kwargs)

@@ -11,6 +11,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from kernel.builder import bind_to_parent, build, sigint_blocked
 from kernel.config import Call, KernelConfig, Problem, model_call
 
 # Fault injection for the tests: "LABEL=FAULT,..." (``KernelConfig.label``, e.g.
@@ -45,7 +46,6 @@ def _inject(config: KernelConfig) -> None:
 
 
 def _measure(job: dict[str, Any]) -> dict[str, Any]:
-    from kernel.builder import build
     from kernel.validate import check_and_time
 
     problem, config = Problem.from_dict(job["problem"]), KernelConfig.from_dict(job["config"])
@@ -56,8 +56,6 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _serve(conn: Connection, parent: int) -> None:
-    from kernel.builder import bind_to_parent
-
     bind_to_parent(parent)  # Ctrl-C is the parent's, which closes this worker; dies with the parent
     while (job := conn.recv()) is not None:
         try:
@@ -79,7 +77,8 @@ class GpuWorker:
     def _start(self) -> None:
         self._conn, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(child, os.getpid()), daemon=True)
-        self._proc.start()
+        with sigint_blocked():
+            self._proc.start()
         child.close()
 
     def measure(self, job: dict[str, Any]) -> dict[str, Any]:
