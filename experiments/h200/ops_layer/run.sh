@@ -7,10 +7,10 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 case ${1:-} in
-kernels) files="tests/test_kernel_gpu.py tests/test_arch_gpu.py tests/test_refs.py tests/test_dkdv.py tests/test_cli.py tests/test_bench.py" ;;
+kernels) files="tests/test_kernel_gpu.py tests/test_arch_gpu.py tests/test_refs.py" ;;
+rest) files="tests/test_dkdv.py tests/test_cli.py tests/test_bench.py" ;;
 ops) files="tests/test_attention_gpu.py tests/test_backward.py" ;;
-*) echo "usage: run.sh kernels|ops" >&2 && exit 2 ;;
+*) echo "usage: run.sh kernels|ops|rest" >&2 && exit 2 ;;
 esac
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-git log -1 --format="commit %h" 2>/dev/null || true
 timeout 570 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=10 $files 2>&1 | tee "$OUT/gpu_$1.log"
