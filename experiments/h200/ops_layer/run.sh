@@ -13,4 +13,4 @@ ops) files="tests/test_attention_gpu.py tests/test_backward.py" ;;
 *) echo "usage: run.sh kernels|ops|rest" >&2 && exit 2 ;;
 esac
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 570 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=10 $files 2>&1 | tee "$OUT/gpu_$1.log"
+timeout 570 python3 -m pytest -o addopts="" -m gpu -q -p no:cacheprovider -rfE --durations=10 $files 2>&1 | tee "$OUT/gpu_$1.log"
