@@ -24,8 +24,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     problem = problem_of(args)
     given = None if args.config is None else parse_config(args.config, "--config")
-    if given is not None:
-        given.check_fits(problem)
     archs = parse_archs(args.arch) if args.arch else [resolve(None)[0]]
     configs = {arch: given or default_config(problem, arch) for arch in archs}
     for config in configs.values():
