@@ -348,10 +348,10 @@ def fail_stale(study: optuna.Study, grace_s: float) -> int:
         return len(
             [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.number not in before]
         )
-    now, count = time.time(), 0
+    now, count, stale = time.time(), 0, _stale_ids(study, grace_s)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        beat = t.system_attrs.get(HEARTBEAT_ATTR)
-        if beat is not None and now - beat > grace_s:
+        if t._trial_id in stale:
+            beat = t.system_attrs[HEARTBEAT_ATTR]
             count += interrupt(study, t, f"no heartbeat for {now - beat:.0f} s: its worker died")
     return count
 
@@ -380,10 +380,7 @@ def unfinished_summary(study: optuna.Study, grace_s: float) -> str:
         if t.state == TrialState.WAITING:
             queued += 1
         elif t.state == TrialState.RUNNING:
-            pid = t.user_attrs.get("pid")
-            if t._trial_id in stale or (
-                t.user_attrs.get("host") == host and pid is not None and not _alive(pid)
-            ):
+            if t._trial_id in stale or _died_here(t, host):
                 dead += 1
             else:
                 running += 1
@@ -401,10 +398,15 @@ def fail_interrupted(study: optuna.Study) -> int:
     host = socket.gethostname()
     count = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        pid, owner = t.user_attrs.get("pid"), t.user_attrs.get("host")
-        if owner == host and pid is not None and not _alive(pid):
-            count += interrupt(study, t, f"process {pid} died mid-trial")
+        if _died_here(t, host):
+            count += interrupt(study, t, f"process {t.user_attrs['pid']} died mid-trial")
     return count
+
+
+def _died_here(trial: FrozenTrial, host: str) -> bool:
+    """Whether ``trial`` ran in a process of ``host`` that is gone."""
+    pid = trial.user_attrs.get("pid")
+    return trial.user_attrs.get("host") == host and pid is not None and not _alive(pid)
 
 
 def _alive(pid: int) -> bool:
