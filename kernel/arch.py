@@ -39,6 +39,15 @@ class Arch:
     gpus: str  # examples, for messages
 
     @property
+    def symbolic_shapes(self) -> bool:
+        """Whether the kernels take their batch size and sequence length from the tensors at
+        launch, one compile serving every shape (``kernel.variants.shape_generic``): where
+        TileLang warp-specialises the pipeline. Elsewhere TileLang 0.1.15 fails to
+        software-pipeline a chunk loop of symbolic length with 2 stages or more ("Downcast
+        from tirx.Sub to ir.IntImm"), so each shape compiles its own kernels."""
+        return self.setmaxnreg
+
+    @property
     def code(self) -> str:
         """The SASS target of this capability without arch-specific features (``sm_90``):
         what a GPU of it runs when another arch's code is lowered for it (``run_on``)."""

@@ -2,6 +2,7 @@
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import multiprocessing
 import os
@@ -19,7 +20,7 @@ import torch
 from kernel.arch import local_arch
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, retnet_decay
 from kernel.resources import ProbeResult, compile_kernel, probe
-from kernel.variants import launch, launch_dkdv, unused_state
+from kernel.variants import launch, launch_dkdv, shape_generic, unused_state
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -29,7 +30,9 @@ class ScalarDecayKernel:
     """``kernel(q, k, v) -> o`` for one compiled (problem, config, call), of either variant.
 
     q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; contiguous CUDA tensors of the problem's
-    dtype. ``decay``: each head's alpha in (0, 1], an fp32 CUDA tensor ``[H]`` (default:
+    heads, head sizes and dtype, of any B and S the config tiles (the compiled kernels take
+    them from the tensors: ``kernel.variants.shape_generic``); ``problem`` is the shape
+    ``run`` launches for. ``decay``: each head's alpha in (0, 1], an fp32 CUDA tensor ``[H]`` (default:
     RetNet's, ``kernel.config.retnet_decay``). With ``call.initial_state``, ``initial_state`` is
     the fp32 ``[B, H, DK, DV]`` state before the first token; with ``call.final_state``,
     ``final_state`` is the fp32 ``[B, H, DK, DV]`` tensor that receives the state after
@@ -42,6 +45,7 @@ class ScalarDecayKernel:
     config: KernelConfig
     compiled: tuple[Any, ...]  # tilelang.JITKernel per kernel, in launch order
     call: Call = PLAIN_CALL
+    lowered_for: str | None = None  # the architecture lowered for (``build``'s); None: this GPU's
 
     def __call__(
         self,
@@ -64,7 +68,8 @@ class ScalarDecayKernel:
         for name, (tensor, compiled_for) in given.items():
             if (tensor is not None) != compiled_for:
                 raise ValueError(f"this kernel was compiled {'with' if compiled_for else 'without'} {name}")
-        batch, seqlen, sequences = p.batch, p.seqlen, p.batch
+        batch, seqlen = (q.shape[0], q.shape[1]) if isinstance(q, torch.Tensor) and q.dim() == 4 else (0, 0)
+        sequences = batch
         if call.packed:
             if not (
                 isinstance(q, torch.Tensor)
@@ -97,7 +102,19 @@ class ScalarDecayKernel:
             check_tensor(name, tensor, shape, kind)
             if tensor.device != q.device:
                 raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
-        return self.run(q, k, v, decay, initial_state, final_state, out, cu_seqlens)[0]
+        kernel = self if call.packed else self.serving(dataclasses.replace(p, batch=batch, seqlen=seqlen))
+        return kernel.run(q, k, v, decay, initial_state, final_state, out, cu_seqlens)[0]
+
+    def serving(self, problem: Problem) -> "ScalarDecayKernel":
+        """This kernel launched for ``problem``, a shape of the same heads, head sizes and
+        dtype: the same compiled kernels. ``ValueError`` where the config cannot tile it."""
+        if problem == self.problem:
+            return self
+        arch = self.lowered_for or cuda_arch()
+        if shape_generic(problem, arch) != shape_generic(self.problem, arch):
+            raise ValueError(f"this kernel was compiled for {self.problem}, not {problem}")
+        self.config.check_fits(problem)
+        return dataclasses.replace(self, problem=problem)
 
     def run(
         self,
@@ -213,8 +230,24 @@ def build(
     as values.
     """
     here = cuda_arch()
-    compiled = compile_kernel(problem, config, lower_for or here, call, run_on=here)
-    return ScalarDecayKernel(problem, config, compiled, call)
+    key = (shape_generic(problem, lower_for or here), config, call, lower_for or here, here)
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = _COMPILED[key] = compile_kernel(problem, config, lower_for or here, call, run_on=here)
+    else:
+        config.check_fits(problem)
+    return ScalarDecayKernel(problem, config, compiled, call, lower_for)
+
+
+# (shape_generic shape, config, call, arch, GPU arch) -> the compiled kernels, which serve
+# every B and S of the shape: each is compiled (or read from the disk cache) once a process.
+_COMPILED: dict[tuple, tuple[Any, ...]] = {}
+
+
+def compiles() -> int:
+    """Kernels this process has compiled, or read from TileLang's disk cache, for ``build``:
+    what a call of a new batch size or sequence length must not add (the bench counts them)."""
+    return len(_COMPILED)
 
 
 def precompile(

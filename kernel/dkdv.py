@@ -160,12 +160,13 @@ def prim_funcs(
 ) -> list:
     """The ``@T.prim_func`` kernels, in launch order: one pass, ``[main(Q, K, V, dO, Decay,
     H0, HT, dK, dV)]`` (``CuSeqlens`` last where ``packed``); split (``config.segments >
-    1``), ``[states(Q, dO, Decay, H0, States), carry(Decay, States), outputs(Q, K, V, dO,
-    Decay, States, HT, dK, dV)]`` with ``States`` fp32 ``[B*H, P, DK, DV]``, the dv
-    sweep's reversed kernels of ``kernel.seq_split``.
+    1``), ``[states(Q, dO, Decay, H0, States), carry(Q, Decay, States), outputs(Q, K, V,
+    dO, Decay, States, HT, dK, dV)]`` with ``States`` fp32 ``[B*H, config.segments, DK,
+    DV]``, the dv sweep's reversed kernels of ``kernel.seq_split``.
 
-    Q, K, dK: ``[B, S, H, DK]``; V, dO, dV: ``[B, S, H, DV]``; packed, ``B = 1`` and ``S``
-    the symbolic token count T, with the int32 offsets ``[N + 1]``. Decay: fp32 ``[H]``.
+    Q, K, dK: ``[B, S, H, DK]``; V, dO, dV: ``[B, S, H, DV]``, for every B and S where
+    ``arch`` allows (``kernel.scalar_decay.sizes``); packed, ``B = 1`` and ``S`` the
+    symbolic token count T, with the int32 offsets ``[N + 1]``. Decay: fp32 ``[H]``.
     H0: fp32 ``[B*H or N*H, 1, DK, DV]``, the state dS starts from after each sequence's
     last token, read only with ``initial_state`` (else zero); HT receives dS at its first
     token, written only with ``final_state``. ``kernel.ops.backward`` says what they hold.
@@ -173,7 +174,7 @@ def prim_funcs(
     import tilelang.language as T
 
     from kernel import seq_split
-    from kernel.scalar_decay import ACCUM, tensor_types
+    from kernel.scalar_decay import ACCUM, sizes, tensor_types
 
     if config.block_dv != problem.dv or config.scores != "smem" or (packed and config.segments != 1):
         raise ValueError(
@@ -205,7 +206,7 @@ def prim_funcs(
 
         return [main_packed]
 
-    b, s = problem.batch, problem.seqlen
+    b, s = sizes(problem, arch)
     qk, vo, decay = tensor_types(b, s, **shape)
 
     def state(rows: int = 1):
@@ -229,12 +230,13 @@ def prim_funcs(
     states, carry, _ = seq_split.prim_funcs(
         problem, config, initial_state=initial_state, reverse=True, arch=arch
     )
-    L, P = config.segment_length(s), config.segment_count(s)
+    L, P = seq_split.segment_grid(s, chunk=config.chunk, segments=config.segments)
 
     @T.prim_func
     def outputs(
-        Q: qk(), K: qk(), V: vo(), dO: vo(), Decay: decay(), States: state(P), HT: state(), dK: qk(), dV: vo()
-    ):
+        Q: qk(), K: qk(), V: vo(), dO: vo(), Decay: decay(), States: state(config.segments), HT: state(),
+        dK: qk(), dV: vo(),
+    ):  # fmt: skip
         with T.Kernel(b * heads, P, threads=config.threads) as (bbh, bp):
             bb, bh = bbh // heads, bbh % heads
             sweep(

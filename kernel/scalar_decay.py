@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
+from kernel.arch import get_arch
 from kernel.config import KernelConfig, Problem
 from kernel.mma import Mma, mma_for
 
@@ -130,6 +131,13 @@ def key_weights_macro(*, chunk: int, dk: int, dtype: str, time: Direction):
             )
 
     return weigh
+
+
+def sizes(problem: Problem, arch: str) -> tuple:
+    """``(B, S)`` as a dense kernel declares them for ``arch``: symbolic, read from the
+    tensors at launch, where the architecture has ``symbolic_shapes``; else the problem's
+    (``kernel.variants.shape_generic``)."""
+    return T.dynamic("batch, seqlen") if get_arch(arch).symbolic_shapes else (problem.batch, problem.seqlen)
 
 
 def tensor_types(batch, seqlen, *, heads: int, dk: int, dv: int, dtype: str) -> tuple:
@@ -401,9 +409,11 @@ def transposed_chunk_loop_macro(
 
 
 def scalar_decay_fwd(problem: Problem, *, initial_state: bool = False, final_state: bool = False, **loop):
-    """Return the ``@T.prim_func`` ``main(Q, K, V, Decay, H0, O, HT)`` for one problem and
-    config. ``loop``: the config's knobs (``loop_knobs``), ``scale``, ``reverse`` and the
-    ``arch``, for ``chunk_loop_macro``.
+    """Return the ``@T.prim_func`` ``main(Q, K, V, Decay, H0, O, HT)`` for one config and
+    ``problem``'s heads, DK, DV and dtype: one kernel for every batch size ``B`` and
+    sequence length ``S`` where ``arch`` allows (``sizes``).
+    ``loop``: the config's knobs (``loop_knobs``), ``scale``, ``reverse`` and the ``arch``,
+    for ``chunk_loop_macro``.
 
     Q, K: ``[B, S, H, DK]``; V, O: ``[B, S, H, DV]``; all of ``dtype``. Decay: fp32 ``[H]``,
     each head's alpha in (0, 1]. H0, HT: fp32 ``[B*H, 1, DK, DV]``, the state before the
@@ -421,9 +431,10 @@ def scalar_decay_fwd(problem: Problem, *, initial_state: bool = False, final_sta
     for them and frees registers (64/128/2/256 does not spill). It costs ``2 * C * C``
     bytes of shared memory.
     """
-    batch, heads, seqlen, dk, dv = problem.batch, problem.heads, problem.seqlen, problem.dk, problem.dv
+    heads, dk, dv = problem.heads, problem.dk, problem.dv
     chunk, block_dv, threads = loop["chunk"], loop["block_dv"], loop["threads"]
     chunk_loop = chunk_loop_macro(dk=dk, dtype=problem.dtype, **loop)
+    batch, seqlen = sizes(problem, loop["arch"])
     qk, vo, decay = tensor_types(batch, seqlen, heads=heads, dk=dk, dv=dv, dtype=problem.dtype)
     state_shape = [batch * heads, 1, dk, dv]
 
@@ -464,8 +475,8 @@ def loop_knobs(config: KernelConfig) -> dict:
 def packed_fwd(problem: Problem, *, initial_state: bool = False, final_state: bool = False, **loop):
     """Return the ``@T.prim_func`` ``main(Q, K, V, Decay, H0, O, HT, CuSeqlens)`` for
     packed sequences of ``problem``'s heads, DK, DV and dtype: one kernel for every token
-    count ``T`` and sequence count ``N`` (both symbolic, read from the tensors at launch;
-    the problem's batch and seqlen do not matter). ``loop`` as ``scalar_decay_fwd`` takes it.
+    count ``T`` and sequence count ``N`` (both symbolic, read from the tensors at launch,
+    as ``scalar_decay_fwd``'s B and S are). ``loop`` as ``scalar_decay_fwd`` takes it.
 
     Q, K: ``[1, T, H, DK]``; V, O: ``[1, T, H, DV]``. CuSeqlens: int32 ``[N + 1]``, the
     offsets of the sequences, from 0 to T. H0, HT: fp32 ``[N*H, 1, DK, DV]`` (``[1, 1, DK,

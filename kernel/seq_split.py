@@ -27,7 +27,7 @@ measurements, and the designs measured and not kept, are in experiments/h200/REA
 import tilelang.language as T
 
 from kernel.config import KernelConfig, Problem
-from kernel.scalar_decay import ACCUM, alpha_power, chunk_loop_macro, loop_knobs
+from kernel.scalar_decay import ACCUM, alpha_power, chunk_loop_macro, loop_knobs, sizes
 
 CARRY_THREADS = 128  # state elements one carry block owns, one per thread
 
@@ -43,9 +43,14 @@ def prim_funcs(
     arch: str,
 ):
     """Return the ``@T.prim_func`` triple ``(states(K, V, Decay, H0, States),
-    carry(Decay, States), outputs(Q, K, V, Decay, States, O, HT))`` for a split config;
-    States is ``[B*H, P, DK, DV]`` fp32, Decay, H0 and HT as in
-    ``kernel.scalar_decay.scalar_decay_fwd``; ``arch`` as there.
+    carry(K, Decay, States), outputs(Q, K, V, Decay, States, O, HT))`` for a split config
+    and ``problem``'s heads, DK, DV and dtype, for every batch size and sequence length
+    where ``arch`` allows (``kernel.scalar_decay.sizes``): ``S`` is cut into ``P``
+    segments of ``L`` tokens (``segment_grid``; ``P`` is at most ``config.segments``, and at
+    least 2: ``KernelConfig.check_fits``). States is fp32 ``[B*H, config.segments, DK,
+    DV]``, of which each (batch, head) uses the first ``P`` rows; the carry reads only K's
+    shape; Decay, H0 and HT as in ``kernel.scalar_decay.scalar_decay_fwd``; ``arch`` as
+    there.
 
     With ``reverse`` (the recurrence backwards in time, ``kernel.scalar_decay.Direction``)
     everything mirrors: ``States[p]`` is the state entering segment ``p`` from its end; the
@@ -53,13 +58,14 @@ def prim_funcs(
     ``States[p - 1]``, the last segment's block writing the initial state into
     ``States[P - 1]``); the carry runs from the last segment down, across the ragged last
     segment with ``alpha`` to its length; the first segment's outputs leave the final state."""
-    config.check_fits(problem)
-    batch, heads, seqlen, dk, dv = problem.batch, problem.heads, problem.seqlen, problem.dk, problem.dv
-    dtype = problem.dtype
+    heads, dk, dv, dtype = problem.heads, problem.dk, problem.dv, problem.dtype
     C, block_dv, num_stages, accum = config.chunk, config.block_dv, config.num_stages, ACCUM
-    L, P = config.segment_length(seqlen), config.segment_count(seqlen)
+    slots = config.segments  # States' rows per (batch, head): the most segments there are
+    batch, seqlen = sizes(problem, arch)
+    L, P = segment_grid(seqlen, chunk=C, segments=slots)
     chunks_per_segment = L // C
     state_shape = [batch * heads, 1, dk, dv]
+    states_shape = [batch * heads, slots, dk, dv]
     loop = loop_knobs(config) | dict(scale=scale, arch=arch, reverse=reverse)
     chunk_loop = chunk_loop_macro(dk=dk, dtype=dtype, **loop)
     last_length = seqlen - (P - 1) * L  # tokens of the last segment, 1 to L
@@ -95,7 +101,7 @@ def prim_funcs(
         V: T.Tensor([batch, seqlen, heads, dv], dtype),
         Decay: T.Tensor([heads], accum),
         H0: T.Tensor(state_shape, accum),
-        States: T.Tensor([batch * heads, P, dk, dv], accum),
+        States: T.Tensor(states_shape, accum),
     ):
         with T.Kernel(T.ceildiv(dv, block_dv), batch * heads, P - 1, threads=config.threads) as (bv, bbh, bp):
             bb = bbh // heads
@@ -124,10 +130,14 @@ def prim_funcs(
                 T.copy(S_f, States[bbh, entry, :, v0 : v0 + block_dv])
 
     @T.prim_func
-    def carry(Decay: T.Tensor([heads], accum), States: T.Tensor([batch * heads, P, dk, dv], accum)):
+    def carry(
+        K: T.Tensor([batch, seqlen, heads, dk], dtype),  # only its shape is read: B and S
+        Decay: T.Tensor([heads], accum),
+        States: T.Tensor(states_shape, accum),
+    ):
         with T.Kernel(T.ceildiv(dk * dv, CARRY_THREADS), batch * heads, threads=CARRY_THREADS) as (be, bbh):
             e = be * CARRY_THREADS + T.get_thread_binding()
-            S_l = T.alloc_local([P], accum)
+            S_l = T.alloc_local([slots], accum)
             # alpha^L, and reversed alpha^(last segment's length); 0 where they underflow
             decay_l = T.alloc_local([2 if reverse else 1], accum)
             decay_l[0] = alpha_power(T.log2(Decay[bbh % heads]), L)
@@ -135,24 +145,22 @@ def prim_funcs(
                 decay_l[1] = alpha_power(T.log2(Decay[bbh % heads]), last_length)
             if e < dk * dv:
                 i, j = e // dv, e % dv
+                # The first P of the slots hold segments (the states kernel wrote each).
+                for p in T.unroll(0, slots):
+                    if p < P:
+                        S_l[p] = States[bbh, p, i, j]
                 if reverse:  # from the last segment down: States[p] += alpha^len(p+1) States[p+1]
-                    for p in T.unroll(0, P if initial_state else P - 1):
-                        S_l[p] = States[bbh, p, i, j]
-                    if not initial_state:
-                        S_l[P - 1] = 0
-                    S_l[P - 2] = S_l[P - 1] * decay_l[1] + S_l[P - 2]  # across the ragged last
-                    States[bbh, P - 2, i, j] = S_l[P - 2]
-                    for p in T.unroll(3, P + 1):
-                        S_l[P - p] = S_l[P - p + 1] * decay_l[0] + S_l[P - p]
-                        States[bbh, P - p, i, j] = S_l[P - p]
+                    for q in T.unroll(0, slots - 1):
+                        p = slots - 2 - q
+                        if p < P - 1:
+                            across = T.if_then_else(p == P - 2, decay_l[1], decay_l[0])  # the ragged last
+                            S_l[p] = S_l[p + 1] * across + S_l[p]
+                            States[bbh, p, i, j] = S_l[p]
                 else:
-                    for p in T.unroll(0 if initial_state else 1, P):
-                        S_l[p] = States[bbh, p, i, j]
-                    if not initial_state:
-                        S_l[0] = 0
-                    for p in T.unroll(1, P):
-                        S_l[p] = S_l[p - 1] * decay_l[0] + S_l[p]
-                        States[bbh, p, i, j] = S_l[p]
+                    for p in T.unroll(1, slots):
+                        if p < P:
+                            S_l[p] = S_l[p - 1] * decay_l[0] + S_l[p]
+                            States[bbh, p, i, j] = S_l[p]
 
     @T.prim_func
     def outputs(
@@ -160,7 +168,7 @@ def prim_funcs(
         K: T.Tensor([batch, seqlen, heads, dk], dtype),
         V: T.Tensor([batch, seqlen, heads, dv], dtype),
         Decay: T.Tensor([heads], accum),
-        States: T.Tensor([batch * heads, P, dk, dv], accum),
+        States: T.Tensor(states_shape, accum),
         O: T.Tensor([batch, seqlen, heads, dv], dtype),
         HT: T.Tensor(state_shape, accum),
     ):
@@ -192,3 +200,11 @@ def prim_funcs(
             )
 
     return states, carry, outputs
+
+
+def segment_grid(seqlen, *, chunk: int, segments: int) -> tuple:
+    """``(L, P)``, symbolic, of ``seqlen`` tokens cut into at most ``segments`` segments of
+    whole chunks, as ``kernel.config.segment_length`` and ``KernelConfig.segment_count``
+    cut them: ``P`` segments of ``L`` tokens, the last ragged."""
+    length = T.ceildiv(T.ceildiv(seqlen, segments), chunk) * chunk
+    return length, T.ceildiv(seqlen, length)

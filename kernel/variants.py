@@ -25,6 +25,20 @@ def pass_configs(arch: str) -> dict[str, bool]:
     return PASS_CONFIGS | ({} if get_arch(arch).setmaxnreg else {"tl.disable_warp_specialized": True})
 
 
+def shape_generic(problem: Problem, arch: str) -> Problem:
+    """The problem a kernel compiled for ``arch`` is keyed by, in place of ``problem``.
+    Where the architecture has ``symbolic_shapes`` (``kernel.arch``), every kernel takes its
+    batch size and sequence length (packed: its token and sequence counts) from its tensors
+    at launch, so one compiled kernel serves every B and S of a head count, DK, DV and
+    dtype; elsewhere dense kernels are compiled per shape. The head count stays a
+    compile-time constant: a model's is fixed, and with B, H and S all symbolic TileLang
+    0.1.15 fails to lower the split's transposed outputs kernel ("[ThreadSync] Cannot lower
+    a required shared-memory sync inside a divergent region")."""
+    if not get_arch(arch).symbolic_shapes:
+        return problem
+    return Problem(1, problem.heads, 1, problem.dk, problem.dv, problem.dtype)
+
+
 def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, *, arch: str) -> list:
     """The ``@T.prim_func`` kernels of ``config``'s variant for ``arch`` (a name of
     ``kernel.arch.ARCHS``), in launch order."""
@@ -85,16 +99,16 @@ def launch(
         states = states_buffer(problem, config, q.device)
         states_kernel(k, v, decay, h0, states)
         if launches_carry(problem, config, call):
-            carry_kernel(decay, states)
+            carry_kernel(k, decay, states)
     outputs_kernel(q, k, v, decay, states, out, ht)
     return states
 
 
 def same_segments(a: KernelConfig, b: KernelConfig, seqlen: int) -> bool:
-    """Whether two split configs cut a sequence of ``seqlen`` tokens into the same segments,
-    so that one's states serve the other (the backward's dq sweep reads the forward's,
-    transposed: ``kernel.ops.attention``)."""
-    return a.segments > 1 and b.segments > 1 and a.segment_length(seqlen) == b.segment_length(seqlen)
+    """Whether two split configs cut a sequence of ``seqlen`` tokens into the same segments
+    and hold their states alike (``states_buffer``), so that one's states serve the other
+    (the backward's dq sweep reads the forward's, transposed: ``kernel.ops.attention``)."""
+    return a.segments == b.segments > 1 and a.segment_length(seqlen) == b.segment_length(seqlen)
 
 
 def launch_dkdv(
@@ -124,7 +138,7 @@ def launch_dkdv(
     states = states_buffer(problem, config, q.device)
     states_kernel(q, do, decay, h0, states)
     if launches_carry(problem, config, call):
-        carry_kernel(decay, states)
+        carry_kernel(q, decay, states)
     outputs_kernel(q, k, v, do, decay, states, ht, dk, dv)
 
 
@@ -135,12 +149,13 @@ def launches_carry(problem: Problem, config: KernelConfig, call: Call = PLAIN_CA
 
 
 def states_buffer(problem: Problem, config: KernelConfig, device: Any = "cuda"):
-    """The split's fp32 ``[B*H, P, DK, DV]`` states (uninitialised): the states kernel's
+    """The split's fp32 ``[B*H, config.segments, DK, DV]`` states (uninitialised), of which
+    each (batch, head) uses the first ``config.segment_count(S)``: the states kernel's
     output, the carry's in-place prefix, the outputs kernel's input."""
     import torch
 
     p = problem
-    shape = (p.batch * p.heads, config.segment_count(p.seqlen), p.dk, p.dv)
+    shape = (p.batch * p.heads, config.segments, p.dk, p.dv)
     return torch.empty(shape, dtype=torch.float32, device=device)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from kernel import SEED_CONFIG, KernelConfig, ProbeFailure, Problem, Resources, probe
 from kernel.arch import ARCHS
-from kernel.config import HEADLINE, Call, model_call, retnet_decay
+from kernel.config import HEADLINE, Call, dkdv_call, model_call, retnet_decay
 from kernel.resources import parse_ptxas
 
 
@@ -256,10 +256,38 @@ def test_states_buffer_has_the_shape_the_split_kernels_declare():
 
     problem, config = Problem(2, 3, 1000, 64, 128), KernelConfig(64, 64, 2, 128, segments=4)
     buffer = states_buffer(problem, config, "cpu")
-    for func, arg in zip(prim_funcs(problem, config, arch="sm_90a"), (4, 1, 4)):  # states, carry, outputs
-        declared = func.buffer_map[func.params[arg]]
-        assert tuple(buffer.shape) == tuple(int(n) for n in declared.shape)
-        assert buffer.dtype == torch.float32 and str(declared.dtype) == "float32"
+    for arch, rows in (("sm_90a", "batch * 3"), ("sm_80", "6")):  # B symbolic, or the problem's
+        for func, arg in zip(prim_funcs(problem, config, arch=arch), (4, 2, 4)):  # states, carry, outputs
+            declared = func.buffer_map[func.params[arg]]
+            assert [str(n) for n in declared.shape] == [rows, *map(str, buffer.shape[1:])]
+            assert buffer.shape[0] == problem.batch * problem.heads
+            assert buffer.dtype == torch.float32 and str(declared.dtype) == "float32"
+
+
+@pytest.mark.parametrize(
+    "config, call",
+    [
+        (KernelConfig(64, 128, 2, 256, "smem"), model_call(Problem(1, 4, 64, 128, 128))),
+        (KernelConfig(64, 64, 2, 128, "smem", segments=4), Call(0.125, True, True, reverse=True)),
+        (KernelConfig(64, 128, 1, 256, "smem", segments=2), dkdv_call(Problem(1, 4, 64, 128, 128))),
+    ],
+    ids=["single-pass", "split-reversed", "dkdv-split"],
+)
+def test_one_kernel_serves_every_batch_and_length_where_shapes_are_symbolic(config, call):
+    """On sm_90a the kernels of two shapes of one head count, DK, DV and dtype are the same
+    program, so one compile serves both (``kernel.variants.shape_generic``); on sm_80, where
+    shapes stay static, they differ; another head count is another program everywhere."""
+    from kernel.variants import prim_funcs, shape_generic
+
+    a, b, c = Problem(2, 4, 1000, 128, 128), Problem(7, 4, 4097, 128, 128), Problem(2, 8, 1000, 128, 128)
+
+    def program(problem, arch):
+        return [f.script() for f in prim_funcs(problem, config, call, arch=arch)]
+
+    assert program(a, "sm_90a") == program(b, "sm_90a") != program(c, "sm_90a")
+    assert shape_generic(a, "sm_90a") == shape_generic(b, "sm_90a") != shape_generic(c, "sm_90a")
+    assert program(a, "sm_80") != program(b, "sm_80")
+    assert shape_generic(a, "sm_80") == a
 
 
 def test_unused_state_has_the_declared_shape_and_allocates_only_to_grow():

@@ -6,25 +6,27 @@ import functools
 import warnings
 from dataclasses import dataclass, field
 
-from kernel.builder import ScalarDecayKernel, build, cuda_arch, sm_count
+from kernel.arch import get_arch
+from kernel.builder import ScalarDecayKernel, build, cuda_arch, precompile, sm_count
 from kernel.config import Call, KernelConfig, Problem
 from kernel.defaults import default_config, dkdv_config
 from kernel.ops.backward import sweep_calls
 from kernel.ops.deploy import ExportError
 from kernel.ops.dispatch import Dispatch
-from kernel.variants import packed_config
+from kernel.resources import ProbeResult
+from kernel.variants import packed_config, shape_generic
 
 Job = tuple[Problem, KernelConfig, Call]  # what ``build`` compiles
 
 
 @dataclass
 class _Server:
-    """The table served (None: the rule alone), the kernels built, and which served each
-    (problem, call, sequences) under this table: picking a config takes tens of us of
-    Python, so a repeated call skips it."""
+    """The table served (None: the rule alone), and the kernel that served each (problem,
+    call, sequences) under this table: picking a config takes tens of us of Python, so a
+    repeated call skips it. The compiled kernels behind them are ``kernel.builder``'s, one
+    per config for every batch size and sequence length."""
 
     table: Dispatch | None = None
-    built: dict[Job, ScalarDecayKernel] = field(default_factory=dict)
     served: dict[tuple[Problem, Call, int], ScalarDecayKernel] = field(default_factory=dict)
 
 
@@ -40,38 +42,41 @@ def use_table(table: Dispatch | None) -> None:
 
 
 def kernel_for(problem: Problem, call: Call, sequences: int) -> ScalarDecayKernel:
-    """The built kernel serving ``call`` on ``problem`` (``kernel_job``), built on first use."""
+    """The built kernel serving ``call`` on ``problem`` (``kernel_job``), compiled on the
+    first use of its config."""
     served = _SERVER.served.get((problem, call, sequences))
     if served is None:
-        job = kernel_job(problem, call, sequences)
-        if job not in _SERVER.built:
-            _SERVER.built[job] = build(*job)
         if len(_SERVER.served) >= _SERVED_MAX:
             _SERVER.served.clear()
-        served = _SERVER.served[problem, call, sequences] = _SERVER.built[job]
+        served = _SERVER.served[problem, call, sequences] = build(*kernel_job(problem, call, sequences))
     return served
 
 
-def kernel_job(problem: Problem, call: Call, sequences: int) -> Job:
-    """What a call compiles: the table's config for its shape. Packed sequences run the
-    single-pass kernel with the config picked for ``sequences`` sequences of the mean
-    length (``kernel.variants.packed_config``); a compiled kernel serves every T and N, so
-    packed calls compile at most once per config the table holds."""
+def kernel_job(
+    problem: Problem, call: Call, sequences: int, *, arch: str | None = None, sms: int | None = None
+) -> Job:
+    """What a call compiles: the table's config for its shape on ``arch`` with ``sms`` SMs
+    (default: this GPU's). Packed sequences run the single-pass kernel with the config
+    picked for ``sequences`` sequences of the mean length (``kernel.variants.packed_config``);
+    a compiled kernel serves every T and N, so packed calls compile at most once per config
+    the table holds, as dense calls do (``kernel.variants.shape_generic``)."""
     p, table = problem, _SERVER.table
+    arch = arch or cuda_arch()
+    sms = sms or sm_count()
     if call.dkdv:  # the table's dk+dv entry, else the rule's; packed sequences run one pass
-        config = dkdv_config(p, cuda_arch(), None if call.packed else sm_count())
+        config = dkdv_config(p, arch, None if call.packed else sms)
         if config is None:
-            raise ValueError(f"the fused dk and dv sweep does not serve {p} on {cuda_arch()}")
+            raise ValueError(f"the fused dk and dv sweep does not serve {p} on {arch}")
         tuned = None if table is None else table.fused(p)
         if tuned is not None:
             config = dataclasses.replace(tuned, segments=1) if call.packed else tuned
     elif call.packed:
         mean = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
-        config = config_for(mean, table, arch=cuda_arch(), sms=sm_count())
+        config = config_for(mean, table, arch=arch, sms=sms)
     else:
-        config = config_for(p, table, arch=cuda_arch(), sms=sm_count())
+        config = config_for(p, table, arch=arch, sms=sms)
     if call.packed:
-        return dataclasses.replace(p, seqlen=1), packed_config(config, cuda_arch()), call
+        return dataclasses.replace(p, seqlen=1), packed_config(config, arch), call
     return p, config, call
 
 
@@ -104,10 +109,12 @@ def fuses_here(problem: Problem) -> bool:
     return fuses(problem, cuda_arch())
 
 
-def backward_jobs(problem: Problem, call: Call, sequences: int) -> list[Job]:
+def backward_jobs(
+    problem: Problem, call: Call, sequences: int, *, arch: str | None = None, sms: int | None = None
+) -> list[Job]:
     """The ``kernel_job`` of each sweep the backward of ``call`` runs, in order."""
-    sweeps = sweep_calls(problem, call, fused=fuses_here(problem))
-    return [kernel_job(p, c, sequences) for p, c in sweeps]
+    fused = fuses_here(problem) if arch is None else fuses(problem, arch)
+    return [kernel_job(p, c, sequences, arch=arch, sms=sms) for p, c in sweep_calls(problem, call, fused)]
 
 
 def backward_configs(problem: Problem, call: Call, sequences: int) -> dict[str, KernelConfig]:
@@ -121,3 +128,56 @@ def training_jobs(problem: Problem, call: Call, sequences: int) -> set[Job]:
     """What a differentiable call compiles: its forward's ``kernel_job`` and its backward's
     sweeps', to compile ahead in parallel (``kernel.builder.precompile``)."""
     return {kernel_job(problem, call, sequences), *backward_jobs(problem, call, sequences)}
+
+
+# The shapes ``warmup_jobs`` serves: every power of two of B*H up to this many, every S of
+# the form 2^k or 3 * 2^k up to ``WARMUP_MAX_SEQLEN``, and these packed sequence counts.
+WARMUP_MAX_ROWS, WARMUP_MAX_SEQLEN, WARMUP_SEQUENCES = 512, 65536, (2, 8, 64)
+
+
+def warmup_jobs(
+    heads: int, dk: int, dv: int, dtype: str, *, backward: bool, arch: str, sms: int | None = None
+) -> list[Job]:
+    """Every job a model of ``heads`` heads of ``dk`` x ``dv`` calls under the table served
+    (``use_table``; else the rule) on ``arch`` with ``sms`` SMs (default: its reference
+    GPU's): the forward of fla's defaults (scale ``DK^-1/2``, no state in; the final state
+    returned, or not) dense over the shapes above and packed, and with ``backward`` each
+    sweep of their backward. One per compiled kernel (``kernel.variants.shape_generic``):
+    where shapes are symbolic, a few configs for every shape."""
+    sms = sms or get_arch(arch).sms
+    batches = [2**i for i in range(WARMUP_MAX_ROWS.bit_length()) if heads * 2**i <= WARMUP_MAX_ROWS] or [1]
+    lengths = sorted({n for k in range(WARMUP_MAX_SEQLEN.bit_length()) for n in (2**k, 3 * 2**k)})
+    shapes = [Problem(b, heads, s, dk, dv, dtype) for b in batches for s in lengths if s <= WARMUP_MAX_SEQLEN]
+    calls = [(p, Call(dk**-0.5, False, final), p.batch) for p in shapes for final in (False, True)]
+    calls += [
+        (Problem(1, heads, n * 1024, dk, dv, dtype), Call(dk**-0.5, False, final, packed=True), n)
+        for n in WARMUP_SEQUENCES
+        for final in (False, True)
+    ]
+    jobs: dict[tuple, Job] = {}
+    for p, call, n in calls:
+        found = [kernel_job(p, call, n, arch=arch, sms=sms)]
+        if backward:
+            found += backward_jobs(p, call, n, arch=arch, sms=sms)
+        for job in found:
+            jobs.setdefault((shape_generic(job[0], arch), *job[1:]), job)
+    return list(jobs.values())
+
+
+def warmup(
+    heads: int,
+    dk: int,
+    dv: int,
+    dtype: str,
+    *,
+    backward: bool,
+    arch: str,
+    sms: int | None = None,
+    workers: int | None = None,
+) -> list[ProbeResult]:
+    """Compile every kernel of ``warmup_jobs`` into TileLang's disk cache, in ``workers``
+    parallel processes (default: one per CPU core), with no GPU needed: a later process
+    that serves those calls on an ``arch`` GPU loads them instead of compiling. Returns each
+    job's probe, a failure as a value."""
+    jobs = warmup_jobs(heads, dk, dv, dtype, backward=backward, arch=arch, sms=sms)
+    return precompile(jobs, arch=arch, workers=workers)

@@ -1,0 +1,204 @@
+"""Shape-generic kernels on the GPU: correctness at many shapes of one compile, cost against
+the per-shape kernels they replace, and compiles and time of 50 calls of new shapes.
+
+    python experiments/h200/generic/run.py check   # one kernel per (config, call), served at odd shapes
+    python experiments/h200/generic/run.py cost    # generic vs per-shape (BASE: the tree before), same run
+    python experiments/h200/generic/run.py shapes  # warm up, then 50 new (B, S) forward + backward
+
+``cost`` imports the per-shape kernels from ``.base/kernel_static``: ``git archive`` of the
+commit before the change, its ``kernel`` package renamed (run.sh makes it). Each prints JSON
+lines.
+"""
+
+import json
+import random
+import sys
+import time
+
+import torch
+
+from kernel.builder import build, compiles, precompile, sm_count
+from kernel.config import Call, KernelConfig, Problem, dkdv_call, model_call
+from kernel.defaults import default_config, dkdv_config
+from kernel.validate import check
+
+STATES = Call(scale=0.125, initial_state=True, final_state=True)
+REVERSED = Call(scale=0.125, initial_state=True, final_state=True, reverse=True)
+DKDV_STATES = Call(scale=0.125, initial_state=True, final_state=True, reverse=True, dkdv=True)
+SHAPES = [(1, 1), (1, 63), (2, 64), (3, 65), (1, 1000), (2, 4097), (1, 16384)]
+
+
+def emit(**row) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def check_cases() -> None:
+    cases = []
+    for dk, dv in ((128, 128), (64, 64)):
+        base = Problem(1, 4, 256, dk, dv)
+        for cfg in (
+            "64/128/2/256/smem/1",
+            "64/64/2/256/smem/1",
+            "64/32/2/128/regs/1",
+            "32/32/2/128/smem/1",
+            "64/128/2/256/smem/4",
+            "64/64/2/256/smem/8",
+            "32/32/1/128/smem/64",
+        ):
+            c, b, st, th, sc, sg = cfg.split("/")
+            config = KernelConfig(int(c), int(b), int(st), int(th), sc, int(sg))
+            if dv % config.block_dv:
+                continue
+            for name, call in (("model", model_call(base)), ("states", STATES), ("reversed", REVERSED)):
+                cases.append((base, config, name, call))
+        for segs in (1, 4):
+            config = KernelConfig(64, dv, 1, 256, "smem", segs)
+            cases += [(base, config, "dkdv", dkdv_call(base)), (base, config, "dkdv-states", DKDV_STATES)]
+    precompile([(p, c, call) for p, c, _, call in cases], arch="sm_90a", workers=16)
+    for base, config, name, call in cases:
+        kern = build(base, config, call)
+        for b, s in SHAPES:
+            p = Problem(b, base.heads, s, base.dk, base.dv)
+            try:
+                served = kern.serving(p)
+            except ValueError:  # a split that leaves one segment
+                continue
+            r = check(served, seed=b * 7 + s)
+            emit(
+                kind="check",
+                dk=base.dk,
+                config=config.label,
+                call=name,
+                b=b,
+                s=s,
+                rel_l2=r["rel_l2"],
+                nan=r["nan_count"],
+                ok=bool(r["rel_l2"] < 2e-2 and r["nan_count"] == 0),
+            )
+    emit(kind="check_done", compiles=compiles())
+
+
+BENCH = [
+    (8, 16, 4096, 128, 128),
+    (2, 16, 16384, 128, 128),
+    (1, 8, 32768, 128, 128),
+    (4, 8, 8192, 128, 256),
+    (16, 32, 2048, 64, 64),
+    (3, 16, 3001, 128, 128),
+    (64, 8, 512, 64, 64),
+]
+
+
+def cost() -> None:
+    sys.path.insert(0, ".base")
+    from kernel_static import builder as static  # the per-shape kernels of the tree before
+
+    from kernel.timing import time_gpu
+
+    jobs = []
+    for b, h, s, dk, dv in BENCH:
+        p = Problem(b, h, s, dk, dv, "bfloat16")
+        jobs.append((p, default_config(p, "sm_90a", sm_count()), model_call(p)))
+        fused = dkdv_config(p, "sm_90a", sm_count())
+        if fused is not None:
+            jobs.append((p, fused, dkdv_call(p)))
+    t = time.time()
+    from kernel_static import config as sc
+
+    def as_static(p, c, call):  # the tree before's own types
+        return sc.Problem(**p.to_dict()), sc.KernelConfig(**c.to_dict()), sc.Call(**call.to_dict())
+
+    static.precompile([as_static(*j) for j in jobs], arch="sm_90a", workers=16)
+    precompile(jobs, arch="sm_90a", workers=16)
+    emit(kind="cost_compiled", seconds=time.time() - t)
+    for p, config, call in jobs:
+        kerns = {"static": static.build(*as_static(p, config, call)), "generic": build(p, config, call)}
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (
+            torch.randn(p.batch, p.seqlen, p.heads, d, generator=gen, device="cuda").to(torch.bfloat16) * 0.5
+            for d in (p.dk, p.dk, p.dv)
+        )
+        do = torch.randn_like(v)
+        decay = torch.tensor([1 - 2 ** (-5 - i) for i in range(p.heads)], device="cuda")
+        final = torch.empty(p.batch * p.heads, 1, p.dk, p.dv, device="cuda")
+
+        def fn(kern):
+            if call.dkdv:
+                return lambda: kern.run_dkdv(q, k, v, do, decay)
+            return lambda: kern.run(q, k, v, decay, None, final.view(p.batch, p.heads, p.dk, p.dv))
+
+        outs = {n: fn(kn)() for n, kn in kerns.items()}
+        same = all(
+            torch.equal(a, b) for a, b in zip(*(o if isinstance(o, tuple) else (o,) for o in outs.values()))
+        )
+        times = {n: [] for n in kerns}
+        for _ in range(5):  # the two take turns
+            for n, kn in kerns.items():
+                times[n].append(time_gpu(fn(kn)).median_ms)
+        med = {n: sorted(v)[2] for n, v in times.items()}
+        emit(
+            kind="cost",
+            shape=f"{p.batch}x{p.heads}x{p.seqlen}",
+            dk=p.dk,
+            dv=p.dv,
+            config=config.label,
+            call="dkdv" if call.dkdv else "forward",
+            static_ms=med["static"],
+            generic_ms=med["generic"],
+            ratio=med["generic"] / med["static"],
+            bitwise_same=same,
+            rounds=times,
+        )
+
+
+def shapes() -> None:
+    """Run in a fresh process after ``warmup`` filled the disk cache."""
+    from kernel.ops import decay_attention
+
+    t0 = time.perf_counter()
+    h, dk, dv = 16, 128, 128
+    decay = torch.tensor([1 - 2 ** (-5 - i) for i in range(h)], device="cuda")
+    rng = random.Random(0)
+
+    def step(b, s):
+        q, k, v = (
+            torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for d in (dk, dk, dv)
+        )
+        o, _ = decay_attention(q, k, v, decay)
+        o.float().sum().backward()
+        torch.cuda.synchronize()
+
+    step(2, 1000)
+    emit(kind="first_call", seconds=time.perf_counter() - t0, compiles=compiles())
+    seen = {(2, 1000)}
+    sizes = []
+    while len(sizes) < 50:
+        b, s = rng.randint(1, 8), rng.randint(1, 6000)
+        if (b, s) not in seen:
+            seen.add((b, s))
+            sizes.append((b, s))
+    before = compiles()
+    t = time.perf_counter()
+    for b, s in sizes:
+        step(b, s)
+    emit(
+        kind="fifty_shapes",
+        seconds=time.perf_counter() - t,
+        new_compiles=compiles() - before,
+        compiles=compiles(),
+        shapes=sizes,
+    )
+
+
+def warm() -> None:
+    from kernel.ops.serve import warmup
+
+    t = time.perf_counter()
+    results = warmup(16, 128, 128, "bfloat16", backward=True, arch="sm_90a", sms=sm_count(), workers=16)
+    failed = [r.message[:200] for r in results if not hasattr(r, "registers")]
+    emit(kind="warmup", seconds=time.perf_counter() - t, jobs=len(results), failed=failed)
+
+
+if __name__ == "__main__":
+    {"check": check_cases, "cost": cost, "shapes": shapes, "warmup": warm}[sys.argv[1]]()

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Shape-generic kernels on the H200, one device call (see run.py). From the repo root, with
+# .base/kernel_static made here first (the tree before the change, its package renamed):
+#   rm -rf .base && mkdir -p .base/kernel_static && git archive BASE kernel | tar -x -C .base \
+#     && cp -r .base/kernel/* .base/kernel_static/ && rm -rf .base/kernel \
+#     && grep -rl kernel .base/kernel_static | xargs sed -i "s/\bkernel\./kernel_static./g; s/from kernel import/from kernel_static import/"
+# device: carry [".gpu", ".base"], command: bash experiments/h200/generic/run.sh
+set -uo pipefail
+source .gpu/setup.sh
+export PYTHONUNBUFFERED=1
+run() { timeout "$1" python3 experiments/h200/generic/run.py "$2" 2>&1 | tee -a "$OUT/$2.jsonl" | grep -v '^{"kind": "check"' ; }
+run 200 check
+run 200 cost
+run 150 warmup
+run 60 shapes   # a fresh process after the warm-up: the disk cache is warm
+run 60 shapes   # again: what a second process pays
