@@ -111,7 +111,7 @@ class ScalarDecayKernel:
         if problem == self.problem:
             return self
         arch = self.lowered_for or cuda_arch()
-        if shape_generic(problem, arch) != shape_generic(self.problem, arch):
+        if shape_generic(problem, self.config, arch) != shape_generic(self.problem, self.config, arch):
             raise ValueError(f"this kernel was compiled for {self.problem}, not {problem}")
         self.config.check_fits(problem)
         return dataclasses.replace(self, problem=problem)
@@ -230,7 +230,7 @@ def build(
     as values.
     """
     here = cuda_arch()
-    key = (shape_generic(problem, lower_for or here), config, call, lower_for or here, here)
+    key = (shape_generic(problem, config, lower_for or here), config, call, lower_for or here, here)
     compiled = _COMPILED.get(key)
     if compiled is None:
         compiled = _COMPILED[key] = compile_kernel(problem, config, lower_for or here, call, run_on=here)

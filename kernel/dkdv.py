@@ -54,7 +54,9 @@ def sweep_macro(problem: Problem, config: KernelConfig, *, scale: float, packed:
     from ``State[bbh, p_in]`` (``None``: zero) and is left in ``Final[bbh, 0]`` where
     ``Final`` is a tensor and the run-time condition ``final`` holds, as
     ``kernel.scalar_decay.chunk_loop_macro`` takes its states. ``packed``: rows past
-    ``s_end`` belong to the next sequence, and only the sequence's rows are written."""
+    ``s_end`` belong to the next sequence, and only the sequence's rows are written. A dense
+    sequence of whole chunks has every chunk whole
+    (``kernel.scalar_decay.chunk_step_aligned``)."""
     import tilelang.language as T  # loaded when a kernel is built, as kernel.variants does
 
     from kernel.mma import mma_for
@@ -62,12 +64,14 @@ def sweep_macro(problem: Problem, config: KernelConfig, *, scale: float, packed:
         ACCUM,
         Direction,
         alpha_power,
+        chunk_step_aligned,
         decay_mask_macro,
         key_weights_macro,
         store_macro,
     )
 
     C, stages, time = config.chunk, config.num_stages, Direction(reverse=True)
+    aligned = not packed and chunk_step_aligned(problem, C)
     accum, dtype, dk, dv = ACCUM, problem.dtype, problem.dk, problem.dv
     mma = mma_for(arch, rows=C)
     store_k = store_macro(chunk=C, block_dv=dk, packed=packed)
@@ -103,7 +107,7 @@ def sweep_macro(problem: Problem, config: KernelConfig, *, scale: float, packed:
         n_chunks = T.ceildiv(s_end - s_begin, C)
         for c in T.Pipelined(n_chunks, num_stages=stages):
             s0 = s_begin + (n_chunks - 1 - c) * C
-            m = T.min(C, s_end - s0)  # tokens of this chunk: C but for the sequence's last
+            m = C if aligned else T.min(C, s_end - s0)  # tokens of this chunk: C but for the last
             T.copy(Q[bb, s0 : s0 + C, bh, :], Q_s)
             T.copy(K[bb, s0 : s0 + C, bh, :], K_s)
             T.copy(V[bb, s0 : s0 + C, bh, :], V_s)

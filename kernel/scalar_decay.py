@@ -133,6 +133,15 @@ def key_weights_macro(*, chunk: int, dk: int, dtype: str, time: Direction):
     return weigh
 
 
+def chunk_step_aligned(problem: Problem, chunk: int) -> bool:
+    """Whether a dense call's sequences are whole ``chunk``-token chunks (S a multiple of
+    C). A kernel is compiled for one of the two classes (``kernel.variants.shape_generic``):
+    aligned, no chunk is ragged and each weight's exponent is a constant; else each chunk
+    counts its tokens at run time, which costs the aligned class about 5% on the H200
+    (experiments/h200/generic/README.md)."""
+    return problem.seqlen % chunk == 0
+
+
 def sizes(problem: Problem, arch: str) -> tuple:
     """``(B, S)`` as a dense kernel declares them for ``arch``: symbolic, read from the
     tensors at launch, where the architecture has ``symbolic_shapes``; else the problem's
@@ -186,6 +195,7 @@ def chunk_loop_macro(
     arch: str,
     packed: bool = False,
     reverse: bool = False,
+    aligned: bool = False,
 ):
     """The chunk loop of one block, as a ``@T.macro``: its buffers, the decay mask, the
     starting state, then ``n_chunks`` chunks from row ``s_begin`` (tokens up to ``s_end``)
@@ -200,7 +210,9 @@ def chunk_loop_macro(
     the single-pass kernel and the sequence-split variant (``kernel.seq_split``). ``arch``
     (``kernel.arch.ARCHS``) picks the MMA statements (``kernel.mma``). With ``reverse``
     the recurrence runs backwards in time (``Direction``): the state carried in is the one
-    after ``s_end``, the state carried out the one at ``s_begin``."""
+    after ``s_end``, the state carried out the one at ``s_begin``. ``aligned``: every chunk
+    walked is whole (``chunk_step_aligned``), so its token count is the constant C and the
+    weights that depend on it fold as they do for a static length."""
     mma = mma_for(arch, rows=chunk)
     time = Direction(reverse)
     knobs = dict(
@@ -212,6 +224,7 @@ def chunk_loop_macro(
         dtype=dtype,
         packed=packed,
         time=time,
+        aligned=aligned,
     )
     if transposes(chunk=chunk, block_dv=block_dv, threads=threads, scores=scores):
         return transposed_chunk_loop_macro(**knobs, mma=mma)
@@ -250,7 +263,7 @@ def chunk_loop_macro(
 
         for c in T.Pipelined(n_chunks, num_stages=num_stages):
             s0 = time.chunk_start(s_begin, c, n_chunks, C)
-            m = T.max(T.min(C, s_end - s0), 0)  # tokens of this chunk: C but at the end
+            m = C if aligned else T.max(T.min(C, s_end - s0), 0)  # tokens of this chunk: C but at the end
             load(Q, K, V, Q_s, K_s, V_s, bb, s0, bh, v0)
             if not async_step:
                 weigh(Kw_s, K_s, lg, m)
@@ -333,6 +346,7 @@ def transposed_chunk_loop_macro(
     dtype: str,
     packed: bool,
     time: Direction,
+    aligned: bool,
     mma: Mma,
 ):
     """``chunk_loop_macro``'s loop with the state transposed: the block keeps ``S^T``
@@ -376,7 +390,7 @@ def transposed_chunk_loop_macro(
 
         for c in T.Pipelined(n_chunks, num_stages=num_stages):
             s0 = time.chunk_start(s_begin, c, n_chunks, C)
-            m = T.max(T.min(C, s_end - s0), 0)  # tokens of this chunk: C but at the end
+            m = C if aligned else T.max(T.min(C, s_end - s0), 0)  # tokens of this chunk: C but at the end
             load(Q, K, V, Q_s, K_s, V_s, bb, s0, bh, v0)
             T.copy(ST_f, ST_h)  # the state before this chunk
             mma.gemm(K_s, Q_s, AT, transpose_B=True, clear_accum=True)  # [C_j, C_i]
@@ -433,7 +447,8 @@ def scalar_decay_fwd(problem: Problem, *, initial_state: bool = False, final_sta
     """
     heads, dk, dv = problem.heads, problem.dk, problem.dv
     chunk, block_dv, threads = loop["chunk"], loop["block_dv"], loop["threads"]
-    chunk_loop = chunk_loop_macro(dk=dk, dtype=problem.dtype, **loop)
+    aligned = chunk_step_aligned(problem, chunk)
+    chunk_loop = chunk_loop_macro(dk=dk, dtype=problem.dtype, aligned=aligned, **loop)
     batch, seqlen = sizes(problem, loop["arch"])
     qk, vo, decay = tensor_types(batch, seqlen, heads=heads, dk=dk, dv=dv, dtype=problem.dtype)
     state_shape = [batch * heads, 1, dk, dv]

@@ -25,18 +25,21 @@ def pass_configs(arch: str) -> dict[str, bool]:
     return PASS_CONFIGS | ({} if get_arch(arch).setmaxnreg else {"tl.disable_warp_specialized": True})
 
 
-def shape_generic(problem: Problem, arch: str) -> Problem:
-    """The problem a kernel compiled for ``arch`` is keyed by, in place of ``problem``.
-    Where the architecture has ``symbolic_shapes`` (``kernel.arch``), every kernel takes its
-    batch size and sequence length (packed: its token and sequence counts) from its tensors
-    at launch, so one compiled kernel serves every B and S of a head count, DK, DV and
-    dtype; elsewhere dense kernels are compiled per shape. The head count stays a
+def shape_generic(problem: Problem, config: KernelConfig, arch: str) -> Problem:
+    """The problem a kernel of ``config`` compiled for ``arch`` is keyed by, in place of
+    ``problem``. Where the architecture has ``symbolic_shapes`` (``kernel.arch``), every
+    kernel takes its batch size and sequence length (packed: its token and sequence counts)
+    from its tensors at launch, so one compiled kernel serves every B and S of a head
+    count, DK, DV, dtype and chunk class (``kernel.scalar_decay.chunk_step_aligned``: S a
+    multiple of the chunk, or not): the key is the class's smallest shape, B = 1 and S = C
+    or 1. Elsewhere dense kernels are compiled per shape. The head count stays a
     compile-time constant: a model's is fixed, and with B, H and S all symbolic TileLang
     0.1.15 fails to lower the split's transposed outputs kernel ("[ThreadSync] Cannot lower
     a required shared-memory sync inside a divergent region")."""
     if not get_arch(arch).symbolic_shapes:
         return problem
-    return Problem(1, problem.heads, 1, problem.dk, problem.dv, problem.dtype)
+    seqlen = config.chunk if problem.seqlen % config.chunk == 0 else 1
+    return Problem(1, problem.heads, seqlen, problem.dk, problem.dv, problem.dtype)
 
 
 def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, *, arch: str) -> list:

@@ -274,20 +274,28 @@ def test_states_buffer_has_the_shape_the_split_kernels_declare():
     ids=["single-pass", "split-reversed", "dkdv-split"],
 )
 def test_one_kernel_serves_every_batch_and_length_where_shapes_are_symbolic(config, call):
-    """On sm_90a the kernels of two shapes of one head count, DK, DV and dtype are the same
-    program, so one compile serves both (``kernel.variants.shape_generic``); on sm_80, where
-    shapes stay static, they differ; another head count is another program everywhere."""
+    """On sm_90a the kernels of two shapes of one head count, DK, DV, dtype and chunk class
+    (S a multiple of the chunk, or not) are the same program, so one compile serves both
+    (``kernel.variants.shape_generic``); the other class, or another head count, is another
+    program; on sm_80, where shapes stay static, every shape is its own."""
     from kernel.variants import prim_funcs, shape_generic
 
-    a, b, c = Problem(2, 4, 1000, 128, 128), Problem(7, 4, 4097, 128, 128), Problem(2, 8, 1000, 128, 128)
+    a, b = Problem(2, 4, 1000, 128, 128), Problem(7, 4, 4097, 128, 128)  # ragged
+    c, d = Problem(2, 4, 1024, 128, 128), Problem(3, 4, 4096, 128, 128)  # whole chunks
+    other_heads = Problem(2, 8, 1000, 128, 128)
 
     def program(problem, arch):
         return [f.script() for f in prim_funcs(problem, config, call, arch=arch)]
 
-    assert program(a, "sm_90a") == program(b, "sm_90a") != program(c, "sm_90a")
-    assert shape_generic(a, "sm_90a") == shape_generic(b, "sm_90a") != shape_generic(c, "sm_90a")
+    def key(problem, arch):
+        return shape_generic(problem, config, arch)
+
+    assert program(a, "sm_90a") == program(b, "sm_90a") != program(c, "sm_90a") == program(d, "sm_90a")
+    assert program(a, "sm_90a") != program(other_heads, "sm_90a")
+    assert key(a, "sm_90a") == key(b, "sm_90a") != key(c, "sm_90a") == key(d, "sm_90a")
+    assert key(a, "sm_90a") != key(other_heads, "sm_90a")
     assert program(a, "sm_80") != program(b, "sm_80")
-    assert shape_generic(a, "sm_80") == a
+    assert key(a, "sm_80") == a
 
 
 def test_unused_state_has_the_declared_shape_and_allocates_only_to_grow():
@@ -306,8 +314,10 @@ def test_unused_state_has_the_declared_shape_and_allocates_only_to_grow():
         grown, again = unused_state(big, "cpu"), unused_state(small, "cpu")
     finally:
         torch.set_default_dtype(torch.float32)
-    for arg in (4, 6):  # H0, HT
-        assert tuple(first.shape) == tuple(int(n) for n in func.buffer_map[func.params[arg]].shape)
+    for arg in (4, 6):  # H0, HT: [B*H, 1, DK, DV], B symbolic
+        declared = func.buffer_map[func.params[arg]].shape
+        assert first.shape[0] == small.batch * small.heads and str(declared[0]) == "batch * 3"
+        assert tuple(first.shape[1:]) == tuple(int(n) for n in declared[1:])
     assert first.dtype == grown.dtype == torch.float32 and first.is_contiguous()
     assert grown.shape[0] == 12 and again.shape == first.shape
     assert again.data_ptr() == grown.data_ptr() != first.data_ptr()  # grew once, then reused

@@ -131,7 +131,8 @@ def training_jobs(problem: Problem, call: Call, sequences: int) -> set[Job]:
 
 
 # The shapes ``warmup_jobs`` serves: every power of two of B*H up to this many, every S of
-# the form 2^k or 3 * 2^k up to ``WARMUP_MAX_SEQLEN``, and these packed sequence counts.
+# the form 2^k or 3 * 2^k up to ``WARMUP_MAX_SEQLEN`` and one more (a ragged last chunk),
+# and these packed sequence counts.
 WARMUP_MAX_ROWS, WARMUP_MAX_SEQLEN, WARMUP_SEQUENCES = 512, 65536, (2, 8, 64)
 
 
@@ -146,7 +147,9 @@ def warmup_jobs(
     where shapes are symbolic, a few configs for every shape."""
     sms = sms or get_arch(arch).sms
     batches = [2**i for i in range(WARMUP_MAX_ROWS.bit_length()) if heads * 2**i <= WARMUP_MAX_ROWS] or [1]
-    lengths = sorted({n for k in range(WARMUP_MAX_SEQLEN.bit_length()) for n in (2**k, 3 * 2**k)})
+    lengths = sorted(
+        {n + odd for k in range(WARMUP_MAX_SEQLEN.bit_length()) for n in (2**k, 3 * 2**k) for odd in (0, 1)}
+    )
     shapes = [Problem(b, heads, s, dk, dv, dtype) for b in batches for s in lengths if s <= WARMUP_MAX_SEQLEN]
     calls = [(p, Call(dk**-0.5, False, final), p.batch) for p in shapes for final in (False, True)]
     calls += [
@@ -160,7 +163,7 @@ def warmup_jobs(
         if backward:
             found += backward_jobs(p, call, n, arch=arch, sms=sms)
         for job in found:
-            jobs.setdefault((shape_generic(job[0], arch), *job[1:]), job)
+            jobs.setdefault((shape_generic(job[0], job[1], arch), *job[1:]), job)
     return list(jobs.values())
 
 

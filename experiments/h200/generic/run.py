@@ -25,11 +25,41 @@ from kernel.validate import check
 STATES = Call(scale=0.125, initial_state=True, final_state=True)
 REVERSED = Call(scale=0.125, initial_state=True, final_state=True, reverse=True)
 DKDV_STATES = Call(scale=0.125, initial_state=True, final_state=True, reverse=True, dkdv=True)
-SHAPES = [(1, 1), (1, 63), (2, 64), (3, 65), (1, 1000), (2, 4097), (1, 16384)]
+SHAPES = [(1, 1), (1, 63), (2, 64), (3, 65), (2, 192), (1, 1000), (1, 4096), (2, 4097), (1, 16384)]
 
 
 def emit(**row) -> None:
     print(json.dumps(row), flush=True)
+
+
+def check_reversed(kern, *, seed: int) -> dict:
+    """``kernel.validate.check`` of a reversed call: the kernel on (q, k, v) against
+    reference C on the tokens flipped in time, flipped back (the same sums)."""
+    from refs import kernel_mimic, rel_l2
+
+    p, call = kern.problem, kern.call
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (
+        torch.randn(p.batch, p.seqlen, p.heads, d, generator=gen, device="cuda").to(torch.float16)
+        for d in (p.dk, p.dk, p.dv)
+    )
+    h0 = torch.randn(p.batch, p.heads, p.dk, p.dv, generator=gen, device="cuda")
+    decay = torch.tensor([1 - 2 ** (-5 - i) for i in range(p.heads)], device="cuda")
+    out = torch.full_like(v, float("nan"))
+    ht = torch.full_like(h0, float("nan"))
+    kern(q, k, v, decay=decay, initial_state=h0, final_state=ht, out=out)
+    flip = [x.flip(1) for x in (q, k, v)]
+    ref, ref_state = kernel_mimic(
+        *flip,
+        decay,
+        kern.config.chunk,
+        block_dv=kern.config.block_dv,
+        scale=call.scale,
+        initial_state=h0,
+        output_final_state=True,
+    )
+    err = max(rel_l2(out, ref.flip(1)), rel_l2(ht, ref_state))
+    return {"rel_l2": err, "nan_count": int(out.isnan().sum() + ht.isnan().sum())}
 
 
 def check_cases() -> None:
@@ -63,7 +93,7 @@ def check_cases() -> None:
                 served = kern.serving(p)
             except ValueError:  # a split that leaves one segment
                 continue
-            r = check(served, seed=b * 7 + s)
+            r = (check_reversed if call.reverse and not call.dkdv else check)(served, seed=b * 7 + s)
             emit(
                 kind="check",
                 dk=base.dk,
@@ -128,14 +158,16 @@ def cost() -> None:
             return lambda: kern.run(q, k, v, decay, None, final.view(p.batch, p.heads, p.dk, p.dv))
 
         outs = {n: fn(kn)() for n, kn in kerns.items()}
-        same = all(
-            torch.equal(a, b) for a, b in zip(*(o if isinstance(o, tuple) else (o,) for o in outs.values()))
-        )
+        same = all(torch.equal(a, b) for a, b in zip(*outs.values()) if a is not None)
         times = {n: [] for n in kerns}
-        for _ in range(5):  # the two take turns
+        host = {n: [] for n in kerns}
+        for _ in range(5):  # the two take turns; the GPU's time with the host's launches queued ahead
             for n, kn in kerns.items():
-                times[n].append(time_gpu(fn(kn)).median_ms)
+                timing = time_gpu(fn(kn), host_ahead=True)
+                times[n].append(timing.median_ms)
+                host[n].append(timing.host_ms)
         med = {n: sorted(v)[2] for n, v in times.items()}
+        host_med = {n: sorted(v)[2] for n, v in host.items()}
         emit(
             kind="cost",
             shape=f"{p.batch}x{p.heads}x{p.seqlen}",
@@ -146,6 +178,8 @@ def cost() -> None:
             static_ms=med["static"],
             generic_ms=med["generic"],
             ratio=med["generic"] / med["static"],
+            static_host_ms=host_med["static"],
+            generic_host_ms=host_med["generic"],
             bitwise_same=same,
             rounds=times,
         )
@@ -153,8 +187,32 @@ def cost() -> None:
 
 def shapes() -> None:
     """Run in a fresh process after ``warmup`` filled the disk cache."""
+    import glob
+    import os
+
+    from tilelang import env
+
+    from kernel import builder
     from kernel.ops import decay_attention
 
+    def cache_entries() -> int:  # a real compile adds one; a load from the disk cache none
+        return len(glob.glob(os.path.join(env.TILELANG_CACHE_DIR, "*", "*", "*")))
+
+    loads = []
+    compile_kernel = builder.compile_kernel
+
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        out = compile_kernel(*args, **kwargs)
+        loads.append(round(time.perf_counter() - t, 3))
+        return out
+
+    builder.compile_kernel = timed
+    t = time.perf_counter()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    emit(kind="cuda_init", seconds=time.perf_counter() - t)
+    entries = cache_entries()
     t0 = time.perf_counter()
     h, dk, dv = 16, 128, 128
     decay = torch.tensor([1 - 2 ** (-5 - i) for i in range(h)], device="cuda")
@@ -170,23 +228,36 @@ def shapes() -> None:
         torch.cuda.synchronize()
 
     step(2, 1000)
-    emit(kind="first_call", seconds=time.perf_counter() - t0, compiles=compiles())
+    emit(
+        kind="first_call",
+        seconds=time.perf_counter() - t0,
+        kernels=compiles(),
+        load_seconds=list(loads),
+        new_cache_entries=cache_entries() - entries,
+    )
     seen = {(2, 1000)}
-    sizes = []
-    while len(sizes) < 50:
-        b, s = rng.randint(1, 8), rng.randint(1, 6000)
-        if (b, s) not in seen:
-            seen.add((b, s))
-            sizes.append((b, s))
-    before = compiles()
+    for round_ in ("first fifty: configs loaded on first use", "next fifty, same process"):
+        sizes = []
+        while len(sizes) < 50:
+            b, s = rng.randint(1, 8), rng.randint(1, 6000)
+            if (b, s) not in seen:
+                seen.add((b, s))
+                sizes.append((b, s))
+        fifty(round_, sizes, step, loads, cache_entries, entries)
+
+
+def fifty(round_, sizes, step, loads, cache_entries, entries) -> None:
+    before, done = compiles(), len(loads)
     t = time.perf_counter()
     for b, s in sizes:
         step(b, s)
     emit(
         kind="fifty_shapes",
+        round=round_,
         seconds=time.perf_counter() - t,
-        new_compiles=compiles() - before,
-        compiles=compiles(),
+        new_kernels=compiles() - before,
+        load_seconds=loads[done:],
+        new_cache_entries=cache_entries() - entries,
         shapes=sizes,
     )
 

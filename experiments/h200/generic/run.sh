@@ -14,3 +14,6 @@ run 200 cost
 run 150 warmup
 run 60 shapes   # a fresh process after the warm-up: the disk cache is warm
 run 60 shapes   # again: what a second process pays
+# GPU tests of the kernels and ops the generic kernels serve (as time allows).
+timeout 150 python3 -m pytest -o addopts="" -q -m gpu tests/test_dkdv.py tests/test_backward.py \
+    -k "not fla" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
