@@ -191,7 +191,9 @@ def prim_funcs(
                 bh,
                 v0,
                 bp * L,
-                (end - bp * L) // C if aligned else chunks_per_segment,  # aligned: only whole chunks
+                T.min(chunks_per_segment, T.ceildiv(seqlen, C) - bp * chunks_per_segment)
+                if aligned
+                else chunks_per_segment,
                 end,
                 States,
                 final,

@@ -9,11 +9,14 @@ set -uo pipefail
 source .gpu/setup.sh
 export PYTHONUNBUFFERED=1
 run() { timeout "$1" python3 experiments/h200/generic/run.py "$2" 2>&1 | tee -a "$OUT/$2.jsonl" | grep -v '^{"kind": "check"' ; }
-run 200 check
-run 200 cost
-run 150 warmup
-run 60 shapes   # a fresh process after the warm-up: the disk cache is warm
-run 60 shapes   # again: what a second process pays
-# GPU tests of the kernels and ops the generic kernels serve (as time allows).
-timeout 150 python3 -m pytest -o addopts="" -q -m gpu tests/test_dkdv.py tests/test_backward.py \
-    -k "not fla" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+steps=${*:-check cost warmup shapes shapes tests}  # each a step below, in order
+for step in $steps; do
+    case $step in
+        check | cost) run 200 "$step" ;;
+        warmup) run 150 warmup ;;
+        shapes) run 60 shapes ;;  # a fresh process after the warm-up: the disk cache is warm
+        tests)  # GPU tests of the kernels and ops the generic kernels serve, as time allows
+            timeout "${TESTS_S:-150}" python3 -m pytest -o addopts="" -q -m gpu tests/test_dkdv.py \
+                tests/test_backward.py -k "not fla" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+    esac
+done
