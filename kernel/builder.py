@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from kernel.arch import local_arch
-from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, retnet_decay
+from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, retnet_decay, whole_chunks
 from kernel.resources import ProbeResult, compile_kernel, probe
 from kernel.variants import launch, launch_dkdv, shape_generic, unused_state
 
@@ -233,10 +233,29 @@ def build(
     key = (shape_generic(problem, config, lower_for or here), config, call, lower_for or here, here)
     compiled = _COMPILED.get(key)
     if compiled is None:
-        compiled = _COMPILED[key] = compile_kernel(problem, config, lower_for or here, call, run_on=here)
+        compiled = _COMPILED[key] = compile_class(problem, config, call, lower_for or here, run_on=here)
     else:
         config.check_fits(problem)
     return ScalarDecayKernel(problem, config, compiled, call, lower_for)
+
+
+def compile_class(
+    problem: Problem, config: KernelConfig, call: Call, arch: str, *, run_on: str | None = None
+):
+    """``compile_kernel`` for ``problem``'s ``shape_generic`` class. Where TileLang fails to
+    lower the class of whole chunks (it does for some splits of 32-token chunks: "[ThreadSync]
+    Cannot lower a required shared-memory sync inside a divergent region"), the class of
+    ragged ones, which serves every length, is compiled in its place."""
+    try:
+        return compile_kernel(problem, config, arch, call, run_on=run_on)
+    except ValueError:
+        raise
+    except Exception:
+        generic = shape_generic(problem, config, arch) != problem
+        if not (generic and whole_chunks(problem, config.chunk)):
+            raise
+        ragged = dataclasses.replace(problem, seqlen=problem.seqlen + 1)
+        return compile_kernel(ragged, config, arch, call, run_on=run_on)
 
 
 # (shape_generic shape, config, call, arch, GPU arch) -> the compiled kernels, which serve

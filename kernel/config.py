@@ -250,6 +250,15 @@ def dkdv_call(problem: Problem) -> Call:
     return Call(scale=problem.dk**-0.5, reverse=True, dkdv=True)
 
 
+def whole_chunks(problem: Problem, chunk: int) -> bool:
+    """Whether a dense call's sequences are whole ``chunk``-token chunks (S a multiple of
+    C). A kernel is compiled for one of the two classes (``kernel.variants.shape_generic``):
+    aligned, no chunk is ragged and each weight's exponent is a constant; else each chunk
+    counts its tokens at run time, which costs the aligned class about 5% on the H200
+    (experiments/h200/generic/README.md)."""
+    return problem.seqlen % chunk == 0
+
+
 def segment_length(seqlen: int, chunk: int, segments: int) -> int:
     """Tokens per segment: whole chunks, so only the last segment is ragged."""
     return math.ceil(math.ceil(seqlen / segments) / chunk) * chunk

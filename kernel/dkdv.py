@@ -29,7 +29,7 @@ The numerical rules of the forward hold, through its decay mask, weights and sco
 (TMA's zero rows, or the next sequence's) are masked out of the scores.
 """
 
-from kernel.config import KernelConfig, Problem
+from kernel.config import KernelConfig, Problem, whole_chunks
 
 CHUNK, THREADS = 64, 256
 MAX_STATE = 128 * 128  # DK * DV: the fp32 state in 256 threads' registers, 64 each
@@ -56,7 +56,7 @@ def sweep_macro(problem: Problem, config: KernelConfig, *, scale: float, packed:
     ``kernel.scalar_decay.chunk_loop_macro`` takes its states. ``packed``: rows past
     ``s_end`` belong to the next sequence, and only the sequence's rows are written. A dense
     sequence of whole chunks has every chunk whole
-    (``kernel.scalar_decay.chunk_step_aligned``)."""
+    (``kernel.config.whole_chunks``)."""
     import tilelang.language as T  # loaded when a kernel is built, as kernel.variants does
 
     from kernel.mma import mma_for
@@ -64,14 +64,13 @@ def sweep_macro(problem: Problem, config: KernelConfig, *, scale: float, packed:
         ACCUM,
         Direction,
         alpha_power,
-        chunk_step_aligned,
         decay_mask_macro,
         key_weights_macro,
         store_macro,
     )
 
     C, stages, time = config.chunk, config.num_stages, Direction(reverse=True)
-    aligned = not packed and chunk_step_aligned(problem, C)
+    aligned = not packed and whole_chunks(problem, C)
     accum, dtype, dk, dv = ACCUM, problem.dtype, problem.dk, problem.dv
     mma = mma_for(arch, rows=C)
     store_k = store_macro(chunk=C, block_dv=dk, packed=packed)

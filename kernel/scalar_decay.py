@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 
 from kernel.arch import get_arch
-from kernel.config import KernelConfig, Problem
+from kernel.config import KernelConfig, Problem, whole_chunks
 from kernel.mma import Mma, mma_for
 
 ACCUM = "float32"  # the dtype of every accumulator and decay weight
@@ -133,15 +133,6 @@ def key_weights_macro(*, chunk: int, dk: int, dtype: str, time: Direction):
     return weigh
 
 
-def chunk_step_aligned(problem: Problem, chunk: int) -> bool:
-    """Whether a dense call's sequences are whole ``chunk``-token chunks (S a multiple of
-    C). A kernel is compiled for one of the two classes (``kernel.variants.shape_generic``):
-    aligned, no chunk is ragged and each weight's exponent is a constant; else each chunk
-    counts its tokens at run time, which costs the aligned class about 5% on the H200
-    (experiments/h200/generic/README.md)."""
-    return problem.seqlen % chunk == 0
-
-
 def sizes(problem: Problem, arch: str) -> tuple:
     """``(B, S)`` as a dense kernel declares them for ``arch``: symbolic, read from the
     tensors at launch, where the architecture has ``symbolic_shapes``; else the problem's
@@ -211,7 +202,7 @@ def chunk_loop_macro(
     (``kernel.arch.ARCHS``) picks the MMA statements (``kernel.mma``). With ``reverse``
     the recurrence runs backwards in time (``Direction``): the state carried in is the one
     after ``s_end``, the state carried out the one at ``s_begin``. ``aligned``: every chunk
-    walked is whole (``chunk_step_aligned``), so its token count is the constant C and the
+    walked is whole (``whole_chunks``), so its token count is the constant C and the
     weights that depend on it fold as they do for a static length."""
     mma = mma_for(arch, rows=chunk)
     time = Direction(reverse)
@@ -447,7 +438,7 @@ def scalar_decay_fwd(problem: Problem, *, initial_state: bool = False, final_sta
     """
     heads, dk, dv = problem.heads, problem.dk, problem.dv
     chunk, block_dv, threads = loop["chunk"], loop["block_dv"], loop["threads"]
-    aligned = chunk_step_aligned(problem, chunk)
+    aligned = whole_chunks(problem, chunk)
     chunk_loop = chunk_loop_macro(dk=dk, dtype=problem.dtype, aligned=aligned, **loop)
     batch, seqlen = sizes(problem, loop["arch"])
     qk, vo, decay = tensor_types(batch, seqlen, heads=heads, dk=dk, dv=dv, dtype=problem.dtype)

@@ -26,8 +26,8 @@ measurements, and the designs measured and not kept, are in experiments/h200/REA
 
 import tilelang.language as T
 
-from kernel.config import KernelConfig, Problem
-from kernel.scalar_decay import ACCUM, alpha_power, chunk_loop_macro, chunk_step_aligned, loop_knobs, sizes
+from kernel.config import KernelConfig, Problem, whole_chunks
+from kernel.scalar_decay import ACCUM, alpha_power, chunk_loop_macro, loop_knobs, sizes
 
 CARRY_THREADS = 128  # state elements one carry block owns, one per thread
 
@@ -66,7 +66,7 @@ def prim_funcs(
     chunks_per_segment = L // C
     state_shape = [batch * heads, 1, dk, dv]
     states_shape = [batch * heads, slots, dk, dv]
-    aligned = chunk_step_aligned(problem, C)
+    aligned = whole_chunks(problem, C)
     loop = loop_knobs(config) | dict(scale=scale, arch=arch, reverse=reverse, aligned=aligned)
     chunk_loop = chunk_loop_macro(dk=dk, dtype=dtype, **loop)
     last_length = seqlen - (P - 1) * L  # tokens of the last segment, 1 to L

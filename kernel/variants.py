@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from kernel.arch import get_arch
-from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem
+from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, whole_chunks
 
 # TileLang's compile options for every kernel. Shared-memory reuse is off: TileLang lets
 # buffers whose lifetimes do not overlap share memory, and judges a lifetime by the last
@@ -30,7 +30,7 @@ def shape_generic(problem: Problem, config: KernelConfig, arch: str) -> Problem:
     ``problem``. Where the architecture has ``symbolic_shapes`` (``kernel.arch``), every
     kernel takes its batch size and sequence length (packed: its token and sequence counts)
     from its tensors at launch, so one compiled kernel serves every B and S of a head
-    count, DK, DV, dtype and chunk class (``kernel.scalar_decay.chunk_step_aligned``: S a
+    count, DK, DV, dtype and chunk class (``kernel.config.whole_chunks``: S a
     multiple of the chunk, or not): the key is the class's smallest shape, B = 1 and S = C
     or 1. Elsewhere dense kernels are compiled per shape. The head count stays a
     compile-time constant: a model's is fixed, and with B, H and S all symbolic TileLang
@@ -38,7 +38,7 @@ def shape_generic(problem: Problem, config: KernelConfig, arch: str) -> Problem:
     a required shared-memory sync inside a divergent region")."""
     if not get_arch(arch).symbolic_shapes:
         return problem
-    seqlen = config.chunk if problem.seqlen % config.chunk == 0 else 1
+    seqlen = config.chunk if whole_chunks(problem, config.chunk) else 1
     return Problem(1, problem.heads, seqlen, problem.dk, problem.dv, problem.dtype)
 
 

@@ -348,3 +348,18 @@ def test_the_packed_kernel_compiles_once_for_every_token_and_sequence_count():
     assert isinstance(res, Resources) and res.threads_launched == 384 and res.spill_stores == 0
     with pytest.raises(ValueError, match="packed sequences run the single-pass kernel"):
         prim_funcs(problem, KernelConfig(64, 128, 2, 256, segments=2), call, arch="sm_90a")
+
+
+def test_a_class_of_whole_chunks_that_does_not_lower_compiles_the_ragged_class_instead():
+    """TileLang 0.1.15 fails to lower this split's kernels for whole chunks (a sync in a
+    divergent region); ``compile_class`` then compiles the ragged class, which serves every
+    length (``kernel.variants.shape_generic``)."""
+    from kernel.builder import compile_class
+    from kernel.resources import compile_kernel
+
+    problem, config = Problem(2, 4, 64, 128, 128), KernelConfig(32, 32, 1, 128, "smem", segments=64)
+    call = model_call(problem)
+    with pytest.raises(Exception, match="ThreadSync"):
+        compile_kernel(problem, config, "sm_90a", call)
+    kernels = compile_class(problem, config, call, "sm_90a")
+    assert len(kernels) == 3 and all(k.get_kernel_source() for k in kernels)
