@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from kernel.config import Call, Problem
 from kernel.ops.attention import decay_attention
 
 
@@ -99,3 +100,40 @@ def test_a_kernel_refuses_arguments_it_was_not_compiled_for():
         packed(q, q, q)
     with pytest.raises(ValueError, match=r"cu_seqlens \[N \+ 1\]"):
         packed(q, q, q, cu_seqlens=torch.tensor([0], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("heads, dk, dv", [(16, 128, 128), (8, 128, 256), (32, 64, 64)])
+def test_warmup_holds_the_kernel_of_every_call_of_its_head_size(heads, dk, dv):
+    """Whatever batch size and length a call has, forward or backward, dense or packed, the
+    kernel serving it (its ``shape_generic`` key) is one ``warmup_jobs`` compiles: after a
+    warm-up no call compiles."""
+    import random
+
+    from kernel.arch import get_arch
+    from kernel.ops.serve import backward_jobs, kernel_job, warmup_jobs
+    from kernel.variants import shape_generic
+
+    arch, sms = "sm_90a", get_arch("sm_90a").sms
+    warmed = {
+        (shape_generic(p, c, arch), c, call)
+        for p, c, call in warmup_jobs(heads, dk, dv, "bfloat16", backward=True, arch=arch)
+    }
+    rng = random.Random(0)
+    for _ in range(60):
+        batch, seqlen = rng.randint(1, max(1, 512 // heads)), rng.randint(1, 65536)
+        p, n = Problem(batch, heads, seqlen, dk, dv, "bfloat16"), batch
+        call = Call(dk**-0.5, False, rng.random() < 0.5, packed=rng.random() < 0.3)
+        if call.packed:
+            p, n = Problem(1, heads, seqlen, dk, dv, "bfloat16"), rng.randint(1, min(64, seqlen))
+        for job in [
+            kernel_job(p, call, n, arch=arch, sms=sms),
+            *backward_jobs(p, call, n, arch=arch, sms=sms),
+        ]:
+            assert (shape_generic(job[0], job[1], arch), job[1], job[2]) in warmed, (p, call, job)
+
+
+def test_warmup_refuses_an_architecture_that_compiles_per_shape(capsys):
+    from tuner.cli import main
+
+    assert main(["warmup", "--arch", "sm_80"]) == 2
+    assert "compiled per shape" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from kernel.arch import ARCHS
 from kernel.config import HEADLINE
 from tuner import options
-from tuner.commands.device import cmd_bench, cmd_probe
+from tuner.commands.device import cmd_bench, cmd_probe, cmd_warmup
 from tuner.commands.read import cmd_best, cmd_compare, cmd_export, cmd_report, cmd_trials
 from tuner.commands.study import cmd_dispatch, cmd_run
 from tuner.options import BENCH_PACKED, BENCH_SHAPES, PROBLEM_FLAGS, STUDIES_DIR, UsageError, default_storage
@@ -122,6 +122,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], tuple[Callable, .
     "report": (cmd_report, (_study_flags, _problem_flags, _env_flag)),
     "bench": (cmd_bench, ()),
     "probe": (cmd_probe, (_problem_flags,)),
+    "warmup": (cmd_warmup, ()),
 }
 
 
@@ -169,6 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument(
         "--arch", help=f"architectures, comma-separated, or all ({', '.join(ARCHS)}); default: this GPU's"
     )
+    warm = sub.choices["warmup"]
+    _problem_flags(warm, ("heads", "dk", "dv", "dtype"))
+    warm.add_argument("--backward", action="store_true", help="also the kernels of the backward's sweeps")
+    warm.add_argument(
+        "--arch", choices=list(ARCHS), help="the architecture to compile for; default: this GPU's"
+    )
+    warm.add_argument("--dispatch", help="a dispatch table whose configs to compile (default: the rule's)")
+    warm.add_argument(
+        "--allow-mismatch", action="store_true", help="use a dispatch table measured in another environment"
+    )
+    warm.add_argument("--workers", type=int, help="compile processes (default: one per CPU core)")
     bench = sub.choices["bench"]
     _shape_flags(bench, "the shapes to time")
     bench.add_argument("--dispatch", help="a dispatch table (python -m tuner dispatch): its pick is 'tuned'")

@@ -1,11 +1,13 @@
 """The commands that compile or time kernels with no study: ``probe`` (compile-only, any
-architecture) and ``bench`` (the tuned kernel against the seed's config, fla and torch)."""
+architecture), ``warmup`` (every kernel a head size serves, into TileLang's disk cache) and
+``bench`` (the tuned kernel against the seed's config, fla and torch)."""
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
-from kernel.arch import resolve
+from kernel.arch import get_arch, resolve
 from kernel.config import Problem, model_call
 from kernel.defaults import default_config
 from tuner.commands.args import parse_config, problem_of
@@ -60,6 +62,40 @@ def _probe_row(arch: str, status: str, cells, reason: str = "", config: str | No
     first = "" if config is None else f"{config:<22} "
     line = f"{first}{arch:<8} {status:<14} " + " ".join(f"{c:>9}" for c in cells)
     return line + f"  {reason}" if reason else line
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    """Compile every kernel that calls of a head size are served by (kernel.ops.serve.warmup:
+    the forward, and with --backward its sweeps, for every batch size and sequence length)
+    into TileLang's disk cache, across the CPU cores; no GPU needed with --arch. A later
+    process loads them instead of compiling."""
+    from kernel.ops.dispatch import load_dispatch
+    from kernel.ops.serve import use_table, warmup, warmup_jobs
+    from kernel.resources import ProbeFailure
+
+    Problem(1, args.heads, 1, args.dk, args.dv, args.dtype)  # validates the flags up front
+    arch = args.arch or resolve(None)[0]
+    if not get_arch(arch).symbolic_shapes:
+        raise UsageError(
+            f"on {arch} the kernels are compiled per shape (kernel.arch: Arch.symbolic_shapes): "
+            "there is no set of kernels to warm ahead"
+        )
+    if args.dispatch:
+        use_table(load_dispatch(args.dispatch, allow_mismatch=args.allow_mismatch))
+    jobs = warmup_jobs(args.heads, args.dk, args.dv, args.dtype, backward=args.backward, arch=arch)
+    print(f"compiling {len(jobs)} kernels for {arch} into TileLang's disk cache", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    results = warmup(
+        args.heads, args.dk, args.dv, args.dtype, backward=args.backward, arch=arch, workers=args.workers
+    )
+    failed = [r for r in results if isinstance(r, ProbeFailure)]
+    print(
+        f"warmed {len(results) - len(failed)} kernels for {arch} in {time.perf_counter() - start:.0f} s",
+        flush=True,
+    )
+    for failure in failed:
+        print(f"failed: {failure.stage}: {failure.error_type}: {failure.message.splitlines()[0][:160]}")
+    return 1 if failed else 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
