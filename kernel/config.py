@@ -253,9 +253,9 @@ def dkdv_call(problem: Problem) -> Call:
 def whole_chunks(problem: Problem, chunk: int) -> bool:
     """Whether a dense call's sequences are whole ``chunk``-token chunks (S a multiple of
     C). A kernel is compiled for one of the two classes (``kernel.variants.shape_generic``):
-    aligned, no chunk is ragged and each weight's exponent is a constant; else each chunk
-    counts its tokens at run time, which costs the aligned class about 5% on the H200
-    (experiments/h200/generic/README.md)."""
+    of whole chunks, where each weight's exponent is a constant, as for a static length; or
+    ragged, where each chunk counts its tokens at run time, which serves every length but
+    costs time (experiments/h200/generic/README.md)."""
     return problem.seqlen % chunk == 0
 
 

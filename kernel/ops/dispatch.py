@@ -92,7 +92,7 @@ class Dispatch:
             return None
 
     def kernel(self, problem: Problem) -> ScalarDecayKernel:
-        """The built kernel for ``problem`` (compiled on first use, then cached)."""
+        """The built kernel for ``problem`` (its config compiled on first use, ``kernel.builder.build``)."""
         if problem not in self._kernels:
             self._kernels[problem] = build(problem, self.pick(problem).config)
         return self._kernels[problem]
