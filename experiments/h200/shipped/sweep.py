@@ -1,0 +1,153 @@
+"""Every candidate config timed at every shape of a grid, in one process on one GPU: the
+studies behind the shipped tables and the rule (``kernel.defaults``), and the cost
+model's training data.
+
+    python experiments/h200/shipped/sweep.py 128x128,128x256 bfloat16 > sweep.jsonl
+
+Per head size (DK x DV): the candidate forward configs (``bases``) with each segment count
+whose grid launches between a quarter and 8 blocks per SM at some shape, and, where the
+fused dk and dv sweep serves the head size, its configs (stages 1 or 2, every such
+segment count). Each compiled kernel (one per config: the kernels are shape-generic, and
+every grid S is whole chunks) is checked once against reference C (``kernel.validate.check``
+at 1 x H x 4096); each timing at a shape is checked again against the rule's config on the
+same inputs (relative L2 < 2e-2, no NaN). Timing: ``kernel.timing.time_gpu`` with the host
+queued ahead, L2 flushed, median of the repetitions; the model call (scale DK^-1/2, final
+state returned) and the fused sweep of its backward. Each line is a JSON object: ``env``,
+``probe`` (the compiler's figures per kernel), ``check``, ``time``, ``skip``.
+"""
+
+import json
+import math
+import sys
+import time
+
+import torch
+
+from kernel.builder import build, precompile, sm_count
+from kernel.config import Call, KernelConfig, Problem, dkdv_call, model_call
+from kernel.defaults import default_config, dkdv_config, runs
+from kernel.environment import environment
+from kernel.resources import ProbeFailure
+from kernel.timing import time_gpu
+from kernel.validate import check, random_qkv
+
+# (B, H, S): B*H from 16 to 512 and S from 512 to 65536, B*H*S at most 2^22 token-heads;
+# 16 heads, so that one compile per config serves every shape of a head size.
+SHAPES = [(b, 16, s) for b in (1, 4, 16, 32) for s in (512, 2048, 8192, 32768, 65536) if b * s <= 2**18]
+MIN_WAVES, MAX_WAVES = 0.25, 8.0  # blocks per SM a segment count may give at a shape
+
+
+def emit(**row) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def bases(dk: int, dv: int) -> list[KernelConfig]:
+    """The forward's candidates: the family that won the earlier studies (64/./2/256/smem)
+    and one knob off it at a time, at each block_dv that divides DV from 32 (64 where
+    DV > 64) up to a block state of 2 x 128 x 128."""
+    widths = [d for d in (32, 64, 128, 256) if dv % d == 0 and d <= dv and dk * d <= 2 * 128 * 128]
+    widths = [d for d in widths if d >= 64] if dv > 64 else widths
+    knobs = [(64, 2, 256, "smem"), (64, 3, 256, "smem"), (64, 1, 256, "smem"), (128, 2, 256, "smem")]
+    knobs += [(64, 2, 128, "smem"), (64, 2, 256, "regs")]
+    return [KernelConfig(c, d, st, th, sc, 1) for d in widths for c, st, th, sc in knobs]
+
+
+def dkdv_bases(problem: Problem) -> list[KernelConfig]:
+    if dkdv_config(problem, "sm_90a") is None:
+        return []
+    return [KernelConfig(64, problem.dv, stages, 256, "smem", 1) for stages in (1, 2)]
+
+
+def splits(base: KernelConfig, problem: Problem, sms: int) -> list[KernelConfig]:
+    """``base`` at each segment count that runs ``problem`` with a grid in the waves' range."""
+    out = []
+    for n in (1, 2, 4, 8, 16, 32, 64):
+        c = KernelConfig(**{**base.to_dict(), "segments": n})
+        if runs(c, problem) and MIN_WAVES <= c.blocks(problem) / sms <= MAX_WAVES:
+            out.append(c)
+    return out or ([base] if runs(base, problem) else [])
+
+
+def main(heads: list[tuple[int, int]], dtype: str) -> None:
+    sms = sm_count()
+    emit(kind="env", env=environment(), sms=sms, shapes=SHAPES)
+    plan = []  # (problem, config, call, sweep)
+    for dk, dv in heads:
+        for b, h, s in SHAPES:
+            p = Problem(b, h, s, dk, dv, dtype)
+            forward = {c for base in bases(dk, dv) for c in splits(base, p, sms)} | {
+                default_config(p, "sm_90a", sms)
+            }
+            plan += [(p, c, model_call(p), "forward") for c in sorted(forward, key=lambda c: c.label)]
+            fused = {c for base in dkdv_bases(p) for c in splits(base, p, sms)} | {
+                dkdv_config(p, "sm_90a", sms)
+            }
+            plan += [(p, c, dkdv_call(p), "dkdv") for c in sorted(fused - {None}, key=lambda c: c.label)]
+    kernels = {}  # (dk, dv, heads, config, sweep) -> a job to compile
+    for p, c, call, sweep in plan:
+        kernels.setdefault(
+            (p.dk, p.dv, p.heads, c, sweep), (Problem(1, p.heads, 4096, p.dk, p.dv, dtype), c, call)
+        )
+    t = time.time()
+    results = precompile(list(kernels.values()), arch="sm_90a", workers=16)
+    failed = set()
+    for key, result in zip(kernels, results):
+        dk, dv, h, c, sweep = key
+        row = dict(kind="probe", dk=dk, dv=dv, heads=h, dtype=dtype, sweep=sweep, config=c.label)
+        if isinstance(result, ProbeFailure):
+            failed.add(key)
+            emit(**row, failure=result.to_dict())
+        else:
+            emit(**row, resources=result.to_dict())
+    emit(kind="compiled", kernels=len(kernels), failed=len(failed), seconds=time.time() - t)
+    bad = set(failed)
+    for key, (p, c, call) in kernels.items():
+        if key in failed:
+            continue
+        r = check(build(p, c, call), seed=len(bad))
+        ok = r["rel_l2"] < 2e-2 and r["nan_count"] == 0
+        emit(kind="check", dk=p.dk, dv=p.dv, heads=p.heads, dtype=dtype, sweep=key[4], config=c.label, ok=ok,
+             rel_l2=r["rel_l2"], nan=r["nan_count"])  # fmt: skip
+        if not ok:
+            bad.add(key)
+    by_shape: dict[tuple[Problem, str], list[tuple[KernelConfig, Call]]] = {}
+    for p, c, call, sweep in plan:
+        if (p.dk, p.dv, p.heads, c, sweep) not in bad:
+            by_shape.setdefault((p, sweep), []).append((c, call))
+    for (p, sweep), configs in by_shape.items():
+        time_shape(p, sweep, configs, sms)
+
+
+def time_shape(p: Problem, sweep: str, configs: list[tuple[KernelConfig, Call]], sms: int) -> None:
+    q, k, v = random_qkv(p, seed=p.batch * 131 + p.seqlen)
+    decay = torch.tensor([1 - 2 ** (-5 - i % 8) for i in range(p.heads)], device="cuda")
+    do = torch.randn_like(v) if sweep == "dkdv" else None
+    rule = dkdv_config(p, "sm_90a", sms) if sweep == "dkdv" else default_config(p, "sm_90a", sms)
+    configs = sorted(configs, key=lambda cc: cc[0] != rule)  # the rule's first: the others' yardstick
+    want = None
+    for config, call in configs:
+        kern = build(p, config, call)
+        final = torch.full((p.batch, p.heads, p.dk, p.dv), math.nan, device="cuda")
+        out = torch.full_like(v, math.nan)
+        if sweep == "dkdv":
+            fn = lambda: kern.run_dkdv(q, k, v, do, decay)  # noqa: E731
+            got = fn()
+        else:
+            fn = lambda: kern.run(q, k, v, decay, None, final, out)  # noqa: E731
+            fn()
+            got = (out, final)
+        torch.cuda.synchronize()
+        nan = sum(int(t.isnan().sum()) for t in got)
+        want = want or tuple(t.clone() for t in got)
+        err = max(float((a.double() - b.double()).norm() / b.double().norm()) for a, b in zip(got, want))
+        shape = dict(b=p.batch, h=p.heads, s=p.seqlen, dk=p.dk, dv=p.dv, dtype=p.dtype, sweep=sweep)
+        row = dict(kind="time", **shape, config=config.label, rule=config == rule, blocks=config.blocks(p))
+        row |= dict(agree_rel_l2=err, nan=nan)
+        if nan or not err < 2e-2:
+            emit(**row, skipped="disagrees with the rule's config")
+            continue
+        emit(**row, **time_gpu(fn, warmup_ms=10, rep_ms=30, host_ahead=True).to_dict())
+
+
+if __name__ == "__main__":
+    main([tuple(map(int, h.split("x"))) for h in sys.argv[1].split(",")], sys.argv[2])
