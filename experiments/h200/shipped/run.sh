@@ -9,10 +9,11 @@ export PYTHONUNBUFFERED=1
 case ${1:-} in
 sweep)
     start=$(date +%s)
-    timeout "${SWEEP_S:-560}" python3 experiments/h200/shipped/sweep.py "$2" "$3" 2> "$OUT/sweep-$2-$3.err" |
-        tee "$OUT/sweep-$2-$3.jsonl" | grep -v '"kind": "\(time\|probe\|check\)"'
-    grep -c '"kind": "time"' "$OUT/sweep-$2-$3.jsonl"
-    tail -5 "$OUT/sweep-$2-$3.err"
+    name="sweep-${2//,/_}-$3"
+    timeout "${SWEEP_S:-560}" python3 experiments/h200/shipped/sweep.py "$2" "$3" 2> "$OUT/$name.err" |
+        tee "$OUT/$name.jsonl" | grep -v '"kind": "\(time\|probe\|check\)"'
+    grep -c '"kind": "time"' "$OUT/$name.jsonl"
+    tail -5 "$OUT/$name.err"
     echo "sweep: $(($(date +%s) - start)) s wall"
     ;;
 *) echo "usage: run.sh sweep HEADS DTYPE" >&2 && exit 2 ;;
