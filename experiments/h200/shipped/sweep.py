@@ -34,7 +34,7 @@ from kernel.validate import check, random_qkv
 # (B, H, S): B*H from 16 to 512 and S from 512 to 65536, B*H*S at most 2^22 token-heads;
 # 16 heads, so that one compile per config serves every shape of a head size.
 SHAPES = [(b, 16, s) for b in (1, 4, 16, 32) for s in (512, 2048, 8192, 32768, 65536) if b * s <= 2**18]
-MIN_WAVES, MAX_WAVES = 0.25, 8.0  # blocks per SM a segment count may give at a shape
+MIN_WAVES, MAX_WAVES = 0.4, 5.0  # blocks per SM a segment count may give at a shape
 
 
 def emit(**row) -> None:
@@ -48,7 +48,6 @@ def bases(dk: int, dv: int) -> list[KernelConfig]:
     widths = [d for d in (32, 64, 128, 256) if dv % d == 0 and d <= dv and dk * d <= 2 * 128 * 128]
     widths = [d for d in widths if d >= 64] if dv > 64 else widths
     knobs = [(64, 2, 256, "smem"), (64, 3, 256, "smem"), (64, 1, 256, "smem"), (128, 2, 256, "smem")]
-    knobs += [(64, 2, 128, "smem"), (64, 2, 256, "regs")]
     return [KernelConfig(c, d, st, th, sc, 1) for d in widths for c, st, th, sc in knobs]
 
 
