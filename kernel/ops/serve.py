@@ -13,20 +13,24 @@ from kernel.defaults import default_config, dkdv_config
 from kernel.ops.backward import sweep_calls
 from kernel.ops.deploy import ExportError
 from kernel.ops.dispatch import Dispatch
+from kernel.ops.tables import default_table
 from kernel.resources import ProbeResult
 from kernel.variants import packed_config, shape_generic
 
 Job = tuple[Problem, KernelConfig, Call]  # what ``build`` compiles
 
 
+DEFAULT = "default"  # ``use_table(DEFAULT)``: what a process starts with (``kernel.ops.tables``)
+
+
 @dataclass
 class _Server:
-    """The table served (None: the rule alone), and the kernel that served each (problem,
-    call, sequences) under this table: picking a config takes tens of us of Python, so a
-    repeated call skips it. The compiled kernels behind them are ``kernel.builder``'s, one
-    per config for every batch size and sequence length."""
+    """The table served (None: the rule alone; ``DEFAULT``: not yet looked up), and the
+    kernel that served each (problem, call, sequences) under this table: picking a config
+    takes tens of us of Python, so a repeated call skips it. The compiled kernels behind
+    them are ``kernel.builder``'s, one per config for every batch size and sequence length."""
 
-    table: Dispatch | None = None
+    table: Dispatch | str | None = DEFAULT
     served: dict[tuple[Problem, Call, int], ScalarDecayKernel] = field(default_factory=dict)
 
 
@@ -34,11 +38,23 @@ _SERVER = _Server()
 _SERVED_MAX = 4096  # packed batches differ in T; past this many, start over
 
 
-def use_table(table: Dispatch | None) -> None:
-    """Serve every later call with the config ``table`` picks for its shape (``None``: the
-    rule of ``kernel.defaults``)."""
+def use_table(table: Dispatch | str | None) -> None:
+    """Serve every later call with the config ``table`` picks for its shape: ``None``
+    serves the rule of ``kernel.defaults`` alone, ``DEFAULT`` what a process starts with
+    (``kernel.ops.tables.default_table``: the file ``DECAY_TUNER_TABLE`` names, else the
+    table shipped for this GPU)."""
+    if isinstance(table, str) and table != DEFAULT:
+        raise ValueError(f"use_table takes a Dispatch, None or {DEFAULT!r}, not {table!r}")
     _SERVER.table = table
     _SERVER.served.clear()
+
+
+def served_table(arch: str | None = None) -> Dispatch | None:
+    """The table calls are served from (``use_table``), looked up on first use: on this
+    GPU, or for ``arch`` when compiling ahead without one."""
+    if isinstance(_SERVER.table, str):
+        _SERVER.table = default_table(arch)
+    return _SERVER.table
 
 
 def kernel_for(problem: Problem, call: Call, sequences: int) -> ScalarDecayKernel:
@@ -60,7 +76,7 @@ def kernel_job(
     picked for ``sequences`` sequences of the mean length (``kernel.variants.packed_config``);
     a compiled kernel serves every T and N, so packed calls compile at most once per config
     the table holds, as dense calls do (``kernel.variants.shape_generic``)."""
-    p, table = problem, _SERVER.table
+    p, table = problem, served_table(arch)
     arch = arch or cuda_arch()
     sms = sms or sm_count()
     if call.dkdv:  # the table's dk+dv entry, else the rule's; packed sequences run one pass
@@ -140,7 +156,7 @@ def warmup_jobs(
     heads: int, dk: int, dv: int, dtype: str, *, backward: bool, arch: str, sms: int | None = None
 ) -> list[Job]:
     """Every job a model of ``heads`` heads of ``dk`` x ``dv`` calls under the table served
-    (``use_table``; else the rule) on ``arch`` with ``sms`` SMs (default: its reference
+    (``served_table``; else the rule) on ``arch`` with ``sms`` SMs (default: its reference
     GPU's): the forward of fla's defaults (scale ``DK^-1/2``, no state in; the final state
     returned, or not) dense over the shapes above and packed, and with ``backward`` each
     sweep of their backward. One per compiled kernel (``kernel.variants.shape_generic``):
