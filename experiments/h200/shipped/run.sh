@@ -3,6 +3,7 @@
 # (carry: [".gpu"]; each step's JSON lines land in $OUT):
 #   bash experiments/h200/shipped/run.sh sweep 128x128,128x256 bfloat16
 #   bash experiments/h200/shipped/run.sh sweep 64x64,256x256 bfloat16
+#   bash experiments/h200/shipped/run.sh outofbox bfloat16   (after table.py wrote the table)
 set -uo pipefail
 source .gpu/setup.sh
 export PYTHONUNBUFFERED=1
@@ -16,5 +17,10 @@ sweep)
     tail -5 "$OUT/$name.err"
     echo "sweep: $(($(date +%s) - start)) s wall"
     ;;
-*) echo "usage: run.sh sweep HEADS DTYPE" >&2 && exit 2 ;;
+outofbox)
+    timeout "${OUTOFBOX_S:-560}" python3 experiments/h200/shipped/outofbox.py "${2:-bfloat16}" \
+        2> "$OUT/outofbox.err" | tee "$OUT/outofbox.jsonl"
+    tail -5 "$OUT/outofbox.err"
+    ;;
+*) echo "usage: run.sh sweep HEADS DTYPE | outofbox [DTYPE]" >&2 && exit 2 ;;
 esac

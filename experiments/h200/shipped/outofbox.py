@@ -1,0 +1,93 @@
+"""What a model gets out of the box, in a fresh process with no table of its own: the
+shipped table (``kernel.ops.tables``, served with no step of the user's), the rule alone
+(``use_table(None)``) and fla's ``chunk_simple_gla``, each timed forward and forward plus
+backward at the bench shapes and at shapes no sweep tuned, in one run.
+
+    python experiments/h200/shipped/outofbox.py > outofbox.jsonl
+
+The call is the model's: ``decay_attention(q, k, v, decay, output_final_state=True)``,
+RetNet's decays, scale DK^-1/2. Each timing (``kernel.timing.time_gpu``: CUDA events,
+L2 flushed, median) follows a check of the served output against fla's (relative L2).
+One line per (shape, mode): ``fwd_ms``, ``fwdbwd_ms`` and the compile seconds the first
+call took.
+"""
+
+import json
+import math
+import sys
+import time
+
+import torch
+
+from kernel.builder import cuda_arch, precompile
+from kernel.config import Problem, model_call, retnet_decay
+from kernel.ops import decay_attention, serve
+from kernel.timing import time_gpu
+from tuner.peers import fla_simple_gla
+
+# (B, H, S, DK, DV): the bench's shapes, the issue's added ones, and shapes no sweep timed.
+SHAPES = [
+    (8, 16, 4096, 128, 128),
+    (2, 16, 16384, 128, 128),
+    (1, 8, 32768, 128, 128),
+    (4, 8, 8192, 128, 256),
+    (16, 32, 2048, 64, 64),
+    (3, 12, 6000, 128, 128),
+    (2, 16, 12288, 128, 256),
+    (1, 16, 50000, 256, 256),
+]
+
+
+def main(dtype: str) -> None:
+    torch_dtype = getattr(torch, dtype)
+    table = serve.served_table()
+    print(json.dumps({"kind": "env", "shipped": table and table.environment}), flush=True)
+    jobs = set()  # every kernel both modes serve, compiled ahead across the cores
+    for mode in (serve.DEFAULT, None):
+        serve.use_table(mode)
+        for b, h, s, dk, dv in SHAPES:
+            p = Problem(b, h, s, dk, dv, dtype)
+            jobs |= serve.training_jobs(p, model_call(p), b)
+    start = time.perf_counter()
+    precompile(sorted(jobs, key=str), arch=cuda_arch(), workers=16)
+    print(
+        json.dumps({"kind": "compiled", "kernels": len(jobs), "s": time.perf_counter() - start}), flush=True
+    )
+    for b, h, s, dk, dv in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(b * s + dk)
+        q, k, v = (
+            torch.randn(b, s, h, d, device="cuda", generator=gen, dtype=torch_dtype) for d in (dk, dk, dv)
+        )
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        decay = torch.tensor(retnet_decay(h), device="cuda", dtype=torch.float32)
+        do = torch.randn(b, s, h, dv, device="cuda", generator=gen, dtype=torch_dtype)
+        ours = lambda: decay_attention(q, k, v, decay, output_final_state=True)  # noqa: E731
+        fla = lambda: fla_simple_gla(q, k, v, decay.log(), scale=dk**-0.5)  # noqa: E731
+        want = fla()[0].detach().double()
+        for mode in ("shipped", "rule", "fla"):
+            if mode != "fla":
+                serve.use_table(serve.DEFAULT if mode == "shipped" else None)
+            fn = fla if mode == "fla" else ours
+            start = time.perf_counter()
+            o = fn()[0]
+            o.backward(do)
+            torch.cuda.synchronize()
+            first_s = time.perf_counter() - start
+            err = float((o.detach().double() - want).norm() / want.norm())
+            row = dict(kind="time", b=b, h=h, s=s, dk=dk, dv=dv, dtype=dtype, mode=mode)
+            row |= dict(rel_l2_vs_fla=err, first_call_s=first_s)
+            if mode != "fla":
+                p = Problem(b, h, s, dk, dv, dtype)
+                row["config"] = serve.kernel_job(p, model_call(p), b)[1].label
+            if not math.isfinite(err) or err > 2e-2:
+                print(json.dumps(row | {"skipped": "disagrees with fla"}), flush=True)
+                continue
+            with torch.no_grad():
+                fwd = time_gpu(fn, warmup_ms=10, rep_ms=50)
+            both = time_gpu(lambda: fn()[0].backward(do), warmup_ms=10, rep_ms=50)  # noqa: B023
+            print(json.dumps(row | {"fwd_ms": fwd.median_ms, "fwdbwd_ms": both.median_ms}), flush=True)
+    serve.use_table(serve.DEFAULT)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
