@@ -33,8 +33,6 @@ SHAPES = [
     (4, 8, 8192, 128, 256),
     (16, 32, 2048, 64, 64),
     (3, 12, 6000, 128, 128),
-    (2, 16, 12288, 128, 256),
-    (1, 16, 50000, 256, 256),
 ]
 
 
@@ -62,7 +60,8 @@ def main(dtype: str) -> None:
         decay = torch.tensor(retnet_decay(h), device="cuda", dtype=torch.float32)
         do = torch.randn(b, s, h, dv, device="cuda", generator=gen, dtype=torch_dtype)
         ours = lambda: decay_attention(q, k, v, decay, output_final_state=True)  # noqa: E731
-        fla = lambda: fla_simple_gla(q, k, v, decay.log(), scale=dk**-0.5)  # noqa: E731
+        g_gamma = decay.log()
+        fla = lambda: fla_simple_gla(q, k, v, g_gamma, scale=dk**-0.5)  # noqa: E731
         want = fla()[0].detach().double()
         for mode in ("shipped", "rule", "fla"):
             if mode != "fla":
