@@ -1,7 +1,6 @@
 """kernel.ops.tables: which table a process serves when its model names none."""
 
 import json
-import warnings
 
 import pytest
 from helpers import dispatch_file
@@ -29,11 +28,10 @@ def fresh_server():
 
 def test_every_shipped_table_is_tuned_for_these_kernels():
     """The stale policy: a change to the kernels' code re-tunes the shipped tables in the
-    same change (experiments/h200/shipped/README.md). Each is a dispatch table of one GPU
-    model and architecture, forward and fused-sweep entries, measured on these kernels."""
-    paths = sorted(SHIPPED.glob("*.json"))
-    assert paths, f"no shipped table in {SHIPPED}"
-    for path in paths:
+    same change (docs/ops.md). Each is a dispatch table of one GPU model and architecture,
+    forward and fused-sweep entries, measured on these kernels. (None ships today:
+    experiments/h200/shipped/README.md says why.)"""
+    for path in sorted(SHIPPED.glob("*.json")):
         table = load_dispatch(path, allow_mismatch=True)
         env = table.environment
         assert env["kernel"] == kernel_key(), f"{path.name} is stale: re-tune it (experiments/h200/shipped)"
@@ -82,12 +80,3 @@ def test_a_corrupt_user_table_is_refused_by_name_and_never_served(tmp_path, monk
     for _ in range(2):  # every call is refused, not only the first
         with pytest.raises(ExportError, match=f"cannot read dispatch table {path}"):
             serve.kernel_job(PROBLEM, call, 4, arch="sm_90a", sms=132)
-
-
-def test_without_a_gpu_the_shipped_table_of_the_named_architecture_is_warmed(fresh_server, monkeypatch):
-    monkeypatch.delenv(TABLE_VARIABLE, raising=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        table = default_table("sm_90a")
-    assert table is not None and table.environment["arch"] == "sm_90a"
-    assert default_table("sm_80") is None
