@@ -17,15 +17,13 @@ from typing import Any, NamedTuple
 import numpy as np
 import optuna
 import pandas as pd
-import torch
 
 from kernel.arch import ARCHS
-from kernel.config import KernelConfig, knob_choices, retnet_decay
+from kernel.config import KernelConfig, knob_choices
 from kernel.trial_schema import MEASURES, PARAMS, TRIAL_COLUMNS
 from kernel.trial_schema import RESOURCES as RESOURCES_ALL
-from refs import factorised_peak, gamma_table
+from reports.decays import decay_label
 
-FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
 # The trial log's columns (``kernel.record.TRIAL_COLUMNS``) are what the report reads.
 # ``constraints``: the trial's Optuna constraints, name -> value (> 0: violated), as a JSON
 # object text (``json.dumps(t.constraints)``) or a dict.
@@ -42,8 +40,6 @@ FINISHED = ("COMPLETE", "FAIL", "PRUNED")
 # What ``across_archs`` shows of one config on one architecture.
 ARCH_COLUMNS = ("config", "arch", "status", "registers", "spill_bytes", "smem_bytes", "median_ms", "reason")
 # The seed's tables (section 3): alpha rows and chunk columns of the overflow map.
-OVERFLOW_ALPHAS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
-OVERFLOW_CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 class StudyInfo(NamedTuple):
@@ -106,20 +102,6 @@ class ParetoInfo(NamedTuple):
 class Importance(NamedTuple):
     values: dict[str, float]  # knob -> fANOVA importance (sums to 1), most important first
     note: str | None  # why there are none, when there are none
-
-
-class GammaInfo(NamedTuple):
-    alpha: float
-    chunk: int
-    gamma: np.ndarray  # [C, C] alpha^(i-j) for j <= i; NaN above the diagonal (future tokens)
-
-
-class OverflowInfo(NamedTuple):
-    alphas: tuple[float, ...]
-    chunks: tuple[int, ...]
-    peak: np.ndarray  # [alphas, chunks] alpha^-(C-1), the factorised form's largest weight
-    overflow: np.ndarray  # [alphas, chunks] bool: the peak is over the fp16 maximum
-    limit: float
 
 
 class PeerInfo(NamedTuple):
@@ -442,42 +424,6 @@ def failures(frame: pd.DataFrame) -> pd.DataFrame:
     )
     grouped = grouped.sort_values(["count", "status", "reason"], ascending=[False, True, True])
     return grouped.reset_index(drop=True)
-
-
-def gamma_info(alpha: float, chunk: int) -> GammaInfo:
-    """The decay mask ``Gamma [C, C]`` of the seed's figure, future tokens as NaN."""
-    table = gamma_table(alpha, chunk, torch.float64).numpy().copy()
-    table[np.triu_indices(chunk, k=1)] = np.nan
-    return GammaInfo(float(alpha), int(chunk), table)
-
-
-def overflow_map(
-    alphas: Sequence[float] = OVERFLOW_ALPHAS,
-    chunks: Sequence[int] = OVERFLOW_CHUNKS,
-    *,
-    limit: float = FP16_MAX,
-) -> OverflowInfo:
-    """The factorised form's peak weight ``alpha^-(C-1)`` over alpha x C, and where it
-    overflows ``limit`` (fp16: 65504)."""
-    peak = np.array([[factorised_peak(a, c) for c in chunks] for a in alphas])
-    return OverflowInfo(tuple(alphas), tuple(chunks), peak, peak > limit, float(limit))
-
-
-def study_decays(problem: Mapping[str, Any]) -> tuple[float, ...]:
-    """The decays a study checked its trials with: RetNet's per head
-    (``kernel.config.retnet_decay``, what the tuner uses), or the one ``alpha`` a study
-    made before the decay became a run-time input names in its problem."""
-    if "alpha" in problem:
-        return (float(problem["alpha"]),)
-    return retnet_decay(int(problem.get("heads", 1)))
-
-
-def decay_label(problem: Mapping[str, Any]) -> str:
-    """The study's decays in a few characters: ``α = 0.99``, or ``RetNet γ, H = 16: 0.969-1``."""
-    if "alpha" in problem:
-        return f"α = {float(problem['alpha']):g}"
-    decays = study_decays(problem)
-    return f"RetNet γ, H = {len(decays)}: {min(decays):.3g}-{max(decays):.3g}"
 
 
 def error_by_decay(frame: pd.DataFrame) -> pd.DataFrame:

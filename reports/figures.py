@@ -13,7 +13,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from reports.data import GammaInfo, Importance, OverflowInfo, ParetoInfo, PeerInfo, Summary, arch_rank
+from reports.data import Importance, ParetoInfo, PeerInfo, Summary, arch_rank
+from reports.decays import GammaInfo, OverflowInfo
 
 LABELS = {
     "median_ms": "median latency (ms)",

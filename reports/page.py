@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from kernel.config import SEED_CONFIG
-from reports import data, figures
+from reports import data, decays, figures
 from reports.data import StudyInfo, Summary
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -114,7 +114,7 @@ def _header(s: Summary, frame: pd.DataFrame, *, archs: bool) -> str:
     problem = (
         (
             f"B={p.get('batch')} H={p.get('heads')} S={p.get('seqlen')} DK={p.get('dk')} "
-            f"DV={p.get('dv')} {data.decay_label(p)} {p.get('dtype')}"
+            f"DV={p.get('dv')} {decays.decay_label(p)} {p.get('dtype')}"
         )
         if p
         else "unknown"
@@ -278,11 +278,11 @@ def _tables(s: Summary, frame: pd.DataFrame) -> str:
 
 
 def _numerics(s: Summary, frame: pd.DataFrame) -> str:
-    alpha = min(data.study_decays(s.problem))  # the fastest decay: the smallest weights
+    alpha = min(decays.study_decays(s.problem))  # the fastest decay: the smallest weights
     best = frame[frame.number == s.best]
     chunk = int(best.chunk.iloc[0]) if len(best) else SEED_CONFIG.chunk
     chunks = tuple(sorted({int(c) for c in frame.chunk.dropna()}))
-    overflow_map = data.overflow_map(sorted({*data.OVERFLOW_ALPHAS, alpha}))
+    overflow_map = decays.overflow_map(sorted({*decays.OVERFLOW_ALPHAS, alpha}))
     overflow = figures.overflow_figure(overflow_map, alpha=alpha, chunks=chunks)
     error = figures.error_figure(data.error_by_decay(frame), s.budgets.get("rel_l2"))
     registers = figures.registers_figure(data.register_budget(frame), s.budgets.get("registers"))
@@ -294,7 +294,7 @@ def _numerics(s: Summary, frame: pd.DataFrame) -> str:
                 "form (Q·α^i)(K·α^-j)ᵀ materialises α^-(C−1) and overflows fp16 where the map is red.</p>"
             ),
             '<div class="grid2"><div>',
-            _figure(figures.gamma_figure(data.gamma_info(alpha, chunk)), "fig-gamma", ""),
+            _figure(figures.gamma_figure(decays.gamma_info(alpha, chunk)), "fig-gamma", ""),
             "</div><div>",
             _figure(overflow, "fig-overflow", ""),
             "</div></div>",

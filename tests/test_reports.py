@@ -28,7 +28,7 @@ from kernel.arch import ARCHS
 from kernel.config import SEED_CONFIG, knob_choices
 from kernel.trial_schema import TRIAL_COLUMNS
 from refs import TOLERANCE
-from reports import StudyInfo, browser, data, figures, render_report, write_report
+from reports import StudyInfo, browser, data, decays, figures, render_report, write_report
 from reports.bench_figure import figure as bench_figure
 from reports.stress import PEERS, synthetic_trials
 from tuner.cli import main
@@ -180,7 +180,8 @@ def test_constraints_and_config_label_cells():
 def test_reports_never_import_the_tuner():
     code = (
         "import sys, reports, reports.bench_figure, reports.stress, reports.browser, reports.data, "
-        "reports.figures, reports.page; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tuner'))"
+        "reports.decays, reports.figures, reports.page; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tuner'))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
@@ -312,7 +313,7 @@ def test_error_and_register_frames(frame):
 
 def test_gamma_is_the_seeds_panel():
     # Seed section 2, panel 2: alpha = 0.5, C = 4; cell (4, 1) is alpha^3 = 0.125.
-    g = data.gamma_info(0.5, 4)
+    g = decays.gamma_info(0.5, 4)
     nan = math.nan
     np.testing.assert_allclose(
         g.gamma,
@@ -326,14 +327,14 @@ def test_the_decays_a_study_used():
     """RetNet's per head (what the tuner checks with); a study from before the run-time
     decay: its one alpha."""
     new = PROBLEM.to_dict()
-    assert data.study_decays(new) == (0.96875, 0.984375)
-    assert data.decay_label(new) == "RetNet γ, H = 2: 0.969-0.984"
+    assert decays.study_decays(new) == (0.96875, 0.984375)
+    assert decays.decay_label(new) == "RetNet γ, H = 2: 0.969-0.984"
     old = new | {"alpha": 0.9}
-    assert data.study_decays(old) == (0.9,) and data.decay_label(old) == "α = 0.9"
+    assert decays.study_decays(old) == (0.9,) and decays.decay_label(old) == "α = 0.9"
 
 
 def test_overflow_map_matches_the_seeds_table():
-    m = data.overflow_map((1.0, 0.99, 0.8, 0.5), (32, 64))
+    m = decays.overflow_map((1.0, 0.99, 0.8, 0.5), (32, 64))
     assert m.limit == 65504.0
     # Seed section 3: 0.99^-63 = 1.88, 0.8^-31 = 1.01e3 (safe); 0.8^-63 = 1.27e6, 0.5^-31 = 2.15e9 (overflow).
     np.testing.assert_allclose(
@@ -414,8 +415,8 @@ def test_figures_draw_what_they_are_given(frame, info):
         figures.knobs_figure(data.knob_frame(frame, "median_ms"), "median_ms"),
         figures.importance_figure(data.Importance({"threads": 0.7, "chunk": 0.3}, None), "median_ms"),
         figures.history_figure(data.history(frame, "median_ms"), "median_ms", s),
-        figures.gamma_figure(data.gamma_info(0.9, 16)),
-        figures.overflow_figure(data.overflow_map(), alpha=0.99, chunks=(32, 64)),
+        figures.gamma_figure(decays.gamma_info(0.9, 16)),
+        figures.overflow_figure(decays.overflow_map(), alpha=0.99, chunks=(32, 64)),
         figures.error_figure(data.error_by_decay(frame), TOLERANCE),
         figures.registers_figure(data.register_budget(frame), 255.0),
         figures.peers_figure(data.peers(frame, info._replace(peers=PEERS))),

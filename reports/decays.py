@@ -1,0 +1,65 @@
+"""The decays of the report: a study's decays and their label, the decay mask of one
+chunk, and where the factorised form overflows fp16 (the seed's numerical traps)."""
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from kernel.config import retnet_decay
+from refs import factorised_peak, gamma_table
+
+FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
+OVERFLOW_ALPHAS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
+OVERFLOW_CHUNKS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+class GammaInfo(NamedTuple):
+    alpha: float
+    chunk: int
+    gamma: np.ndarray  # [C, C] alpha^(i-j) for j <= i; NaN above the diagonal (future tokens)
+
+
+class OverflowInfo(NamedTuple):
+    alphas: tuple[float, ...]
+    chunks: tuple[int, ...]
+    peak: np.ndarray  # [alphas, chunks] alpha^-(C-1), the factorised form's largest weight
+    overflow: np.ndarray  # [alphas, chunks] bool: the peak is over the fp16 maximum
+    limit: float
+
+
+def gamma_info(alpha: float, chunk: int) -> GammaInfo:
+    """The decay mask ``Gamma [C, C]`` of the seed's figure, future tokens as NaN."""
+    table = gamma_table(alpha, chunk, torch.float64).numpy().copy()
+    table[np.triu_indices(chunk, k=1)] = np.nan
+    return GammaInfo(float(alpha), int(chunk), table)
+
+
+def overflow_map(
+    alphas: Sequence[float] = OVERFLOW_ALPHAS,
+    chunks: Sequence[int] = OVERFLOW_CHUNKS,
+    *,
+    limit: float = FP16_MAX,
+) -> OverflowInfo:
+    """The factorised form's peak weight ``alpha^-(C-1)`` over alpha x C, and where it
+    overflows ``limit`` (fp16: 65504)."""
+    peak = np.array([[factorised_peak(a, c) for c in chunks] for a in alphas])
+    return OverflowInfo(tuple(alphas), tuple(chunks), peak, peak > limit, float(limit))
+
+
+def study_decays(problem: Mapping[str, Any]) -> tuple[float, ...]:
+    """The decays a study checked its trials with: RetNet's per head
+    (``kernel.config.retnet_decay``, what the tuner uses), or the one ``alpha`` a study
+    made before the decay became a run-time input names in its problem."""
+    if "alpha" in problem:
+        return (float(problem["alpha"]),)
+    return retnet_decay(int(problem.get("heads", 1)))
+
+
+def decay_label(problem: Mapping[str, Any]) -> str:
+    """The study's decays in a few characters: ``α = 0.99``, or ``RetNet γ, H = 16: 0.969-1``."""
+    if "alpha" in problem:
+        return f"α = {float(problem['alpha']):g}"
+    decays = study_decays(problem)
+    return f"RetNet γ, H = {len(decays)}: {min(decays):.3g}-{max(decays):.3g}"
