@@ -1,33 +1,27 @@
 """The shipped dispatch table from the sweeps' timings: the fastest checked config of each
 (head size, dtype, sweep, shape), an entry each, in the sweep's environment.
 
-    python experiments/h200/shipped/table.py experiments/h200/shipped/sweep-*.jsonl
+    python experiments/h200/shipped/table.py [--write] experiments/h200/shipped/sweep-*.jsonl
 
-writes ``kernel/ops/tables/<arch>-<gpu>.json`` (package data, served by
-``kernel.ops.tables``) and prints, per head size and sweep, the rule's time over the best.
+prints, per head size and sweep, the rule's time over the best (the README's table); with
+``--write`` it also writes ``kernel/ops/tables/<arch>-<gpu>.json`` (package data, served
+by ``kernel.ops.tables``).
 """
 
-import dataclasses
 import json
 import re
 import statistics
 import sys
 from pathlib import Path
 
-from kernel.config import KernelConfig, Problem
+from kernel.config import Problem
 from kernel.environment import write_json
 from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
 from kernel.ops.tables import SHIPPED
+from tuner.commands.args import parse_config
 
 
-def config_of(label: str) -> KernelConfig:
-    """The config of a label ('64/128/2/256/smem/1', ``KernelConfig.label``)."""
-    fields = dataclasses.fields(KernelConfig)
-    values = label.split("/")
-    return KernelConfig(**{f.name: v if f.type in (str, "str") else int(v) for f, v in zip(fields, values)})
-
-
-def main(paths: list[str]) -> None:
+def main(paths: list[str], write: bool) -> None:
     env, best, rule = None, {}, {}
     for path in paths:
         for line in Path(path).read_text().splitlines():
@@ -46,27 +40,33 @@ def main(paths: list[str]) -> None:
     entries = [
         {
             "problem": Problem(b, h, s, dk, dv, dtype).to_dict(),
-            "config": config_of(row["config"]).to_dict(),
+            "config": parse_config(row["config"]).to_dict(),
             "median_ms": row["median_ms"],
             "sweep": sweep,
         }
         for (dk, dv, dtype, sweep, b, h, s), row in sorted(best.items())
     ]
-    name = re.sub(r"[^A-Za-z0-9]+", "_", env["gpu"]).strip("_")
-    path = SHIPPED / f"{env['arch']}-{name}.json"
-    write_json(
-        path, {"format": DISPATCH_FORMAT, "version": DISPATCH_VERSION, "environment": env, "entries": entries}
-    )
-    print(f"{path}: {len(entries)} entries")
-    groups: dict[tuple, list[float]] = {}
+    if write:
+        name = re.sub(r"[^A-Za-z0-9]+", "_", env["gpu"]).strip("_")
+        path = SHIPPED / f"{env['arch']}-{name}.json"
+        table = {
+            "format": DISPATCH_FORMAT,
+            "version": DISPATCH_VERSION,
+            "environment": env,
+            "entries": entries,
+        }
+        write_json(path, table)
+        print(f"{path}: {len(entries)} entries")
+    groups: dict[tuple, list[tuple[float, str]]] = {}
     for key, ms in rule.items():
-        groups.setdefault(key[:4], []).append(ms / best[key]["median_ms"])
-    for (dk, dv, dtype, sweep), ratios in sorted(groups.items()):
-        print(
-            f"{dk}x{dv} {dtype} {sweep}: rule / best median {statistics.median(ratios):.3f}, "
-            f"worst {max(ratios):.3f} over {len(ratios)} shapes"
-        )
+        groups.setdefault(key[:4], []).append((ms / best[key]["median_ms"], f"{key[4]}x{key[5]}x{key[6]}"))
+    print("| DK/DV | sweep | shapes | median | worst | shapes over 1.10x |\n|---|---|---|---|---|---|")
+    for (dk, dv, _, sweep), found in sorted(groups.items()):
+        ratios = [r for r, _ in found]
+        over = ", ".join(f"{shape} {r:.2f}" for r, shape in sorted(found, reverse=True) if r > 1.10) or "-"
+        median, worst = statistics.median(ratios), max(ratios)
+        print(f"| {dk}/{dv} | {sweep} | {len(ratios)} | {median:.3f} | {worst:.3f} | {over} |")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main([a for a in sys.argv[1:] if a != "--write"], "--write" in sys.argv)
