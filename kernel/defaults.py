@@ -3,7 +3,8 @@
 ``default_config`` serves the forward (and each backward sweep, which is a forward call),
 ``dkdv_config`` the backward's fused dk and dv sweep (``kernel.dkdv``). The tuner's first
 trials (``tuner.space.wave_seeds``) and the ops' fallback (``kernel.ops``) both derive
-from them. The evidence behind the rule is in ``experiments/h200/README.md``.
+from them. The rule was fitted to the sweeps of every candidate config across shapes on
+the H200 (``experiments/h200/shipped/README.md``, where ``rule.py`` scores it).
 """
 
 import dataclasses
@@ -13,22 +14,74 @@ from kernel import dkdv
 from kernel.arch import get_arch
 from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
 
-# The family that won at every shape tuned on the H200: 64-token chunks, 2 stages, 256
-# threads, scores in shared memory; block_dv as wide as the state allows (``default_config``).
-CHUNK, STAGES, THREADS, SCORES = 64, 2, 256, "smem"
+# The family that won across shapes on the H200: 64-token chunks (32 where 64 does not fit
+# the shared memory), 256 threads, scores in shared memory.
+CHUNKS, THREADS, SCORES = (64, 32), 256, "smem"
 MAX_BLOCK_STATE = 128 * 128  # DK * block_dv: past it the block's fp32 state spills
+MAX_NARROW_DK = 128  # halving block_dv paid off up to this DK ...
+NARROW_BELOW = 2048  # ... and in sequences shorter than this, more than splitting them did
+STATIC_SMEM = 1024  # bytes: TileLang's barriers where it warp-specialises the pipeline
+
+
+def preferred_stages(problem: Problem) -> int:
+    """The forward's pipeline depth where it fits: 3 up to DK = 128, 1 beyond."""
+    return 3 if problem.dk <= MAX_NARROW_DK else 1
+
+
+def smem_bytes(problem: Problem, config: KernelConfig) -> int:
+    """At least the shared memory the forward declares with the rule's knobs (scores in
+    shared memory): per stage Q, K (``[C, DK]``) and V (``[C, bDV]``); once the weighted
+    keys (``[C, DK]``), the output tile (``[C, bDV]``), the scores (``[C, C]``) and, where
+    block_dv < 128, the state's copy (``[DK, bDV]``), all 2-byte; plus ``STATIC_SMEM``.
+    Checked against the compiled kernels (tests/test_defaults.py)."""
+    c, dk, bdv = config.chunk, problem.dk, config.block_dv
+    staged = config.num_stages * c * (2 * dk + bdv)
+    state_copy = dk * bdv if bdv < 128 else 0
+    return 2 * (staged + c * dk + c * bdv + c * c + state_copy) + STATIC_SMEM
+
+
+def family(problem: Problem, arch: str) -> KernelConfig:
+    """The rule's unsplit config for ``problem`` on ``arch``: the widest block_dv (a
+    multiple of 16 dividing DV, DK x block_dv within ``MAX_BLOCK_STATE``), then the deepest
+    pipeline up to ``preferred_stages``, then 64-token chunks before 32, whose shared memory
+    fits ``arch``'s per-block limit. ``ValueError`` where none does."""
+    limit = get_arch(arch).smem_per_block
+    widest = max(16, min(problem.dv, MAX_BLOCK_STATE // problem.dk))
+    widths = [d for d in range(widest - widest % 16, 0, -16) if problem.dv % d == 0]
+    for chunk in CHUNKS:
+        for width in widths:
+            for stages in range(preferred_stages(problem), 0, -1):
+                config = KernelConfig(chunk, width, stages, THREADS, SCORES, 1)
+                if smem_bytes(problem, config) <= limit:
+                    return config
+    raise ValueError(f"no config of the rule fits DK={problem.dk}, DV={problem.dv} in {arch}'s {limit} B per block")
 
 
 def default_config(problem: Problem, arch: str, sms: int | None = None) -> KernelConfig:
     """The forward's config for ``problem`` on ``arch`` (a name of ``kernel.arch.ARCHS``):
-    the winning family with the widest block_dv that divides DV and keeps DK x block_dv
-    within ``MAX_BLOCK_STATE``, split into the segment count whose grid comes nearest one
-    block per SM (``sms``; default: ``arch``'s reference GPU), with a pipeline no deeper
-    than a segment's chunks."""
-    widest = max(16, min(problem.dv, MAX_BLOCK_STATE // problem.dk))
-    block_dv = max(d for d in range(16, widest + 1, 16) if problem.dv % d == 0)
-    base = KernelConfig(CHUNK, block_dv, STAGES, THREADS, SCORES, 1)
-    return nearest_grid(base, problem, sms or get_arch(arch).sms) or shorter_pipeline(base, problem)
+    ``family``'s, at the block_dv (its own or, for DK <= ``MAX_NARROW_DK`` and sequences
+    shorter than ``NARROW_BELOW`` tokens, half of it) and segment count whose grid comes
+    nearest one block per SM in log2 (``sms``; default: ``arch``'s reference GPU), with a
+    pipeline no deeper than a segment's chunks. Of grids as near, the unsplit one wins,
+    then the wider block_dv, then fewer segments (which read K and V less often)."""
+    base = family(problem, arch)
+    blocks = sms or get_arch(arch).sms
+    widths = [base.block_dv]
+    half = base.block_dv // 2
+    short = problem.seqlen < NARROW_BELOW and problem.dk <= MAX_NARROW_DK
+    if short and half >= 32 and half % 16 == 0 and problem.dv % half == 0:
+        widths.append(half)
+    candidates = [dataclasses.replace(base, block_dv=w, segments=n) for w in widths for n in SEGMENT_COUNTS]
+    # a sequence too short for the pipeline: the single-pass kernel, as deep as its chunks
+    runnable = [c for c in candidates if runs(c, problem)] or [
+        shorter_pipeline(dataclasses.replace(base, block_dv=w), problem) for w in widths
+    ]
+
+    def order(c: KernelConfig) -> tuple:
+        far = abs(math.log2(c.blocks(problem) / blocks))
+        return far, c.segments > 1, c.block_dv != base.block_dv, c.segments
+
+    return min(runnable, key=order)
 
 
 def dkdv_config(problem: Problem, arch: str, sms: int | None = None) -> KernelConfig | None:

@@ -69,17 +69,18 @@ def test_a_table_without_the_problem_s_head_sizes_serves_the_default_config_with
 
 
 @pytest.mark.parametrize(
-    "shape,segments",
-    [((8, 16, 4096), 1), ((2, 16, 16384), 4), ((1, 8, 32768), 16), ((1, 1, 65), 1)],
+    "shape,block_dv,segments",
+    [((8, 16, 4096), 128, 1), ((2, 16, 16384), 128, 4), ((1, 8, 32768), 128, 16), ((1, 1, 65), 64, 1)],
 )
-def test_the_default_config_launches_about_one_block_per_sm(shape, segments):
+def test_the_default_config_launches_about_one_block_per_sm(shape, block_dv, segments):
     """The segment counts the H200's tuned tables chose at these shapes (128 blocks on 132
-    SMs), and the single-pass kernel where a sequence has too few chunks to split."""
+    SMs), and the single-pass kernel, at half the block_dv, where a sequence has too few
+    chunks to split."""
     from kernel.config import Problem
     from kernel.defaults import default_config
 
     config = default_config(Problem(*shape, 128, 128), "sm_90a", 132)
-    assert (config.chunk, config.block_dv, config.threads, config.segments) == (64, 128, 256, segments)
+    assert (config.chunk, config.block_dv, config.threads, config.segments) == (64, block_dv, 256, segments)
 
 
 def test_a_kernel_refuses_arguments_it_was_not_compiled_for():

@@ -50,15 +50,16 @@ def test_wave_seeds_launch_about_one_wave_and_are_allowed():
     assert {c.segments for c in space.wave_seeds(problem, sms=264)} == {4, 8, 16}
     # 1 segment at most: the headline's 128 (batch, head) pairs already fill the GPU
     assert {c.segments for c in space.wave_seeds(Problem(8, 16, 4096, 128, 128))} == {1, 2}
-    # DV = 256 is split in two 128-wide blocks; restricted configs are never seeded
-    for problem in (Problem(3, 5, 3000, 128, 256), Problem(1, 2, 256, 64, 64)):
+    # DV = 256 is split in two 128-wide blocks; a sequence of 256 tokens halves block_dv
+    # rather than split; restricted configs are never seeded
+    for problem, width in ((Problem(3, 5, 3000, 128, 256), 128), (Problem(1, 2, 256, 64, 64), 32)):
         seeds = space.wave_seeds(problem)
-        assert all(c.block_dv == min(128, problem.dv) for c in seeds)
+        assert all(c.block_dv == width for c in seeds)
         assert all(space.violated(problem, c) == [] for c in seeds)
     # the one-wave count (64 segments) would leave no pipeline: the rule's runnable count leads
     short = Problem(1, 2, 256, 64, 64)
     assert (
         space.wave_seeds(short)[0]
         == default_config(short, "sm_90a")
-        == KernelConfig(64, 64, 2, 256, "smem", 2)
+        == KernelConfig(64, 32, 3, 256, "smem", 1)
     )

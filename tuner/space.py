@@ -81,9 +81,9 @@ def wave_seeds(
     """Configs worth measuring first: the rule's config (``kernel.defaults``: the forward's
     ``default_config``, the fused sweep's ``dkdv_config``), whose segment count gives the
     grid nearest one wave of blocks (one per SM), then the segment counts on either side
-    of it; for the forward each also with 3 stages. ``sms``: the GPU's SM count; by
-    default that of ``arch``'s reference GPU (``kernel.arch.Arch.sms``), as a compile-only
-    run assumes. Configs restricted on ``arch`` are left out; the sampler explores
+    of it; for the forward each also at the other depth of 2 and 3 stages (2 where the rule
+    runs 1). ``sms``: the GPU's SM count; by default that of ``arch``'s reference GPU
+    (``kernel.arch.Arch.sms``), as a compile-only run assumes. Configs restricted on ``arch`` are left out; the sampler explores
     everything else as before."""
     sms = sms or get_arch(arch).sms
     rule = dkdv_config(problem, arch, sms) if sweep == "dkdv" else default_config(problem, arch, sms)
@@ -91,7 +91,7 @@ def wave_seeds(
         return []
     counts = choices(problem, sweep)["segments"]
     i = counts.index(rule.segments)
-    stages = (rule.num_stages,) if sweep == "dkdv" else (rule.num_stages, 3)
+    stages = (rule.num_stages,) if sweep == "dkdv" else (rule.num_stages, 2 if rule.num_stages != 2 else 3)
     configs = [
         dataclasses.replace(rule, segments=n, num_stages=s)
         for n in (counts[i], *counts[max(0, i - 1) : i], *counts[i + 1 : i + 2])

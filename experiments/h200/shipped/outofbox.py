@@ -1,15 +1,19 @@
-"""What a model gets out of the box, in a fresh process with no table of its own: the
-shipped table (``kernel.ops.tables``, served with no step of the user's), the rule alone
-(``use_table(None)``) and fla's ``chunk_simple_gla``, each timed forward and forward plus
-backward at the bench shapes and at shapes no sweep tuned, in one run.
+"""What a model gets out of the box, in a fresh process with no table of its own: what
+``decay_attention`` serves with no step of the user's (``serve.DEFAULT``: a shipped table
+of ``kernel.ops.tables`` where one matches, else the rule), the rule before it was fitted
+(``rule.legacy_config``, served as a table of its configs at each shape, for the forward
+and the dq sweep; the fused dk+dv sweep's rule is unchanged) and fla's ``chunk_simple_gla``,
+each timed forward and forward plus backward at the bench shapes and at a shape no sweep
+tuned, in one run.
 
-    python experiments/h200/shipped/outofbox.py > outofbox.jsonl
+    python experiments/h200/shipped/outofbox.py [DTYPE] > outofbox.jsonl
 
 The call is the model's: ``decay_attention(q, k, v, decay, output_final_state=True)``,
 RetNet's decays, scale DK^-1/2. Each timing (``kernel.timing.time_gpu``: CUDA events,
 L2 flushed, median) follows a check of the served output against fla's (relative L2).
-One line per (shape, mode): ``fwd_ms``, ``fwdbwd_ms`` and the compile seconds the first
-call took.
+Forward plus backward is timed with the host's launches queued ahead (``host_ahead``),
+so that it measures the GPU, not the eager autograd's host time. One line per (shape,
+mode): ``fwd_ms``, ``fwdbwd_ms``, the served config and the first call's seconds.
 """
 
 import json
@@ -19,15 +23,19 @@ import time
 
 import torch
 
-from kernel.builder import cuda_arch, precompile
+from kernel.builder import cuda_arch, precompile, sm_count
 from kernel.config import Problem, model_call, retnet_decay
 from kernel.ops import decay_attention, serve
+from kernel.ops.dispatch import Dispatch, DispatchEntry
 from kernel.timing import time_gpu
+from rule import legacy_config
 from tuner.peers import fla_simple_gla
 
 # (B, H, S, DK, DV): the bench's shapes, the issue's added ones, and shapes no sweep timed.
 SHAPES = [
     (8, 16, 4096, 128, 128),
+    (16, 16, 2048, 128, 128),
+    (4, 16, 8192, 128, 128),
     (2, 16, 16384, 128, 128),
     (1, 8, 32768, 128, 128),
     (4, 8, 8192, 128, 256),
@@ -36,12 +44,20 @@ SHAPES = [
 ]
 
 
+def legacy_table(dtype: str, sms: int) -> Dispatch:
+    """The legacy rule's forward configs at each shape, and at its dq sweep's (DV, DK)."""
+    problems = {Problem(b, h, s, x, y, dtype) for b, h, s, dk, dv in SHAPES for x, y in ((dk, dv), (dv, dk))}
+    return Dispatch([DispatchEntry(p, legacy_config(p, sms)) for p in sorted(problems, key=str)], {})
+
+
 def main(dtype: str) -> None:
     torch_dtype = getattr(torch, dtype)
     table = serve.served_table()
+    legacy = legacy_table(dtype, sm_count())
     print(json.dumps({"kind": "env", "shipped": table and table.environment}), flush=True)
+    modes = {"out of the box": serve.DEFAULT, "legacy rule": legacy}
     jobs = set()  # every kernel both modes serve, compiled ahead across the cores
-    for mode in (serve.DEFAULT, None):
+    for mode in modes.values():
         serve.use_table(mode)
         for b, h, s, dk, dv in SHAPES:
             p = Problem(b, h, s, dk, dv, dtype)
@@ -63,9 +79,9 @@ def main(dtype: str) -> None:
         g_gamma = decay.log()
         fla = lambda: fla_simple_gla(q, k, v, g_gamma, scale=dk**-0.5)  # noqa: E731
         want = fla()[0].detach().double()
-        for mode in ("shipped", "rule", "fla"):
+        for mode in (*modes, "fla"):
             if mode != "fla":
-                serve.use_table(serve.DEFAULT if mode == "shipped" else None)
+                serve.use_table(modes[mode])
             fn = fla if mode == "fla" else ours
             start = time.perf_counter()
             o = fn()[0]
@@ -78,12 +94,13 @@ def main(dtype: str) -> None:
             if mode != "fla":
                 p = Problem(b, h, s, dk, dv, dtype)
                 row["config"] = serve.kernel_job(p, model_call(p), b)[1].label
+                row["sweeps"] = {n: c.label for n, c in serve.backward_configs(p, model_call(p), b).items()}
             if not math.isfinite(err) or err > 2e-2:
                 print(json.dumps(row | {"skipped": "disagrees with fla"}), flush=True)
                 continue
             with torch.no_grad():
                 fwd = time_gpu(fn, warmup_ms=10, rep_ms=50)
-            both = time_gpu(lambda: fn()[0].backward(do), warmup_ms=10, rep_ms=50)  # noqa: B023
+            both = time_gpu(lambda: fn()[0].backward(do), warmup_ms=10, rep_ms=50, host_ahead=True)  # noqa: B023
             print(json.dumps(row | {"fwd_ms": fwd.median_ms, "fwdbwd_ms": both.median_ms}), flush=True)
     serve.use_table(serve.DEFAULT)
 

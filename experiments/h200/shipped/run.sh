@@ -4,14 +4,15 @@
 #   bash experiments/h200/shipped/run.sh sweep 128x128,128x256 bfloat16
 #   bash experiments/h200/shipped/run.sh sweep 64x64,256x256 bfloat16
 #   bash experiments/h200/shipped/run.sh outofbox bfloat16   (after table.py wrote the table)
+#   bash experiments/h200/shipped/run.sh sweep 128x128 bfloat16 1x8x256,4x8x8192   (other shapes)
 set -uo pipefail
 source .gpu/setup.sh
 export PYTHONUNBUFFERED=1
 case ${1:-} in
 sweep)
     start=$(date +%s)
-    name="sweep-${2//,/_}-$3"
-    timeout "${SWEEP_S:-560}" python3 experiments/h200/shipped/sweep.py "$2" "$3" 2> "$OUT/$name.err" |
+    name="sweep-${2//,/_}-$3${4:+-heldout}"
+    timeout "${SWEEP_S:-560}" python3 experiments/h200/shipped/sweep.py "$2" "$3" ${4:-} 2> "$OUT/$name.err" |
         tee "$OUT/$name.jsonl" | grep -v '"kind": "\(time\|probe\|check\)"'
     grep -c '"kind": "time"' "$OUT/$name.jsonl"
     tail -5 "$OUT/$name.err"
@@ -22,5 +23,5 @@ outofbox)
         2> "$OUT/outofbox.err" | tee "$OUT/outofbox.jsonl"
     tail -5 "$OUT/outofbox.err"
     ;;
-*) echo "usage: run.sh sweep HEADS DTYPE | outofbox [DTYPE]" >&2 && exit 2 ;;
+*) echo "usage: run.sh sweep HEADS DTYPE [SHAPES] | outofbox [DTYPE]" >&2 && exit 2 ;;
 esac

@@ -2,7 +2,7 @@
 studies behind the shipped tables and the rule (``kernel.defaults``), and the cost
 model's training data.
 
-    python experiments/h200/shipped/sweep.py 128x128,128x256 bfloat16 > sweep.jsonl
+    python experiments/h200/shipped/sweep.py 128x128,128x256 bfloat16 [BxHxS,...] > sweep.jsonl
 
 Per head size (DK x DV): the candidate forward configs (``bases``) with each segment count
 whose grid launches between a quarter and 8 blocks per SM at some shape, and, where the
@@ -30,9 +30,11 @@ from kernel.environment import environment
 from kernel.resources import ProbeFailure
 from kernel.timing import time_gpu
 from kernel.validate import check, random_qkv
+from rule import legacy_config
 
 # (B, H, S): B*H from 16 to 512 and S from 512 to 65536, B*H*S at most 2^22 token-heads;
-# 16 heads, so that one compile per config serves every shape of a head size.
+# 16 heads, so that one compile per config serves every shape of a head size. A third
+# argument names other shapes (kernels compile per head count).
 SHAPES = [(b, 16, s) for b in (1, 4, 16, 32) for s in (512, 2048, 8192, 32768, 65536) if b * s <= 2**18]
 MIN_WAVES, MAX_WAVES = 0.4, 5.0  # blocks per SM a segment count may give at a shape
 
@@ -67,15 +69,16 @@ def splits(base: KernelConfig, problem: Problem, sms: int) -> list[KernelConfig]
     return out or ([base] if runs(base, problem) else [])
 
 
-def main(heads: list[tuple[int, int]], dtype: str) -> None:
+def main(heads: list[tuple[int, int]], dtype: str, shapes: list[tuple[int, int, int]]) -> None:
     sms = sm_count()
-    emit(kind="env", env=environment(), sms=sms, shapes=SHAPES)
+    emit(kind="env", env=environment(), sms=sms, shapes=shapes)
     plan = []  # (problem, config, call, sweep)
     for dk, dv in heads:
-        for b, h, s in SHAPES:
+        for b, h, s in shapes:
             p = Problem(b, h, s, dk, dv, dtype)
             forward = {c for base in bases(dk, dv) for c in splits(base, p, sms)} | {
-                default_config(p, "sm_90a", sms)
+                default_config(p, "sm_90a", sms),
+                legacy_config(p, sms),
             }
             plan += [(p, c, model_call(p), "forward") for c in sorted(forward, key=lambda c: c.label)]
             fused = {c for base in dkdv_bases(p) for c in splits(base, p, sms)} | {
@@ -127,6 +130,7 @@ def time_shape(p: Problem, sweep: str, configs: list[tuple[KernelConfig, Call]],
     decay = torch.tensor([1 - 2 ** (-5 - i % 8) for i in range(p.heads)], device="cuda")
     do = torch.randn_like(v) if sweep == "dkdv" else None
     rule = dkdv_config(p, "sm_90a", sms) if sweep == "dkdv" else default_config(p, "sm_90a", sms)
+    legacy = None if sweep == "dkdv" else legacy_config(p, sms)
     configs = sorted(configs, key=lambda cc: cc[0] != rule)  # the rule's first: the others' yardstick
     want = None
     for config, call in configs:
@@ -146,6 +150,7 @@ def time_shape(p: Problem, sweep: str, configs: list[tuple[KernelConfig, Call]],
         err = max(float((a.double() - b.double()).norm() / b.double().norm()) for a, b in zip(got, want))
         shape = dict(b=p.batch, h=p.heads, s=p.seqlen, dk=p.dk, dv=p.dv, dtype=p.dtype, sweep=sweep)
         row = dict(kind="time", **shape, config=config.label, rule=config == rule, blocks=config.blocks(p))
+        row |= dict(legacy=config == legacy)
         row |= dict(agree_rel_l2=err, nan=nan)
         if nan or not err < 2e-2:
             emit(**row, skipped="disagrees with the rule's config")
@@ -154,4 +159,5 @@ def time_shape(p: Problem, sweep: str, configs: list[tuple[KernelConfig, Call]],
 
 
 if __name__ == "__main__":
-    main([tuple(map(int, h.split("x"))) for h in sys.argv[1].split(",")], sys.argv[2])
+    shapes = [tuple(map(int, x.split("x"))) for x in sys.argv[3].split(",")] if sys.argv[3:] else SHAPES
+    main([tuple(map(int, h.split("x"))) for h in sys.argv[1].split(",")], sys.argv[2], shapes)

@@ -1,0 +1,63 @@
+"""The rule (``kernel.defaults``) scored against sweeps of every candidate config: per head
+size and sweep, the rule's time over the fastest checked config at each shape, for the rule
+as the code has it now and for the rule before it was fitted (``legacy_config``).
+
+    python experiments/h200/shipped/rule.py experiments/h200/shipped/sweep-*.jsonl
+
+A config the sweep did not time at a shape counts as "untimed" (none should be: the sweep
+times both rules' configs at every shape).
+"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from kernel.config import KernelConfig, Problem
+from kernel.defaults import MAX_BLOCK_STATE, dkdv_config, default_config, nearest_grid, shorter_pipeline
+
+
+def legacy_config(problem: Problem, sms: int) -> KernelConfig:
+    """The forward's rule before the first sweep: 64/./2/256/smem at the widest block_dv
+    within ``MAX_BLOCK_STATE``, split into the segment count nearest one block per SM."""
+    widest = max(16, min(problem.dv, MAX_BLOCK_STATE // problem.dk))
+    block_dv = max(d for d in range(16, widest + 1, 16) if problem.dv % d == 0)
+    base = KernelConfig(64, block_dv, 2, 256, "smem", 1)
+    return nearest_grid(base, problem, sms) or shorter_pipeline(base, problem)
+
+
+def main(paths: list[str]) -> None:
+    times: dict[tuple, dict[str, float]] = {}
+    sms = 132
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            row = json.loads(line)
+            if row["kind"] == "env":
+                sms = row["sms"]
+            if row["kind"] == "time" and "median_ms" in row:
+                key = (row["dk"], row["dv"], row["dtype"], row["sweep"], row["b"], row["h"], row["s"])
+                times.setdefault(key, {})[row["config"]] = row["median_ms"]
+    groups: dict[tuple, dict[str, list]] = {}
+    for key, timed in sorted(times.items()):
+        dk, dv, dtype, sweep, b, h, s = key
+        p = Problem(b, h, s, dk, dv, dtype)
+        best = min(timed.values())
+        rules = {"now": dkdv_config(p, "sm_90a", sms) if sweep == "dkdv" else default_config(p, "sm_90a", sms)}
+        if sweep != "dkdv":
+            rules["legacy"] = legacy_config(p, sms)
+        for name, config in rules.items():
+            ms = timed.get(config.label)
+            found = groups.setdefault((dk, dv, sweep, name), {"ratios": [], "untimed": []})
+            (found["ratios"].append((ms / best, f"{b}x{h}x{s}")) if ms else found["untimed"].append(f"{b}x{h}x{s}"))
+    print("| DK/DV | sweep | rule | shapes | median | worst | over 1.10x | untimed |\n|---|---|---|---|---|---|---|---|")
+    for (dk, dv, sweep, name), found in sorted(groups.items()):
+        ratios = [r for r, _ in found["ratios"]]
+        over = ", ".join(f"{x} {r:.2f}" for r, x in sorted(found["ratios"], reverse=True) if r > 1.10) or "-"
+        print(
+            f"| {dk}/{dv} | {sweep} | {name} | {len(ratios)} | {statistics.median(ratios):.3f} | {max(ratios):.3f} "
+            f"| {over} | {', '.join(found['untimed']) or '-'} |"
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,55 @@
+"""kernel.defaults: the rule's configs fit every architecture, its shared-memory estimate
+is what the compiled kernels declare, and it keeps the choices the H200 sweeps fitted."""
+
+import pytest
+
+from kernel.arch import ARCHS
+from kernel.config import KernelConfig, Problem, model_call
+from kernel.defaults import STATIC_SMEM, default_config, runs, smem_bytes
+
+HEADS = [(64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128), (256, 256)]
+SHAPES = [(1, 1, 1), (1, 2, 65), (4, 16, 512), (1, 8, 1000), (8, 16, 4096), (2, 16, 16384), (1, 8, 131072)]
+
+
+def test_the_rule_runs_every_shape_within_every_architectures_shared_memory():
+    for arch in ARCHS.values():
+        for dk, dv in HEADS:
+            for shape in SHAPES:
+                problem = Problem(*shape, dk, dv)
+                config = default_config(problem, arch.name)
+                assert smem_bytes(problem, config) <= arch.smem_per_block, (arch.name, problem, config)
+                assert config.segments == 1 or runs(config, problem), (arch.name, problem, config)
+                assert config.pipeline_fits(problem) or config.num_stages == 1
+
+
+@pytest.mark.parametrize(
+    "arch,dk,dv", [("sm_90a", 128, 128), ("sm_90a", 64, 64), ("sm_86", 128, 128), ("sm_86", 256, 256)]
+)
+def test_the_estimate_is_the_shared_memory_the_lowered_kernels_declare(arch, dk, dv):
+    """Lowered (no nvcc) for ``arch``: the dynamic shared memory of every kernel of the
+    rule's config, split or not, is the estimate less its static allowance."""
+    from kernel.resources import launch_figures, lower
+    from kernel.variants import prim_funcs
+
+    problem = Problem(2, 4, 4096, dk, dv, "bfloat16")
+    config = default_config(problem, arch)
+    assert config.segments > 1  # the split's kernels, the larger of its passes
+    funcs = prim_funcs(problem, config, model_call(problem), arch=arch)
+    declared = max(launch_figures(lower(f, arch=arch))[0] for f in funcs)
+    assert declared == smem_bytes(problem, config) - STATIC_SMEM <= ARCHS[arch].smem_per_block
+
+
+def test_the_rule_keeps_the_choices_the_sweeps_fitted():
+    """experiments/h200/shipped/README.md: 3 stages up to DK = 128 and 1 beyond; a short
+    sequence halves block_dv before it splits; a long one splits at the widest block_dv;
+    where 64-token chunks do not fit the shared memory, 32-token ones serve."""
+    rule = lambda b, h, s, dk, dv, arch="sm_90a": default_config(Problem(b, h, s, dk, dv), arch, 132)  # noqa: E731
+    assert rule(8, 16, 4096, 128, 128) == KernelConfig(64, 128, 3, 256, "smem", 1)
+    assert rule(2, 16, 16384, 128, 128) == KernelConfig(64, 128, 3, 256, "smem", 4)
+    assert rule(4, 16, 512, 128, 128) == KernelConfig(64, 64, 3, 256, "smem", 1)  # 128 blocks unsplit
+    assert rule(1, 16, 512, 128, 128) == KernelConfig(64, 64, 3, 256, "smem", 2)  # 64 blocks, halved first
+    assert rule(1, 16, 2048, 128, 128) == KernelConfig(64, 128, 3, 256, "smem", 8)
+    assert rule(4, 16, 8192, 256, 256) == KernelConfig(64, 64, 1, 256, "smem", 1)
+    assert rule(4, 16, 512, 256, 256) == KernelConfig(64, 64, 1, 256, "smem", 1)  # DK 256: never halved
+    assert rule(8, 16, 4096, 128, 128, "sm_80").num_stages == 2  # 3 stages are over its 163 KB
+    assert rule(8, 16, 4096, 256, 256, "sm_86").chunk == 32  # no 64-token config fits its 99 KB
