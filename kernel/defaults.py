@@ -54,7 +54,9 @@ def family(problem: Problem, arch: str) -> KernelConfig:
                 config = KernelConfig(chunk, width, stages, THREADS, SCORES, 1)
                 if smem_bytes(problem, config) <= limit:
                     return config
-    raise ValueError(f"no config of the rule fits DK={problem.dk}, DV={problem.dv} in {arch}'s {limit} B per block")
+    raise ValueError(
+        f"no config of the rule fits DK={problem.dk}, DV={problem.dv} in {arch}'s {limit} B per block"
+    )
 
 
 def default_config(problem: Problem, arch: str, sms: int | None = None) -> KernelConfig:

@@ -22,13 +22,13 @@ import sys
 import time
 
 import torch
+from rule import legacy_config
 
 from kernel.builder import cuda_arch, precompile, sm_count
 from kernel.config import Problem, model_call, retnet_decay
 from kernel.ops import decay_attention, serve
 from kernel.ops.dispatch import Dispatch, DispatchEntry
 from kernel.timing import time_gpu
-from rule import legacy_config
 from tuner.peers import fla_simple_gla
 
 # (B, H, S, DK, DV): the bench's shapes, the added ones, and shapes no sweep timed.

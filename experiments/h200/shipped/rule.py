@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from kernel.config import KernelConfig, Problem
-from kernel.defaults import MAX_BLOCK_STATE, dkdv_config, default_config, nearest_grid, shorter_pipeline
+from kernel.defaults import MAX_BLOCK_STATE, default_config, dkdv_config, nearest_grid, shorter_pipeline
 
 
 def legacy_config(problem: Problem, sms: int) -> KernelConfig:
@@ -42,21 +42,27 @@ def main(paths: list[str]) -> None:
         dk, dv, dtype, sweep, b, h, s = key
         p = Problem(b, h, s, dk, dv, dtype)
         best = min(timed.values())
-        rules = {"now": dkdv_config(p, "sm_90a", sms) if sweep == "dkdv" else default_config(p, "sm_90a", sms)}
+        rules = {
+            "now": dkdv_config(p, "sm_90a", sms) if sweep == "dkdv" else default_config(p, "sm_90a", sms)
+        }
         if sweep != "dkdv":
             rules["legacy"] = legacy_config(p, sms)
         for name, config in rules.items():
             ms = timed.get(config.label)
             found = groups.setdefault((dk, dv, sweep, name), {"ratios": [], "untimed": []})
-            (found["ratios"].append((ms / best, f"{b}x{h}x{s}")) if ms else found["untimed"].append(f"{b}x{h}x{s}"))
-    print("| DK/DV | sweep | rule | shapes | median | worst | over 1.10x | untimed |\n|---|---|---|---|---|---|---|---|")
+            if ms:
+                found["ratios"].append((ms / best, f"{b}x{h}x{s}"))
+            else:
+                found["untimed"].append(f"{b}x{h}x{s}")
+    print("| DK/DV | sweep | rule | shapes | median | worst | over 1.10x | untimed |")
+    print("|---|---|---|---|---|---|---|---|")
     for (dk, dv, sweep, name), found in sorted(groups.items()):
         ratios = [r for r, _ in found["ratios"]]
         over = ", ".join(f"{x} {r:.2f}" for r, x in sorted(found["ratios"], reverse=True) if r > 1.10) or "-"
-        print(
-            f"| {dk}/{dv} | {sweep} | {name} | {len(ratios)} | {statistics.median(ratios):.3f} | {max(ratios):.3f} "
-            f"| {over} | {', '.join(found['untimed']) or '-'} |"
-        )
+        untimed = ", ".join(found["untimed"]) or "-"
+        median, worst = statistics.median(ratios), max(ratios)
+        cells = [f"{dk}/{dv}", sweep, name, len(ratios), f"{median:.3f}", f"{worst:.3f}", over, untimed]
+        print("| " + " | ".join(map(str, cells)) + " |")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import sys
 import time
 
 import torch
+from rule import legacy_config
 
 from kernel.builder import build, precompile, sm_count
 from kernel.config import Call, KernelConfig, Problem, dkdv_call, model_call
@@ -30,7 +31,6 @@ from kernel.environment import environment
 from kernel.resources import ProbeFailure
 from kernel.timing import time_gpu
 from kernel.validate import check, random_qkv
-from rule import legacy_config
 
 # (B, H, S): B*H from 16 to 512 and S from 512 to 65536, B*H*S at most 2^22 token-heads;
 # 16 heads, so that one compile per config serves every shape of a head size. A third
