@@ -19,9 +19,10 @@ sweep)
     echo "sweep: $(($(date +%s) - start)) s wall"
     ;;
 outofbox)
-    timeout "${OUTOFBOX_S:-560}" python3 experiments/h200/shipped/outofbox.py "${2:-bfloat16}" \
-        2> "$OUT/outofbox.err" | tee "$OUT/outofbox.jsonl"
-    tail -5 "$OUT/outofbox.err"
+    name="outofbox${3:+-$3}"
+    timeout "${OUTOFBOX_S:-560}" python3 experiments/h200/shipped/outofbox.py "${2:-bfloat16}" ${3:-} \
+        2> "$OUT/$name.err" | tee "$OUT/$name.jsonl"
+    tail -5 "$OUT/$name.err"
     ;;
-*) echo "usage: run.sh sweep HEADS DTYPE [SHAPES] | outofbox [DTYPE]" >&2 && exit 2 ;;
+*) echo "usage: run.sh sweep HEADS DTYPE [SHAPES] | outofbox [DTYPE [forward]]" >&2 && exit 2 ;;
 esac
