@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from kernel.config import SEED_CONFIG
-from reports import data, decays, figures
+from reports import compiler_figures, data, decay_figures, decays, figures, style
 from reports.data import StudyInfo, Summary
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -140,7 +140,7 @@ def _header(s: Summary, frame: pd.DataFrame, *, archs: bool) -> str:
     if not s.timed:
         parts.append(
             '<div class="banner">Compile-only study: nothing was timed (no GPU). The fronts and '
-            f"knob plots are over resources ({_e(figures.LABELS[s.metric])}), not latency.</div>"
+            f"knob plots are over resources ({_e(style.LABELS[s.metric])}), not latency.</div>"
         )
     parts.append(f'<p class="headline">{_headline(s, frame)}</p>')
     links = {
@@ -283,9 +283,9 @@ def _numerics(s: Summary, frame: pd.DataFrame) -> str:
     chunk = int(best.chunk.iloc[0]) if len(best) else SEED_CONFIG.chunk
     chunks = tuple(sorted({int(c) for c in frame.chunk.dropna()}))
     overflow_map = decays.overflow_map(sorted({*decays.OVERFLOW_ALPHAS, alpha}))
-    overflow = figures.overflow_figure(overflow_map, alpha=alpha, chunks=chunks)
-    error = figures.error_figure(data.error_by_decay(frame), s.budgets.get("rel_l2"))
-    registers = figures.registers_figure(data.register_budget(frame), s.budgets.get("registers"))
+    overflow = decay_figures.overflow_figure(overflow_map, alpha=alpha, chunks=chunks)
+    error = decay_figures.error_figure(data.error_by_decay(frame), s.budgets.get("rel_l2"))
+    registers = compiler_figures.registers_figure(data.register_budget(frame), s.budgets.get("registers"))
     return _section(
         [
             '<h2 id="numerics">Numerics (from the seed)</h2>',
@@ -294,7 +294,7 @@ def _numerics(s: Summary, frame: pd.DataFrame) -> str:
                 "form (Q·α^i)(K·α^-j)ᵀ materialises α^-(C−1) and overflows fp16 where the map is red.</p>"
             ),
             '<div class="grid2"><div>',
-            _figure(figures.gamma_figure(decays.gamma_info(alpha, chunk)), "fig-gamma", ""),
+            _figure(decay_figures.gamma_figure(decays.gamma_info(alpha, chunk)), "fig-gamma", ""),
             "</div><div>",
             _figure(overflow, "fig-overflow", ""),
             "</div></div>",
@@ -343,7 +343,9 @@ def _archs(side: pd.DataFrame) -> str:
                 f"({_e(archs)}), in any study of this storage: each architecture's latest trial of the "
                 "config, its resources from ptxas, or why it could not exist there.</p>"
             ),
-            _figure(figures.archs_figure(side), "fig-archs", "no config compiled on these architectures"),
+            _figure(
+                compiler_figures.archs_figure(side), "fig-archs", "no config compiled on these architectures"
+            ),
             _table(
                 shown, text={"config", "arch", "status", "reason (first line)"}, wrap={"reason (first line)"}
             ),

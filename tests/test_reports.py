@@ -28,7 +28,17 @@ from kernel.arch import ARCHS
 from kernel.config import SEED_CONFIG, knob_choices
 from kernel.trial_schema import TRIAL_COLUMNS
 from refs import TOLERANCE
-from reports import StudyInfo, browser, data, decays, figures, render_report, write_report
+from reports import (
+    StudyInfo,
+    browser,
+    compiler_figures,
+    data,
+    decay_figures,
+    decays,
+    figures,
+    render_report,
+    write_report,
+)
 from reports.bench_figure import figure as bench_figure
 from reports.stress import PEERS, synthetic_trials
 from tuner.cli import main
@@ -415,10 +425,10 @@ def test_figures_draw_what_they_are_given(frame, info):
         figures.knobs_figure(data.knob_frame(frame, "median_ms"), "median_ms"),
         figures.importance_figure(data.Importance({"threads": 0.7, "chunk": 0.3}, None), "median_ms"),
         figures.history_figure(data.history(frame, "median_ms"), "median_ms", s),
-        figures.gamma_figure(decays.gamma_info(0.9, 16)),
-        figures.overflow_figure(decays.overflow_map(), alpha=0.99, chunks=(32, 64)),
-        figures.error_figure(data.error_by_decay(frame), TOLERANCE),
-        figures.registers_figure(data.register_budget(frame), 255.0),
+        decay_figures.gamma_figure(decays.gamma_info(0.9, 16)),
+        decay_figures.overflow_figure(decays.overflow_map(), alpha=0.99, chunks=(32, 64)),
+        decay_figures.error_figure(data.error_by_decay(frame), TOLERANCE),
+        compiler_figures.registers_figure(data.register_budget(frame), 255.0),
         figures.peers_figure(data.peers(frame, info._replace(peers=PEERS))),
     ]
     assert all(isinstance(f, go.Figure) and f.data for f in drawn)
@@ -426,7 +436,7 @@ def test_figures_draw_what_they_are_given(frame, info):
     empty = frame.iloc[:0]
     assert figures.knobs_figure(data.knob_frame(empty, "median_ms"), "median_ms") is None
     assert figures.importance_figure(data.Importance({}, "why"), "median_ms") is None
-    assert figures.error_figure(data.error_by_decay(empty), TOLERANCE) is None
+    assert decay_figures.error_figure(data.error_by_decay(empty), TOLERANCE) is None
     assert figures.peers_figure(data.peers(frame, info)) is None
 
 
@@ -569,9 +579,9 @@ def test_the_same_configs_side_by_side_across_architectures(archs):
     # One architecture, or none recorded: nothing to set side by side
     assert data.across_archs(trials_frame(archs.s100)).empty
     assert data.across_archs(trials_frame(_study())).empty
-    fig = figures.archs_figure(side)
+    fig = compiler_figures.archs_figure(side)
     assert {t.name for t in fig.data} == {"sm_86", "sm_100a"} and len(fig.data) == 2 * 3  # 3 resources
-    assert figures.archs_figure(side[side.registers.isna()]) is None
+    assert compiler_figures.archs_figure(side[side.registers.isna()]) is None
 
 
 def test_the_problems_trials_come_from_every_study_of_it_in_the_storage(archs, tmp_path):
