@@ -10,16 +10,14 @@ numbers are tested exactly and the drawing only smoke-tested (Optuna's
 
 import json
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-import optuna
 import pandas as pd
 
 from kernel.arch import ARCHS
-from kernel.config import KernelConfig, knob_choices
+from kernel.config import KernelConfig
 from kernel.trial_schema import MEASURES, PARAMS, TRIAL_COLUMNS
 from kernel.trial_schema import RESOURCES as RESOURCES_ALL
 from reports.decays import decay_label
@@ -39,7 +37,6 @@ RESOURCES = ("spill_bytes", "smem_bytes", "registers")
 FINISHED = ("COMPLETE", "FAIL", "PRUNED")
 # What ``across_archs`` shows of one config on one architecture.
 ARCH_COLUMNS = ("config", "arch", "status", "registers", "spill_bytes", "smem_bytes", "median_ms", "reason")
-# The seed's tables (section 3): alpha rows and chunk columns of the overflow map.
 
 
 class StudyInfo(NamedTuple):
@@ -88,22 +85,6 @@ class Summary(NamedTuple):
     budgets: dict[str, float]  # frame column -> the limit its constraint used
 
 
-class ParetoInfo(NamedTuple):
-    """Trials on an (x, y) plane, both minimised."""
-
-    x: str
-    y: str
-    feasible: pd.DataFrame  # feasible trials with both coordinates
-    infeasible: pd.DataFrame  # infeasible trials with both coordinates (e.g. incorrect, timed)
-    untimed: pd.DataFrame  # trials with an x but no y (over a budget, never timed)
-    front: pd.DataFrame  # the non-dominated feasible trials, sorted by x
-
-
-class Importance(NamedTuple):
-    values: dict[str, float]  # knob -> fANOVA importance (sums to 1), most important first
-    note: str | None  # why there are none, when there are none
-
-
 class PeerInfo(NamedTuple):
     bars: pd.DataFrame  # name, median_ms, ours (bool), vs_ours (median_ms / our best)
     note: str | None
@@ -141,20 +122,20 @@ def constraints(value: Any) -> dict[str, float]:
 def config_label(params: Mapping[str, Any]) -> str:
     """{'chunk': 64, 'block_dv': 32, ...} -> '64/32/2/128/regs/1' (``KernelConfig.label``);
     a knob without a value shows as '?'."""
-    plain = {k: _native(v) for k, v in params.items()}
+    plain = {k: native(v) for k, v in params.items()}
     try:
         return KernelConfig(**plain).label
     except (TypeError, ValueError):  # a missing or impossible value: still say what is known
-        return "/".join(_plain_text(v) for v in plain.values())
+        return "/".join(plain_text(v) for v in plain.values())
 
 
-def _native(value: Any) -> Any:
+def native(value: Any) -> Any:
     """numpy scalars and integral floats (a column with a NaN is float) -> Python int/str."""
     value = value.item() if isinstance(value, np.generic) else value
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _plain_text(value: Any) -> str:
+def plain_text(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "?"
     if isinstance(value, float) and value.is_integer():
@@ -171,7 +152,7 @@ def _hover(row: dict[str, Any]) -> str:
         f"trial {row['number']} · {row['status'] or row['state'].lower()}"
         + (" · baseline (seed default)" if row["baseline"] else ""),
         "C={} bDV={} stages={} threads={} scores={} segments={}".format(
-            *(_plain_text(row[k]) for k in PARAMS)
+            *(plain_text(row[k]) for k in PARAMS)
         ),
         (
             f"median {num('median_ms', '.4f', ' ms')} (p20 {num('p20_ms', '.4f')}, "
@@ -197,12 +178,12 @@ def budgets(frame: pd.DataFrame) -> dict[str, float]:
         for name, value in constraints(row["constraints"]).items():
             column = CONSTRAINT_COLUMNS.get(name)
             measured = row.get(column) if column else None
-            if column and column not in found and _finite(measured):
+            if column and column not in found and finite(measured):
                 found[column] = float(measured) - value
     return found
 
 
-def _finite(value: Any) -> bool:
+def finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -263,123 +244,6 @@ def _resource_metric(objectives: list[str], frame: pd.DataFrame) -> str:
         if ok[column].nunique() > 1:
             return column
     return next((o for o in objectives if o in RESOURCES), "spill_bytes")
-
-
-def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """True where (x, y) is dominated by no other point (both minimised; ties all stay)."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    le = (x[None, :] <= x[:, None]) & (y[None, :] <= y[:, None])  # [i, j]: j is no worse than i
-    lt = (x[None, :] < x[:, None]) | (y[None, :] < y[:, None])
-    return ~(le & lt).any(axis=1)
-
-
-def pareto_info(frame: pd.DataFrame, *, x: str, y: str) -> ParetoInfo:
-    """Split ``frame`` for an (x, y) Pareto plot and find the feasible front."""
-    done = frame[frame.state.isin(FINISHED)]
-    both = done[done[x].notna() & done[y].notna()]
-    feasible = both[both.feasible].sort_values("number")
-    front = feasible[pareto_mask(feasible[x].to_numpy(), feasible[y].to_numpy())]
-    return ParetoInfo(
-        x=x,
-        y=y,
-        feasible=feasible,
-        infeasible=both[~both.feasible].sort_values("number"),
-        untimed=done[done[x].notna() & done[y].isna()].sort_values("number"),
-        front=front.sort_values([x, y, "number"]),
-    )
-
-
-def knob_frame(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Long form of the feasible trials: one row per (trial, knob) with ``knob``, ``choice``
-    (as text, ordered by value), ``value`` (the metric), ``number`` and ``hover``."""
-    ok = frame[frame.feasible & frame[metric].notna()]
-    cols = ["knob", "choice", "value", "number", "hover"]
-    parts = [
-        ok.sort_values([knob, "number"]).assign(
-            knob=knob, choice=lambda f, k=knob: f[k].map(_plain_text), value=lambda f: f[metric]
-        )[cols]
-        for knob in PARAMS
-    ]
-    return pd.concat(parts, ignore_index=True) if len(ok) else pd.DataFrame(columns=cols)
-
-
-def importance(frame: pd.DataFrame, info: StudyInfo, metric: str = "median_ms") -> Importance:
-    """Each knob's importance for ``metric`` (a column of the trial log, e.g. the latency),
-    over the feasible trials only. A failure becomes the note, with its class.
-
-    The evaluator is Optuna's PED-ANOVA: which knobs it takes to reach the best 10 % of the
-    feasible trials. Optuna's default, fANOVA, would need scikit-learn, which the tool does
-    not otherwise use; PED-ANOVA needs only numpy and is deterministic. The trials go to a
-    scratch in-memory study, over the knobs' choices (``kernel.config.knob_choices``).
-    """
-    objectives = objectives_of(info)
-    ranked = best_feasible(frame, objectives)
-    feasible = ranked[[_finite(v) for v in ranked[metric]]]
-    if len(feasible) < 2:
-        return Importance(
-            {}, f"needs at least 2 feasible trials with {metric}, the study has {len(feasible)}"
-        )
-    if feasible[metric].nunique() < 2:
-        return Importance({}, f"all {len(feasible)} feasible trials have the same {metric}")
-    scratch = optuna.create_study(directions=["minimize"] * len(objectives))
-    rows = feasible[list(dict.fromkeys([*PARAMS, *objectives, metric]))].to_dict("records")
-    dists = _distributions(rows, info.problem.get("dv"))
-    try:
-        scratch.add_trials(
-            [
-                optuna.trial.create_trial(
-                    params={k: _native(r[k]) for k in PARAMS},
-                    distributions=dists,
-                    values=[float(r[o]) for o in objectives],
-                    user_attrs={metric: float(r[metric])},
-                )
-                for r in rows
-            ]
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # PED-ANOVA warns when few trials reach the top 10 %
-            values = optuna.importance.get_param_importances(
-                scratch,
-                evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
-                target=lambda t: float(t.user_attrs[metric]),
-            )
-    except (ValueError, RuntimeError, ZeroDivisionError) as exc:
-        return Importance({}, f"not computed: {type(exc).__name__}: {exc}".splitlines()[0])
-    if not values:
-        return Importance({}, "no knob varies among the feasible trials")
-    return Importance(dict(values), None)
-
-
-def _distributions(
-    rows: list[dict[str, Any]], dv: Any
-) -> dict[str, optuna.distributions.CategoricalDistribution]:
-    """Each knob over its choices for the problem's DV; over the values seen where the
-    problem is unknown or a value is not among the choices."""
-    table = knob_choices(int(dv)) if isinstance(dv, int) and dv > 0 else {}
-    dists = {}
-    for knob in PARAMS:
-        seen = list(dict.fromkeys(_native(r[knob]) for r in rows))
-        choices = table.get(knob, ())
-        if not all(v in choices for v in seen):
-            choices = tuple(sorted(seen, key=lambda v: (isinstance(v, str), v)))
-        dists[knob] = optuna.distributions.CategoricalDistribution(choices)
-    return dists
-
-
-def history(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Finished trials by number: ``value`` (the metric, NaN unless feasible) and ``best``
-    (the best feasible value so far, NaN before the first)."""
-    done = frame[frame.state.isin(FINISHED)].sort_values("number")
-    value = done[metric].where(done.feasible)
-    return pd.DataFrame(
-        {
-            "number": done.number.to_numpy(),
-            "value": value.to_numpy(),
-            "best": value.cummin().ffill().to_numpy(),
-            "feasible": done.feasible.to_numpy(),
-            "hover": done.hover.to_numpy(),
-        }
-    )
 
 
 def top_configs(frame: pd.DataFrame, order: Sequence[str], *, n: int = 10) -> pd.DataFrame:
@@ -464,7 +328,7 @@ def peers(frame: pd.DataFrame, info: StudyInfo) -> PeerInfo:
             "no peer timings in this study: store them as the study user attr "
             '"peers" = {name: median_ms}, measured in the same run',
         )
-    valid = isinstance(raw, dict) and all(isinstance(k, str) and _finite(v) and v > 0 for k, v in raw.items())
+    valid = isinstance(raw, dict) and all(isinstance(k, str) and finite(v) and v > 0 for k, v in raw.items())
     if not valid:
         raise ValueError(f'study user attr "peers" must map a name to a positive median in ms, got {raw!r}')
     rows = [(name, float(ms), False) for name, ms in raw.items()]

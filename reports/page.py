@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from kernel.config import SEED_CONFIG
-from reports import compiler_figures, data, decay_figures, decays, figures, style
+from reports import compiler_figures, data, decay_figures, decays, figures, search, style
 from reports.data import StudyInfo, Summary
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -186,7 +186,7 @@ def _fronts(s: Summary, frame: pd.DataFrame, metric: str) -> str:
         ),
     ]
     if s.timed:
-        info = data.pareto_info(frame, x="median_ms", y="rel_l2")
+        info = search.pareto_info(frame, x="median_ms", y="rel_l2")
         parts.append(
             _figure(
                 figures.pareto_figure(info, s), "fig-front-error", "no trial has both a latency and an error"
@@ -197,7 +197,7 @@ def _fronts(s: Summary, frame: pd.DataFrame, metric: str) -> str:
             '<p class="note">Compile-only: no latency or error was measured, so there is no '
             "latency-against-error front.</p>"
         )
-    infos = [data.pareto_info(frame, x=r, y=metric) for r in data.RESOURCES if r != metric]
+    infos = [search.pareto_info(frame, x=r, y=metric) for r in data.RESOURCES if r != metric]
     parts.append(
         _figure(figures.resources_figure(infos, s), "fig-front-resources", "no trial reported resources")
     )
@@ -212,9 +212,9 @@ def _fronts(s: Summary, frame: pd.DataFrame, metric: str) -> str:
 
 
 def _insight(info: StudyInfo, s: Summary, frame: pd.DataFrame, metric: str) -> str:
-    imp = data.importance(frame, info, metric)
-    knobs = figures.knobs_figure(data.knob_frame(frame, metric), metric)
-    history = figures.history_figure(data.history(frame, metric), metric, s)
+    imp = search.importance(frame, info, metric)
+    knobs = figures.knobs_figure(search.knob_frame(frame, metric), metric)
+    history = figures.history_figure(search.history(frame, metric), metric, s)
     return _section(
         [
             '<h2 id="insight">Parameter insight</h2>',

@@ -37,6 +37,7 @@ from reports import (
     decays,
     figures,
     render_report,
+    search,
     write_report,
 )
 from reports.bench_figure import figure as bench_figure
@@ -236,11 +237,11 @@ def test_summary_and_budgets(frame, info):
     ],
 )
 def test_pareto_mask(x, y, expected):
-    assert data.pareto_mask(np.array(x), np.array(y)).tolist() == expected
+    assert search.pareto_mask(np.array(x), np.array(y)).tolist() == expected
 
 
 def test_pareto_latency_against_error(frame):
-    info = data.pareto_info(frame, x="median_ms", y="rel_l2")
+    info = search.pareto_info(frame, x="median_ms", y="rel_l2")
     assert info.feasible.number.tolist() == [0, 1, 2, 3, 8]
     assert info.infeasible.number.tolist() == [7]  # timed, but a wrong result
     assert info.untimed.empty
@@ -248,15 +249,15 @@ def test_pareto_latency_against_error(frame):
 
 
 def test_pareto_latency_against_resources(frame):
-    info = data.pareto_info(frame, x="smem_bytes", y="median_ms")
+    info = search.pareto_info(frame, x="smem_bytes", y="median_ms")
     assert info.front.number.tolist() == [2, 1, 8]
     assert info.untimed.number.tolist() == [4]  # compiled, over budget, never timed
-    spills = data.pareto_info(frame, x="spill_bytes", y="median_ms")
+    spills = search.pareto_info(frame, x="spill_bytes", y="median_ms")
     assert spills.front.number.tolist() == [1, 8]
 
 
 def test_knob_frame(frame):
-    long = data.knob_frame(frame, "median_ms")
+    long = search.knob_frame(frame, "median_ms")
     assert len(long) == 5 * 6  # five feasible trials, six knobs
     chunk = long[long.knob == "chunk"]
     assert chunk.choice.tolist() == ["32", "64", "64", "64", "64"]
@@ -273,7 +274,7 @@ def test_knob_frame(frame):
 
 
 def test_history(frame):
-    h = data.history(frame, "median_ms")
+    h = search.history(frame, "median_ms")
     assert h.number.tolist() == list(range(9))
     nan = math.nan
     np.testing.assert_array_equal(h.value, [0.5, 0.2, 0.3, 0.6, nan, nan, nan, nan, 0.2])
@@ -354,7 +355,7 @@ def test_overflow_map_matches_the_seeds_table():
 
 
 def test_importance_over_feasible_trials_and_its_failures():
-    imp = data.importance(*_report(synthetic_trials(150)))
+    imp = search.importance(*_report(synthetic_trials(150)))
     assert imp.note is None and sum(imp.values.values()) == pytest.approx(1.0)
     assert next(iter(imp.values)) == "block_dv"  # the toy model's strongest knob
     assert set(imp.values) <= set(knob_choices(PROBLEM.dv))
@@ -362,12 +363,12 @@ def test_importance_over_feasible_trials_and_its_failures():
     one = optuna.create_study()
     one.add_trials([fast, _trial("64/16/1/128/smem", "incorrect", ms=0.1, err=0.5)])
     expected = "needs at least 2 feasible trials with median_ms, the study has 1"
-    assert data.importance(*_report(_log(one))) == data.Importance({}, expected)
+    assert search.importance(*_report(_log(one))) == search.Importance({}, expected)
     same = optuna.create_study()
     same.add_trials([fast, _trial("32/64/1/256/smem", "ok", ms=0.2, err=3e-4)])
-    assert data.importance(*_report(_log(same))).note == "all 2 feasible trials have the same median_ms"
+    assert search.importance(*_report(_log(same))).note == "all 2 feasible trials have the same median_ms"
     assert (
-        data.importance(*_report(_log(same)), "smem_bytes").note
+        search.importance(*_report(_log(same)), "smem_bytes").note
         == "all 2 feasible trials have the same smem_bytes"
     )
 
@@ -396,9 +397,10 @@ def test_compile_only_study_reports_resources():
     assert frame.median_ms.isna().all() and data.error_by_decay(frame).empty
     assert data.peers(frame, info).bars.empty
     assert (
-        data.importance(frame, info, "spill_bytes").note == "all 24 feasible trials have the same spill_bytes"
+        search.importance(frame, info, "spill_bytes").note
+        == "all 24 feasible trials have the same spill_bytes"
     )
-    assert data.importance(frame, info, "smem_bytes").note is None
+    assert search.importance(frame, info, "smem_bytes").note is None
     top = data.top_configs(frame, s.objectives)
     assert (top.spill_bytes[~top.baseline] == 0).all() and top.speedup.isna().all()
 
@@ -408,7 +410,7 @@ def test_compile_only_study_reports_resources():
 
 def test_figures_draw_what_they_are_given(frame, info):
     s = data.summary(frame, info)
-    error = figures.pareto_figure(data.pareto_info(frame, x="median_ms", y="rel_l2"), s)
+    error = figures.pareto_figure(search.pareto_info(frame, x="median_ms", y="rel_l2"), s)
     names = [t.name for t in error.data]
     assert names == [
         "infeasible",
@@ -417,14 +419,14 @@ def test_figures_draw_what_they_are_given(frame, info):
         "best feasible (by median_ms)",
         "baseline (seed default)",
     ]
-    infos = [data.pareto_info(frame, x=r, y="median_ms") for r in data.RESOURCES]
+    infos = [search.pareto_info(frame, x=r, y="median_ms") for r in data.RESOURCES]
     res = figures.resources_figure(infos, s)
     assert "compiled but not timed (drawn at the top)" in [t.name for t in res.data]
     assert len(res.layout.shapes) == 3  # a budget line per resource
     drawn = [
-        figures.knobs_figure(data.knob_frame(frame, "median_ms"), "median_ms"),
-        figures.importance_figure(data.Importance({"threads": 0.7, "chunk": 0.3}, None), "median_ms"),
-        figures.history_figure(data.history(frame, "median_ms"), "median_ms", s),
+        figures.knobs_figure(search.knob_frame(frame, "median_ms"), "median_ms"),
+        figures.importance_figure(search.Importance({"threads": 0.7, "chunk": 0.3}, None), "median_ms"),
+        figures.history_figure(search.history(frame, "median_ms"), "median_ms", s),
         decay_figures.gamma_figure(decays.gamma_info(0.9, 16)),
         decay_figures.overflow_figure(decays.overflow_map(), alpha=0.99, chunks=(32, 64)),
         decay_figures.error_figure(data.error_by_decay(frame), TOLERANCE),
@@ -434,8 +436,8 @@ def test_figures_draw_what_they_are_given(frame, info):
     assert all(isinstance(f, go.Figure) and f.data for f in drawn)
     assert len(drawn[4].layout.shapes) == 2  # the study's alpha row, two chunks outlined
     empty = frame.iloc[:0]
-    assert figures.knobs_figure(data.knob_frame(empty, "median_ms"), "median_ms") is None
-    assert figures.importance_figure(data.Importance({}, "why"), "median_ms") is None
+    assert figures.knobs_figure(search.knob_frame(empty, "median_ms"), "median_ms") is None
+    assert figures.importance_figure(search.Importance({}, "why"), "median_ms") is None
     assert decay_figures.error_figure(data.error_by_decay(empty), TOLERANCE) is None
     assert figures.peers_figure(data.peers(frame, info)) is None
 
