@@ -1,4 +1,4 @@
-"""tuner.storage: study names, storages, and the trials a killed run left running."""
+"""tuner.storage and tuner.liveness: study names, storages, and the trials a killed run left running."""
 
 import json
 import os
@@ -11,18 +11,9 @@ from helpers import SMALL_PROBLEM
 
 from kernel import Problem
 from tuner.cli import main
+from tuner.liveness import HEARTBEAT_ATTR, fail_interrupted, record_heartbeat, unfinished_summary
 from tuner.options import UsageError
-from tuner.storage import (
-    HEARTBEAT_ATTR,
-    default_study_name,
-    export_dir,
-    fail_interrupted,
-    get_storage,
-    load_study,
-    open_study,
-    record_heartbeat,
-    unfinished_summary,
-)
+from tuner.storage import default_study_name, export_dir, get_storage, load_study, open_study
 
 
 def test_default_study_name_is_the_problem():

@@ -6,7 +6,7 @@ atomic on every Optuna storage (an RDB's unique constraint on study names; the j
 replays one ordered log, so the first CREATE_STUDY wins). ``DuplicatedStudyError`` means
 another trial owns the config; the claim study's user attribute ``trial`` names that owner
 (the trial's number in the study). An owner that was interrupted (its worker died: see
-``tuner.storage.fail_stale``; or it was stopped) gives the config up: the next claimer
+``tuner.liveness.fail_stale``; or it was stopped) gives the config up: the next claimer
 takes attempt + 1. An owner that finished, or is still running, keeps it: the other trials
 of that config copy its outcome (``cached_from``) instead of compiling it again.
 

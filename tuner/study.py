@@ -8,7 +8,7 @@ compile-only for its architecture. Every trial is told to the
 storage as soon as it is known, so a killed run loses only the trials in flight; those
 are marked failed ("interrupted") and their configs queued again: at once on Ctrl-C,
 when the study is opened again on the same host (by pid), or by any live worker on any
-host once their heartbeats stop (``tuner.storage.fail_stale``).
+host once their heartbeats stop (``tuner.liveness.fail_stale``).
 
 Workers: several ``run`` processes on one study (same --storage, same --study) share the
 work. Each claims a config in the storage before it compiles it (``tuner.claims``), so no
@@ -56,9 +56,10 @@ from kernel.resources import ProbeFailure, Resources, probe
 from kernel.trial_schema import MEASURES
 from tuner import space
 from tuner.claims import Claimed, Claims, Owned, interrupted, worker_index
+from tuner.liveness import fail_interrupted, fail_stale, interrupt, record_heartbeat
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
-from tuner.storage import fail_interrupted, fail_stale, get_storage, interrupt, open_study, record_heartbeat
+from tuner.storage import get_storage, open_study
 from tuner.trials import best_trials, measured_before, trial_config, trial_params
 from tuner.worker import GpuWorker
 

@@ -139,7 +139,7 @@ def trials_frame(study: optuna.Study, *, env: str | None = None) -> pd.DataFrame
         row: dict[str, Any] = {
             "number": t.number,
             "state": t.state.name,
-            # A FAIL with no status: Optuna failed it for a stale heartbeat (tuner.storage.fail_stale).
+            # A FAIL with no status: Optuna failed it for a stale heartbeat (tuner.liveness.fail_stale).
             "status": attrs.get("status")
             or {"RUNNING": "running", "WAITING": "queued", "FAIL": "interrupted"}.get(t.state.name),
             "reason": attrs.get("reason")

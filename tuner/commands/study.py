@@ -88,8 +88,8 @@ def _run_and_log(tuner: "Tuner", folder: Path) -> "optuna.Study":
 
 def _log(study: "optuna.Study", folder: Path, grace_s: float, note: str = "") -> None:
     """Save the study's trial log (CSV and Parquet) in ``folder`` and say so in one line,
-    with its unfinished trials counted apart (``tuner.storage.unfinished_summary``)."""
-    from tuner.storage import unfinished_summary  # loads Optuna
+    with its unfinished trials counted apart (``tuner.liveness.unfinished_summary``)."""
+    from tuner.liveness import unfinished_summary  # loads Optuna
     from tuner.trials import save_frame, trials_frame  # loads Optuna and pandas
 
     paths = save_frame(trials_frame(study), folder / "trials")
