@@ -1,17 +1,9 @@
 """Build a callable kernel for one (problem, config) on the current CUDA device."""
 
-import contextlib
-import ctypes
 import dataclasses
 import functools
-import multiprocessing
 import os
-import signal
-import sys
-import threading
-import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, wait
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +11,7 @@ import torch
 
 from kernel.arch import local_arch
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, retnet_decay, whole_chunks
+from kernel.processes import compile_pool
 from kernel.resources import ProbeResult, compile_kernel, probe
 from kernel.variants import launch, launch_dkdv, shape_generic, unused_state
 
@@ -286,96 +279,3 @@ def precompile(
 
 def _probe(problem: Problem, config: KernelConfig, call: Call, *, arch: str) -> ProbeResult:
     return probe(problem, config, arch=arch, call=call)
-
-
-PR_SET_PDEATHSIG = 1  # Linux's prctl option: a signal for this process when its parent dies
-
-
-@contextlib.contextmanager
-def sigint_blocked() -> Iterator[None]:
-    """SIGINT blocked in this thread for the block: a child process started in it starts
-    with SIGINT blocked (the mask survives fork and exec), so a Ctrl-C during its start-up
-    waits until ``bind_to_parent`` ignores it, instead of raising in its imports."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
-def bind_to_parent(parent: int) -> None:
-    """In a child process of ``parent`` (started under ``sigint_blocked``): Ctrl-C is left
-    to the parent (the terminal sends it to the whole process group), and the child is
-    killed when the parent dies, even by SIGKILL (Linux's parent-death signal; elsewhere a
-    thread that watches the parent)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # also drops a Ctrl-C pending since the start
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    try:
-        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
-            raise OSError(ctypes.get_errno(), "prctl")
-    except (OSError, AttributeError):  # not Linux
-        threading.Thread(target=_watch, args=(parent,), daemon=True).start()
-    if os.getppid() != parent:  # the parent died before the signal was set
-        os._exit(1)
-
-
-def _watch(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(1)
-    os._exit(1)
-
-
-class CompilePool(ProcessPoolExecutor):
-    """A ``ProcessPoolExecutor`` that knows its futures (``compile_pool``'s)."""
-
-    def __init__(self, workers: int) -> None:
-        # spawn: the parent may hold a CUDA context, which a forked child must not inherit
-        ctx = multiprocessing.get_context("spawn")
-        super().__init__(workers, mp_context=ctx, initializer=bind_to_parent, initargs=(os.getpid(),))
-        self.futures: set[Future] = set()
-
-    def _spawn_process(self) -> None:  # the one place the executor starts a process
-        with sigint_blocked():
-            super()._spawn_process()  # type: ignore[misc]
-
-    def submit(self, fn, /, *args, **kwargs) -> Future:
-        future = super().submit(fn, *args, **kwargs)
-        self.futures.add(future)
-        future.add_done_callback(self.futures.discard)
-        return future
-
-    def kill(self) -> None:
-        """Kill the pool's processes now, compiles in flight and all."""
-        for process in list((self._processes or {}).values()):  # no public way before Python 3.14
-            process.kill()
-
-
-@contextlib.contextmanager
-def compile_pool(workers: int) -> Iterator[CompilePool]:
-    """A pool of ``workers`` compile processes, which die with this process and leave
-    Ctrl-C to it. On Ctrl-C in the block, queued compiles are cancelled and those in flight
-    are waited for, saying so on stderr; a second Ctrl-C kills them. Either way the
-    ``KeyboardInterrupt`` goes on."""
-    pool = CompilePool(workers)
-    try:
-        yield pool
-    except KeyboardInterrupt:
-        for future in list(pool.futures):
-            future.cancel()  # those not started yet
-        flying = [f for f in pool.futures if not f.done()]
-        if flying:
-            n = len(flying)
-            print(
-                f"interrupted: waiting for {n} compile{'s' * (n != 1)} in flight to finish "
-                "(Ctrl-C again to stop now)",
-                file=sys.stderr,
-                flush=True,
-            )
-            try:
-                wait(flying)
-            except KeyboardInterrupt:
-                pool.kill()
-                raise
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)

@@ -48,10 +48,11 @@ import optuna
 from optuna.trial import TrialState
 
 from kernel.arch import resolve
-from kernel.builder import compile_pool, sm_count
+from kernel.builder import sm_count
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, dkdv_call, model_call
 from kernel.defaults import dkdv_config
 from kernel.environment import env_key, environment
+from kernel.processes import compile_pool
 from kernel.resources import ProbeFailure, Resources, probe
 from kernel.trial_schema import MEASURES
 from tuner import space

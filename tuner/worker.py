@@ -11,8 +11,9 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from kernel.builder import bind_to_parent, build, sigint_blocked
+from kernel.builder import build
 from kernel.config import Call, KernelConfig, Problem, model_call
+from kernel.processes import bind_to_parent, sigint_blocked
 
 # Fault injection for the tests: "LABEL=FAULT,..." (``KernelConfig.label``, e.g.
 # "64/64/1/128/smem/1") makes the worker misbehave on those configs, so isolation is
