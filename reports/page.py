@@ -9,51 +9,14 @@ import html
 import math
 import os
 import tempfile
-from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from kernel.config import SEED_CONFIG
-from reports import compiler_figures, data, decay_figures, decays, figures, search, style
+from reports import compiler_figures, data, decay_figures, decays, figures, markup, search, style
 from reports.data import StudyInfo, Summary
-
-PLOT_CONFIG = {"displaylogo": False, "responsive": True}
-CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0;
-       background: #f4f5f7; color: #1d2430; }
-main { max-width: 1500px; margin: 0 auto; padding: 24px 32px 48px; }
-h1 { font-size: 26px; margin: 0 0 6px; }
-h2 { font-size: 21px; margin: 0 0 4px; }
-h3 { font-size: 16px; margin: 18px 0 4px; }
-section { background: white; border-radius: 8px; padding: 18px 22px; margin: 18px 0;
-          box-shadow: 0 1px 3px rgba(0,0,0,.08); }
-.lede { color: #4a5568; margin: 2px 0 10px; max-width: 110ch; }
-.note { color: #6b4f00; background: #fff8e1; border-left: 4px solid #f5b700; padding: 8px 12px;
-        margin: 10px 0; }
-.banner { font-size: 17px; font-weight: 600; color: #7a1f1f; background: #fdecea;
-          border-left: 6px solid #d62728; padding: 10px 14px; margin: 12px 0; }
-.facts { display: flex; flex-wrap: wrap; gap: 8px 28px; margin: 10px 0; }
-.facts div { min-width: 160px; }
-.facts b { display: block; font-size: 12px; color: #6b7280; font-weight: 600; text-transform: uppercase;
-           letter-spacing: .04em; }
-.facts span { font-size: 16px; }
-.headline { font-size: 19px; margin: 12px 0 2px; } .headline strong { color: #1a7f37; }
-nav a { margin-right: 14px; color: #1f5fbf; text-decoration: none; }
-.grid2 { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 14px; }
-@media (max-width: 1100px) { .grid2 { grid-template-columns: minmax(0, 1fr); } }
-.scroll { overflow-x: auto; }
-table { border-collapse: collapse; font-size: 13.5px; margin: 6px 0 4px; }
-th, td { padding: 5px 8px; text-align: right; border-bottom: 1px solid #e5e7eb; white-space: nowrap; }
-th { background: #eef1f5; }
-td.text, th.text { text-align: left; }
-td.wrap { white-space: normal; max-width: 80ch; }
-tr.baseline td { background: #fff3e0; } tr:hover td { background: #eef6ff; }
-code { font-size: 13px; }
-"""
 
 
 def render_report(frame: pd.DataFrame, info: StudyInfo, *, across: pd.DataFrame | None = None) -> str:
@@ -83,7 +46,7 @@ def render_report(frame: pd.DataFrame, info: StudyInfo, *, across: pd.DataFrame 
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{title}</title>'
-        f"<style>{CSS}</style>\n<script>{get_plotlyjs()}</script>\n</head>\n"
+        f"<style>{markup.CSS}</style>\n<script>{get_plotlyjs()}</script>\n</head>\n"
         f"<body><main>\n{body}\n</main></body></html>\n"
     )
 
@@ -135,12 +98,14 @@ def _header(s: Summary, frame: pd.DataFrame, *, archs: bool) -> str:
         "trials": f"{s.n_trials}: {counts}",
         "environment": where,
     }
-    cells = "".join(f"<div><b>{_e(k)}</b><span>{_e(v)}</span></div>" for k, v in facts.items())
-    parts = [f"<h1>decay-tuner report · {_e(s.study)}</h1>", f'<div class="facts">{cells}</div>']
+    cells = "".join(
+        f"<div><b>{markup.escape(k)}</b><span>{markup.escape(v)}</span></div>" for k, v in facts.items()
+    )
+    parts = [f"<h1>decay-tuner report · {markup.escape(s.study)}</h1>", f'<div class="facts">{cells}</div>']
     if not s.timed:
         parts.append(
             '<div class="banner">Compile-only study: nothing was timed (no GPU). The fronts and '
-            f"knob plots are over resources ({_e(style.LABELS[s.metric])}), not latency.</div>"
+            f"knob plots are over resources ({markup.escape(style.LABELS[s.metric])}), not latency.</div>"
         )
     parts.append(f'<p class="headline">{_headline(s, frame)}</p>')
     links = {
@@ -152,7 +117,7 @@ def _header(s: Summary, frame: pd.DataFrame, *, archs: bool) -> str:
         **({"archs": "architectures"} if archs else {}),
     }
     parts.append("<nav>" + "".join(f'<a href="#{k}">{v}</a>' for k, v in links.items()) + "</nav>")
-    return _section(parts)
+    return markup.section(parts)
 
 
 def _headline(s: Summary, frame: pd.DataFrame) -> str:
@@ -160,7 +125,7 @@ def _headline(s: Summary, frame: pd.DataFrame) -> str:
     if s.best is None:
         return "No feasible config in this study."
     best = rows.loc[s.best]
-    text = f"Best feasible: <code>{_e(best.config)}</code> (trial {s.best})"
+    text = f"Best feasible: <code>{markup.escape(best.config)}</code> (trial {s.best})"
     if not (s.timed and not math.isnan(best.median_ms)):
         return text + (
             f", {best.spill_bytes:,.0f} B spilled, {best.smem_bytes:,.0f} B shared memory, "
@@ -171,7 +136,7 @@ def _headline(s: Summary, frame: pd.DataFrame) -> str:
         base = rows.loc[s.baseline]
         text += (
             f": <strong>{base.median_ms / best.median_ms:.2f}×</strong> the seed default "
-            f"<code>{_e(base.config)}</code> ({base.median_ms:.4f} ms)"
+            f"<code>{markup.escape(base.config)}</code> ({base.median_ms:.4f} ms)"
         )
     return text
 
@@ -188,7 +153,7 @@ def _fronts(s: Summary, frame: pd.DataFrame, metric: str) -> str:
     if s.timed:
         info = search.pareto_info(frame, x="median_ms", y="rel_l2")
         parts.append(
-            _figure(
+            markup.figure(
                 figures.pareto_figure(info, s), "fig-front-error", "no trial has both a latency and an error"
             )
         )
@@ -199,7 +164,9 @@ def _fronts(s: Summary, frame: pd.DataFrame, metric: str) -> str:
         )
     infos = [search.pareto_info(frame, x=r, y=metric) for r in data.RESOURCES if r != metric]
     parts.append(
-        _figure(figures.resources_figure(infos, s), "fig-front-resources", "no trial reported resources")
+        markup.figure(
+            figures.resources_figure(infos, s), "fig-front-resources", "no trial reported resources"
+        )
     )
     untimed = len(infos[0].untimed)
     if s.timed and untimed:
@@ -208,23 +175,23 @@ def _fronts(s: Summary, frame: pd.DataFrame, metric: str) -> str:
             "dashed lines, or failed on the GPU): they are drawn in the grey band at the top, at "
             "their resource value.</p>"
         )
-    return _section(parts)
+    return markup.section(parts)
 
 
 def _insight(info: StudyInfo, s: Summary, frame: pd.DataFrame, metric: str) -> str:
     imp = search.importance(frame, info, metric)
     knobs = figures.knobs_figure(search.knob_frame(frame, metric), metric)
     history = figures.history_figure(search.history(frame, metric), metric, s)
-    return _section(
+    return markup.section(
         [
             '<h2 id="insight">Parameter insight</h2>',
-            _figure(knobs, "fig-knobs", "no feasible trial"),
+            markup.figure(knobs, "fig-knobs", "no feasible trial"),
             '<div class="grid2"><div>',
-            _figure(
+            markup.figure(
                 figures.importance_figure(imp, metric), "fig-importance", f"parameter importance: {imp.note}"
             ),
             "</div><div>",
-            _figure(history, "fig-history", "no feasible trial"),
+            markup.figure(history, "fig-history", "no feasible trial"),
             "</div></div>",
         ]
     )
@@ -237,14 +204,16 @@ def _tables(s: Summary, frame: pd.DataFrame) -> str:
         {
             "trial": top.number.astype(str) + top.baseline.map({True: " (seed default)", False: ""}),
             config: top.config,
-            "median ms": top.median_ms.map(lambda v: _num(v, ".4f")),
-            "p20–p80 ms": [f"{_num(a, '.4f')}–{_num(b, '.4f')}" for a, b in zip(top.p20_ms, top.p80_ms)],
-            "speed-up over seed default": top.speedup.map(lambda v: _num(v, ".2f", "×")),
-            "rel L2": top.rel_l2.map(lambda v: _num(v, ".2e")),
-            "registers": top.registers.map(lambda v: _num(v, ".0f")),
-            "seed estimate": top.seed_register_estimate.map(lambda v: _num(v, ".0f")),
-            "spill B": top.spill_bytes.map(lambda v: _num(v, ",.0f")),
-            "smem B": top.smem_bytes.map(lambda v: _num(v, ",.0f")),
+            "median ms": top.median_ms.map(lambda v: markup.num(v, ".4f")),
+            "p20–p80 ms": [
+                f"{markup.num(a, '.4f')}–{markup.num(b, '.4f')}" for a, b in zip(top.p20_ms, top.p80_ms)
+            ],
+            "speed-up over seed default": top.speedup.map(lambda v: markup.num(v, ".2f", "×")),
+            "rel L2": top.rel_l2.map(lambda v: markup.num(v, ".2e")),
+            "registers": top.registers.map(lambda v: markup.num(v, ".0f")),
+            "seed estimate": top.seed_register_estimate.map(lambda v: markup.num(v, ".0f")),
+            "spill B": top.spill_bytes.map(lambda v: markup.num(v, ",.0f")),
+            "smem B": top.smem_bytes.map(lambda v: markup.num(v, ",.0f")),
         }
     )
     if not s.timed:
@@ -259,18 +228,18 @@ def _tables(s: Summary, frame: pd.DataFrame) -> str:
             "trial numbers": fails.trials.map(lambda n: ", ".join(map(str, n[:15])) + (" …" * (len(n) > 15))),
         }
     )
-    return _section(
+    return markup.section(
         [
             '<h2 id="tables">Tables</h2>',
             (
-                f"<h3>Top configs (feasible, each config once, by {_e(', '.join(s.objectives))}), "
+                f"<h3>Top configs (feasible, each config once, by {markup.escape(', '.join(s.objectives))}), "
                 "and the seed default</h3>"
             ),
-            _table(top_shown, text={"trial", config}, highlight=top.baseline.tolist())
+            markup.table(top_shown, text={"trial", config}, highlight=top.baseline.tolist())
             if len(top)
             else '<p class="note">No feasible config.</p>',
             "<h3>Failed and infeasible trials, by reason</h3>",
-            _table(fails_shown, text={"status", reason, "trial numbers"}, wrap={reason})
+            markup.table(fails_shown, text={"status", reason, "trial numbers"}, wrap={reason})
             if len(fails)
             else '<p class="lede">Every finished trial was feasible.</p>',
         ]
@@ -286,7 +255,7 @@ def _numerics(s: Summary, frame: pd.DataFrame) -> str:
     overflow = decay_figures.overflow_figure(overflow_map, alpha=alpha, chunks=chunks)
     error = decay_figures.error_figure(data.error_by_decay(frame), s.budgets.get("rel_l2"))
     registers = compiler_figures.registers_figure(data.register_budget(frame), s.budgets.get("registers"))
-    return _section(
+    return markup.section(
         [
             '<h2 id="numerics">Numerics (from the seed)</h2>',
             (
@@ -294,12 +263,12 @@ def _numerics(s: Summary, frame: pd.DataFrame) -> str:
                 "form (Q·α^i)(K·α^-j)ᵀ materialises α^-(C−1) and overflows fp16 where the map is red.</p>"
             ),
             '<div class="grid2"><div>',
-            _figure(decay_figures.gamma_figure(decays.gamma_info(alpha, chunk)), "fig-gamma", ""),
+            markup.figure(decay_figures.gamma_figure(decays.gamma_info(alpha, chunk)), "fig-gamma", ""),
             "</div><div>",
-            _figure(overflow, "fig-overflow", ""),
+            markup.figure(overflow, "fig-overflow", ""),
             "</div></div>",
-            _figure(error, "fig-error-decay", "no trial measured an error (compile-only study)"),
-            _figure(registers, "fig-registers", "no config compiled, so ptxas reported no registers"),
+            markup.figure(error, "fig-error-decay", "no trial measured an error (compile-only study)"),
+            markup.figure(registers, "fig-registers", "no config compiled, so ptxas reported no registers"),
         ]
     )
 
@@ -308,10 +277,10 @@ def _peers(info: StudyInfo, frame: pd.DataFrame) -> str:
     peers = data.peers(frame, info)
     parts = ['<h2 id="peers">Peer comparison</h2>']
     if peers.note:
-        parts.append(f'<p class="note">{_e(peers.note)}</p>')
+        parts.append(f'<p class="note">{markup.escape(peers.note)}</p>')
     if not peers.bars.empty:
-        parts.append(_figure(figures.peers_figure(peers), "fig-peers", ""))
-    return _section(parts)
+        parts.append(markup.figure(figures.peers_figure(peers), "fig-peers", ""))
+    return markup.section(parts)
 
 
 def _archs(side: pd.DataFrame) -> str:
@@ -325,86 +294,35 @@ def _archs(side: pd.DataFrame) -> str:
             "config": side.config.where(first, ""),
             "arch": side.arch,
             "status": side.status,
-            "registers": side.registers.map(lambda v: _num(v, ".0f")),
-            "spill B": side.spill_bytes.map(lambda v: _num(v, ",.0f")),
-            "smem B": side.smem_bytes.map(lambda v: _num(v, ",.0f")),
-            "median ms": side.median_ms.map(lambda v: _num(v, ".4f")),
+            "registers": side.registers.map(lambda v: markup.num(v, ".0f")),
+            "spill B": side.spill_bytes.map(lambda v: markup.num(v, ",.0f")),
+            "smem B": side.smem_bytes.map(lambda v: markup.num(v, ",.0f")),
+            "median ms": side.median_ms.map(lambda v: markup.num(v, ".4f")),
             "reason (first line)": side.reason,
         }
     )
     if side.median_ms.isna().all():
         shown = shown.drop(columns="median ms")
     archs = ", ".join(sorted(set(side.arch), key=data.arch_rank))
-    return _section(
+    return markup.section(
         [
             '<h2 id="archs">Across architectures</h2>',
             (
                 f'<p class="lede">The configs of this problem finished on more than one architecture '
-                f"({_e(archs)}), in any study of this storage: each architecture's latest trial of the "
-                "config, its resources from ptxas, or why it could not exist there.</p>"
+                f"({markup.escape(archs)}), in any study of this storage: each architecture's latest "
+                "trial of the config, its resources from ptxas, or why it could not exist there.</p>"
             ),
-            _figure(
+            markup.figure(
                 compiler_figures.archs_figure(side), "fig-archs", "no config compiled on these architectures"
             ),
-            _table(
+            markup.table(
                 shown, text={"config", "arch", "status", "reason (first line)"}, wrap={"reason (first line)"}
             ),
         ]
     )
 
 
-# Helpers ------------------------------------------------------------------------------------
-
-
-def _section(parts: list[str]) -> str:
-    return "<section>" + "\n".join(parts) + "</section>"
-
-
-def _figure(fig: go.Figure | None, div_id: str, missing: str) -> str:
-    if fig is None:
-        return f'<p class="note">{_e(missing)}</p>'
-    return fig.to_html(
-        full_html=False,
-        include_plotlyjs=False,
-        div_id=div_id,
-        config=PLOT_CONFIG,
-        default_width="100%",
-        default_height=f"{fig.layout.height}px",
-    )
-
-
-def _table(
-    frame: pd.DataFrame,
-    *,
-    text: Collection[str],
-    wrap: Collection[str] = (),
-    highlight: list[bool] | None = None,
-) -> str:
-    """Text columns align left, ``wrap`` ones also wrap; ``highlight`` marks rows (the baseline)."""
-    head = "".join(f'<th class="{"text" if c in text else ""}">{_e(c)}</th>' for c in frame.columns)
-    rows = []
-    for i, row in enumerate(frame.itertuples(index=False)):
-        cls = ' class="baseline"' if highlight and highlight[i] else ""
-        cells = "".join(
-            f'<td class="{"text" if c in text else ""}{" wrap" if c in wrap else ""}">{_e(v)}</td>'
-            for c, v in zip(frame.columns, row)
-        )
-        rows.append(f"<tr{cls}>{cells}</tr>")
-    body = "".join(rows)
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
-
-
-def _num(value: Any, fmt: str, unit: str = "") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:{fmt}}{unit}"
-
-
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value))
