@@ -18,6 +18,7 @@ from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
 # the shared memory), 256 threads, scores in shared memory.
 CHUNKS, THREADS, SCORES = (64, 32), 256, "smem"
 MAX_BLOCK_STATE = 128 * 128  # DK * block_dv: past it the block's fp32 state spills
+MAX_DEEP_DK = 128  # 3 pipeline stages paid off up to this DK, 1 beyond
 MAX_NARROW_DK = 128  # halving block_dv paid off up to this DK ...
 NARROW_BELOW = 2048  # ... and in sequences shorter than this, more than splitting them did
 STATIC_SMEM = 1024  # bytes: TileLang's barriers where it warp-specialises the pipeline
@@ -25,7 +26,7 @@ STATIC_SMEM = 1024  # bytes: TileLang's barriers where it warp-specialises the p
 
 def preferred_stages(problem: Problem) -> int:
     """The forward's pipeline depth where it fits: 3 up to DK = 128, 1 beyond."""
-    return 3 if problem.dk <= MAX_NARROW_DK else 1
+    return 3 if problem.dk <= MAX_DEEP_DK else 1
 
 
 def smem_bytes(problem: Problem, config: KernelConfig) -> int:
