@@ -1,5 +1,6 @@
 """Child processes that die with their parent and leave Ctrl-C to it: the compile pool
-(``compile_pool``) and the tuner's GPU worker (``tuner.worker``) start theirs here."""
+(``compile_pool``) and the tuner's GPU worker (``tuner.worker``) start theirs here; and
+the blocks where Ctrl-C waits (``ctrl_c_ignored``)."""
 
 import contextlib
 import ctypes
@@ -103,3 +104,16 @@ def compile_pool(workers: int) -> Iterator[CompilePool]:
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def ctrl_c_ignored() -> Iterator[None]:
+    """Ctrl-C does nothing in the block (in the main thread; elsewhere it cannot arrive)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -15,33 +15,17 @@ work. Each claims a config in the storage before it compiles it (``tuner.claims`
 config is compiled or measured twice in one environment; a trial whose config another
 trial owns waits for that owner and copies its outcome (``cached_from``).
 
-Trial outcomes (Kernel Tuner's "failures are values"):
-- restricted: breaks a named restriction of ``tuner.space``; COMPLETE, value inf,
-  constraint "restriction" violated, with the restriction's name as the reason.
-- compile_failed: the compiler refused it; COMPLETE, value inf, constraint "compiles"
-  violated, with the error class and message as the reason.
-- infeasible: compiled, but over a resource budget (constraints > 0); COMPLETE, value inf.
-  These three are told as values, not failures, because Optuna's samplers learn only from
-  COMPLETE trials: TPE then steers away from configs that cannot run (a FAIL trial is
-  invisible to it, so it would keep proposing them).
-- runtime_failed: the GPU worker hung, crashed or raised; state FAIL with the reason.
-- incorrect: relative L2 against reference C at or over the tolerance, or NaN; COMPLETE,
-  correctness constraint > 0.
-- ok: feasible and correct; value = median latency in ms (GPU) or spill bytes
-  (compile-only, where nothing is timed).
+Each trial outcome is told as ``tuner.outcomes`` says.
 """
 
-import contextlib
 import math
 import os
-import signal
 import socket
 import sys
 import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import optuna
@@ -52,59 +36,17 @@ from kernel.builder import sm_count
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, dkdv_call, model_call
 from kernel.defaults import dkdv_config
 from kernel.environment import env_key, environment
-from kernel.processes import compile_pool
-from kernel.resources import ProbeFailure, Resources, probe
+from kernel.processes import compile_pool, ctrl_c_ignored
+from kernel.resources import ProbeFailure, probe
 from kernel.trial_schema import MEASURES
-from tuner import space
-from tuner.claims import Claimed, Claims, Owned, interrupted, worker_index
+from tuner import outcomes, space
+from tuner.claims import Claimed, Claims, Owned, worker_index
 from tuner.liveness import fail_interrupted, fail_stale, interrupt, record_heartbeat
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
 from tuner.storage import get_storage, open_study
-from tuner.trials import best_trials, measured_before, trial_config, trial_params
+from tuner.trials import best_trials, enqueue, measured_before, trial_config
 from tuner.worker import GpuWorker
-
-
-def objective_names(gpu: bool, multi: bool) -> list[str]:
-    first = "median_ms" if gpu else "spill_bytes"
-    return [first, "rel_l2" if gpu else "smem_bytes"] if multi else [first]
-
-
-# User attributes of a trial that belong to it alone, not to its config's outcome.
-OWN_ATTRS = ("host", "pid", "wall_s", "cached_from", "baseline", "requeued_from", "claim_attempt")
-
-
-def _enqueue(study: optuna.Study, configs: list[KernelConfig], env_key: str) -> None:
-    """Queue ``configs`` unless a trial in this environment, or one still queued, has them
-    already (an interrupted one does not count: a config only ever interrupted is queued
-    again). A worker on another GPU or architecture joining a study queues them for itself."""
-    trials = [
-        t
-        for t in study.get_trials(deepcopy=False)
-        if t.state == TrialState.WAITING or t.user_attrs.get("env_key", env_key) == env_key
-    ]
-    seen = [trial_params(t) for t in trials if not interrupted(t)]
-    for t in trials:  # interrupted configs with no other trial (e.g. a study from before requeuing)
-        if interrupted(t) and t.params and t.params not in seen:
-            study.enqueue_trial(t.params, user_attrs={"requeued_from": t.number})
-            seen.append(t.params)
-    for config in configs:
-        if config.to_dict() not in seen:
-            study.enqueue_trial(config.to_dict(), user_attrs={"baseline": config == SEED_CONFIG})
-            seen.append(config.to_dict())
-
-
-@contextlib.contextmanager
-def _ctrl_c_ignored() -> Iterator[None]:
-    """Ctrl-C does nothing in the block (in the main thread; elsewhere it cannot arrive)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
 
 
 class Tuner:
@@ -130,7 +72,7 @@ class Tuner:
             )
         self.env = environment(self.arch)
         self.env_key = env_key(self.env)
-        self.objectives = objective_names(self.gpu, options.multi_objective)
+        self.objectives = outcomes.objective_names(self.gpu, options.multi_objective)
         sampler = make_sampler(options.sampler, problem, options.seed, self.sweep)
         self.storage = get_storage(storage, heartbeat_s=options.heartbeat_s, grace_s=options.grace_s)
         self.study = open_study(
@@ -175,7 +117,7 @@ class Tuner:
             else []
         )
         baseline = [SEED_CONFIG] if self.sweep == "forward" else []  # the seed's config is a forward's
-        _enqueue(self.study, [*baseline, *options.enqueue, *seeds], self.env_key)
+        enqueue(self.study, [*baseline, *options.enqueue, *seeds], self.env_key)
         self.distributions = space.distributions(problem, self.sweep)
         cores = os.cpu_count() or 1
         # Beside a GPU, leave cores to the process that launches and times the kernels.
@@ -236,7 +178,7 @@ class Tuner:
                     bar.update()
                     bar.set_postfix_str(self._best_text(), refresh=True)
         finally:
-            with _ctrl_c_ignored():  # a Ctrl-C now would leave trials running
+            with ctrl_c_ignored():  # a Ctrl-C now would leave trials running
                 stop.set()
                 for trial_id in list(self._live):  # asked but never told: Ctrl-C or an error
                     frozen = self.study._storage.get_trial(trial_id)
@@ -298,17 +240,17 @@ class Tuner:
         start = time.perf_counter()
         trial.set_user_attr("cached_from", owner.number)
         for key, value in owner.user_attrs.items():
-            if key not in OWN_ATTRS and key not in ("status", "reason"):
+            if key not in outcomes.OWN_ATTRS and key not in ("status", "reason"):
                 trial.set_user_attr(key, value)
         if owner.state == TrialState.FAIL:
             status = owner.user_attrs.get("status", "runtime_failed")
-            self._fail(trial, status, owner.user_attrs.get("reason", ""), start)
+            outcomes.fail(self.study, trial, status, owner.user_attrs.get("reason", ""), start)
             return
         for key, value in owner.constraints.items():
             trial.set_constraint(key, value)
         if "reason" in owner.user_attrs:
             trial.set_user_attr("reason", owner.user_attrs["reason"])
-        self._tell(trial, list(owner.values), owner.user_attrs.get("status", "ok"), start)
+        outcomes.tell(self.study, trial, list(owner.values), owner.user_attrs.get("status", "ok"), start)
 
     def _grid_exhausted(self) -> bool:
         sampler = self.study.sampler
@@ -321,48 +263,42 @@ class Tuner:
         trial.set_user_attr("mode", "gpu" if self.gpu else "compile-only")
         if res is None:
             reason = "; ".join(space.violated(self.problem, config, self.arch, self.sweep))
-            self._reject(trial, "restricted", "restriction", reason, start)
+            outcomes.reject(
+                self.study, trial, len(self.objectives), "restricted", "restriction", reason, start
+            )
             return
         for key, value in res.to_dict().items():
             trial.set_user_attr(key, value)
         if isinstance(res, ProbeFailure):
-            self._reject(trial, "compile_failed", "compiles", f"{res.error_type}: {res.message}", start)
+            outcomes.reject(
+                self.study,
+                trial,
+                len(self.objectives),
+                "compile_failed",
+                "compiles",
+                f"{res.error_type}: {res.message}",
+                start,
+            )
             return
-        over = self._resource_violations(res)
+        over = outcomes.violations(res, self.options)
         for key, value in over.items():
             trial.set_constraint(key, value)
         if any(v > 0 for v in over.values()):
             trial.set_constraint("correctness", 0.0)
-            trial.set_user_attr("reason", self._over_budget_reason(res))
-            self._tell(trial, [math.inf] * len(self.objectives), "infeasible", start)
+            trial.set_user_attr("reason", outcomes.over_budget_reason(res, self.options))
+            outcomes.tell(self.study, trial, [math.inf] * len(self.objectives), "infeasible", start)
             return
         if not self.gpu:
             trial.set_constraint("correctness", 0.0)
-            self._tell(
-                trial, [float(res.spill_bytes), float(res.smem_bytes)][: len(self.objectives)], "ok", start
+            outcomes.tell(
+                self.study,
+                trial,
+                [float(res.spill_bytes), float(res.smem_bytes)][: len(self.objectives)],
+                "ok",
+                start,
             )
             return
         self._measure(trial, config, worker, start)
-
-    def _resource_violations(self, res: Resources) -> dict[str, float]:
-        return {
-            "spills": float(res.spill_bytes - self.options.max_spill_bytes),
-            "smem": float(res.smem_bytes - res.smem_limit),
-            "registers": float(res.registers - self.options.max_registers),
-        }
-
-    def _over_budget_reason(self, res: Resources) -> str:
-        opts = self.options
-        budgets = (
-            ("spills", res.spill_bytes, opts.max_spill_bytes, "B spilled"),
-            ("shared memory", res.smem_bytes, res.smem_limit, "B"),
-            ("registers", res.registers, opts.max_registers, "per thread"),
-        )
-        return "; ".join(
-            f"{name}: {value} {unit}, over the budget of {limit}"
-            for name, value, limit, unit in budgets
-            if value > limit
-        )
 
     def _measure(self, trial: optuna.Trial, config: KernelConfig, worker: GpuWorker, start: float) -> None:
         cached = measured_before(self.study, trial.params, self.env_key)
@@ -382,7 +318,9 @@ class Tuner:
                 }
             )
         if not result.pop("ok"):
-            self._fail(trial, "runtime_failed", f"{result['error_type']}: {result['message']}", start)
+            outcomes.fail(
+                self.study, trial, "runtime_failed", f"{result['error_type']}: {result['message']}", start
+            )
             return
         for key, value in result.items():
             trial.set_user_attr(key, value)
@@ -390,26 +328,9 @@ class Tuner:
         correct = result["finite"] and math.isfinite(err) and err < self.options.tolerance
         trial.set_constraint("correctness", (err - self.options.tolerance) if math.isfinite(err) else 1.0)
         if not correct:
-            self._tell(trial, [math.inf] * len(self.objectives), "incorrect", start)
+            outcomes.tell(self.study, trial, [math.inf] * len(self.objectives), "incorrect", start)
             return
-        self._tell(trial, [result["median_ms"], err][: len(self.objectives)], "ok", start)
-
-    def _tell(self, trial: optuna.Trial, values: list[float], status: str, start: float) -> None:
-        trial.set_user_attr("status", status)
-        trial.set_user_attr("wall_s", time.perf_counter() - start)
-        self.study.tell(trial, values if len(values) > 1 else values[0])
-
-    def _reject(self, trial: optuna.Trial, status: str, constraint: str, reason: str, start: float) -> None:
-        """A config that cannot run: the worst value and one violated constraint."""
-        trial.set_user_attr("reason", reason[:2000])
-        trial.set_constraint(constraint, 1.0)
-        self._tell(trial, [math.inf] * len(self.objectives), status, start)
-
-    def _fail(self, trial: optuna.Trial, status: str, reason: str, start: float) -> None:
-        trial.set_user_attr("status", status)
-        trial.set_user_attr("reason", reason[:2000])
-        trial.set_user_attr("wall_s", time.perf_counter() - start)
-        self.study.tell(trial, state=TrialState.FAIL)
+        outcomes.tell(self.study, trial, [result["median_ms"], err][: len(self.objectives)], "ok", start)
 
     def _best_text(self) -> str:
         best = best_trials(self.study, self.env_key)

@@ -10,9 +10,10 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
-from kernel.config import KernelConfig
+from kernel.config import SEED_CONFIG, KernelConfig
 from kernel.environment import ENVIRONMENT_KEYS, env_key, replacing
 from kernel.trial_schema import MEASURES, PARAMS, RESOURCES, TRIAL_COLUMNS
+from tuner.claims import interrupted
 from tuner.options import UsageError
 
 # The knobs' defaults: a study made before a knob existed ran it at its default
@@ -246,3 +247,23 @@ def compare(frame: pd.DataFrame, yardstick: pd.DataFrame, *, within: float = 0.0
 
 def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
+
+
+def enqueue(study: optuna.Study, configs: list[KernelConfig], env_key: str) -> None:
+    """Queue ``configs`` unless a trial in this environment, or one still queued, has them
+    already (an interrupted one does not count: a config only ever interrupted is queued
+    again). A worker on another GPU or architecture joining a study queues them for itself."""
+    trials = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.state == TrialState.WAITING or t.user_attrs.get("env_key", env_key) == env_key
+    ]
+    seen = [trial_params(t) for t in trials if not interrupted(t)]
+    for t in trials:  # interrupted configs with no other trial (e.g. a study from before requeuing)
+        if interrupted(t) and t.params and t.params not in seen:
+            study.enqueue_trial(t.params, user_attrs={"requeued_from": t.number})
+            seen.append(t.params)
+    for config in configs:
+        if config.to_dict() not in seen:
+            study.enqueue_trial(config.to_dict(), user_attrs={"baseline": config == SEED_CONFIG})
+            seen.append(config.to_dict())

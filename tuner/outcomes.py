@@ -1,0 +1,91 @@
+"""How each trial's outcome is told to Optuna.
+
+Trial outcomes (Kernel Tuner's "failures are values"):
+- restricted: breaks a named restriction of ``tuner.space``; COMPLETE, value inf,
+  constraint "restriction" violated, with the restriction's name as the reason.
+- compile_failed: the compiler refused it; COMPLETE, value inf, constraint "compiles"
+  violated, with the error class and message as the reason.
+- infeasible: compiled, but over a resource budget (constraints > 0); COMPLETE, value inf.
+  These three are told as values, not failures, because Optuna's samplers learn only from
+  COMPLETE trials: TPE then steers away from configs that cannot run (a FAIL trial is
+  invisible to it, so it would keep proposing them).
+- runtime_failed: the GPU worker hung, crashed or raised; state FAIL with the reason.
+- incorrect: relative L2 against reference C at or over the tolerance, or NaN; COMPLETE,
+  correctness constraint > 0.
+- ok: feasible and correct; value = median latency in ms (GPU) or spill bytes
+  (compile-only, where nothing is timed).
+"""
+
+import math
+import time
+
+import optuna
+from optuna.trial import TrialState
+
+from kernel.resources import Resources
+from tuner.options import Options
+
+
+def objective_names(gpu: bool, multi: bool) -> list[str]:
+    """What a study minimises: latency (then error) on a GPU; spills (then shared memory)
+    compile-only."""
+    first = "median_ms" if gpu else "spill_bytes"
+    return [first, "rel_l2" if gpu else "smem_bytes"] if multi else [first]
+
+
+# User attributes of a trial that belong to it alone, not to its config's outcome.
+OWN_ATTRS = ("host", "pid", "wall_s", "cached_from", "baseline", "requeued_from", "claim_attempt")
+
+
+def violations(res: Resources, options: Options) -> dict[str, float]:
+    """Each resource constraint's value for a compiled config (> 0: over its budget)."""
+    return {
+        "spills": float(res.spill_bytes - options.max_spill_bytes),
+        "smem": float(res.smem_bytes - res.smem_limit),
+        "registers": float(res.registers - options.max_registers),
+    }
+
+
+def over_budget_reason(res: Resources, options: Options) -> str:
+    """The budgets a compiled config is over, in words."""
+    opts = options
+    budgets = (
+        ("spills", res.spill_bytes, opts.max_spill_bytes, "B spilled"),
+        ("shared memory", res.smem_bytes, res.smem_limit, "B"),
+        ("registers", res.registers, opts.max_registers, "per thread"),
+    )
+    return "; ".join(
+        f"{name}: {value} {unit}, over the budget of {limit}"
+        for name, value, limit, unit in budgets
+        if value > limit
+    )
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, values: list[float], status: str, start: float) -> None:
+    """Tell ``trial`` with ``values`` and its status and wall time."""
+    trial.set_user_attr("status", status)
+    trial.set_user_attr("wall_s", time.perf_counter() - start)
+    study.tell(trial, values if len(values) > 1 else values[0])
+
+
+def reject(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    objectives: int,
+    status: str,
+    constraint: str,
+    reason: str,
+    start: float,
+) -> None:
+    """A config that cannot run: the worst value and one violated constraint."""
+    trial.set_user_attr("reason", reason[:2000])
+    trial.set_constraint(constraint, 1.0)
+    tell(study, trial, [math.inf] * objectives, status, start)
+
+
+def fail(study: optuna.Study, trial: optuna.Trial, status: str, reason: str, start: float) -> None:
+    """Tell ``trial`` FAIL (the GPU worker hung, crashed or raised) with the reason."""
+    trial.set_user_attr("status", status)
+    trial.set_user_attr("reason", reason[:2000])
+    trial.set_user_attr("wall_s", time.perf_counter() - start)
+    study.tell(trial, state=TrialState.FAIL)
