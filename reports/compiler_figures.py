@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from reports.data import arch_rank
+from reports.compiled import arch_rank
 from reports.style import FEASIBLE, HOVER, INFEASIBLE, layout, points, short
 
 
@@ -73,7 +73,7 @@ def registers_figure(reg: pd.DataFrame, limit: float | None) -> go.Figure | None
 
 
 def archs_figure(side: pd.DataFrame) -> go.Figure | None:
-    """``data.across_archs``: registers, spills and shared memory of each config, one bar per
+    """``compiled.across_archs``: registers, spills and shared memory of each config, one bar per
     architecture; an architecture where the config did not compile has no bar."""
     compiled = side[side.registers.notna()]
     if compiled.empty:

@@ -15,7 +15,7 @@ import pandas as pd
 from plotly.offline import get_plotlyjs
 
 from kernel.config import SEED_CONFIG
-from reports import compiler_figures, data, decay_figures, decays, figures, markup, search, style
+from reports import compiled, compiler_figures, data, decay_figures, decays, figures, markup, search, style
 from reports.data import StudyInfo, Summary
 
 
@@ -30,7 +30,9 @@ def render_report(frame: pd.DataFrame, info: StudyInfo, *, across: pd.DataFrame 
     frame = data.report_frame(frame, info)
     s = data.summary(frame, info)
     metric = s.metric
-    side = data.across_archs(across) if across is not None else pd.DataFrame(columns=data.ARCH_COLUMNS)
+    side = (
+        compiled.across_archs(across) if across is not None else pd.DataFrame(columns=compiled.ARCH_COLUMNS)
+    )
     body = "\n".join(
         [
             _header(s, frame, archs=not side.empty),
@@ -254,7 +256,7 @@ def _numerics(s: Summary, frame: pd.DataFrame) -> str:
     overflow_map = decays.overflow_map(sorted({*decays.OVERFLOW_ALPHAS, alpha}))
     overflow = decay_figures.overflow_figure(overflow_map, alpha=alpha, chunks=chunks)
     error = decay_figures.error_figure(data.error_by_decay(frame), s.budgets.get("rel_l2"))
-    registers = compiler_figures.registers_figure(data.register_budget(frame), s.budgets.get("registers"))
+    registers = compiler_figures.registers_figure(compiled.register_budget(frame), s.budgets.get("registers"))
     return markup.section(
         [
             '<h2 id="numerics">Numerics (from the seed)</h2>',
@@ -284,7 +286,7 @@ def _peers(info: StudyInfo, frame: pd.DataFrame) -> str:
 
 
 def _archs(side: pd.DataFrame) -> str:
-    """The configs finished on several architectures (``data.across_archs``); nothing when
+    """The configs finished on several architectures (``compiled.across_archs``); nothing when
     there are none."""
     if side.empty:
         return ""
@@ -303,7 +305,7 @@ def _archs(side: pd.DataFrame) -> str:
     )
     if side.median_ms.isna().all():
         shown = shown.drop(columns="median ms")
-    archs = ", ".join(sorted(set(side.arch), key=data.arch_rank))
+    archs = ", ".join(sorted(set(side.arch), key=compiled.arch_rank))
     return markup.section(
         [
             '<h2 id="archs">Across architectures</h2>',

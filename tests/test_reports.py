@@ -31,6 +31,7 @@ from refs import TOLERANCE
 from reports import (
     StudyInfo,
     browser,
+    compiled,
     compiler_figures,
     data,
     decay_figures,
@@ -308,7 +309,7 @@ def test_error_and_register_frames(frame):
     err = data.error_by_decay(frame)
     assert err.number.tolist() == [0, 1, 2, 3, 7, 8] and (err.decay == frame.decay[0]).all()
     assert err.feasible.tolist() == [True, True, True, True, False, True]
-    reg = data.register_budget(frame)
+    reg = compiled.register_budget(frame)
     assert reg.number.tolist() == [0, 1, 2, 3, 4, 7]  # each compiled config once; failures have no registers
     # The seed's arithmetic: (DK*bDV + C*bDV + 2*C*C) / threads, DK = 64 here.
     assert reg.seed_register_estimate.tolist() == [
@@ -430,7 +431,7 @@ def test_figures_draw_what_they_are_given(frame, info):
         decay_figures.gamma_figure(decays.gamma_info(0.9, 16)),
         decay_figures.overflow_figure(decays.overflow_map(), alpha=0.99, chunks=(32, 64)),
         decay_figures.error_figure(data.error_by_decay(frame), TOLERANCE),
-        compiler_figures.registers_figure(data.register_budget(frame), 255.0),
+        compiler_figures.registers_figure(compiled.register_budget(frame), 255.0),
         figures.peers_figure(data.peers(frame, info._replace(peers=PEERS))),
     ]
     assert all(isinstance(f, go.Figure) and f.data for f in drawn)
@@ -558,7 +559,7 @@ def archs(tmp_path_factory) -> SimpleNamespace:
 
 
 def test_the_same_configs_side_by_side_across_architectures(archs):
-    side = data.across_archs(problem_trials(archs.s100))
+    side = compiled.across_archs(problem_trials(archs.s100))
     labels = sorted((SEED_CONFIG.label, *ON_BOTH))
     assert side.config.tolist() == [c for c in labels for _ in range(2)]  # ONLY_SM86 is not shared
     assert side.arch.tolist() == ["sm_86", "sm_100a"] * 3  # in kernel.arch's order
@@ -579,8 +580,8 @@ def test_the_same_configs_side_by_side_across_architectures(archs):
     assert big.loc["sm_86"].reason == "shared memory: at least 114688 B, over sm_86's 101376 B per block"
     assert big.loc["sm_100a"].smem_bytes > ARCHS["sm_86"].smem_per_block  # it compiled there
     # One architecture, or none recorded: nothing to set side by side
-    assert data.across_archs(trials_frame(archs.s100)).empty
-    assert data.across_archs(trials_frame(_study())).empty
+    assert compiled.across_archs(trials_frame(archs.s100)).empty
+    assert compiled.across_archs(trials_frame(_study())).empty
     fig = compiler_figures.archs_figure(side)
     assert {t.name for t in fig.data} == {"sm_86", "sm_100a"} and len(fig.data) == 2 * 3  # 3 resources
     assert compiler_figures.archs_figure(side[side.registers.isna()]) is None
