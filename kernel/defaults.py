@@ -74,17 +74,16 @@ def default_config(problem: Problem, arch: str, sms: int | None = None) -> Kerne
     short = problem.seqlen < NARROW_BELOW and problem.dk <= MAX_NARROW_DK
     if short and half >= 32 and half % 16 == 0 and problem.dv % half == 0:
         widths.append(half)
-    candidates = [dataclasses.replace(base, block_dv=w, segments=n) for w in widths for n in SEGMENT_COUNTS]
-    # a sequence too short for the pipeline: the single-pass kernel, as deep as its chunks
-    runnable = [c for c in candidates if runs(c, problem)] or [
-        shorter_pipeline(dataclasses.replace(base, block_dv=w), problem) for w in widths
-    ]
+    # per width the segment count nearest the grid; a sequence too short for the pipeline
+    # runs the single-pass kernel, as deep as its chunks
+    picks = [dataclasses.replace(base, block_dv=w) for w in widths]
+    picks = [nearest_grid(c, problem, blocks) or shorter_pipeline(c, problem) for c in picks]
 
     def order(c: KernelConfig) -> tuple:
         far = abs(math.log2(c.blocks(problem) / blocks))
         return far, c.segments > 1, c.block_dv != base.block_dv, c.segments
 
-    return min(runnable, key=order)
+    return min(picks, key=order)
 
 
 def dkdv_config(problem: Problem, arch: str, sms: int | None = None) -> KernelConfig | None:

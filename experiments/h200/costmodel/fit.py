@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kernel.config import KernelConfig, Problem
+from kernel.config import Problem
 from kernel.defaults import default_config, dkdv_config
+from tuner.commands.args import parse_config
 
 HERE = Path(__file__).resolve().parent.parent / "shipped"
 TRAIN = HERE / "sweep-128x128_128x256_64x64_256x256-bfloat16.jsonl"
@@ -48,9 +49,7 @@ def load(path: Path) -> list[dict]:
 
 def terms(r: dict) -> dict[str, float]:
     """The analytic terms of one timing."""
-    c = KernelConfig.from_dict(dict(zip(("chunk", "block_dv", "num_stages", "threads", "scores", "segments"),
-                                        [*map(int, r["config"].split("/")[:4]), r["config"].split("/")[4],
-                                         int(r["config"].split("/")[5])])))  # fmt: skip
+    c = parse_config(r["config"])
     p = Problem(r["b"], r["h"], r["s"], r["dk"], r["dv"], r["dtype"])
     per_sm = max(1, min(MAX_BLOCKS_PER_SM, SMEM_PER_SM // r["resources"]["smem_bytes"]))
     blocks = c.blocks(p)
