@@ -21,11 +21,9 @@ def figure(rows: list[dict[str, Any]]) -> go.Figure:
             return f"packed: {r['packed']}, T={r['seqlen']} H={r['heads']}"
         return f"B={r['batch']} H={r['heads']} S={r['seqlen']}"
 
-    ours = sorted({r["impl"] for r in rows if r["impl"].startswith("decay_attention")})
-    fla = ["fla chunk_simple_gla"]
-    if any(r.get("pass") for r in rows):  # the backward's rows
-        fla += ["fla chunk_simple_gla backward", "fla chunk_simple_gla fwd+bwd"]
-    for impl in ("tuned", *ours, "seed config", *fla, "torch chunked"):
+    peer = lambda impl: 2 if impl.startswith("torch") else 1 if impl.startswith("fla") else 0  # noqa: E731
+    names = dict.fromkeys(r["impl"] for r in rows if r["impl"] not in ("floor", "candidate"))
+    for impl in sorted(names, key=peer):  # ours, fla, torch; each in the rows' order
         sel = [r for r in rows if r["impl"] == impl and "x_floor" in r]
         fig.add_bar(
             name=impl,

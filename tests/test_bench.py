@@ -9,7 +9,8 @@ from helpers import dispatch_file
 
 from kernel import KernelConfig, Problem
 from kernel.ops.dispatch import load_dispatch
-from tuner.bench import backward_bytes, served_by, traffic_bytes
+from tuner.bench import served_by
+from tuner.bench_rows import backward_bytes, ratios, traffic_bytes
 from tuner.options import BENCH_PACKED, Packed
 
 
@@ -46,6 +47,42 @@ def test_bench_rows_say_which_entry_served_a_shape(tmp_path):
     assert served_by(table, Problem(1, 4, 65536, 128, 128)).endswith("the entry tuned at 1x8x32768")
 
 
+def test_ratios_hold_the_goals_per_shape_and_pass():
+    """Out of the box over tuned, and fla over out of the box, per shape and pass, from
+    the rows' medians; None where a side was not timed (here: no tuned backward)."""
+    shape = {"batch": 2, "heads": 4, "seqlen": 512, "dk": 64, "dv": 64}
+    rows = [
+        shape | {"impl": "floor", "median_ms": 0.01},
+        shape | {"impl": "out of the box", "median_ms": 0.2},
+        shape | {"impl": "tuned", "median_ms": 0.1},
+        shape | {"impl": "fla chunk_simple_gla", "median_ms": 0.5},
+        shape | {"impl": "torch chunked", "rel_l2": 0.5},  # incorrect: never timed
+        shape | {"pass": "fwd+bwd", "impl": "out of the box fwd+bwd", "median_ms": 1.0},
+        shape | {"pass": "fwd+bwd", "impl": "fla chunk_simple_gla fwd+bwd", "median_ms": 3.5},
+        shape | {"packed": "3 sequences", "impl": "out of the box", "median_ms": 0.4},
+    ]
+    assert ratios(rows) == [
+        {
+            "shape": "2x4x512 64/64",
+            "pass": "forward",
+            "out_of_box_over_tuned": 2.0,
+            "fla_over_out_of_box": 2.5,
+        },
+        {
+            "shape": "2x4x512 64/64",
+            "pass": "fwd+bwd",
+            "out_of_box_over_tuned": None,
+            "fla_over_out_of_box": 3.5,
+        },
+        {
+            "shape": "packed 2x4x512 64/64",
+            "pass": "forward",
+            "out_of_box_over_tuned": None,
+            "fla_over_out_of_box": None,
+        },
+    ]
+
+
 @pytest.mark.gpu
 def test_bench_gpu(tmp_path):
     """A small bench end to end: every implementation in the model form (RetNet's decays,
@@ -68,12 +105,14 @@ def test_bench_gpu(tmp_path):
         assert r["rel_l2"] < refs.TOLERANCE and r.get("state_rel_l2", 0) <= r["rel_l2"], r
         assert r["median_ms"] > 0 and r["x_floor"] > 0.5 and r["decay"] == "retnet", r
         assert r["host_ms"] > 0, r
-    assert {"decay_attention backward", "decay_attention fwd+bwd"} <= {impl for impl, _ in impls}
+    assert {"out of the box", "out of the box backward", "out of the box fwd+bwd"} <= {
+        impl for impl, _ in impls
+    }
     packed_impls = {impl for impl, is_packed in impls if is_packed}
     if importlib.util.find_spec("fla") is not None:
         assert ("fla chunk_simple_gla", False) in impls and "fla chunk_simple_gla" in packed_impls
     if "cu_seqlens" in inspect.signature(decay_attention).parameters:
-        assert "decay_attention (default config)" in packed_impls
+        assert "out of the box" in packed_impls
 
 
 @pytest.mark.gpu

@@ -460,16 +460,15 @@ def test_bench_figure():
     assert fig.data[0].hovertext == ("64/128/2/256/smem/1",) and fig.data[3].hovertext == ("",)
     assert fig.layout.yaxis.type == "log" and len(fig.layout.shapes) == 1  # the floor, dashed at 1
     backward = [
-        shape | {"pass": "backward", "impl": "decay_attention backward", "median_ms": 0.4, "x_floor": 1.9},
+        shape | {"pass": "backward", "impl": "out of the box backward", "median_ms": 0.4, "x_floor": 1.9},
         shape | {"pass": "fwd+bwd", "impl": "fla chunk_simple_gla fwd+bwd", "median_ms": 2.0, "x_floor": 6.0},
     ]
     names = [t.name for t in bench_figure(rows + backward).data]
     assert names == [
         "tuned",
-        "decay_attention backward",
         "seed config",
+        "out of the box backward",
         "fla chunk_simple_gla",
-        "fla chunk_simple_gla backward",
         "fla chunk_simple_gla fwd+bwd",
         "torch chunked",
     ]

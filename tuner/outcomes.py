@@ -89,3 +89,44 @@ def fail(study: optuna.Study, trial: optuna.Trial, status: str, reason: str, sta
     trial.set_user_attr("reason", reason[:2000])
     trial.set_user_attr("wall_s", time.perf_counter() - start)
     study.tell(trial, state=TrialState.FAIL)
+
+
+def copy(study: optuna.Study, trial: optuna.Trial, owner: optuna.trial.FrozenTrial) -> None:
+    """Tell ``trial`` the outcome its config's owner got (no compile, no measurement)."""
+    start = time.perf_counter()
+    trial.set_user_attr("cached_from", owner.number)
+    for key, value in owner.user_attrs.items():
+        if key not in OWN_ATTRS and key not in ("status", "reason"):
+            trial.set_user_attr(key, value)
+    if owner.state == TrialState.FAIL:
+        fail(
+            study,
+            trial,
+            owner.user_attrs.get("status", "runtime_failed"),
+            owner.user_attrs.get("reason", ""),
+            start,
+        )
+        return
+    for key, value in owner.constraints.items():
+        trial.set_constraint(key, value)
+    if "reason" in owner.user_attrs:
+        trial.set_user_attr("reason", owner.user_attrs["reason"])
+    tell(study, trial, list(owner.values), owner.user_attrs.get("status", "ok"), start)
+
+
+def measured(
+    study: optuna.Study, trial: optuna.Trial, result: dict, tolerance: float, objectives: int, start: float
+) -> None:
+    """Tell ``trial`` what the GPU worker's ``result`` says: runtime_failed, incorrect or ok."""
+    if not result.pop("ok"):
+        fail(study, trial, "runtime_failed", f"{result['error_type']}: {result['message']}", start)
+        return
+    for key, value in result.items():
+        trial.set_user_attr(key, value)
+    err = result["rel_l2"]
+    correct = result["finite"] and math.isfinite(err) and err < tolerance
+    trial.set_constraint("correctness", (err - tolerance) if math.isfinite(err) else 1.0)
+    if not correct:
+        tell(study, trial, [math.inf] * objectives, "incorrect", start)
+        return
+    tell(study, trial, [result["median_ms"], err][:objectives], "ok", start)

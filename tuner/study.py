@@ -29,7 +29,6 @@ from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import optuna
-from optuna.trial import TrialState
 
 from kernel.arch import resolve
 from kernel.builder import sm_count
@@ -231,26 +230,9 @@ class Tuner:
                 self._evaluate(trial, config, res, worker)
                 return
             if state.finished:
-                self._copy(trial, state.owner)
+                outcomes.copy(self.study, trial, state.owner)
                 return
             time.sleep(0.5)
-
-    def _copy(self, trial: optuna.Trial, owner) -> None:
-        """Tell ``trial`` the outcome its config's owner got (no compile, no measurement)."""
-        start = time.perf_counter()
-        trial.set_user_attr("cached_from", owner.number)
-        for key, value in owner.user_attrs.items():
-            if key not in outcomes.OWN_ATTRS and key not in ("status", "reason"):
-                trial.set_user_attr(key, value)
-        if owner.state == TrialState.FAIL:
-            status = owner.user_attrs.get("status", "runtime_failed")
-            outcomes.fail(self.study, trial, status, owner.user_attrs.get("reason", ""), start)
-            return
-        for key, value in owner.constraints.items():
-            trial.set_constraint(key, value)
-        if "reason" in owner.user_attrs:
-            trial.set_user_attr("reason", owner.user_attrs["reason"])
-        outcomes.tell(self.study, trial, list(owner.values), owner.user_attrs.get("status", "ok"), start)
 
     def _grid_exhausted(self) -> bool:
         sampler = self.study.sampler
@@ -317,20 +299,7 @@ class Tuner:
                     "tolerance": self.options.tolerance,
                 }
             )
-        if not result.pop("ok"):
-            outcomes.fail(
-                self.study, trial, "runtime_failed", f"{result['error_type']}: {result['message']}", start
-            )
-            return
-        for key, value in result.items():
-            trial.set_user_attr(key, value)
-        err = result["rel_l2"]
-        correct = result["finite"] and math.isfinite(err) and err < self.options.tolerance
-        trial.set_constraint("correctness", (err - self.options.tolerance) if math.isfinite(err) else 1.0)
-        if not correct:
-            outcomes.tell(self.study, trial, [math.inf] * len(self.objectives), "incorrect", start)
-            return
-        outcomes.tell(self.study, trial, [result["median_ms"], err][: len(self.objectives)], "ok", start)
+        outcomes.measured(self.study, trial, result, self.options.tolerance, len(self.objectives), start)
 
     def _best_text(self) -> str:
         best = best_trials(self.study, self.env_key)

@@ -45,7 +45,9 @@ def main() -> int:
             context["cuda_reserved_gb"] = torch.cuda.memory_reserved() / 2**30
             with log.open("a") as f:
                 f.write(json.dumps(context) + "\n")
-        for row in bench.run_backward(problems, dispatch=None, bandwidth=bandwidth, log=log):
+        for row in bench.run_backward(
+            problems, servings={bench.OUT_OF_THE_BOX: None}, bandwidth=bandwidth, log=log
+        ):
             print(
                 name, row.get("impl"), row.get("pass"), row.get("median_ms"), row.get("x_floor"), flush=True
             )
