@@ -21,7 +21,7 @@ from kernel.trial_schema import MEASURES, PARAMS, TRIAL_COLUMNS
 from kernel.trial_schema import RESOURCES as RESOURCES_ALL
 from reports.decays import decay_label
 
-# The trial log's columns (``kernel.record.TRIAL_COLUMNS``) are what the report reads.
+# The trial log's columns (``kernel.trial_schema.TRIAL_COLUMNS``) are what the report reads.
 # ``constraints``: the trial's Optuna constraints, name -> value (> 0: violated), as a JSON
 # object text (``json.dumps(t.constraints)``) or a dict.
 FRAME_COLUMNS = TRIAL_COLUMNS
@@ -80,11 +80,6 @@ class Summary(NamedTuple):
     best: int | None  # trial number of the best feasible config (as ``export`` picks it)
     baseline: int | None  # trial number of the seed's default config
     budgets: dict[str, float]  # frame column -> the limit its constraint used
-
-
-class PeerInfo(NamedTuple):
-    bars: pd.DataFrame  # name, median_ms, ours (bool), vs_ours (median_ms / our best)
-    note: str | None
 
 
 def report_frame(frame: pd.DataFrame, info: StudyInfo) -> pd.DataFrame:
@@ -285,45 +280,3 @@ def failures(frame: pd.DataFrame) -> pd.DataFrame:
     )
     grouped = grouped.sort_values(["count", "status", "reason"], ascending=[False, True, True])
     return grouped.reset_index(drop=True)
-
-
-def error_by_decay(frame: pd.DataFrame) -> pd.DataFrame:
-    """Trials with a measured error: ``decay``, ``rel_l2``, ``feasible``, ``chunk``, ``number``, ``config``,
-    ``hover``."""
-    has = frame[frame.rel_l2.notna()]
-    return (
-        has[["decay", "rel_l2", "feasible", "chunk", "number", "config", "hover"]]
-        .sort_values(["decay", "number"])
-        .reset_index(drop=True)
-    )
-
-
-def peers(frame: pd.DataFrame, info: StudyInfo) -> PeerInfo:
-    """Peer timings from ``info.peers`` = ``{name: median_ms}`` (the study user attr
-    ``"peers"``, measured in the same run as the study), plus our best feasible median latency."""
-    raw = info.peers
-    if not raw:
-        return PeerInfo(
-            _bars([]),
-            "no peer timings in this study: store them as the study user attr "
-            '"peers" = {name: median_ms}, measured in the same run',
-        )
-    valid = isinstance(raw, dict) and all(isinstance(k, str) and finite(v) and v > 0 for k, v in raw.items())
-    if not valid:
-        raise ValueError(f'study user attr "peers" must map a name to a positive median in ms, got {raw!r}')
-    rows = [(name, float(ms), False) for name, ms in raw.items()]
-    ok = frame[frame.feasible & frame.median_ms.notna()]
-    note = None
-    if len(ok):
-        best = ok.loc[ok.median_ms.idxmin()]
-        rows.append((f"decay-tuner best ({best.config})", float(best.median_ms), True))
-    else:
-        note = "this study timed no feasible config: only the peers are shown"
-    return PeerInfo(_bars(rows), note)
-
-
-def _bars(rows: list[tuple[str, float, bool]]) -> pd.DataFrame:
-    bars = pd.DataFrame(rows, columns=["name", "median_ms", "ours"]).sort_values("median_ms", kind="stable")
-    ours = bars.median_ms[bars.ours]
-    bars["vs_ours"] = bars.median_ms / float(ours.iloc[0]) if len(ours) else math.nan
-    return bars.reset_index(drop=True)

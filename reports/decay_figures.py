@@ -1,5 +1,5 @@
 """The decay's figures: the mask, the fp16 overflow map and the kernel's error by decay
-(``reports.decays``' and ``reports.data.error_by_decay``'s values, drawn)."""
+(``reports.decays``' values, drawn)."""
 
 import math
 

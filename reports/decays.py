@@ -1,10 +1,11 @@
-"""The decays of the report: a study's decays and their label, the decay mask of one
+"""The decays of the report: a study's decays and their label, the error per decay, the decay mask of one
 chunk, and where the factorised form overflows fp16 (the seed's numerical traps)."""
 
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+import pandas as pd
 import torch
 
 from kernel.config import retnet_decay
@@ -63,3 +64,14 @@ def decay_label(problem: Mapping[str, Any]) -> str:
         return f"α = {float(problem['alpha']):g}"
     decays = study_decays(problem)
     return f"RetNet γ, H = {len(decays)}: {min(decays):.3g}-{max(decays):.3g}"
+
+
+def error_by_decay(frame: pd.DataFrame) -> pd.DataFrame:
+    """Trials with a measured error: ``decay``, ``rel_l2``, ``feasible``, ``chunk``, ``number``, ``config``,
+    ``hover``."""
+    has = frame[frame.rel_l2.notna()]
+    return (
+        has[["decay", "rel_l2", "feasible", "chunk", "number", "config", "hover"]]
+        .sort_values(["decay", "number"])
+        .reset_index(drop=True)
+    )

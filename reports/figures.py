@@ -11,7 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from reports.data import PeerInfo, Summary
+from reports.data import Summary
+from reports.peers import PeerInfo
 from reports.search import Importance, ParetoInfo
 from reports.style import (
     BASELINE,

@@ -14,8 +14,7 @@ from pathlib import Path
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
-from kernel.config import SEED_CONFIG
-from reports import compiled, compiler_figures, data, decay_figures, decays, figures, markup, search, style
+from reports import compiled, data, decays, figures, markup, search, sections, style
 from reports.data import StudyInfo, Summary
 
 
@@ -39,9 +38,9 @@ def render_report(frame: pd.DataFrame, info: StudyInfo, *, across: pd.DataFrame 
             _fronts(s, frame, metric),
             _insight(info, s, frame, metric),
             _tables(s, frame),
-            _numerics(s, frame),
-            _peers(info, frame),
-            _archs(side),
+            sections.numerics(s, frame),
+            sections.peers(info, frame),
+            sections.archs(side),
         ]
     )
     title = html.escape(f"decay-tuner report: {s.study}")
@@ -244,82 +243,6 @@ def _tables(s: Summary, frame: pd.DataFrame) -> str:
             markup.table(fails_shown, text={"status", reason, "trial numbers"}, wrap={reason})
             if len(fails)
             else '<p class="lede">Every finished trial was feasible.</p>',
-        ]
-    )
-
-
-def _numerics(s: Summary, frame: pd.DataFrame) -> str:
-    alpha = min(decays.study_decays(s.problem))  # the fastest decay: the smallest weights
-    best = frame[frame.number == s.best]
-    chunk = int(best.chunk.iloc[0]) if len(best) else SEED_CONFIG.chunk
-    chunks = tuple(sorted({int(c) for c in frame.chunk.dropna()}))
-    overflow_map = decays.overflow_map(sorted({*decays.OVERFLOW_ALPHAS, alpha}))
-    overflow = decay_figures.overflow_figure(overflow_map, alpha=alpha, chunks=chunks)
-    error = decay_figures.error_figure(data.error_by_decay(frame), s.budgets.get("rel_l2"))
-    registers = compiler_figures.registers_figure(compiled.register_budget(frame), s.budgets.get("registers"))
-    return markup.section(
-        [
-            '<h2 id="numerics">Numerics (from the seed)</h2>',
-            (
-                '<p class="lede">The ratio form the kernel uses keeps every weight in (0, 1]; the factorised '
-                "form (Q·α^i)(K·α^-j)ᵀ materialises α^-(C−1) and overflows fp16 where the map is red.</p>"
-            ),
-            '<div class="grid2"><div>',
-            markup.figure(decay_figures.gamma_figure(decays.gamma_info(alpha, chunk)), "fig-gamma", ""),
-            "</div><div>",
-            markup.figure(overflow, "fig-overflow", ""),
-            "</div></div>",
-            markup.figure(error, "fig-error-decay", "no trial measured an error (compile-only study)"),
-            markup.figure(registers, "fig-registers", "no config compiled, so ptxas reported no registers"),
-        ]
-    )
-
-
-def _peers(info: StudyInfo, frame: pd.DataFrame) -> str:
-    peers = data.peers(frame, info)
-    parts = ['<h2 id="peers">Peer comparison</h2>']
-    if peers.note:
-        parts.append(f'<p class="note">{markup.escape(peers.note)}</p>')
-    if not peers.bars.empty:
-        parts.append(markup.figure(figures.peers_figure(peers), "fig-peers", ""))
-    return markup.section(parts)
-
-
-def _archs(side: pd.DataFrame) -> str:
-    """The configs finished on several architectures (``compiled.across_archs``); nothing when
-    there are none."""
-    if side.empty:
-        return ""
-    first = ~side.config.duplicated()
-    shown = pd.DataFrame(
-        {
-            "config": side.config.where(first, ""),
-            "arch": side.arch,
-            "status": side.status,
-            "registers": side.registers.map(lambda v: markup.num(v, ".0f")),
-            "spill B": side.spill_bytes.map(lambda v: markup.num(v, ",.0f")),
-            "smem B": side.smem_bytes.map(lambda v: markup.num(v, ",.0f")),
-            "median ms": side.median_ms.map(lambda v: markup.num(v, ".4f")),
-            "reason (first line)": side.reason,
-        }
-    )
-    if side.median_ms.isna().all():
-        shown = shown.drop(columns="median ms")
-    archs = ", ".join(sorted(set(side.arch), key=compiled.arch_rank))
-    return markup.section(
-        [
-            '<h2 id="archs">Across architectures</h2>',
-            (
-                f'<p class="lede">The configs of this problem finished on more than one architecture '
-                f"({markup.escape(archs)}), in any study of this storage: each architecture's latest "
-                "trial of the config, its resources from ptxas, or why it could not exist there.</p>"
-            ),
-            markup.figure(
-                compiler_figures.archs_figure(side), "fig-archs", "no config compiled on these architectures"
-            ),
-            markup.table(
-                shown, text={"config", "arch", "status", "reason (first line)"}, wrap={"reason (first line)"}
-            ),
         ]
     )
 

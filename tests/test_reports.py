@@ -37,6 +37,7 @@ from reports import (
     decay_figures,
     decays,
     figures,
+    peers,
     render_report,
     search,
     write_report,
@@ -306,7 +307,7 @@ def test_failures_grouped_by_first_line(frame):
 
 
 def test_error_and_register_frames(frame):
-    err = data.error_by_decay(frame)
+    err = decays.error_by_decay(frame)
     assert err.number.tolist() == [0, 1, 2, 3, 7, 8] and (err.decay == frame.decay[0]).all()
     assert err.feasible.tolist() == [True, True, True, True, False, True]
     reg = compiled.register_budget(frame)
@@ -375,11 +376,11 @@ def test_importance_over_feasible_trials_and_its_failures():
 
 
 def test_peers(frame, info):
-    absent = data.peers(frame, info)
+    absent = peers.peers(frame, info)
     assert absent.bars.empty and 'study user attr "peers"' in absent.note
-    peers = data.peers(*_report(_log(_study(peers={"fla chunk_simple_gla": 0.39, "torch chunked": 4.0}))))
-    assert peers.note is None
-    assert peers.bars.to_dict("records") == [
+    timed = peers.peers(*_report(_log(_study(peers={"fla chunk_simple_gla": 0.39, "torch chunked": 4.0}))))
+    assert timed.note is None
+    assert timed.bars.to_dict("records") == [
         {"name": "decay-tuner best (64/64/1/256/smem/1)", "median_ms": 0.2, "ours": True, "vs_ours": 1.0},
         {"name": "fla chunk_simple_gla", "median_ms": 0.39, "ours": False, "vs_ours": pytest.approx(1.95)},
         {"name": "torch chunked", "median_ms": 4.0, "ours": False, "vs_ours": pytest.approx(20.0)},
@@ -387,7 +388,7 @@ def test_peers(frame, info):
     for bad in ({"fla": "fast"}, {"fla": -1.0}, [0.3], {"fla": math.nan}):
         broken = _report(_log(_study(peers=bad)))
         with pytest.raises(ValueError, match='"peers" must map a name to a positive median'):
-            data.peers(*broken)
+            peers.peers(*broken)
 
 
 def test_compile_only_study_reports_resources():
@@ -395,8 +396,8 @@ def test_compile_only_study_reports_resources():
     s = data.summary(frame, info)
     # Every feasible config spills 0 B (the objective): the plots are over shared memory.
     assert (s.mode, s.timed, s.objectives, s.metric) == ("compile-only", False, ["spill_bytes"], "smem_bytes")
-    assert frame.median_ms.isna().all() and data.error_by_decay(frame).empty
-    assert data.peers(frame, info).bars.empty
+    assert frame.median_ms.isna().all() and decays.error_by_decay(frame).empty
+    assert peers.peers(frame, info).bars.empty
     assert (
         search.importance(frame, info, "spill_bytes").note
         == "all 24 feasible trials have the same spill_bytes"
@@ -430,17 +431,17 @@ def test_figures_draw_what_they_are_given(frame, info):
         figures.history_figure(search.history(frame, "median_ms"), "median_ms", s),
         decay_figures.gamma_figure(decays.gamma_info(0.9, 16)),
         decay_figures.overflow_figure(decays.overflow_map(), alpha=0.99, chunks=(32, 64)),
-        decay_figures.error_figure(data.error_by_decay(frame), TOLERANCE),
+        decay_figures.error_figure(decays.error_by_decay(frame), TOLERANCE),
         compiler_figures.registers_figure(compiled.register_budget(frame), 255.0),
-        figures.peers_figure(data.peers(frame, info._replace(peers=PEERS))),
+        figures.peers_figure(peers.peers(frame, info._replace(peers=PEERS))),
     ]
     assert all(isinstance(f, go.Figure) and f.data for f in drawn)
     assert len(drawn[4].layout.shapes) == 2  # the study's alpha row, two chunks outlined
     empty = frame.iloc[:0]
     assert figures.knobs_figure(search.knob_frame(empty, "median_ms"), "median_ms") is None
     assert figures.importance_figure(search.Importance({}, "why"), "median_ms") is None
-    assert decay_figures.error_figure(data.error_by_decay(empty), TOLERANCE) is None
-    assert figures.peers_figure(data.peers(frame, info)) is None
+    assert decay_figures.error_figure(decays.error_by_decay(empty), TOLERANCE) is None
+    assert figures.peers_figure(peers.peers(frame, info)) is None
 
 
 def test_bench_figure():
