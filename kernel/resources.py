@@ -13,6 +13,8 @@ rejects comes back as a :class:`ProbeFailure` carrying the compiler's message.
 """
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import re
@@ -175,14 +177,10 @@ def probe(
         return ProbeFailure(stage, type(exc).__name__, _summary(message), time.perf_counter() - start)
     figures = []
     for compiled, func in zip(kernels, funcs):
-        # A disk-cache hit carries no lowered module: lower again for the launch figures.
-        dynamic_smem, threads_launched = launch_figures(compiled.artifact or lower(func, arch=arch))
-        ok, log = _ptxas(compiled.get_kernel_source(), arch)
-        if not ok:
-            return ProbeFailure("nvcc", "CompilationError", _summary(log), time.perf_counter() - start)
-        figures.append(
-            parse_ptxas(log) | {"dynamic_smem": dynamic_smem, "threads_launched": threads_launched}
-        )
+        found = _kernel_figures(compiled, func, arch)
+        if isinstance(found, str):
+            return ProbeFailure("nvcc", "CompilationError", _summary(found), time.perf_counter() - start)
+        figures.append(found)
     smem = max(figures, key=lambda f: f["static_smem"] + f["dynamic_smem"])
     return Resources(
         registers=max(f["registers"] for f in figures),
@@ -234,6 +232,40 @@ def launch_figures(artifact: Any) -> tuple[int, int]:
     # The extents are JSON but for a symbolic grid (packed sequences), so read the one we need.
     threads = re.search(r'"threadIdx\.x": *(\d+)', str(device_func.attrs["thread_extent"]))
     return int(device_func.attrs.get("dyn_shared_memory_buf", 0)), int(threads[1])
+
+
+def _kernel_figures(compiled: Any, func: Any, arch: str) -> dict[str, int] | str:
+    """One compiled kernel's figures (ptxas's and the launch's), or ptxas's log where it
+    fails. Kept on disk beside TileLang's kernel cache (``figures/``), keyed by the kernel's
+    TIR and CUDA source, the architecture and the TileLang and nvcc releases: a probe that
+    hits TileLang's cache skips the lowering and the ptxas run too, which cost as much as
+    the compile itself."""
+    import tilelang
+    import tilelang.env
+
+    from kernel.environment import nvcc_version
+
+    source = compiled.get_kernel_source()
+    text = "\0".join([func.script(), source, arch, tilelang.__version__, str(nvcc_version())])
+    path = Path(
+        tilelang.env.TILELANG_CACHE_DIR, "figures", hashlib.sha256(text.encode()).hexdigest() + ".json"
+    )
+    keep = tilelang.env.is_cache_enabled()
+    if keep and path.exists():
+        return json.loads(path.read_text())
+    # A disk-cache hit carries no lowered module: lower again for the launch figures.
+    dynamic_smem, threads_launched = launch_figures(compiled.artifact or lower(func, arch=arch))
+    ok, log = _ptxas(source, arch)
+    if not ok:
+        return log
+    found = parse_ptxas(log) | {"dynamic_smem": dynamic_smem, "threads_launched": threads_launched}
+    if keep:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(found, f)
+        os.replace(tmp, path)  # a concurrent probe reads the whole file or none
+    return found
 
 
 def _ptxas(source: str, arch: str) -> tuple[bool, str]:
