@@ -3,17 +3,21 @@ shape, else ``kernel.defaults``), and the kernels built for it, kept for the pro
 
 import dataclasses
 import functools
+import os
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kernel.arch import get_arch
 from kernel.builder import ScalarDecayKernel, build, cuda_arch, precompile, sm_count
 from kernel.config import Call, KernelConfig, Problem
 from kernel.defaults import default_config, dkdv_config
+from kernel.environment import environment
+from kernel.ops import autotune
 from kernel.ops.backward import sweep_calls
 from kernel.ops.deploy import ExportError
 from kernel.ops.dispatch import Dispatch
-from kernel.ops.tables import default_table
+from kernel.ops.tables import TABLE_VARIABLE, default_table, user_table
 from kernel.resources import ProbeResult
 from kernel.variants import packed_config, shape_generic
 
@@ -25,12 +29,14 @@ DEFAULT = "default"  # ``use_table(DEFAULT)``: what a process starts with (``ker
 
 @dataclass
 class _Server:
-    """The table served (None: the rule alone; ``DEFAULT``: not yet looked up), and the
-    kernel that served each (problem, call, sequences) under this table: picking a config
-    takes tens of us of Python, so a repeated call skips it. The compiled kernels behind
-    them are ``kernel.builder``'s, one per config for every batch size and sequence length."""
+    """The table served (None: the rule alone; ``DEFAULT``: not yet looked up), the file
+    tuning on first use writes into (``kernel.ops.autotune``; None: off), and the kernel
+    that served each (problem, call, sequences) under this table: picking a config takes
+    tens of us of Python, so a repeated call skips it. The compiled kernels behind them are
+    ``kernel.builder``'s, one per config for every batch size and sequence length."""
 
     table: Dispatch | str | None = DEFAULT
+    autotune: Path | None = None
     served: dict[tuple[Problem, Call, int], ScalarDecayKernel] = field(default_factory=dict)
 
 
@@ -38,22 +44,36 @@ _SERVER = _Server()
 _SERVED_MAX = 4096  # packed batches differ in T; past this many, start over
 
 
-def use_table(table: Dispatch | str | None) -> None:
-    """Serve every later call with the config ``table`` picks for its shape: ``None``
-    serves the rule of ``kernel.defaults`` alone, ``DEFAULT`` what a process starts with
+def use_table(table: Dispatch | str | Path | None, *, autotune: bool = False) -> None:
+    """Serve every later call with the config ``table`` picks for its shape: a ``Dispatch``,
+    or the path of a dispatch table file (``kernel.ops.tables.user_table``); ``None`` serves
+    the rule of ``kernel.defaults`` alone, ``DEFAULT`` what a process starts with
     (``kernel.ops.tables.default_table``: the file ``DECAY_TUNER_TABLE`` names, else the
-    table shipped for this GPU)."""
-    if isinstance(table, str) and table != DEFAULT:
-        raise ValueError(f"use_table takes a Dispatch, None or {DEFAULT!r}, not {table!r}")
-    _SERVER.table = table
+    table shipped for this GPU). With ``autotune``, a call the table at that path lacks
+    tunes its shape into it first (``kernel.ops.autotune``; the file need not exist yet)."""
+    path = None
+    if isinstance(table, (str, Path)) and table != DEFAULT:
+        path = Path(table)
+        table = user_table(path, environment()) if path.exists() or not autotune else None
+    elif autotune:
+        raise ValueError("use_table(..., autotune=True) takes the path of the table file to tune into")
+    _SERVER.table, _SERVER.autotune = table, path if autotune else None
     _SERVER.served.clear()
 
 
 def served_table(arch: str | None = None) -> Dispatch | None:
     """The table calls are served from (``use_table``), looked up on first use: on this
-    GPU, or for ``arch`` when compiling ahead without one."""
+    GPU, or for ``arch`` when compiling ahead without one. Where ``DECAY_TUNER_AUTOTUNE``
+    is on, the file ``DECAY_TUNER_TABLE`` names (else ``autotune.default_path``) is the
+    one tuning on first use writes into."""
     if isinstance(_SERVER.table, str):
-        _SERVER.table = default_table(arch)
+        if autotune.enabled() and arch is None:
+            here = environment()
+            path = Path(os.environ.get(TABLE_VARIABLE) or autotune.default_path(here["gpu"]))
+            _SERVER.table = user_table(path, here) if path.exists() else None
+            _SERVER.autotune = path
+        else:
+            _SERVER.table = default_table(arch)
     return _SERVER.table
 
 
@@ -76,7 +96,7 @@ def kernel_job(
     picked for ``sequences`` sequences of the mean length (``kernel.variants.packed_config``);
     a compiled kernel serves every T and N, so packed calls compile at most once per config
     the table holds, as dense calls do (``kernel.variants.shape_generic``)."""
-    p, table = problem, served_table(arch)
+    p, table, ahead = problem, served_table(arch), arch is not None
     arch = arch or cuda_arch()
     sms = sms or sm_count()
     if call.dkdv:  # the table's dk+dv entry, else the rule's; packed sequences run one pass
@@ -86,11 +106,13 @@ def kernel_job(
         tuned = None if table is None else table.fused(p)
         if tuned is not None:
             config = dataclasses.replace(tuned, segments=1) if call.packed else tuned
-    elif call.packed:
-        mean = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
-        config = config_for(mean, table, arch=arch, sms=sms)
     else:
-        config = config_for(p, table, arch=arch, sms=sms)
+        shape = p
+        if call.packed:  # sequences of the mean length
+            shape = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
+        if _SERVER.autotune is not None and not ahead:  # a call on this GPU, not compiling ahead
+            table = _SERVER.table = autotune.tuned(_SERVER.autotune, shape, table)
+        config = config_for(shape, table, arch=arch, sms=sms)
     if call.packed:
         return dataclasses.replace(p, seqlen=1), packed_config(config, arch), call
     return p, config, call

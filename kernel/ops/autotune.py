@@ -1,0 +1,156 @@
+"""Tuning on first use, off by default (``DECAY_TUNER_AUTOTUNE=1``, or
+``kernel.ops.serve.use_table(path, autotune=True)``): a call whose DK, DV, dtype and shape
+bucket the user's table lacks runs one short study at its shape, writes the entry into
+the table on disk, and is served from it.
+
+- The study is ``python -m tuner dispatch`` for that one shape in a child process: at most
+  ``TRIALS`` configs and ``SECONDS`` of asking (then the trials in flight finish), each
+  checked against reference C as ``run`` checks it, its studies under ``<table>.studies/``.
+- A bucket: an entry of the same DK, DV and dtype serves a call within ``COVERS`` of its
+  tuned shape (log2 of B*H plus log2 of S, ``DispatchEntry.distance``): a table grows by
+  about one entry for each doubling of B*H or S a model meets.
+- One process tunes a bucket: the table's lock (``<table>.lock``, ``fcntl.flock``) is held
+  from the look-up to the write, so a second process waits, then finds the entry. The
+  table is replaced atomically (a temporary file, then ``os.replace``).
+- A study that finds no correct config, fails or runs past ``CHILD_LIMIT_S`` leaves the
+  table as it was: the call falls back to the rule (``kernel.defaults``) with a warning,
+  and this process does not try that bucket again.
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kernel.config import Problem
+from kernel.ops.deploy import ExportError
+from kernel.ops.dispatch import Dispatch, load_dispatch
+
+AUTOTUNE_VARIABLE = "DECAY_TUNER_AUTOTUNE"  # "1": tune on first use into DECAY_TUNER_TABLE's file
+TRIALS, SECONDS = 24, 60
+COVERS = 1.0
+CHILD_LIMIT_S = 900  # the study's process: imports, compiles and measures beyond its asking time
+_REPO = Path(__file__).resolve().parents[2]  # where ``python -m tuner`` runs from a checkout
+
+_failed: set[tuple] = set()  # buckets whose study failed in this process: served by the rule
+
+
+def enabled() -> bool:
+    """Whether ``AUTOTUNE_VARIABLE`` turns tuning on first use on."""
+    return os.environ.get(AUTOTUNE_VARIABLE, "") not in ("", "0")
+
+
+def default_path(gpu: str | None) -> Path:
+    """The table tuning on first use writes where ``DECAY_TUNER_TABLE`` names none: one per
+    GPU model in the user's cache folder."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "decay-tuner" / f"table-{(gpu or 'cpu').replace(' ', '_')}.json"
+
+
+def covered(table: Dispatch | None, problem: Problem) -> bool:
+    """Whether ``table`` holds an entry whose bucket serves ``problem``."""
+    if table is None:
+        return False
+    same = [
+        e
+        for e in table.entries
+        if e.sweep == "forward"
+        and (e.problem.dk, e.problem.dv, e.problem.dtype) == (problem.dk, problem.dv, problem.dtype)
+    ]
+    return any(e.distance(problem) <= COVERS for e in same)
+
+
+def tuned(path: Path, problem: Problem, table: Dispatch | None) -> Dispatch | None:
+    """The table at ``path`` holding a bucket that serves ``problem``: ``table`` itself
+    where it does; else after one study of ``problem``'s shape (or another process's).
+    Where the study yields nothing, the table as it is, with a warning."""
+    key = (path, problem.dk, problem.dv, problem.dtype, problem.batch * problem.heads, problem.seqlen)
+    if covered(table, problem) or key in _failed:
+        return table
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path):
+        table = load_dispatch(path, allow_mismatch=True) if path.exists() else None
+        if covered(table, problem):  # another process tuned it while this one waited
+            return table
+        fresh, why = _study(path, problem)
+        if fresh is None:
+            _failed.add(key)
+            warnings.warn(
+                f"tuning on first use at {problem} found no config ({why}): serving the rule", stacklevel=4
+            )
+            return table
+        _write(path, merge(json.loads(path.read_text()) if path.exists() else None, fresh))
+        return load_dispatch(path, allow_mismatch=True)
+
+
+def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """Table ``old`` with ``new``'s entries added (an entry of the same problem and sweep
+    replaced); ``ExportError`` where they were tuned on different GPUs or architectures."""
+    if old is None:
+        return new
+    here, there = old.get("environment", {}), new.get("environment", {})
+    for key in ("gpu", "arch"):
+        if here.get(key) != there.get(key):
+            raise ExportError(
+                f"the table was tuned on {key} {here.get(key)!r}, this study on {there.get(key)!r}"
+            )
+    ident = lambda e: (json.dumps(e["problem"], sort_keys=True), e.get("sweep", "forward"))  # noqa: E731
+    added = {ident(e) for e in new["entries"]}
+    return old | {"entries": [e for e in old["entries"] if ident(e) not in added] + new["entries"]}
+
+
+def _study(path: Path, problem: Problem) -> tuple[dict[str, Any] | None, str]:
+    """One short ``dispatch`` study of ``problem``'s shape: its table, or None and why not."""
+    p = problem
+    studies = path.with_suffix(".studies")
+    studies.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        out = Path(tmp) / "table.json"
+        cmd = [
+            *(sys.executable, "-m", "tuner", "dispatch", "--shapes", f"{p.batch}x{p.heads}x{p.seqlen}"),
+            *("--dk", str(p.dk), "--dv", str(p.dv), "--dtype", p.dtype),
+            *("--n-trials", str(TRIALS), "--timeout", str(SECONDS), "--out", str(out), "--no-progress"),
+        ]
+        env = os.environ | {
+            AUTOTUNE_VARIABLE: "0",
+            "DECAY_TUNER_STUDIES": str(studies),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")])),
+        }
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            return None, f"the study ran past {CHILD_LIMIT_S} s"
+        if done.returncode != 0 or not out.exists():
+            last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            return None, last[:300]
+        return json.loads(out.read_text()), ""
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold ``path``'s lock file exclusively (other processes wait)."""
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` with ``data`` atomically: a reader sees the old table or the new."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
