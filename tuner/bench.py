@@ -112,11 +112,10 @@ def run(
             def ours(kern=kern):
                 return kern(q, k, v, decay=decay, final_state=final, out=out), final
 
-            impl = "seed config" if config == SEED_CONFIG else "candidate"
-            if config not in (SEED_CONFIG, *candidates[problem]):
-                impl, shape = OUT_OF_THE_BOX, shape | {"tuned_by": source}
-            timed[config] = timed_row(shape, impl, config, ours, ref, floor_ms, log)
-            shape = shape_row(problem)
+            impl, extra = "seed config" if config == SEED_CONFIG else "candidate", {}
+            if config not in (SEED_CONFIG, *candidates[problem]):  # the out-of-box config alone
+                impl, extra = OUT_OF_THE_BOX, {"tuned_by": source}
+            timed[config] = timed_row(shape | extra, impl, config, ours, ref, floor_ms, log)
         rows += timed.values()
         served = timed.get(default[problem], {})
         if served.get("impl") not in (None, OUT_OF_THE_BOX):
