@@ -62,13 +62,14 @@ def test_a_study_that_yields_nothing_warns_once_and_serves_the_rule(tmp_path, fr
     """Without a GPU, the real ``dispatch`` child refuses: the call falls back to the rule
     with one warning, the table file is not written, and the bucket is not tried again."""
     path = tmp_path / "mine.json"
-    with pytest.warns(UserWarning, match="tuning on first use at .* found no config .*CUDA device"):
+    with pytest.warns(UserWarning, match="tuning on first use at .* gave no config .*CUDA device"):
         assert autotune.tuned(path, PROBLEM, None) is None
     assert not path.exists()
     start = time.monotonic()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert autotune.tuned(path, PROBLEM, None) is None  # no second study, no second warning
+        assert autotune.tuned(path, Problem(2, 8, 3000, 128, 128, "bfloat16"), None) is None  # its bucket
     assert time.monotonic() - start < 0.5
 
 

@@ -14,7 +14,7 @@ the table on disk, and is served from it.
   table is replaced atomically (a temporary file, then ``os.replace``).
 - A study that finds no correct config, fails or runs past ``CHILD_LIMIT_S`` leaves the
   table as it was: the call falls back to the rule (``kernel.defaults``) with a warning,
-  and this process does not try that bucket again.
+  and this process does not try that bucket again (no shape within ``COVERS`` of it).
 """
 
 import contextlib
@@ -29,9 +29,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kernel.config import Problem
+from kernel.config import SEED_CONFIG, Problem
 from kernel.ops.deploy import ExportError
-from kernel.ops.dispatch import Dispatch, load_dispatch
+from kernel.ops.dispatch import Dispatch, DispatchEntry, load_dispatch
 
 AUTOTUNE_VARIABLE = "DECAY_TUNER_AUTOTUNE"  # "1": tune on first use into DECAY_TUNER_TABLE's file
 TRIALS, SECONDS = 24, 60
@@ -39,7 +39,7 @@ COVERS = 1.0
 CHILD_LIMIT_S = 900  # the study's process: imports, compiles and measures beyond its asking time
 _REPO = Path(__file__).resolve().parents[2]  # where ``python -m tuner`` runs from a checkout
 
-_failed: set[tuple] = set()  # buckets whose study failed in this process: served by the rule
+_failed: set[tuple[Path, Problem]] = set()  # studies that failed in this process: their buckets run the rule
 
 
 def enabled() -> bool:
@@ -56,23 +56,22 @@ def default_path(gpu: str | None) -> Path:
 
 def covered(table: Dispatch | None, problem: Problem) -> bool:
     """Whether ``table`` holds an entry whose bucket serves ``problem``."""
-    if table is None:
-        return False
-    same = [
-        e
-        for e in table.entries
-        if e.sweep == "forward"
-        and (e.problem.dk, e.problem.dv, e.problem.dtype) == (problem.dk, problem.dv, problem.dtype)
-    ]
-    return any(e.distance(problem) <= COVERS for e in same)
+    return table is not None and any(
+        e.sweep == "forward" and _near(e.problem, problem) for e in table.entries
+    )
+
+
+def _near(tuned: Problem, problem: Problem) -> bool:
+    """Whether ``problem`` lies in the bucket of a study at ``tuned``."""
+    same = (tuned.dk, tuned.dv, tuned.dtype) == (problem.dk, problem.dv, problem.dtype)
+    return same and DispatchEntry(tuned, SEED_CONFIG).distance(problem) <= COVERS
 
 
 def tuned(path: Path, problem: Problem, table: Dispatch | None) -> Dispatch | None:
     """The table at ``path`` holding a bucket that serves ``problem``: ``table`` itself
     where it does; else after one study of ``problem``'s shape (or another process's).
     Where the study yields nothing, the table as it is, with a warning."""
-    key = (path, problem.dk, problem.dv, problem.dtype, problem.batch * problem.heads, problem.seqlen)
-    if covered(table, problem) or key in _failed:
+    if covered(table, problem) or any(where == path and _near(p, problem) for where, p in _failed):
         return table
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
@@ -81,9 +80,9 @@ def tuned(path: Path, problem: Problem, table: Dispatch | None) -> Dispatch | No
             return table
         fresh, why = _study(path, problem)
         if fresh is None:
-            _failed.add(key)
+            _failed.add((path, problem))
             warnings.warn(
-                f"tuning on first use at {problem} found no config ({why}): serving the rule", stacklevel=4
+                f"tuning on first use at {problem} gave no config ({why}): serving the rule", stacklevel=4
             )
             return table
         _write(path, merge(json.loads(path.read_text()) if path.exists() else None, fresh))
