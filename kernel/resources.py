@@ -243,7 +243,7 @@ def _kernel_figures(compiled: Any, func: Any, arch: str) -> dict[str, int] | str
     import tilelang
     import tilelang.env
 
-    from kernel.environment import nvcc_version
+    from kernel.environment import nvcc_version, write_json
 
     source = compiled.get_kernel_source()
     text = "\0".join([func.script(), source, arch, tilelang.__version__, str(nvcc_version())])
@@ -260,11 +260,7 @@ def _kernel_figures(compiled: Any, func: Any, arch: str) -> dict[str, int] | str
         return log
     found = parse_ptxas(log) | {"dynamic_smem": dynamic_smem, "threads_launched": threads_launched}
     if keep:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(found, f)
-        os.replace(tmp, path)  # a concurrent probe reads the whole file or none
+        write_json(path, found)  # atomic: a concurrent probe reads the whole file or none
     return found
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel.config import SEED_CONFIG, Problem
+from kernel.environment import write_json
 from kernel.ops.deploy import ExportError
 from kernel.ops.dispatch import Dispatch, DispatchEntry, load_dispatch
 
@@ -85,7 +86,7 @@ def tuned(path: Path, problem: Problem, table: Dispatch | None) -> Dispatch | No
                 f"tuning on first use at {problem} gave no config ({why}): serving the rule", stacklevel=4
             )
             return table
-        _write(path, merge(json.loads(path.read_text()) if path.exists() else None, fresh))
+        write_json(path, merge(json.loads(path.read_text()) if path.exists() else None, fresh))
         return load_dispatch(path, allow_mismatch=True)
 
 
@@ -141,15 +142,3 @@ def _locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    """Replace ``path`` with ``data`` atomically: a reader sees the old table or the new."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
