@@ -1,6 +1,7 @@
 """What several tuner test files share: a problem small enough to compile in seconds, a
 compile-only run of it through the CLI, and hand-written best-config and dispatch files."""
 
+import os
 import signal
 from pathlib import Path
 
@@ -20,6 +21,14 @@ SMALL = ["--dk", "64", "--dv", "64", "--batch", "1", "--heads", "2", "--seqlen",
 SMALL_PROBLEM = Problem(1, 2, 256, 64, 64)
 LAYOUT_FAILURE = "32/32/2/128/regs"  # TileLang 0.1.15 cannot lay out register scores at C = 32
 WARP_FAILURE = "32/16/1/256/regs"  # nor split a 32x16 tile over 8 warps ("No valid warp partition")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child Python, with the checkout first on its
+    ``PYTHONPATH`` and what was there kept (the GPU machine's packages live on it), plus
+    ``extra``."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return os.environ | {"PYTHONPATH": path} | extra
 
 
 def as_at_a_terminal() -> None:

@@ -1,7 +1,6 @@
 """kernel.ops.autotune: tuning on first use into the user's table, one process per bucket."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -10,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import REPO, dispatch_file
+from helpers import child_env, dispatch_file
 
 from kernel import KernelConfig, Problem
 from kernel.config import Call
@@ -102,7 +101,7 @@ def test_a_second_process_waits_for_the_first_and_finds_its_entry(tmp_path, fres
         print(table.entries[0].config.label)
         """
     )
-    env = {"PYTHONPATH": str(REPO)}
+    env = child_env()
     a = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True, env=env)
     assert a.stdout.readline().strip() == "locked"
     b = subprocess.run([sys.executable, "-c", reader], capture_output=True, text=True, env=env, timeout=120)
@@ -146,9 +145,9 @@ def test_gpu_a_first_call_tunes_its_shape_and_a_second_process_serves_it(tmp_pat
         print(seconds, refs.rel_l2(o, ref))
         """
     )
-    env = {"PYTHONPATH": str(REPO), autotune.AUTOTUNE_VARIABLE: "1", "DECAY_TUNER_TABLE": str(path)}
+    env = child_env(**{autotune.AUTOTUNE_VARIABLE: "1", "DECAY_TUNER_TABLE": str(path)})
     run = lambda: subprocess.run(  # noqa: E731
-        [sys.executable, "-c", script], capture_output=True, text=True, env=os.environ | env, timeout=1200
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=1200
     )
     first = run()
     assert first.returncode == 0, first.stderr[-3000:]

@@ -5,7 +5,6 @@ mistakes: exit code 2 with one line."""
 import argparse
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import optuna
 import pandas as pd
 import pytest
 import torch
-from helpers import LAYOUT_FAILURE, REPO, SMALL, SMALL_PROBLEM, gpu_study, run_small
+from helpers import LAYOUT_FAILURE, REPO, SMALL, SMALL_PROBLEM, child_env, gpu_study, run_small
 
 import refs
 from kernel import SEED_CONFIG, KernelConfig, Problem
@@ -238,7 +237,7 @@ def test_help_answers_without_loading_heavy_libraries(argv):
     done = subprocess.run(
         [sys.executable, "-c", HELP_PROBE, json.dumps(argv)],
         cwd=REPO,
-        env=os.environ | {"PYTHONPATH": str(REPO)},
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=120,

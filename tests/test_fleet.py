@@ -12,7 +12,7 @@ import time
 
 import optuna
 import pytest
-from helpers import REPO, as_at_a_terminal
+from helpers import as_at_a_terminal, child_env
 from optuna.trial import TrialState
 
 from kernel import KernelConfig, Problem
@@ -61,7 +61,7 @@ def cold(tmp_path, monkeypatch):
     trials stay in flight for seconds."""
     monkeypatch.setenv("DECAY_TUNER_STUDIES", str(tmp_path / "studies"))
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("PYTHONPATH", child_env()["PYTHONPATH"])
     monkeypatch.chdir(tmp_path)
     return f"journal:{tmp_path / 'j.log'}"
 

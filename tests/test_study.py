@@ -13,7 +13,7 @@ import optuna
 import pandas as pd
 import psutil
 import pytest
-from helpers import REPO, SMALL, SMALL_PROBLEM, WARP_FAILURE, run_small
+from helpers import SMALL, SMALL_PROBLEM, WARP_FAILURE, child_env, run_small
 
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.ops.deploy import ExportError, load_config, read_export
@@ -52,10 +52,7 @@ def test_kill_9_mid_study_loses_no_finished_trial(tmp_path):
     ]
     # A cold TileLang cache keeps every trial compiling for seconds, so the kill below
     # lands while a trial is in flight, whatever earlier tests or runs left cached.
-    env = os.environ | {
-        "PYTHONPATH": str(REPO),
-        "TILELANG_CACHE_DIR": str(tmp_path / "tilelang-cache"),
-    }
+    env = child_env(TILELANG_CACHE_DIR=str(tmp_path / "tilelang-cache"))
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
@@ -104,7 +101,7 @@ def test_kill_9_of_a_run_takes_its_compile_processes_with_it(tmp_path):
     """The compile processes, and multiprocessing's resource tracker, end with their run."""
     argv = ["run", *SMALL, "--storage", f"sqlite:///{tmp_path / 'db.sqlite'}", "--study", "k9"]
     argv += ["--workers", "2", "--n-trials", "20", "--no-progress"]
-    env = os.environ | {"PYTHONPATH": str(REPO), "TILELANG_CACHE_DIR": str(tmp_path / "tilelang-cache")}
+    env = child_env(TILELANG_CACHE_DIR=str(tmp_path / "tilelang-cache"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "tuner", *argv],
         cwd=tmp_path,
@@ -148,7 +145,7 @@ def over_budget(tmp_path_factory) -> tuple[subprocess.CompletedProcess, pd.DataF
     done = subprocess.run(
         [sys.executable, "-m", "tuner", *argv],
         cwd=tmp,
-        env=os.environ | {"PYTHONPATH": str(REPO), "DECAY_TUNER_STUDIES": str(tmp)},
+        env=child_env(DECAY_TUNER_STUDIES=str(tmp)),
         capture_output=True,
         text=True,
         timeout=600,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from helpers import REPO, as_at_a_terminal
+from helpers import as_at_a_terminal, child_env
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
@@ -27,7 +27,7 @@ MEASURED = ("ok", "infeasible", "compile_failed")  # outcomes that took a compil
 
 
 def _worker(storage: str, tmp: Path, n_trials: int, cache: Path | None = None) -> subprocess.Popen:
-    env = os.environ | {"PYTHONPATH": str(REPO)}
+    env = child_env()
     if cache is not None:
         env["TILELANG_CACHE_DIR"] = str(cache)
     # --worker: as `run --gpus` starts them, leaving the export to a parent (a worker may end
