@@ -4,6 +4,8 @@ trial log (``tuner.trials``) writes these columns and the report (``reports.data
 them."""
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from kernel.config import KernelConfig
 from kernel.environment import ENVIRONMENT_KEYS
@@ -25,6 +27,9 @@ RESOURCES = (
     "seed_register_estimate",
     "compile_seconds",
 )
+# What the latency model (``tuner.latency``) predicts for a compiled config: the time as a
+# ratio to the HBM floor, its interval, the time in ms where calibrated, and by what.
+PREDICTED = ("predicted_x_floor", "predicted_low", "predicted_high", "predicted_ms", "predicted_by")
 TRIAL_COLUMNS = (
     "number",
     "state",
@@ -33,6 +38,7 @@ TRIAL_COLUMNS = (
     *PARAMS,
     *MEASURES,
     *RESOURCES,
+    *PREDICTED,
     "feasible",
     "baseline",
     "gpu_evaluated",
@@ -43,3 +49,16 @@ TRIAL_COLUMNS = (
     *(f"env_{k}" for k in ENVIRONMENT_KEYS),
     "constraints",  # JSON text of {name: value - limit}; a dict column would not survive Parquet
 )
+
+
+def predicted_text(record: Mapping[str, Any]) -> str:
+    """A trial's or export's recorded prediction (``PREDICTED``) in words, labelled as
+    predicted; a missing field may be None or NaN (a trial log's empty cell)."""
+    get = lambda key: None if record.get(key) is None or record[key] != record[key] else record[key]  # noqa: E731
+    ratio, ms = get("predicted_x_floor"), get("predicted_ms")
+    if ratio is None:
+        return "no prediction"
+    if ms is None:
+        return f"predicted {ratio:.2f}x floor ({get('predicted_by')})"
+    low, high = (get(key) * ms / ratio for key in ("predicted_low", "predicted_high"))
+    return f"predicted {ms:.3g} ms ({low:.3g} to {high:.3g}), {ratio:.2f}x floor"

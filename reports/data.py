@@ -200,7 +200,7 @@ def summary(frame: pd.DataFrame, info: StudyInfo) -> Summary:
         study=info.name,
         mode=info.mode or _mode_of(frame),
         timed=timed,
-        metric="median_ms" if timed else _resource_metric(objectives, frame),
+        metric="median_ms" if timed else _untimed_metric(objectives, frame),
         objectives=objectives,
         problem=dict(info.problem),
         environment=_environment(frame),
@@ -225,6 +225,14 @@ def _environment(frame: pd.DataFrame) -> dict[str, Any]:
 def _mode_of(frame: pd.DataFrame) -> str:
     modes = frame["mode"].dropna()
     return str(modes.iloc[0]) if len(modes) else "unknown"
+
+
+def _untimed_metric(objectives: list[str], frame: pd.DataFrame) -> str:
+    """Without latency: the latency model's prediction where the trials recorded one, else a
+    resource (``_resource_metric``)."""
+    if frame.predicted_x_floor.notna().any():
+        return "predicted_x_floor"
+    return _resource_metric(objectives, frame)
 
 
 def _resource_metric(objectives: list[str], frame: pd.DataFrame) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
+from kernel.trial_schema import predicted_text
 from reports import compiled, data, decays, figures, markup, search, sections, style
 from reports.data import StudyInfo, Summary
 
@@ -104,9 +105,14 @@ def _header(s: Summary, frame: pd.DataFrame, *, archs: bool) -> str:
     )
     parts = [f"<h1>decay-tuner report · {markup.escape(s.study)}</h1>", f'<div class="facts">{cells}</div>']
     if not s.timed:
+        over = (
+            "the latency model's predicted time (tuner.latency), not a measurement"
+            if s.metric == "predicted_x_floor"
+            else f"resources ({markup.escape(style.LABELS[s.metric])}), not latency"
+        )
         parts.append(
-            '<div class="banner">Compile-only study: nothing was timed (no GPU). The fronts and '
-            f"knob plots are over resources ({markup.escape(style.LABELS[s.metric])}), not latency.</div>"
+            '<div class="banner">Compile-only study: nothing was timed (no GPU). The fronts and knob '
+            f"plots are over {over}.</div>"
         )
     parts.append(f'<p class="headline">{_headline(s, frame)}</p>')
     links = {
@@ -129,8 +135,8 @@ def _headline(s: Summary, frame: pd.DataFrame) -> str:
     text = f"Best feasible: <code>{markup.escape(best.config)}</code> (trial {s.best})"
     if not (s.timed and not math.isnan(best.median_ms)):
         return text + (
-            f", {best.spill_bytes:,.0f} B spilled, {best.smem_bytes:,.0f} B shared memory, "
-            "no latency measured"
+            f", {markup.escape(predicted_text(best.to_dict()))}, {best.spill_bytes:,.0f} B spilled, "
+            f"{best.smem_bytes:,.0f} B shared memory, no latency measured"
         )
     text += f", <strong>{best.median_ms:.4f} ms</strong>"
     if s.baseline is not None and not math.isnan(rows.loc[s.baseline].median_ms):

@@ -56,7 +56,8 @@ def test_compile_only_study_end_to_end(explored, tmp_path, capsys, monkeypatch):
     study = optuna.load_study(study_name="e2e", storage=explored.storage)
     assert len(study.trials) == 4
     assert study.trials[0].params == SEED_CONFIG.to_dict()  # the baseline goes first
-    assert study.user_attrs["mode"] == "compile-only" and study.user_attrs["objectives"] == ["spill_bytes"]
+    assert study.user_attrs["mode"] == "compile-only"
+    assert study.user_attrs["objectives"] == ["predicted_x_floor"]
 
     frame = pd.read_csv(export_dir(explored.storage, "e2e", explored.dir) / "trials.csv")
     assert list(frame.columns) == list(TRIAL_COLUMNS) and len(frame) == 4
@@ -78,8 +79,13 @@ def test_compile_only_study_end_to_end(explored, tmp_path, capsys, monkeypatch):
 
     exported = read_export(export_dir(explored.storage, "e2e", explored.dir) / "best.json")
     assert exported["mode"] == "compile-only" and exported["problem"] == SMALL_PROBLEM.to_dict()
-    best = min(ok.itertuples(), key=lambda r: (r.spill_bytes, r.number))
-    assert exported["configs"][0]["spill_bytes"] == best.spill_bytes
+    # ranked by the latency model's prediction, calibrated for sm_90a, recorded as predicted
+    assert (ok.predicted_by == "latency model of NVIDIA H200").all() and (ok.predicted_ms > 0).all()
+    assert ((ok.predicted_low < ok.predicted_x_floor) & (ok.predicted_x_floor < ok.predicted_high)).all()
+    told = {t.number: t.values[0] for t in study.trials if t.user_attrs.get("status") == "ok"}
+    assert told == dict(zip(ok.number, ok.predicted_x_floor))
+    best = min(ok.itertuples(), key=lambda r: (r.predicted_x_floor, r.number))
+    assert exported["configs"][0]["predicted_x_floor"] == best.predicted_x_floor
     problem, config = load_config(
         export_dir(explored.storage, "e2e", explored.dir) / "best.json"
     )  # same environment: accepted
@@ -101,9 +107,7 @@ def _table_lines(out: str) -> tuple[str, list[str], list[str]]:
 def test_trials_prints_whole_numbers_blank_cells_and_first_lines(explored, capsys):
     assert main(_on(explored, "trials")) == 0
     heading, header, rows = _table_lines(capsys.readouterr().out)
-    assert (
-        heading == "study 'e2e' (compile-only for sm_90a: resources from the compiler, no latency measured)"
-    )
+    assert heading == "study 'e2e' (compile-only for sm_90a: no latency measured, ranked by predicted time)"
     assert header == list(TABLE) and len(rows) == 4
     printed = "\n".join(rows)
     assert not re.search(r"\d\.0\b", printed)  # smem bytes, registers, spills: no ".0"
@@ -112,13 +116,14 @@ def test_trials_prints_whole_numbers_blank_cells_and_first_lines(explored, capsy
     for row, trial in zip(rows, frame.itertuples()):
         config = KernelConfig(**{k: getattr(trial, k) for k in KernelConfig().to_dict()}).label
         assert row.split()[:3] == [str(trial.number), trial.status, config]
-        if trial.status == "ok":  # compile-only: a size in bytes, no latency
-            assert row.split()[3:6] == [
+        if trial.status == "ok":  # compile-only: the predicted time, sizes in bytes, no latency
+            assert float(row.split()[3]) == pytest.approx(trial.predicted_ms, rel=1e-2)
+            assert row.split()[4:7] == [
                 f"{trial.spill_bytes:.0f}",
                 f"{trial.smem_bytes:.0f}",
                 f"{trial.registers:.0f}",
             ]
-            assert len(row.split()) == 6
+            assert len(row.split()) == 7
     layout = frame[frame.status == "compile_failed"].reason.iloc[0].splitlines()
     shown = next(row for row in rows if "compile_failed" in row).split(maxsplit=3)[3]
     assert len(layout) > 1 and shown in (layout[0], layout[0][: len(shown) - 3] + "...")  # the first line
@@ -274,6 +279,9 @@ def test_every_flag_has_help_and_shows_its_default(command):
     (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     entries = _help_entries(command)
     for action in sub.choices[command]._actions:
+        if not action.option_strings:  # a positional (model's action): its help, no default
+            assert action.help and action.dest in entries.get(action.dest, action.dest)
+            continue
         flag = action.option_strings[0]
         if flag == "-h" or action.help == argparse.SUPPRESS:  # run's --worker: internal to --gpus
             continue

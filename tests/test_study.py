@@ -185,7 +185,8 @@ def test_every_sampler_and_mode_runs(sampler, multi, tmp_path, studies_dir):
     study = optuna.load_study(study_name=sampler, storage=storage)
     finished = [t for t in study.trials if t.state.is_finished()]  # the wave seeds left wait
     assert len(finished) == 2 and len(study.directions) == (2 if multi else 1)
-    assert study.user_attrs["objectives"] == (["spill_bytes", "smem_bytes"] if multi else ["spill_bytes"])
+    objectives = ["predicted_x_floor", "smem_bytes"] if multi else ["predicted_x_floor"]
+    assert study.user_attrs["objectives"] == objectives
     assert (
         read_export(export_dir(storage, sampler, studies_dir) / "best.json")["objectives"]
         == study.user_attrs["objectives"]

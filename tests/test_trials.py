@@ -67,8 +67,8 @@ def test_table_cuts_a_long_reason_to_its_width_and_keeps_short_ones_whole():
     frame = trials_frame(gpu_study([0.5, None]))
     frame.loc[0, "reason"] = "short"
     frame.loc[1, "reason"] = "CompileError: " + "x" * 200 + "\nsecond line"
-    lines = table(frame, width=110).splitlines()
-    assert max(map(len, lines)) == 110 and lines[0].split() == list(TABLE)
+    lines = table(frame, width=130).splitlines()
+    assert max(map(len, lines)) == 130 and lines[0].split() == list(TABLE)
     assert lines[1].endswith(" short") and lines[2].endswith(
         "CompileError: " + "x" * (lines[2].count("x")) + "..."
     )

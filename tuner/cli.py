@@ -14,8 +14,10 @@ from kernel.arch import ARCHS
 from kernel.config import HEADLINE
 from tuner import options
 from tuner.commands.device import cmd_bench, cmd_probe, cmd_warmup
+from tuner.commands.model import cmd_model
 from tuner.commands.read import cmd_best, cmd_compare, cmd_export, cmd_report, cmd_trials
 from tuner.commands.study import cmd_dispatch, cmd_run
+from tuner.latency import H200_BANDWIDTH
 from tuner.options import BENCH_PACKED, BENCH_SHAPES, PROBLEM_FLAGS, STUDIES_DIR, UsageError, default_storage
 
 
@@ -123,6 +125,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], tuple[Callable, .
     "bench": (cmd_bench, ()),
     "probe": (cmd_probe, (_problem_flags,)),
     "warmup": (cmd_warmup, ()),
+    "model": (cmd_model, ()),
 }
 
 
@@ -181,6 +184,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-mismatch", action="store_true", help="use a dispatch table measured in another environment"
     )
     warm.add_argument("--workers", type=int, help="compile processes (default: one per CPU core)")
+    model = sub.choices["model"]
+    model.add_argument("action", choices=("fit", "show"), help="fit a model, or show the one in use")
+    model.add_argument("--data", action="append", help="a sweep's JSON lines to fit to (repeatable)")
+    model.add_argument("--storage", help="an Optuna storage whose GPU trials to fit to")
+    model.add_argument("--hold-out", help="shapes BxHxS[,...] judged on and never fitted to")
+    model.add_argument(
+        "--bandwidth",
+        type=float,
+        default=H200_BANDWIDTH,
+        help="the GPU's copy rate in bytes/s, for the floor",
+    )
+    model.add_argument(
+        "--out", default=str(STUDIES_DIR / "latency_model.json"), help="path of the fitted model"
+    )
     bench = sub.choices["bench"]
     _shape_flags(bench, "the shapes to time")
     bench.add_argument("--dispatch", help="a dispatch table (python -m tuner dispatch): its pick is 'tuned'")

@@ -9,7 +9,7 @@ import optuna
 from kernel.environment import write_json
 from kernel.ops.deploy import FORMAT, VERSION
 from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
-from kernel.trial_schema import TIMES
+from kernel.trial_schema import PREDICTED, TIMES
 from tuner.trials import best_trials, trial_config
 
 
@@ -35,7 +35,7 @@ def export_best(study: optuna.Study, path: Path, *, env: str | None = None, top:
                 "trial": t.number,
                 **{
                     k: t.user_attrs.get(k)
-                    for k in (*TIMES, "rel_l2", "spill_bytes", "smem_bytes", "registers")
+                    for k in (*TIMES, "rel_l2", "spill_bytes", "smem_bytes", "registers", *PREDICTED)
                 },
             }
             for t in best[:top]

@@ -132,6 +132,18 @@ PROBLEM_FLAGS = {
 }
 
 
+def parse_config(text: str, flag: str = "--enqueue") -> KernelConfig:
+    """'64/128/2/256/smem/8' -> KernelConfig (scores optional, default smem; segments
+    optional, default 1)."""
+    parts = text.split("/")
+    if len(parts) not in (4, 5, 6):
+        raise UsageError(f"{flag} wants C/bDV/stages/threads[/scores[/segments]], got {text!r}")
+    try:
+        return KernelConfig(*map(int, parts[:4]), *parts[4:5], *map(int, parts[5:]))
+    except ValueError as exc:
+        raise UsageError(f"{flag} {text}: {exc}") from None
+
+
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     """'8x16x4096,2x16x16384' -> [(8, 16, 4096), (2, 16, 16384)]; ``UsageError`` if malformed."""
     try:

@@ -12,8 +12,8 @@ Trial outcomes (Kernel Tuner's "failures are values"):
 - runtime_failed: the GPU worker hung, crashed or raised; state FAIL with the reason.
 - incorrect: relative L2 against reference C at or over the tolerance, or NaN; COMPLETE,
   correctness constraint > 0.
-- ok: feasible and correct; value = median latency in ms (GPU) or spill bytes
-  (compile-only, where nothing is timed).
+- ok: feasible and correct; value = median latency in ms (GPU) or the predicted time as
+  a ratio to the HBM floor (compile-only, where nothing is timed: ``tuner.latency``).
 """
 
 import math
@@ -23,14 +23,26 @@ import optuna
 from optuna.trial import TrialState
 
 from kernel.resources import Resources
+from kernel.trial_schema import PREDICTED
+from tuner.latency import Prediction
 from tuner.options import Options
 
 
 def objective_names(gpu: bool, multi: bool) -> list[str]:
-    """What a study minimises: latency (then error) on a GPU; spills (then shared memory)
-    compile-only."""
-    first = "median_ms" if gpu else "spill_bytes"
+    """What a study minimises: latency (then error) on a GPU; compile-only, the latency
+    model's predicted time as a ratio to the HBM floor (then shared memory)."""
+    first = "median_ms" if gpu else "predicted_x_floor"
     return [first, "rel_l2" if gpu else "smem_bytes"] if multi else [first]
+
+
+def predicted(trial: optuna.Trial, prediction: Prediction) -> None:
+    """Record the latency model's prediction for a compiled config (never a measurement)."""
+    p = prediction
+    by = f"latency model of {p.model}" if p.calibrated else f"analytic part alone: uncalibrated for {p.arch}"
+    values = (p.ratio, p.low, p.high, p.ms, by)
+    for key, value in zip(PREDICTED, values):
+        if value is not None and value == value:  # not None, not NaN
+            trial.set_user_attr(key, value)
 
 
 # User attributes of a trial that belong to it alone, not to its config's outcome.

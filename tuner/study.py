@@ -40,6 +40,7 @@ from kernel.resources import ProbeFailure, probe
 from kernel.trial_schema import MEASURES
 from tuner import outcomes, space
 from tuner.claims import Claimed, Claims, Owned, worker_index
+from tuner.latency import Figures, latency_model
 from tuner.liveness import fail_interrupted, fail_stale, interrupt, record_heartbeat
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
@@ -69,6 +70,7 @@ class Tuner:
                 f"the fused dk and dv sweep does not serve DK x DV = {problem.dk} x {problem.dv} on "
                 f"{self.arch} (Hopper, DK x DV <= 128 x 128): nothing to tune"
             )
+        self.model = latency_model()  # ranks compile-only trials; predicts beside measured ones
         self.env = environment(self.arch)
         self.env_key = env_key(self.env)
         self.objectives = outcomes.objective_names(self.gpu, options.multi_objective)
@@ -270,12 +272,16 @@ class Tuner:
             trial.set_user_attr("reason", outcomes.over_budget_reason(res, self.options))
             outcomes.tell(self.study, trial, [math.inf] * len(self.objectives), "infeasible", start)
             return
+        prediction = self.model.predict(
+            self.problem, config, Figures.of(res), arch=self.arch, sweep=self.sweep
+        )
+        outcomes.predicted(trial, prediction)
         if not self.gpu:
             trial.set_constraint("correctness", 0.0)
             outcomes.tell(
                 self.study,
                 trial,
-                [float(res.spill_bytes), float(res.smem_bytes)][: len(self.objectives)],
+                [prediction.ratio, float(res.smem_bytes)][: len(self.objectives)],
                 "ok",
                 start,
             )
@@ -306,5 +312,6 @@ class Tuner:
         if not best:
             return "no feasible config yet"
         t = best[0]
-        unit = "ms" if self.gpu else "B spilled"
-        return f"best {t.values[0]:.4g} {unit} @ {trial_config(t).label}"
+        if self.gpu:
+            return f"best {t.values[0]:.4g} ms @ {trial_config(t).label}"
+        return f"best predicted {t.values[0]:.3g}x floor @ {trial_config(t).label}"

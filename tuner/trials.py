@@ -12,7 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from kernel.config import SEED_CONFIG, KernelConfig
 from kernel.environment import ENVIRONMENT_KEYS, env_key, replacing
-from kernel.trial_schema import MEASURES, PARAMS, RESOURCES, TRIAL_COLUMNS
+from kernel.trial_schema import MEASURES, PARAMS, PREDICTED, RESOURCES, TRIAL_COLUMNS
 from tuner.claims import interrupted
 from tuner.options import UsageError
 
@@ -27,6 +27,7 @@ TABLE = (
     "status",
     "config",
     "median_ms",
+    "predicted_ms",
     "rel_l2",
     "spill_bytes",
     "smem_bytes",
@@ -54,14 +55,20 @@ def trial_env_key(trial: FrozenTrial) -> str | None:
 
 
 def best_trials(study: optuna.Study, env: str | None = None) -> list[FrozenTrial]:
-    """Feasible trials, best first by the objectives in order; with ``env``, only those
-    measured in that environment (measurements are ranked per environment, never across)."""
+    """Feasible trials, best first by the objectives in order, each config once per
+    environment (its best trial, the earliest of equals: a cached copy is never listed
+    beside its owner); with
+    ``env``, only those measured in that environment (measurements are ranked per
+    environment, never across)."""
     feasible = [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if is_feasible(t) and (env is None or trial_env_key(t) == env)
     ]
-    return sorted(feasible, key=lambda t: tuple(t.values))
+    best: dict[tuple[str | None, KernelConfig], FrozenTrial] = {}
+    for t in sorted(feasible, key=lambda t: (tuple(t.values), t.number)):
+        best.setdefault((trial_env_key(t), trial_config(t)), t)
+    return list(best.values())
 
 
 def environments(study: optuna.Study) -> dict[str | None, tuple[dict[str, Any] | None, int]]:
@@ -146,7 +153,7 @@ def trials_frame(study: optuna.Study, *, env: str | None = None) -> pd.DataFrame
             "reason": attrs.get("reason")
             or ("no heartbeat within the grace period: its worker died" if t.state.name == "FAIL" else None),
             **{k: params.get(k, PARAM_DEFAULTS[k]) for k in PARAMS},
-            **{k: attrs.get(k) for k in (*MEASURES, *RESOURCES)},
+            **{k: attrs.get(k) for k in (*MEASURES, *RESOURCES, *PREDICTED)},
             "feasible": is_feasible(t),
             "baseline": bool(attrs.get("baseline", False)),
             "gpu_evaluated": attrs.get("mode") == "gpu"
@@ -186,6 +193,23 @@ def table(frame: pd.DataFrame, columns=TABLE, width: int = TABLE_WIDTH) -> str:
         room = max(shown.reason.map(len).max() - over, 12)
         shown["reason"] = shown.reason.map(lambda r: r if len(r) <= room else r[: room - 3] + "...")
         text = shown.to_string(index=False)
+    return text
+
+
+def prediction_check(frame: pd.DataFrame, *, least: int = 5, off: float = 0.3) -> str | None:
+    """How far the latency model's predictions are from the GPU's measurements, over the
+    feasible trials that have both (``least`` or more), in one line; it says to refit where
+    the median ratio is off by more than ``off``."""
+    both = frame[frame.feasible & frame.median_ms.notna() & frame.predicted_ms.notna()]
+    if len(both) < least:
+        return None
+    ratio = float((both.median_ms / both.predicted_ms).median())
+    text = f"latency model: measured / predicted {ratio:.2f} (median of {len(both)} trials)"
+    if abs(ratio - 1) > off:
+        text += (
+            f"; the model is off by {abs(ratio - 1):.0%} on this GPU: fit one to it with "
+            "python -m tuner model fit --storage URL and set DECAY_TUNER_LATENCY_MODEL"
+        )
     return text
 
 

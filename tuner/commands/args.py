@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from kernel.config import KernelConfig, Problem
 from tuner import options
-from tuner.options import Options, UsageError, default_storage
+from tuner.options import Options, UsageError, default_storage, parse_config
 
 if TYPE_CHECKING:
     import optuna
@@ -15,18 +15,6 @@ if TYPE_CHECKING:
 
 def problem_of(args: argparse.Namespace) -> Problem:
     return Problem(args.batch, args.heads, args.seqlen, args.dk, args.dv, args.dtype)
-
-
-def parse_config(text: str, flag: str = "--enqueue") -> KernelConfig:
-    """'64/128/2/256/smem/8' -> KernelConfig (scores optional, default smem; segments
-    optional, default 1)."""
-    parts = text.split("/")
-    if len(parts) not in (4, 5, 6):
-        raise UsageError(f"{flag} wants C/bDV/stages/threads[/scores[/segments]], got {text!r}")
-    try:
-        return KernelConfig(*map(int, parts[:4]), *parts[4:5], *map(int, parts[5:]))
-    except ValueError as exc:
-        raise UsageError(f"{flag} {text}: {exc}") from None
 
 
 def configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:

@@ -10,8 +10,8 @@ from pathlib import Path
 from kernel.arch import get_arch, resolve
 from kernel.config import Problem, model_call
 from kernel.defaults import default_config
-from tuner.commands.args import parse_config, problem_of
-from tuner.options import BENCH_PACKED, UsageError, parse_archs, parse_shapes
+from tuner.commands.args import problem_of
+from tuner.options import BENCH_PACKED, UsageError, parse_archs, parse_config, parse_shapes
 
 # The resource columns of ``probe``'s table.
 PROBE_HEADS = ("registers", "spill B", "smem B", "limit B", "threads")

@@ -20,7 +20,7 @@ def _heading(study: "optuna.Study") -> str:
     """The study's name, kernel and mode; a compile-only study says that nothing was timed."""
     mode, arch = study.user_attrs.get("mode", "unknown mode"), study.user_attrs.get("arch")
     where = f" for {arch}" if arch and mode == "compile-only" else f" on {arch}" if arch else ""
-    note = ": resources from the compiler, no latency measured" if mode == "compile-only" else ""
+    note = ": no latency measured, ranked by predicted time" if mode == "compile-only" else ""
     kernel = "the backward's fused dk+dv sweep, " if study.user_attrs.get("sweep") == "dkdv" else ""
     return f"study {study.study_name!r} ({kernel}{mode}{where}{note})"
 

@@ -11,6 +11,7 @@ from kernel.arch import resolve
 from kernel.config import KernelConfig, Problem
 from kernel.defaults import dkdv_config
 from kernel.environment import env_key, environment
+from kernel.trial_schema import predicted_text
 from tuner import fleet
 from tuner.commands.args import exports, options_of, problem_of, where
 from tuner.options import Options, UsageError, default_storage, parse_shapes
@@ -32,7 +33,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not tuner.gpu:
         why = "no CUDA device" if tuner.env["gpu"] is None else f"this GPU is not {tuner.arch}"
         print(
-            f"{why}: compile-only exploration for {tuner.arch} (probe resources, no latency is measured)",
+            f"{why}: compile-only exploration for {tuner.arch}: no latency is measured, configs rank by "
+            "the latency model's predicted time",
             file=sys.stderr,
         )
     if tuner.interrupted:
@@ -72,8 +74,8 @@ def _export_run(study: "optuna.Study", out: Path, env: str) -> int:
     label = (
         "median {:.4f} ms on {}".format(best["median_ms"], arch)
         if data["mode"] == "gpu"
-        else f"compile-only for {arch}: {best['spill_bytes']} B spilled, {best['smem_bytes']} B smem, "
-        "no latency"
+        else f"compile-only for {arch}: {predicted_text(best)}, {best['spill_bytes']} B spilled, "
+        f"{best['smem_bytes']} B smem, no latency measured"
     )
     print(f"best {KernelConfig.from_dict(best['config']).label} ({label}); exported {out}")
     return 0
@@ -90,9 +92,10 @@ def _log(study: "optuna.Study", folder: Path, grace_s: float, note: str = "") ->
     """Save the study's trial log (CSV and Parquet) in ``folder`` and say so in one line,
     with its unfinished trials counted apart (``tuner.liveness.unfinished_summary``)."""
     from tuner.liveness import unfinished_summary  # loads Optuna
-    from tuner.trials import save_frame, trials_frame  # loads Optuna and pandas
+    from tuner.trials import prediction_check, save_frame, trials_frame  # loads Optuna and pandas
 
-    paths = save_frame(trials_frame(study), folder / "trials")
+    frame = trials_frame(study)
+    paths = save_frame(frame, folder / "trials")
     finished = sum(t.state.is_finished() for t in study.trials)
     unfinished = unfinished_summary(study, grace_s)
     print(
@@ -100,6 +103,9 @@ def _log(study: "optuna.Study", folder: Path, grace_s: float, note: str = "") ->
         + (f" ({unfinished})" if unfinished else "")
         + f"{note}; log {', '.join(map(str, paths))}"
     )
+    check = prediction_check(frame)
+    if check:
+        print(check)
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
@@ -195,8 +201,8 @@ def _explore_shapes(tasks: list[tuple[Problem, Options]], storage: str, studies:
         study = _run_and_log(tuner, exports(studies, storage, name))
         best = best_trials(study, tuner.env_key)
         found = (
-            f"{trial_config(best[0]).label} ({best[0].user_attrs['spill_bytes']} B spilled, "
-            f"{best[0].user_attrs['smem_bytes']} B smem)"
+            f"{trial_config(best[0]).label} ({predicted_text(best[0].user_attrs)}, "
+            f"{best[0].user_attrs['spill_bytes']} B spilled)"
             if best
             else "no feasible config"
         )

@@ -26,7 +26,7 @@ import numpy as np
 
 from kernel.config import Problem
 from kernel.defaults import default_config, dkdv_config
-from tuner.commands.args import parse_config
+from tuner.options import parse_config
 
 HERE = Path(__file__).resolve().parent.parent / "shipped"
 TRAIN = HERE / "sweep-128x128_128x256_64x64_256x256-bfloat16.jsonl"

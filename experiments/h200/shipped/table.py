@@ -16,7 +16,7 @@ from kernel.config import Problem
 from kernel.environment import write_json
 from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
 from kernel.ops.tables import SHIPPED
-from tuner.commands.args import parse_config
+from tuner.options import parse_config
 
 
 def main(paths: list[str]) -> None:

@@ -1,0 +1,64 @@
+"""``model``: fit the latency model (``tuner.latency``) to GPU timings and judge it on
+held-out shapes, or show the model in use."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tuner.options import UsageError, parse_shapes
+
+# The columns of the held-out table.
+JUDGED = ("shape", "dk", "dv", "sweep", "configs", "spearman", "top1_over_best", "top5_best_over_best")
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    """Fit the latency model to GPU timings (sweeps' JSON lines, a storage's GPU trials) and
+    print its accuracy on shapes held out of the fit (fit), or show the model in use (show).
+
+    The model predicts a config's time from its knobs, its problem and the compiler's
+    figures; compile-only runs rank by it. It needs scikit-learn to fit, not to predict."""
+    from tuner import latency
+
+    if args.action == "show":
+        model = latency.latency_model()
+        print(f"{latency.model_path()}: {model.gpu} ({model.arch}), {len(model.trees)} trees")
+        print(json.dumps(model.trained, indent=1))
+        return 0
+    from tuner import latency_fit
+
+    samples, gpus = [], []
+    for path in args.data or []:
+        found, gpu = latency_fit.from_sweep(Path(path))
+        samples += found
+        gpus.append(gpu)
+    if args.storage:
+        found, gpu = latency_fit.from_storage(args.storage)
+        samples += found
+        gpus.append(gpu)
+    if not samples:
+        raise UsageError("model fit wants timings: --data SWEEP.jsonl and/or --storage URL")
+    if not args.hold_out:
+        raise UsageError(
+            "model fit wants --hold-out BxHxS[,...]: the shapes it is judged on, never fitted to"
+        )
+    held = set(parse_shapes(args.hold_out))
+    model, rows = latency_fit.fit_and_judge(
+        samples,
+        lambda s: (s.problem.batch, s.problem.heads, s.problem.seqlen) in held,
+        gpu=next((g for g in gpus if g), ""),
+        bandwidth=args.bandwidth,
+        sources=[*(args.data or []), *([args.storage] if args.storage else [])],
+    )
+    print("  ".join(f"{c:>12}" for c in JUDGED))
+    for row in rows:
+        print(
+            "  ".join(f"{row[c]:>12.3f}" if isinstance(row[c], float) else f"{row[c]!s:>12}" for c in JUDGED)
+        )
+    print(json.dumps(model.trained["held_out"]))
+    out = Path(args.out)
+    model.save(out)
+    fitted, held_out = model.trained["timings"], model.trained["held_out_timings"]
+    print(f"wrote {out} ({fitted} timings fitted, {held_out} held out)")
+    print(f"use it: {latency.MODEL_VARIABLE}={out}", file=sys.stderr)
+    return 0

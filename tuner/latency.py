@@ -1,0 +1,227 @@
+"""A latency model learned from GPU timings: from a config, its problem and the probe's
+figures, the kernel's predicted time as a ratio to the HBM floor, with an interval.
+
+The model is a small gradient-boosted regression tree ensemble, fitted by
+``tuner.latency_fit`` (``python -m tuner model fit``) and shipped as plain JSON
+(``latency_model.json`` beside this module, no pickle); predicting needs only the standard
+library. It is calibrated for the architecture it was trained on. For any other one the
+prediction is labelled uncalibrated and comes from the analytic part alone
+(``analytic_ratio``: how full the blocks' waves keep the SMs), which ranks grids, not
+pipelines.
+"""
+
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kernel.arch import get_arch
+from kernel.config import KernelConfig, Problem
+from kernel.environment import replacing
+
+MODEL_FILE = Path(__file__).with_name("latency_model.json")
+MODEL_VARIABLE = "DECAY_TUNER_LATENCY_MODEL"  # a model file of the user's, fitted to their GPU
+MODEL_FORMAT = "decay-tuner-latency-model"
+# The H200's device-to-device copy rate as the bench measures it (experiments/h200/outofbox/):
+# the floor its timings are divided by.
+H200_BANDWIDTH = 4.22e12
+THREADS_PER_SM, REGISTERS_PER_SM, MAX_BLOCKS_PER_SM = 2048, 65536, 8
+SMEM_RESERVED = 1024  # bytes of an SM's shared memory a block cannot opt into
+
+FEATURES = (
+    "log2 blocks per SM slot",
+    "waves",
+    "last wave fill",
+    "blocks per SM",
+    "stages",
+    "log2 block_dv",
+    "log2 DK",
+    "log2 DV",
+    "dk+dv sweep",
+    "log2 segments",
+    "log2 tokens per block",
+    "chunk",
+    "registers",
+    "smem KiB",
+    "threads",
+    "log2 B*H",
+    "log2 S",
+)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the probe reports of a compiled kernel that the model reads."""
+
+    registers: int
+    smem_bytes: int
+    threads: int
+
+    @classmethod
+    def of(cls, resources: Any) -> "Figures":
+        """From ``kernel.resources.Resources`` or its ``to_dict()`` (a trial's user attrs)."""
+        get = resources.get if isinstance(resources, dict) else lambda k: getattr(resources, k)
+        smem = get("static_smem") + get("dynamic_smem")
+        return cls(int(get("registers")), int(smem), int(get("threads_launched")))
+
+
+def floor_bytes(problem: Problem, sweep: str = "forward") -> int:
+    """Fewest bytes the kernel moves: forward, Q, K and V read and O written; the fused
+    dk+dv sweep, Q, K, V and dO read and dK and dV written (2-byte elements)."""
+    p = problem
+    per_token = 2 * p.dk + 2 * p.dv if sweep != "dkdv" else 3 * p.dk + 3 * p.dv
+    return p.batch * p.heads * p.seqlen * per_token * 2
+
+
+def blocks_per_sm(figures: Figures, arch: str) -> int:
+    """Blocks that fit on one SM at once, by shared memory, threads and registers."""
+    smem = (get_arch(arch).smem_per_block + SMEM_RESERVED) // max(figures.smem_bytes, 1)
+    threads = THREADS_PER_SM // max(figures.threads, 1)
+    registers = REGISTERS_PER_SM // max(figures.registers * figures.threads, 1)
+    return max(1, min(MAX_BLOCKS_PER_SM, smem, threads, registers))
+
+
+def _grid(problem: Problem, config: KernelConfig, figures: Figures, arch: str) -> tuple[int, int, int]:
+    """(blocks, blocks the GPU runs at once, waves)."""
+    blocks = config.blocks(problem)
+    slots = get_arch(arch).sms * blocks_per_sm(figures, arch)
+    return blocks, slots, math.ceil(blocks / slots)
+
+
+def features(problem: Problem, config: KernelConfig, sweep: str, figures: Figures, arch: str) -> list[float]:
+    """The model's inputs, in the order of ``FEATURES``."""
+    p, c = problem, config
+    blocks, slots, waves = _grid(p, c, figures, arch)
+    last = blocks - (waves - 1) * slots
+    return [
+        math.log2(blocks / slots),
+        waves,
+        last / slots,
+        blocks_per_sm(figures, arch),
+        c.num_stages,
+        math.log2(c.block_dv),
+        math.log2(p.dk),
+        math.log2(p.dv),
+        float(sweep == "dkdv"),
+        math.log2(c.segment_count(p.seqlen)),
+        math.log2(c.segment_length(p.seqlen)),
+        c.chunk,
+        figures.registers,
+        figures.smem_bytes / 1024,
+        figures.threads,
+        math.log2(p.batch * p.heads),
+        math.log2(p.seqlen),
+    ]
+
+
+def analytic_ratio(problem: Problem, config: KernelConfig, figures: Figures, arch: str) -> float:
+    """The slots of the launched waves over the blocks that fill them (1: every wave full;
+    a grid smaller than the GPU counts its idle slots)."""
+    blocks, slots, waves = _grid(problem, config, figures, arch)
+    return waves * slots / blocks
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A predicted time, never a measurement: the ratio to the HBM floor and its interval
+    (the held-out residuals' 10th to 90th percentile); ``calibrated`` False where the
+    model was not trained on ``arch`` (then the analytic part alone, with no interval)."""
+
+    ratio: float
+    low: float
+    high: float
+    calibrated: bool
+    arch: str
+    floor_ms: float | None  # at the calibrating GPU's bandwidth; None uncalibrated
+    model: str = ""  # the GPU the model was calibrated on
+
+    @property
+    def ms(self) -> float | None:
+        return None if self.floor_ms is None else self.ratio * self.floor_ms
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """A fitted ensemble: ``trees`` of nodes ``[feature, threshold, left, right, value]``
+    (a leaf has feature -1), summed with ``baseline``, predict log(time / floor)."""
+
+    arch: str
+    gpu: str
+    bandwidth: float  # bytes/s of the calibrating GPU, for the floor in ms
+    baseline: float
+    trees: tuple[tuple[tuple[float, ...], ...], ...]
+    interval: tuple[float, float]  # log residual quantiles on held-out shapes
+    trained: dict[str, Any]  # provenance: data, held-out shapes and their accuracy
+
+    @classmethod
+    def load(cls, path: Path = MODEL_FILE) -> "LatencyModel":
+        try:
+            data = json.loads(Path(path).read_text())
+            if data.get("format") != MODEL_FORMAT or data.get("features") != list(FEATURES):
+                raise ValueError(f"not a latency model of these features ({MODEL_FORMAT})")
+            return cls(
+                data["arch"],
+                data["gpu"],
+                float(data["bandwidth"]),
+                float(data["baseline"]),
+                tuple(tuple(tuple(node) for node in tree) for tree in data["trees"]),
+                tuple(data["interval"]),
+                data["trained"],
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: cannot read the latency model: {exc}") from None
+
+    def save(self, path: Path) -> None:
+        """Write the model atomically, one tree a line."""
+        head = {
+            "format": MODEL_FORMAT,
+            "features": list(FEATURES),
+            "arch": self.arch,
+            "gpu": self.gpu,
+            "bandwidth": self.bandwidth,
+            "baseline": self.baseline,
+            "interval": list(self.interval),
+            "trained": self.trained,
+        }
+        trees = ",\n".join(json.dumps([list(node) for node in tree]) for tree in self.trees)
+        with replacing(Path(path)) as tmp:
+            tmp.write_text(json.dumps(head, indent=1)[:-2] + ',\n "trees": [\n' + trees + "\n]}\n")
+
+    def log_ratio(self, x: list[float]) -> float:
+        total = self.baseline
+        for tree in self.trees:
+            node = tree[0]
+            while node[0] >= 0:
+                node = tree[int(node[2] if x[int(node[0])] <= node[1] else node[3])]
+            total += node[4]
+        return total
+
+    def predict(
+        self, problem: Problem, config: KernelConfig, figures: Figures, *, arch: str, sweep: str = "forward"
+    ) -> Prediction:
+        if arch != self.arch:
+            return Prediction(
+                analytic_ratio(problem, config, figures, arch), math.nan, math.nan, False, arch, None
+            )
+        log = self.log_ratio(features(problem, config, sweep, figures, arch))
+        floor_ms = floor_bytes(problem, sweep) / self.bandwidth * 1e3
+        low, high = (math.exp(log + q) for q in self.interval)
+        return Prediction(math.exp(log), low, high, True, arch, floor_ms, self.gpu)
+
+
+def model_path() -> Path:
+    """The model in use: the file ``DECAY_TUNER_LATENCY_MODEL`` names, else the shipped one."""
+    return Path(os.environ.get(MODEL_VARIABLE) or MODEL_FILE)
+
+
+def latency_model() -> LatencyModel:
+    """The model in use (``model_path``), read once per file."""
+    return _load(model_path())
+
+
+@functools.cache
+def _load(path: Path) -> LatencyModel:
+    return LatencyModel.load(path)

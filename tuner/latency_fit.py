@@ -1,0 +1,214 @@
+"""Fitting the latency model (``tuner.latency``) to GPU timings, and judging it on shapes
+it never saw.
+
+Timings come from a sweep's JSON lines (``experiments/h200/shipped/sweep.py``: "probe"
+rows with each kernel's figures, "time" rows with its median) or from the GPU trials of
+every study in a storage. Fitting needs scikit-learn (``pip install scikit-learn``): its
+``HistGradientBoostingRegressor``, whose trees are then written out as plain JSON.
+"""
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kernel.config import KernelConfig, Problem
+from tuner.latency import Figures, LatencyModel, features, floor_bytes
+from tuner.options import UsageError, parse_config
+
+# Chosen among 7 settings by held-out accuracy (experiments/h200/costmodel/README.md).
+TREE_PARAMS = {"max_iter": 150, "learning_rate": 0.1, "min_samples_leaf": 10, "max_leaf_nodes": 8}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One GPU timing of one kernel."""
+
+    problem: Problem
+    config: KernelConfig
+    sweep: str
+    figures: Figures
+    median_ms: float
+    arch: str
+
+    @property
+    def shape(self) -> tuple:
+        """What one ranking is over: the head sizes, sweep and (B, H, S)."""
+        p = self.problem
+        return (p.dk, p.dv, self.sweep, p.batch, p.heads, p.seqlen)
+
+    def log_ratio(self, bandwidth: float) -> float:
+        return math.log(self.median_ms * 1e-3 * bandwidth / floor_bytes(self.problem, self.sweep))
+
+
+def from_sweep(path: Path) -> tuple[list[Sample], str]:
+    """The timed rows of a sweep's JSON lines, each with its kernel's figures; and its GPU."""
+    figures, samples, gpu, arch = {}, [], "", ""
+    try:
+        lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: cannot read the sweep: {exc}") from None
+    for r in lines:
+        if r.get("kind") == "env":
+            gpu, arch = r["env"]["gpu"], r["env"]["arch"]
+        elif r.get("kind") == "probe" and "resources" in r:
+            figures[r["dk"], r["dv"], r["heads"], r["sweep"], r["config"]] = Figures.of(r["resources"])
+        elif r.get("kind") == "time" and "median_ms" in r:
+            p = Problem(r["b"], r["h"], r["s"], r["dk"], r["dv"], r["dtype"])
+            fig = figures[r["dk"], r["dv"], r["h"], r["sweep"], r["config"]]
+            samples.append(Sample(p, parse_config(r["config"]), r["sweep"], fig, r["median_ms"], arch))
+    if not samples:
+        raise UsageError(f"{path}: no timed rows (a sweep's JSON lines have 'probe' and 'time' rows)")
+    return samples, gpu
+
+
+def from_storage(url: str) -> tuple[list[Sample], str]:
+    """The feasible GPU trials of every study in a storage; and their GPU (the first named)."""
+    import optuna
+
+    from tuner.storage import get_storage
+    from tuner.trials import is_feasible, trial_config
+
+    storage = get_storage(url)
+    samples, gpus = [], []
+    for summary in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        if study.user_attrs.get("mode") != "gpu" or "problem" not in study.user_attrs:
+            continue
+        problem = Problem.from_dict(study.user_attrs["problem"])
+        sweep = study.user_attrs.get("sweep", "forward")
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            if not is_feasible(t) or "cached_from" in t.user_attrs or not math.isfinite(t.values[0]):
+                continue
+            env = t.user_attrs.get("environment") or {}
+            gpus.append(env.get("gpu", ""))
+            fig = Figures.of(t.user_attrs)
+            arch = t.user_attrs.get("arch", study.user_attrs.get("arch", ""))
+            samples.append(Sample(problem, trial_config(t), sweep, fig, t.values[0], arch))
+    if not samples:
+        raise UsageError(f"{url}: no GPU trials to fit to")
+    return samples, next((g for g in gpus if g), "")
+
+
+def fit(samples: list[Sample], *, gpu: str, bandwidth: float, trained: dict[str, Any]) -> LatencyModel:
+    """A model fitted to ``samples`` (all of one architecture), with no interval yet."""
+    try:
+        import numpy as np
+        from sklearn.ensemble import HistGradientBoostingRegressor
+    except ImportError:
+        raise UsageError("fitting the latency model needs scikit-learn: pip install scikit-learn") from None
+    archs = {s.arch for s in samples}
+    if len(archs) != 1:
+        raise UsageError(f"the timings are of several architectures ({sorted(archs)}): fit one at a time")
+    x = np.array([features(s.problem, s.config, s.sweep, s.figures, s.arch) for s in samples])
+    y = np.array([s.log_ratio(bandwidth) for s in samples])
+    hgb = HistGradientBoostingRegressor(**TREE_PARAMS, random_state=0).fit(x, y)
+    trees = tuple(_tree(predictor[0].nodes) for predictor in hgb._predictors)
+    baseline = float(np.ravel(hgb._baseline_prediction)[0])
+    return LatencyModel(archs.pop(), gpu, bandwidth, baseline, trees, (0.0, 0.0), trained)
+
+
+def _tree(nodes) -> tuple[tuple[float, ...], ...]:
+    """scikit-learn's node records as ``[feature, threshold, left, right, value]``, a leaf's
+    value to 7 significant digits (thresholds whole: a feature may sit within a rounding of
+    one). A numeric split sends x <= threshold left; the features are never missing."""
+    return tuple(
+        (-1.0, 0.0, 0.0, 0.0, float(f"{n['value']:.7g}"))
+        if n["is_leaf"]
+        else (float(n["feature_idx"]), float(n["num_threshold"]), float(n["left"]), float(n["right"]), 0.0)
+        for n in nodes
+    )
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (ties broken by order), NaN under 3 values."""
+    if len(a) < 3:
+        return math.nan
+    rank = lambda v: {i: r for r, i in enumerate(sorted(range(len(v)), key=v.__getitem__))}  # noqa: E731
+    ra, rb = rank(a), rank(b)
+    n = len(a)
+    return 1 - 6 * sum((ra[i] - rb[i]) ** 2 for i in range(n)) / (n * (n * n - 1))
+
+
+def judge(model: LatencyModel, samples: Iterable[Sample]) -> list[dict[str, Any]]:
+    """Per shape with 3 configs or more: how the model ranks them against their times."""
+    groups: dict[tuple, list[Sample]] = defaultdict(list)
+    for s in samples:
+        groups[s.shape].append(s)
+    rows = []
+    for shape, found in sorted(groups.items()):
+        if len(found) < 3:
+            continue
+        measured = [s.median_ms for s in found]
+        predicted = [
+            model.log_ratio(features(s.problem, s.config, s.sweep, s.figures, s.arch)) for s in found
+        ]
+        order = sorted(range(len(found)), key=predicted.__getitem__)
+        best = min(measured)
+        dk, dv, sweep, b, h, s = shape
+        rows.append(
+            {
+                "shape": f"{b}x{h}x{s}",
+                "dk": dk,
+                "dv": dv,
+                "sweep": sweep,
+                "configs": len(found),
+                "spearman": spearman(predicted, measured),
+                "top1_over_best": measured[order[0]] / best,
+                "top5_best_over_best": min(measured[i] for i in order[:5]) / best,
+            }
+        )
+    return rows
+
+
+def residual_interval(model: LatencyModel, samples: list[Sample], bandwidth: float) -> tuple[float, float]:
+    """The 10th and 90th percentile of log(measured / predicted) over ``samples``."""
+    residuals = sorted(
+        s.log_ratio(bandwidth) - model.log_ratio(features(s.problem, s.config, s.sweep, s.figures, s.arch))
+        for s in samples
+    )
+    at = lambda q: residuals[min(len(residuals) - 1, int(q * len(residuals)))]  # noqa: E731
+    return (at(0.1), at(0.9))
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The goals over ``judge``'s rows: Spearman >= 0.85, top-1 within 1.10x, top 5 within 1.03x."""
+    rhos = sorted(r["spearman"] for r in rows)
+    return {
+        "shapes": len(rows),
+        "spearman_median": rhos[len(rhos) // 2] if rhos else math.nan,
+        "spearman_min": rhos[0] if rhos else math.nan,
+        "spearman_at_least_0.85": sum(r >= 0.85 for r in rhos),
+        "top1_within_1.10": sum(r["top1_over_best"] <= 1.10 for r in rows),
+        "top5_within_1.03": sum(r["top5_best_over_best"] <= 1.03 for r in rows),
+    }
+
+
+def fit_and_judge(
+    samples: list[Sample],
+    held_out: Callable[[Sample], bool],
+    *,
+    gpu: str,
+    bandwidth: float,
+    sources: list[str],
+) -> tuple[LatencyModel, list[dict[str, Any]]]:
+    """Fit to the samples ``held_out`` rejects; judge on the others, whose residuals give
+    the interval. The model records its data, held-out shapes and their accuracy."""
+    train = [s for s in samples if not held_out(s)]
+    test = [s for s in samples if held_out(s)]
+    if not train or not test:
+        raise UsageError(f"{len(train)} timings to fit to and {len(test)} held out: both must be some")
+    model = fit(train, gpu=gpu, bandwidth=bandwidth, trained={})
+    rows = judge(model, test)
+    trained = {
+        "data": sources,
+        "timings": len(train),
+        "held_out_timings": len(test),
+        "held_out": summary(rows),
+        "params": TREE_PARAMS,
+    }
+    interval = residual_interval(model, test, bandwidth)
+    return LatencyModel(model.arch, gpu, bandwidth, model.baseline, model.trees, interval, trained), rows
