@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kernel.config import KernelConfig
-from kernel.trial_schema import MEASURES, PARAMS, TRIAL_COLUMNS
+from kernel.trial_schema import MEASURES, PARAMS, PREDICTED, TRIAL_COLUMNS
 from kernel.trial_schema import RESOURCES as RESOURCES_ALL
 from reports.decays import decay_label
 
@@ -90,7 +90,8 @@ def report_frame(frame: pd.DataFrame, info: StudyInfo) -> pd.DataFrame:
     if missing:
         raise ValueError(f"the trial log lacks the columns {missing} (see reports.data.FRAME_COLUMNS)")
     frame = frame.copy()
-    for column in (*MEASURES, *RESOURCES_ALL):  # all-None columns (e.g. no latency) come back as objects
+    numeric = (*MEASURES, *RESOURCES_ALL, *PREDICTED[:-1])  # all but predicted_by, a text
+    for column in numeric:  # all-None columns (e.g. no latency) come back as objects
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
     frame["config"] = [config_label(row) for row in frame[list(PARAMS)].to_dict("records")]
     frame["violated"] = [
@@ -230,7 +231,7 @@ def _mode_of(frame: pd.DataFrame) -> str:
 def _untimed_metric(objectives: list[str], frame: pd.DataFrame) -> str:
     """Without latency: the latency model's prediction where the trials recorded one, else a
     resource (``_resource_metric``)."""
-    if frame.predicted_x_floor.notna().any():
+    if "predicted_x_floor" in frame and frame.predicted_x_floor.notna().any():
         return "predicted_x_floor"
     return _resource_metric(objectives, frame)
 

@@ -254,3 +254,26 @@ def peers_figure(info: PeerInfo) -> go.Figure | None:
     )
     fig.update_xaxes(title=LABELS["median_ms"])
     return layout(fig, title="peers, timed in the same run", height=120 + 50 * len(bars))
+
+
+def prediction_figure(rows: pd.DataFrame) -> go.Figure | None:
+    """Measured against predicted time, log-log, with the line where they agree."""
+    if rows.empty:
+        return None
+    low = min(rows.predicted_ms.min(), rows.median_ms.min())
+    high = max(rows.predicted_ms.max(), rows.median_ms.max())
+    fig = go.Figure(
+        [
+            go.Scatter(
+                x=[low, high], y=[low, high], mode="lines", name="measured = predicted",
+                hoverinfo="skip", line={"color": UNTIMED, "dash": "dash"},
+            ),
+            go.Scatter(
+                x=rows.predicted_ms, y=rows.median_ms, mode="markers", name="feasible trial",
+                text=rows.hover, hovertemplate=HOVER, marker={"size": 8, "color": FEASIBLE, "opacity": 0.8},
+            ),
+        ]
+    )  # fmt: skip
+    fig.update_xaxes(title="predicted time (ms, tuner.latency)", type="log")
+    fig.update_yaxes(title=LABELS["median_ms"], type="log")
+    return layout(fig, title="measured against predicted", height=430)

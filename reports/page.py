@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
-from kernel.trial_schema import predicted_text
+from kernel.trial_schema import PARAMS, predicted_text
 from reports import compiled, data, decays, figures, markup, search, sections, style
-from reports.data import StudyInfo, Summary
+from reports.data import StudyInfo, Summary, plain_text
 
 
 def render_report(frame: pd.DataFrame, info: StudyInfo, *, across: pd.DataFrame | None = None) -> str:
@@ -200,8 +200,30 @@ def _insight(info: StudyInfo, s: Summary, frame: pd.DataFrame, metric: str) -> s
             "</div><div>",
             markup.figure(history, "fig-history", "no feasible trial"),
             "</div></div>",
+            *_predictions(frame),
         ]
     )
+
+
+def _predictions(frame: pd.DataFrame) -> list[str]:
+    """The latency model's predictions against the GPU's measurements, where the study has
+    both; nothing otherwise."""
+    rows = search.predicted_against_measured(frame)
+    if rows.empty:
+        return []
+    ratio = rows.ratio.median()
+    return [
+        f'<p class="lede">The latency model (tuner.latency) against the GPU: measured / predicted '
+        f"{ratio:.2f} (median of {len(rows)} trials; its spread over the knobs: "
+        + ", ".join(
+            f"{knob} {markup.escape(plain_text(choice))} {group.ratio.median():.2f}"
+            for knob in PARAMS
+            for choice, group in rows.groupby(knob)
+            if rows[knob].nunique() > 1
+        )
+        + ").</p>",
+        markup.figure(figures.prediction_figure(rows), "fig-predicted", "no trial with both"),
+    ]
 
 
 def _tables(s: Summary, frame: pd.DataFrame) -> str:

@@ -145,3 +145,10 @@ def history(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
             "hover": done.hover.to_numpy(),
         }
     )
+
+
+def predicted_against_measured(frame: pd.DataFrame) -> pd.DataFrame:
+    """The feasible trials that have both a measured and a predicted time (a GPU study with
+    the latency model's predictions), each with ``ratio``: measured over predicted."""
+    both = frame[frame.feasible & frame.median_ms.notna() & frame.predicted_ms.notna()]
+    return both.assign(ratio=both.median_ms / both.predicted_ms)

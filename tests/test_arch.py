@@ -186,6 +186,9 @@ def test_run_for_sm80_on_a_cpu_finds_a_feasible_config_labelled_compile_only(tmp
     best = next(line for line in out.splitlines() if line.startswith("best "))
     exported = json.loads(Path(best.rsplit("exported ", 1)[1]).read_text())
     assert exported["mode"] == "compile-only" and exported["environment"]["arch"] == "sm_80"
+    # no model is calibrated for sm_80: the analytic part alone ranks, and says so
+    assert "predicted" in best and "(analytic part alone: uncalibrated for sm_80)" in best
+    assert exported["configs"][0]["predicted_ms"] is None and exported["configs"][0]["predicted_x_floor"] >= 1
     assert main(["trials", *SMALL, "--storage", storage, "--study", "a100"]) == 0
     assert capsys.readouterr().out.startswith("study 'a100' (compile-only for sm_80:")
     assert Problem.from_dict(exported["problem"]) == SMALL_PROBLEM

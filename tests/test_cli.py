@@ -217,6 +217,7 @@ def test_probe_without_a_config_compiles_the_rule_s_config_per_architecture(caps
     assert heading.startswith("the default config (kernel.defaults.default_config) of each architecture")
     assert header.split()[:3] == ["config", "arch", "status"]
     assert row.split()[:3] == [config.label, "sm_90a", "ok"]
+    assert re.search(r"  predicted \S+ ms \(\S+ to \S+\), \d+\.\d\dx floor$", row), row
     assert err == f"compiling {config.label} for sm_90a (1 of 1)\n"
     help_text = _help_entries("probe")["--config"]
     assert "(default: each architecture's config of the rule kernel.defaults.default_config" in help_text

@@ -7,12 +7,13 @@ import math
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 from helpers import REPO
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from kernel.config import KernelConfig, Problem
-from tuner import latency, latency_fit
+from tuner import latency, latency_fit, space
 from tuner.cli import main
 from tuner.latency import Figures, LatencyModel, features
 
@@ -108,3 +109,40 @@ def test_a_model_round_trips_through_its_file(tmp_path):
     again = LatencyModel.load(tmp_path / "m.json")
     assert again.trees == model.trees and again.trained == model.trained and again.gpu == "NVIDIA H200"
     assert Path(tmp_path / "m.json").stat().st_size < 100_000
+
+
+def test_a_storage_s_gpu_trials_are_timings_to_fit_to(tmp_path, samples):
+    """The held-out sweep's timings as the GPU trials of studies in a real storage, one study
+    per shape as the tuner writes them: read back, they are the same timings, and the
+    shipped model judges them as it judges the sweep."""
+    storage = f"sqlite:///{tmp_path / 'gpu.db'}"
+    by_study: dict[str, list] = {}
+    for s in samples[1]:
+        by_study.setdefault("-".join(map(str, s.shape)), []).append(s)
+    for name, found in by_study.items():
+        study = optuna.create_study(storage=storage, study_name=name)
+        study.set_user_attr("problem", found[0].problem.to_dict())
+        study.set_user_attr("mode", "gpu")
+        study.set_user_attr("sweep", found[0].sweep)
+        for s in found:
+            f = s.figures
+            study.add_trial(
+                optuna.trial.create_trial(
+                    params=s.config.to_dict(),
+                    distributions=space.distributions(s.problem, s.sweep),
+                    value=s.median_ms,
+                    user_attrs={
+                        "status": "ok",
+                        "arch": s.arch,
+                        "environment": {"gpu": "NVIDIA H200"},
+                        "registers": f.registers,
+                        "static_smem": 0,
+                        "dynamic_smem": f.smem_bytes,
+                        "threads_launched": f.threads,
+                    },
+                )
+            )
+    read, gpu = latency_fit.from_storage(storage)
+    assert gpu == "NVIDIA H200" and sorted(read, key=repr) == sorted(samples[1], key=repr)
+    model = latency.latency_model()
+    assert latency_fit.summary(latency_fit.judge(model, read)) == model.trained["held_out"]

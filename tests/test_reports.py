@@ -485,6 +485,18 @@ def test_page_is_self_contained(study):
     assert "Layout infer conflict" in page and "no peer timings" in page
 
 
+def test_the_latency_model_is_drawn_against_the_gpu_where_trials_have_both():
+    """Trials that recorded a prediction beside their measurement: the page gives the median
+    of measured over predicted, per knob choice too, and draws one against the other."""
+    frame, info = _log(_study())
+    assert "fig-predicted" not in render_report(frame, info)  # no prediction: no section
+    predicted = {0: 0.25, 1: 0.1, 2: 0.3, 3: 0.3}  # feasible trials 0 to 3: measured 0.5, 0.2, 0.3, 0.6
+    frame["predicted_ms"] = frame.number.map(predicted)
+    page = render_report(frame, info)
+    assert "measured / predicted 2.00 (median of 4 trials" in page and "fig-predicted" in page
+    assert "chunk 32 1.00" in page and "chunk 64 2.00" in page  # 0.3/0.3; 0.5/0.25, 0.2/0.1, 0.6/0.3
+
+
 def test_compile_only_page_says_so():
     page = render_report(*synthetic_trials(60, mode="compile-only"))
     assert "Compile-only study: nothing was timed" in page and "no latency-against-error front" in page

@@ -21,6 +21,7 @@ from typing import Any
 from kernel.arch import get_arch
 from kernel.config import KernelConfig, Problem
 from kernel.environment import replacing
+from kernel.trial_schema import PREDICTED
 
 MODEL_FILE = Path(__file__).with_name("latency_model.json")
 MODEL_VARIABLE = "DECAY_TUNER_LATENCY_MODEL"  # a model file of the user's, fitted to their GPU
@@ -141,6 +142,17 @@ class Prediction:
     @property
     def ms(self) -> float | None:
         return None if self.floor_ms is None else self.ratio * self.floor_ms
+
+    def record(self) -> dict[str, Any]:
+        """The prediction as a trial records it (``kernel.trial_schema.PREDICTED``), less
+        what it lacks (uncalibrated: the interval and the time in ms)."""
+        by = (
+            f"latency model of {self.model}"
+            if self.calibrated
+            else f"analytic part alone: uncalibrated for {self.arch}"
+        )
+        values = zip(PREDICTED, (self.ratio, self.low, self.high, self.ms, by))
+        return {key: value for key, value in values if value is not None and value == value}  # not NaN
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ import optuna
 from optuna.trial import TrialState
 
 from kernel.resources import Resources
-from kernel.trial_schema import PREDICTED
 from tuner.latency import Prediction
 from tuner.options import Options
 
@@ -37,12 +36,8 @@ def objective_names(gpu: bool, multi: bool) -> list[str]:
 
 def predicted(trial: optuna.Trial, prediction: Prediction) -> None:
     """Record the latency model's prediction for a compiled config (never a measurement)."""
-    p = prediction
-    by = f"latency model of {p.model}" if p.calibrated else f"analytic part alone: uncalibrated for {p.arch}"
-    values = (p.ratio, p.low, p.high, p.ms, by)
-    for key, value in zip(PREDICTED, values):
-        if value is not None and value == value:  # not None, not NaN
-            trial.set_user_attr(key, value)
+    for key, value in prediction.record().items():
+        trial.set_user_attr(key, value)
 
 
 # User attributes of a trial that belong to it alone, not to its config's outcome.

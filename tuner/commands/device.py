@@ -1,6 +1,6 @@
 """The commands that compile or time kernels with no study: ``probe`` (compile-only, any
 architecture), ``warmup`` (every kernel a head size serves, into TileLang's disk cache) and
-``bench`` (the tuned kernel against the seed's config, fla and torch)."""
+``bench`` (out of the box and tuned, against the seed's config, fla and torch)."""
 
 import argparse
 import sys
@@ -15,6 +15,7 @@ from tuner.options import BENCH_PACKED, UsageError, parse_archs, parse_config, p
 
 # The resource columns of ``probe``'s table.
 PROBE_HEADS = ("registers", "spill B", "smem B", "limit B", "threads")
+PROBE_LAST = "predicted time (tuner.latency), or why not"
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -22,7 +23,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
     resources side by side, or why it cannot exist there; without --config, each
     architecture's default config (kernel.defaults.default_config)."""
     from kernel.resources import ProbeFailure, probe  # a slow import; probe alone needs it
+    from kernel.trial_schema import predicted_text
     from tuner import space  # loads Optuna
+    from tuner.latency import Figures, latency_model
 
     problem = problem_of(args)
     given = None if args.config is None else parse_config(args.config, "--config")
@@ -32,14 +35,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
         config.check_fits(problem)
     if given is not None:
         print(f"{given.label} for {problem} in the model form, compile-only", flush=True)
-        print(_probe_row("arch", "status", PROBE_HEADS, "reason"), flush=True)
+        print(_probe_row("arch", "status", PROBE_HEADS, PROBE_LAST), flush=True)
     else:  # the rule's config may differ by architecture: a column of its own
         print(
             f"the default config (kernel.defaults.default_config) of each architecture for {problem} "
             "in the model form, compile-only",
             flush=True,
         )
-        print(_probe_row("arch", "status", PROBE_HEADS, "reason", config="config"), flush=True)
+        print(_probe_row("arch", "status", PROBE_HEADS, PROBE_LAST, config="config"), flush=True)
     for i, (arch, config) in enumerate(configs.items(), 1):
         print(f"compiling {config.label} for {arch} ({i} of {len(archs)})", file=sys.stderr, flush=True)
         label = None if given is not None else config.label
@@ -52,7 +55,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         else:
             status = "ok" if res.fits_smem else "over_smem"
             figures = (res.registers, res.spill_bytes, res.smem_bytes, res.smem_limit, res.threads_launched)
-            row = _probe_row(arch, status, figures, config=label)
+            prediction = latency_model().predict(problem, config, Figures.of(res), arch=arch)
+            row = _probe_row(arch, status, figures, predicted_text(prediction.record()), config=label)
         print(row, flush=True)
     return 0
 
@@ -99,9 +103,10 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Time the tuned kernel, the seed's config, fla and plain torch over shapes, then a
-    packed batch, in the model form (RetNet's decays, scale, final state), then the
-    backward and forward plus backward against fla's, each against its HBM floor."""
+    """Time what a model gets out of the box (the shipped table, else the rule) and tuned,
+    beside the seed's config, fla and plain torch, over shapes, then a packed batch, in the
+    model form (RetNet's decays, scale, final state), then the backward and forward plus
+    backward against fla's, each against its HBM floor."""
     import torch
 
     from kernel.ops.dispatch import load_dispatch  # loads torch
