@@ -18,6 +18,7 @@ from helpers import SMALL, SMALL_PROBLEM, WARP_FAILURE, child_env, run_small
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.ops.deploy import ExportError, load_config, read_export
 from tuner import space
+from tuner.latency import latency_model
 from tuner.options import Options
 from tuner.samplers import make_sampler
 from tuner.storage import export_dir
@@ -198,11 +199,13 @@ def test_every_sampler_and_mode_runs(sampler, multi, tmp_path, studies_dir):
     [(Options(), True), (Options(wave_seeds=False), False), (Options(sampler="grid"), False)],
 )
 def test_studies_measure_the_wave_seeds_first(options, seeded, tmp_path):
-    """A study enqueues the seed config, then the wave seeds (unless turned off, or for the grid)."""
+    """A study enqueues the seed config, then the wave seeds and the latency model's
+    predicted best, each once (unless turned off, or for the grid)."""
     problem = Problem(2, 8, 2048, 64, 64)
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    expected = [SEED_CONFIG, *(space.wave_seeds(problem) if seeded else [])]
-    assert len(expected) > 1 or not seeded
+    first = [*space.wave_seeds(problem), *space.predicted_first(problem, latency_model(), arch="sm_90a")]
+    expected = list(dict.fromkeys([SEED_CONFIG, *(first if seeded else [])]))
+    assert len(expected) > 1 + len(space.wave_seeds(problem)) or not seeded  # the model adds its own
     for _ in range(2):  # a second run over a queue nobody asked yet does not duplicate it
         study = Tuner(problem, options, name="s", storage=storage).study
         queued = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernel import defaults, dkdv
 from kernel.arch import get_arch
 from kernel.config import KernelConfig, Problem
 from kernel.environment import replacing
@@ -31,6 +32,8 @@ MODEL_FORMAT = "decay-tuner-latency-model"
 H200_BANDWIDTH = 4.22e12
 THREADS_PER_SM, REGISTERS_PER_SM, MAX_BLOCKS_PER_SM = 2048, 65536, 8
 SMEM_RESERVED = 1024  # bytes of an SM's shared memory a block cannot opt into
+TYPICAL_REGISTERS = 168  # per thread: 1,350 of the 1,385 kernels the H200 sweeps timed
+PRODUCER_THREADS = 128  # the warp group TileLang adds where it warp-specialises
 
 FEATURES = (
     "log2 blocks per SM slot",
@@ -67,6 +70,17 @@ class Figures:
         get = resources.get if isinstance(resources, dict) else lambda k: getattr(resources, k)
         smem = get("static_smem") + get("dynamic_smem")
         return cls(int(get("registers")), int(smem), int(get("threads_launched")))
+
+
+def estimated_figures(problem: Problem, config: KernelConfig, sweep: str, arch: str) -> Figures:
+    """The probe's figures before a compile: shared memory by the rule's arithmetic
+    (``kernel.defaults.smem_bytes``; the fused sweep's, ``kernel.dkdv.smem_bytes``), equal to
+    the compiled kernels' at every config the H200 sweeps timed; the threads plus TileLang's
+    producer warp group where it warp-specialises; and the registers most of those kernels
+    have (``TYPICAL_REGISTERS``)."""
+    smem = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else defaults.smem_bytes(problem, config)
+    producer = PRODUCER_THREADS if get_arch(arch).setmaxnreg else 0
+    return Figures(TYPICAL_REGISTERS, smem, config.threads + producer)
 
 
 def floor_bytes(problem: Problem, sweep: str = "forward") -> int:
@@ -138,6 +152,7 @@ class Prediction:
     arch: str
     floor_ms: float | None  # at the calibrating GPU's bandwidth; None uncalibrated
     model: str = ""  # the GPU the model was calibrated on
+    covered: bool = True  # the config's knobs and head sizes are among those it was fitted to
 
     @property
     def ms(self) -> float | None:
@@ -150,7 +165,7 @@ class Prediction:
             f"latency model of {self.model}"
             if self.calibrated
             else f"analytic part alone: uncalibrated for {self.arch}"
-        )
+        ) + ("" if self.covered else ", outside the knobs it was fitted to")
         values = zip(PREDICTED, (self.ratio, self.low, self.high, self.ms, by))
         return {key: value for key, value in values if value is not None and value == value}  # not NaN
 
@@ -167,6 +182,13 @@ class LatencyModel:
     trees: tuple[tuple[tuple[float, ...], ...], ...]
     interval: tuple[float, float]  # log residual quantiles on held-out shapes
     trained: dict[str, Any]  # provenance: data, held-out shapes and their accuracy
+    domain: dict[str, list]  # each knob's values, and the [DK, DV] pairs, it was fitted to
+
+    def covers(self, problem: Problem, config: KernelConfig) -> bool:
+        """Whether ``config``'s knobs and the head sizes are all among those fitted to: a
+        prediction elsewhere extrapolates (a tree knows nothing of a chunk it never saw)."""
+        knobs = config.to_dict().items()
+        return all(v in self.domain[k] for k, v in knobs) and [problem.dk, problem.dv] in self.domain["dk_dv"]
 
     @classmethod
     def load(cls, path: Path = MODEL_FILE) -> "LatencyModel":
@@ -182,6 +204,7 @@ class LatencyModel:
                 tuple(tuple(tuple(node) for node in tree) for tree in data["trees"]),
                 tuple(data["interval"]),
                 data["trained"],
+                data["domain"],
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: cannot read the latency model: {exc}") from None
@@ -197,6 +220,7 @@ class LatencyModel:
             "baseline": self.baseline,
             "interval": list(self.interval),
             "trained": self.trained,
+            "domain": self.domain,
         }
         trees = ",\n".join(json.dumps([list(node) for node in tree]) for tree in self.trees)
         with replacing(Path(path)) as tmp:
@@ -221,7 +245,8 @@ class LatencyModel:
         log = self.log_ratio(features(problem, config, sweep, figures, arch))
         floor_ms = floor_bytes(problem, sweep) / self.bandwidth * 1e3
         low, high = (math.exp(log + q) for q in self.interval)
-        return Prediction(math.exp(log), low, high, True, arch, floor_ms, self.gpu)
+        covered = self.covers(problem, config)
+        return Prediction(math.exp(log), low, high, True, arch, floor_ms, self.gpu, covered)
 
 
 def model_path() -> Path:

@@ -108,7 +108,13 @@ def fit(samples: list[Sample], *, gpu: str, bandwidth: float, trained: dict[str,
     hgb = HistGradientBoostingRegressor(**TREE_PARAMS, random_state=0).fit(x, y)
     trees = tuple(_tree(predictor[0].nodes) for predictor in hgb._predictors)
     baseline = float(np.ravel(hgb._baseline_prediction)[0])
-    return LatencyModel(archs.pop(), gpu, bandwidth, baseline, trees, (0.0, 0.0), trained)
+    return LatencyModel(archs.pop(), gpu, bandwidth, baseline, trees, (0.0, 0.0), trained, domain(samples))
+
+
+def domain(samples: list[Sample]) -> dict[str, list]:
+    """Each knob's values among ``samples``, and their [DK, DV] pairs, sorted."""
+    knobs = {k: sorted({getattr(s.config, k) for s in samples}) for k in KernelConfig().to_dict()}
+    return knobs | {"dk_dv": [list(p) for p in sorted({(s.problem.dk, s.problem.dv) for s in samples})]}
 
 
 def _tree(nodes) -> tuple[tuple[float, ...], ...]:
@@ -211,4 +217,7 @@ def fit_and_judge(
         "params": TREE_PARAMS,
     }
     interval = residual_interval(model, test, bandwidth)
-    return LatencyModel(model.arch, gpu, bandwidth, model.baseline, model.trees, interval, trained), rows
+    fitted = LatencyModel(
+        model.arch, gpu, bandwidth, model.baseline, model.trees, interval, trained, model.domain
+    )
+    return fitted, rows

@@ -77,7 +77,8 @@ class Options:
     enqueue: tuple[KernelConfig, ...] = option((), "configs measured first", flag="")
     wave_seeds: bool = option(
         True,
-        "skip the configs measured first for a grid of about one wave (tuner.space.wave_seeds)",
+        "skip the configs measured first: those whose grid is about one wave (tuner.space.wave_seeds) "
+        "and those the latency model predicts fastest (tuner.space.predicted_first)",
         flag="--no-wave-seeds",
     )
     progress: bool = option(True, "hide the progress bar", flag="--no-progress")

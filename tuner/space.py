@@ -19,6 +19,7 @@ from kernel import dkdv
 from kernel.arch import DEFAULT_ARCH, get_arch
 from kernel.config import KernelConfig, Problem, config_grid, knob_choices
 from kernel.defaults import default_config, dkdv_config
+from tuner.latency import LatencyModel, estimated_figures
 
 
 def choices(problem: Problem, sweep: str = "forward") -> dict[str, tuple]:
@@ -98,3 +99,25 @@ def wave_seeds(
         for s in stages
     ]
     return [c for c in dict.fromkeys(configs) if not violated(problem, c, arch, sweep)]
+
+
+def predicted_first(
+    problem: Problem, model: LatencyModel, *, arch: str, sweep: str = "forward", n: int = 4
+) -> list[KernelConfig]:
+    """The ``n`` configs of the space the latency model predicts fastest on ``arch``, from
+    figures estimated before any compile (``tuner.latency.estimated_figures``), among those
+    whose knobs it was fitted to (``LatencyModel.covers``) and whose estimated shared memory
+    fits a block; none where it is not calibrated for ``arch``."""
+    if model.arch != arch:
+        return []
+    limit, ranked = get_arch(arch).smem_per_block, []
+    for config in grid(problem, sweep):
+        figures = estimated_figures(problem, config, sweep, arch)
+        if (
+            model.covers(problem, config)
+            and figures.smem_bytes <= limit
+            and not violated(problem, config, arch, sweep)
+        ):
+            prediction = model.predict(problem, config, figures, arch=arch, sweep=sweep)
+            ranked.append((prediction.ratio, config))
+    return [config for _, config in sorted(ranked, key=lambda r: r[0])[:n]]

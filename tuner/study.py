@@ -113,7 +113,12 @@ class Tuner:
         self._live: set[int] = set()  # ids of this worker's trials in flight, kept alive by heartbeats
         self._pool: ProcessPoolExecutor | None = None
         seeds = (
-            space.wave_seeds(problem, arch=self.arch, sms=sm_count() if self.gpu else None, sweep=self.sweep)
+            [
+                *space.wave_seeds(
+                    problem, arch=self.arch, sms=sm_count() if self.gpu else None, sweep=self.sweep
+                ),
+                *space.predicted_first(problem, self.model, arch=self.arch, sweep=self.sweep),
+            ]
             if options.wave_seeds and options.sampler != "grid"
             else []
         )
