@@ -17,6 +17,7 @@ from kernel.ops.deploy import ExportError
 from kernel.ops.dispatch import load_dispatch
 from tuner import space
 from tuner.cli import main
+from tuner.latency import latency_model
 from tuner.options import Options
 from tuner.study import Tuner
 
@@ -80,17 +81,22 @@ def test_a_config_over_an_architectures_shared_memory_is_restricted_before_compi
 def test_a_compile_only_study_seeds_one_wave_of_its_architectures_reference_gpu(tmp_path):
     """2x10 (batch, head) pairs at DV = 128: 20 blocks per segment. On the A100's 108 SMs 4
     segments (80 blocks) are nearest one wave, on the H100's 132 SMs 8 (160 blocks); the
-    seeds are that count and its neighbours, at 2 and 3 stages."""
+    seeds are that count and its neighbours, at 2 and 3 stages; then, on sm_90a alone (the
+    latency model's architecture), the configs the model predicts fastest."""
     problem = Problem(2, 10, 8192, 128, 128)
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     segments = {}
     for arch in ("sm_80", "sm_90a"):
         study = Tuner(problem, Options(arch=arch), name=arch, storage=storage).study
         queued = [KernelConfig.from_dict(t.system_attrs["fixed_params"]) for t in study.trials]
-        assert queued[0] == SEED_CONFIG and all(not space.violated(problem, c, arch) for c in queued)
-        assert {(c.chunk, c.block_dv, c.threads, c.scores) for c in queued[1:]} == {(64, 128, 256, "smem")}
-        assert sorted(c.num_stages for c in queued[1:]) == [2, 2, 2, 3, 3, 3]
-        segments[arch] = sorted({c.segments for c in queued[1:]})
+        predicted = space.predicted_first(problem, latency_model(), arch=arch)
+        assert (predicted == []) == (arch == "sm_80")
+        assert queued == list(dict.fromkeys([SEED_CONFIG, *space.wave_seeds(problem, arch=arch), *predicted]))
+        assert all(not space.violated(problem, c, arch) for c in queued)
+        seeds = queued[1 : 1 + len(space.wave_seeds(problem, arch=arch))]
+        assert {(c.chunk, c.block_dv, c.threads, c.scores) for c in seeds} == {(64, 128, 256, "smem")}
+        assert sorted(c.num_stages for c in seeds) == [2, 2, 2, 3, 3, 3]
+        segments[arch] = sorted({c.segments for c in seeds})
     assert segments == {"sm_80": [2, 4, 8], "sm_90a": [4, 8, 16]}
     # the same configs for the same SM count; the rule's depth leads (2 stages on sm_80,
     # where 3 are over its shared memory, 3 on sm_90a)

@@ -25,6 +25,7 @@ from kernel.ops.deploy import load_config, read_export
 from kernel.trial_schema import TRIAL_COLUMNS
 from tuner import space
 from tuner.cli import COMMANDS, build_parser, main
+from tuner.latency import latency_model
 from tuner.storage import default_study_name, export_dir
 from tuner.trials import TABLE, TABLE_WIDTH, save_frame, trials_frame
 
@@ -80,7 +81,14 @@ def test_compile_only_study_end_to_end(explored, tmp_path, capsys, monkeypatch):
     exported = read_export(export_dir(explored.storage, "e2e", explored.dir) / "best.json")
     assert exported["mode"] == "compile-only" and exported["problem"] == SMALL_PROBLEM.to_dict()
     # ranked by the latency model's prediction, calibrated for sm_90a, recorded as predicted
-    assert (ok.predicted_by == "latency model of NVIDIA H200").all() and (ok.predicted_ms > 0).all()
+    assert (
+        ok.predicted_by.str.startswith("latency model of NVIDIA H200").all() and (ok.predicted_ms > 0).all()
+    )
+    # a config of knobs the model was not fitted to (the seed's: scores in registers) says so
+    outside = ok.predicted_by.str.endswith(", outside the knobs it was fitted to").tolist()
+    knobs = ok[list(KernelConfig().to_dict())].to_dict("records")
+    assert outside == [not latency_model().covers(SMALL_PROBLEM, KernelConfig(**k)) for k in knobs]
+    assert outside[ok.number.tolist().index(0)]  # the seed's config, trial 0
     assert ((ok.predicted_low < ok.predicted_x_floor) & (ok.predicted_x_floor < ok.predicted_high)).all()
     told = {t.number: t.values[0] for t in study.trials if t.user_attrs.get("status") == "ok"}
     assert told == dict(zip(ok.number, ok.predicted_x_floor))
