@@ -11,7 +11,7 @@ from helpers import SMALL_PROBLEM
 
 from kernel import Problem
 from tuner.cli import main
-from tuner.liveness import HEARTBEAT_ATTR, fail_interrupted, record_heartbeat, unfinished_summary
+from tuner.liveness import HEARTBEAT_ATTR, fail_interrupted, fail_stale, record_heartbeat, unfinished_summary
 from tuner.options import UsageError
 from tuner.storage import default_study_name, export_dir, get_storage, load_study, open_study
 
@@ -288,3 +288,30 @@ def test_the_summary_counts_queued_running_and_dead_trials_apart(kind, tmp_path)
     for trial in (stale, gone, live, study.ask(), study.ask()):
         study.tell(trial, 1.0)
     assert unfinished_summary(study, grace_s=60) == ""
+
+
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_a_trial_its_worker_died_asking_for_is_failed_and_queued_again(kind, tmp_path):
+    """A worker killed between Optuna's ask and its first write leaves a RUNNING trial with
+    no heartbeat, host or pid: it is dead once older than the grace period, and its config
+    is queued again."""
+    if kind == "journal":
+        storage = get_storage(f"journal:{tmp_path / 'j.log'}")
+    else:
+        storage = get_storage(f"sqlite:///{tmp_path / 'db.sqlite'}", heartbeat_s=1, grace_s=1)
+    study = optuna.create_study(study_name="s", storage=storage)
+    orphan = study.ask({"x": optuna.distributions.IntDistribution(0, 9)})
+    live = study.ask()
+    live.set_user_attr("host", socket.gethostname())
+    live.set_user_attr("pid", os.getpid())
+    assert fail_stale(study, grace_s=60) == 0
+    assert unfinished_summary(study, grace_s=60) == "2 running in another worker"
+    time.sleep(1.2)
+    assert unfinished_summary(study, grace_s=1) == "1 running in another worker, 1 left by a dead worker"
+    assert fail_stale(study, grace_s=1) == 1
+    failed = study.trials[orphan.number]
+    assert failed.state == optuna.trial.TrialState.FAIL and failed.user_attrs["status"] == "interrupted"
+    assert "as it asked" in failed.user_attrs["reason"]
+    queued = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.system_attrs["fixed_params"] for t in queued] == [failed.params]
+    assert study.trials[live.number].state == optuna.trial.TrialState.RUNNING

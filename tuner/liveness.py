@@ -62,15 +62,35 @@ def fail_stale(study: optuna.Study, grace_s: float) -> int:
         with warnings.catch_warnings():  # experimental in Optuna 5.0
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)  # Optuna's: atomic, the callback requeues
-        return len(
-            [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.number not in before]
-        )
+        failed = [
+            t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.number not in before
+        ]
+        return len(failed) + _fail_unowned(study, grace_s)
     now, count, stale = time.time(), 0, _stale_ids(study, grace_s)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t._trial_id in stale:
             beat = t.system_attrs[HEARTBEAT_ATTR]
             count += interrupt(study, t, f"no heartbeat for {now - beat:.0f} s: its worker died")
-    return count
+    return count + _fail_unowned(study, grace_s)
+
+
+def _unowned(study: optuna.Study, grace_s: float) -> list[FrozenTrial]:
+    """The RUNNING trials no worker recorded itself on (``pid``) within ``grace_s`` of their
+    start: a worker killed between Optuna's ask and its first write, so no heartbeat of
+    theirs can go stale. A live worker records itself within milliseconds."""
+    now = time.time()
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if "pid" not in t.user_attrs and t.datetime_start and now - t.datetime_start.timestamp() > grace_s
+    ]
+
+
+def _fail_unowned(study: optuna.Study, grace_s: float) -> int:
+    return sum(
+        interrupt(study, t, f"no worker recorded itself on it in {grace_s} s: its worker died as it asked")
+        for t in _unowned(study, grace_s)
+    )
 
 
 def _stale_ids(study: optuna.Study, grace_s: float) -> set[int]:
@@ -91,7 +111,8 @@ def unfinished_summary(study: optuna.Study, grace_s: float) -> str:
     """The study's unfinished trials counted apart, e.g. "2 queued for the next run, 1
     running in another worker, 1 left by a dead worker" (dead: its process is gone from
     this host, or its heartbeat is older than ``grace_s``); empty when every trial is finished."""
-    host, stale = socket.gethostname(), _stale_ids(study, grace_s)
+    host = socket.gethostname()
+    stale = _stale_ids(study, grace_s) | {t._trial_id for t in _unowned(study, grace_s)}
     queued = running = dead = 0
     for t in study.get_trials(deepcopy=False):
         if t.state == TrialState.WAITING:
