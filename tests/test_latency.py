@@ -94,12 +94,34 @@ def test_bad_model_input_is_one_line(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.strip().startswith("error: model fit wants --hold-out")
     assert main(["model", "fit", "--data", str(tmp_path / "none.jsonl"), "--hold-out", "1x8x256"]) == 2
     assert "none.jsonl" in capsys.readouterr().err
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        '{"kind": "env", "env": {"gpu": "G", "arch": "sm_90a"}}\n{"kind": "time", "median_ms": 1}\n'
+    )
+    assert main(["model", "fit", "--data", str(rows), "--hold-out", "1x8x256"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {rows}: not a sweep's JSON lines: KeyError") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("content", [None, '{"format": "decay-tuner-latency-model", "trees": ['])
+def test_a_model_file_missing_or_corrupt_falls_back_to_the_analytic_part(
+    content, tmp_path, monkeypatch, capsys
+):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"format": "decay-tuner-latency-model", "trees": [')
+    if content is not None:
+        bad.write_text(content)
     monkeypatch.setenv(latency.MODEL_VARIABLE, str(bad))
-    with pytest.raises(ValueError, match="bad.json: cannot read the latency model"):
-        latency.latency_model()
-    assert main(["model", "show"]) == 2
+    model = latency.latency_model()
+    assert latency.latency_model() is model  # read, and warned about, once
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"warning: {bad}: cannot read the latency model")
+    problem, config = Problem(8, 16, 4096, 128, 128), KernelConfig(64, 128, 3, 256, "smem")
+    figures = latency.estimated_figures(problem, config, "forward", "sm_90a")
+    prediction = model.predict(problem, config, figures, arch="sm_90a")
+    assert not prediction.calibrated and prediction.ms is None
+    assert prediction.ratio == latency.analytic_ratio(problem, config, figures, "sm_90a")
+    assert prediction.record()["predicted_by"] == "analytic part alone: uncalibrated for sm_90a"
+    assert main(["model", "show"]) == 2  # asked for by name: refused
     assert "bad.json" in capsys.readouterr().err
 
 

@@ -51,15 +51,18 @@ def from_sweep(path: Path) -> tuple[list[Sample], str]:
         lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: cannot read the sweep: {exc}") from None
-    for r in lines:
-        if r.get("kind") == "env":
-            gpu, arch = r["env"]["gpu"], r["env"]["arch"]
-        elif r.get("kind") == "probe" and "resources" in r:
-            figures[r["dk"], r["dv"], r["heads"], r["sweep"], r["config"]] = Figures.of(r["resources"])
-        elif r.get("kind") == "time" and "median_ms" in r:
-            p = Problem(r["b"], r["h"], r["s"], r["dk"], r["dv"], r["dtype"])
-            fig = figures[r["dk"], r["dv"], r["h"], r["sweep"], r["config"]]
-            samples.append(Sample(p, parse_config(r["config"]), r["sweep"], fig, r["median_ms"], arch))
+    try:
+        for r in lines:
+            if r.get("kind") == "env":
+                gpu, arch = r["env"]["gpu"], r["env"]["arch"]
+            elif r.get("kind") == "probe" and "resources" in r:
+                figures[r["dk"], r["dv"], r["heads"], r["sweep"], r["config"]] = Figures.of(r["resources"])
+            elif r.get("kind") == "time" and "median_ms" in r:
+                p = Problem(r["b"], r["h"], r["s"], r["dk"], r["dv"], r["dtype"])
+                fig = figures[r["dk"], r["dv"], r["h"], r["sweep"], r["config"]]
+                samples.append(Sample(p, parse_config(r["config"]), r["sweep"], fig, r["median_ms"], arch))
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise UsageError(f"{path}: not a sweep's JSON lines: {type(exc).__name__}: {exc}") from None
     if not samples:
         raise UsageError(f"{path}: no timed rows (a sweep's JSON lines have 'probe' and 'time' rows)")
     return samples, gpu

@@ -21,7 +21,7 @@ def cmd_model(args: argparse.Namespace) -> int:
     from tuner import latency
 
     if args.action == "show":
-        model = latency.latency_model()
+        model = latency.LatencyModel.load(latency.model_path())
         print(f"{latency.model_path()}: {model.gpu} ({model.arch}), {len(model.trees)} trees")
         print(json.dumps(model.trained, indent=1))
         return 0
