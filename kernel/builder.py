@@ -1,5 +1,6 @@
 """Build a callable kernel for one (problem, config) on the current CUDA device."""
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -12,7 +13,7 @@ import torch
 from kernel.arch import local_arch
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, retnet_decay, whole_chunks
 from kernel.processes import compile_pool
-from kernel.resources import ProbeResult, compile_kernel, probe
+from kernel.resources import ProbeFailure, ProbeResult, compile_kernel, probe
 from kernel.variants import launch, launch_dkdv, shape_generic, unused_state
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -267,15 +268,26 @@ def precompile(
     *,
     arch: str,
     workers: int | None = None,
+    run_on: str | None = None,
 ) -> list[ProbeResult]:
     """Probe many (problem, config[, call]) jobs in parallel processes. Each probe compiles
-    through TileLang's disk cache, so a later ``build`` of the same job is a cache hit."""
+    through TileLang's disk cache, so a later ``build`` of the same job is a cache hit.
+
+    ``run_on`` (a GPU's architecture, other than ``arch``): each job the probe passes is
+    also compiled as ``build(..., lower_for=arch)`` compiles it on that GPU, into the same
+    cache."""
     full = [(*job[:2], job[2] if len(job) > 2 else PLAIN_CALL) for job in jobs]
     problems, configs, calls = zip(*full) if full else ((), (), ())
     workers = workers or min(len(problems), os.cpu_count() or 1) or 1
     with compile_pool(workers) as pool:
-        return list(pool.map(functools.partial(_probe, arch=arch), problems, configs, calls))
+        return list(pool.map(functools.partial(_probe, arch=arch, run_on=run_on), problems, configs, calls))
 
 
-def _probe(problem: Problem, config: KernelConfig, call: Call, *, arch: str) -> ProbeResult:
-    return probe(problem, config, arch=arch, call=call)
+def _probe(
+    problem: Problem, config: KernelConfig, call: Call, *, arch: str, run_on: str | None
+) -> ProbeResult:
+    res = probe(problem, config, arch=arch, call=call)
+    if run_on not in (None, arch) and not isinstance(res, ProbeFailure):
+        with contextlib.suppress(Exception):  # ahead of time only: the build raises it again
+            compile_class(problem, config, call, arch, run_on=run_on)
+    return res

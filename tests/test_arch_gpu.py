@@ -9,11 +9,13 @@ reference C (``kernel.validate.check``), in the model form and the plain call.
 
 import pytest
 import torch
+from helpers import selected
 
 from kernel import KernelConfig, Problem, build
 from kernel.arch import ARCHS, local_arch
+from kernel.builder import cuda_arch, precompile
 from kernel.config import Call, model_call
-from kernel.resources import ProbeFailure, probe
+from kernel.resources import ProbeFailure, ProbeResult
 from kernel.validate import check
 from refs import TOLERANCE
 
@@ -30,12 +32,29 @@ CASES = [
 ]
 
 
+def _call(problem: Problem, form: str) -> Call:
+    return model_call(problem) if form == "model" else Call()
+
+
+@pytest.fixture(scope="module")
+def compiled(request) -> dict[tuple, ProbeResult]:
+    """Every selected case probed, and compiled as ``build(..., lower_for=arch)`` compiles
+    it here, ahead of the tests and in parallel (one architecture at a time)."""
+    cases = selected(request, "arch", "problem", "config", "form")
+    found = {}
+    for arch in PATHS:
+        mine = [case for case in cases if case[0] == arch]
+        jobs = [(p, c, _call(p, form)) for _, p, c, form in mine]
+        found |= dict(zip(mine, precompile(jobs, arch=arch, run_on=cuda_arch())))
+    return found
+
+
 @pytest.mark.parametrize("arch", PATHS)
 @pytest.mark.parametrize("problem,config", CASES, ids=str)
 @pytest.mark.parametrize("form", ["model", "plain"])
-def test_older_architecture_paths_match_c_on_this_gpu(arch, problem, config, form):
-    call = model_call(problem) if form == "model" else Call()
-    res = probe(problem, config, arch=arch, call=call)
+def test_older_architecture_paths_match_c_on_this_gpu(arch, problem, config, form, compiled):
+    call = _call(problem, form)
+    res = compiled[arch, problem, config, form]
     if isinstance(res, ProbeFailure):
         pytest.skip(f"the compiler refuses this config for {arch}: {res.message[:200]}")
     if res.smem_bytes > torch.cuda.get_device_properties(0).shared_memory_per_block_optin:
