@@ -30,6 +30,9 @@ RESOURCES = (
 # What the latency model (``tuner.latency``) predicts for a compiled config: the time as a
 # ratio to the HBM floor, its interval, the time in ms where calibrated, and by what.
 PREDICTED = ("predicted_x_floor", "predicted_low", "predicted_high", "predicted_ms", "predicted_by")
+# Ends ``predicted_by`` where the config's knobs or head sizes are outside those the model
+# was fitted to: an extrapolation, which a compile-only study does not rank.
+OUTSIDE = ", outside the knobs it was fitted to"
 TRIAL_COLUMNS = (
     "number",
     "state",
@@ -61,4 +64,5 @@ def predicted_text(record: Mapping[str, Any]) -> str:
     if ms is None:
         return f"predicted {ratio:.2f}x floor ({get('predicted_by')})"
     low, high = (get(key) * ms / ratio for key in ("predicted_low", "predicted_high"))
-    return f"predicted {ms:.3g} ms ({low:.3g} to {high:.3g}), {ratio:.2f}x floor"
+    outside = OUTSIDE if (get("predicted_by") or "").endswith(OUTSIDE) else ""
+    return f"predicted {ms:.3g} ms ({low:.3g} to {high:.3g}), {ratio:.2f}x floor{outside}"

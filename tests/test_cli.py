@@ -5,6 +5,7 @@ mistakes: exit code 2 with one line."""
 import argparse
 import io
 import json
+import math
 import re
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import refs
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.config import retnet_decay
 from kernel.defaults import default_config
-from kernel.ops.deploy import load_config, read_export
+from kernel.ops.deploy import ExportError, load_config, read_export
 from kernel.trial_schema import TRIAL_COLUMNS
 from tuner import space
 from tuner.cli import COMMANDS, build_parser, main
@@ -90,14 +91,14 @@ def test_compile_only_study_end_to_end(explored, tmp_path, capsys, monkeypatch):
     assert outside == [not latency_model().covers(SMALL_PROBLEM, KernelConfig(**k)) for k in knobs]
     assert outside[ok.number.tolist().index(0)]  # the seed's config, trial 0
     assert ((ok.predicted_low < ok.predicted_x_floor) & (ok.predicted_x_floor < ok.predicted_high)).all()
+    # ranked by the prediction where the model covers the knobs; an extrapolation after them
     told = {t.number: t.values[0] for t in study.trials if t.user_attrs.get("status") == "ok"}
-    assert told == dict(zip(ok.number, ok.predicted_x_floor))
-    best = min(ok.itertuples(), key=lambda r: (r.predicted_x_floor, r.number))
+    assert told == {n: math.inf if o else x for n, x, o in zip(ok.number, ok.predicted_x_floor, outside)}
+    assert (ok.reason[outside] == "outside the knobs the latency model was fitted to: not ranked").all()
+    best = min(ok.itertuples(), key=lambda r: (told[r.number], r.number))
     assert exported["configs"][0]["predicted_x_floor"] == best.predicted_x_floor
-    problem, config = load_config(
-        export_dir(explored.storage, "e2e", explored.dir) / "best.json"
-    )  # same environment: accepted
-    assert problem == SMALL_PROBLEM and config == KernelConfig.from_dict(exported["configs"][0]["config"])
+    with pytest.raises(ExportError, match="ranked by predicted time .* never measured"):
+        load_config(export_dir(explored.storage, "e2e", explored.dir) / "best.json")  # nothing to load
 
     # The study is kept: its trials and its export can be read back by later commands.
     assert main(_on(explored, "trials")) == 0

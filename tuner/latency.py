@@ -23,7 +23,7 @@ from kernel import defaults, dkdv
 from kernel.arch import get_arch
 from kernel.config import KernelConfig, Problem
 from kernel.environment import replacing
-from kernel.trial_schema import PREDICTED
+from kernel.trial_schema import OUTSIDE, PREDICTED
 
 MODEL_FILE = Path(__file__).with_name("latency_model.json")
 MODEL_VARIABLE = "DECAY_TUNER_LATENCY_MODEL"  # a model file of the user's, fitted to their GPU
@@ -166,7 +166,7 @@ class Prediction:
             f"latency model of {self.model}"
             if self.calibrated
             else f"analytic part alone: uncalibrated for {self.arch}"
-        ) + ("" if self.covered else ", outside the knobs it was fitted to")
+        ) + ("" if self.covered else OUTSIDE)
         values = zip(PREDICTED, (self.ratio, self.low, self.high, self.ms, by))
         return {key: value for key, value in values if value is not None and value == value}  # not NaN
 

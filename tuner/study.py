@@ -283,12 +283,12 @@ class Tuner:
         outcomes.predicted(trial, prediction)
         if not self.gpu:
             trial.set_constraint("correctness", 0.0)
+            rank = prediction.ratio
+            if not prediction.covered:  # an extrapolation: ranked after every config the model covers
+                trial.set_user_attr("reason", "outside the knobs the latency model was fitted to: not ranked")
+                rank = math.inf
             outcomes.tell(
-                self.study,
-                trial,
-                [prediction.ratio, float(res.smem_bytes)][: len(self.objectives)],
-                "ok",
-                start,
+                self.study, trial, [rank, float(res.smem_bytes)][: len(self.objectives)], "ok", start
             )
             return
         self._measure(trial, config, worker, start)
@@ -319,4 +319,6 @@ class Tuner:
         t = best[0]
         if self.gpu:
             return f"best {t.values[0]:.4g} ms @ {trial_config(t).label}"
+        if not math.isfinite(t.values[0]):
+            return "no config the latency model covers yet"
         return f"best predicted {t.values[0]:.3g}x floor @ {trial_config(t).label}"

@@ -56,14 +56,20 @@ def load_config(
 ) -> tuple[Problem, KernelConfig]:
     """The best config of a file, checked against this machine and ``problem``.
 
-    ``problem`` defaults to the file's own. Raises ``ExportError`` on a mismatch of
-    environment or problem unless ``allow_mismatch``.
+    ``problem`` defaults to the file's own. Raises ``ExportError`` for a compile-only
+    file (its ranking is predicted), and on a mismatch of environment or problem unless
+    ``allow_mismatch``.
     """
     data = read_export(path)
     if data.get("sweep", "forward") != "forward":
         raise ExportError(
             f"{path} holds configs of the backward's fused dk and dv sweep, not of a forward kernel: "
             "serve them through a dispatch table (python -m tuner dispatch --backward)"
+        )
+    if data.get("mode") != "gpu":
+        raise ExportError(
+            f"{path} holds configs ranked by predicted time (a compile-only study), never measured: "
+            "tune on the GPU (python -m tuner run) for a file to load"
         )
     try:
         saved = Problem.from_dict(data["problem"])

@@ -55,8 +55,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
         else:
             status = "ok" if res.fits_smem else "over_smem"
             figures = (res.registers, res.spill_bytes, res.smem_bytes, res.smem_limit, res.threads_launched)
-            prediction = latency_model().predict(problem, config, Figures.of(res), arch=arch)
-            row = _probe_row(arch, status, figures, predicted_text(prediction.record()), config=label)
+            why = "cannot launch: more shared memory than a block may have"
+            if res.fits_smem:
+                why = predicted_text(
+                    latency_model().predict(problem, config, Figures.of(res), arch=arch).record()
+                )
+            row = _probe_row(arch, status, figures, why, config=label)
         print(row, flush=True)
     return 0
 
