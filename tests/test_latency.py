@@ -16,6 +16,7 @@ from kernel.config import KernelConfig, Problem
 from tuner import latency, latency_fit, space
 from tuner.cli import main
 from tuner.latency import Figures, LatencyModel, features
+from tuner.options import UsageError
 
 SWEEPS = REPO / "experiments" / "h200" / "shipped"
 TRAIN = SWEEPS / "sweep-128x128_128x256_64x64_256x256-bfloat16.jsonl"
@@ -155,6 +156,7 @@ def test_a_storage_s_gpu_trials_are_timings_to_fit_to(tmp_path, samples):
                     value=s.median_ms,
                     user_attrs={
                         "status": "ok",
+                        "median_ms": s.median_ms,
                         "arch": s.arch,
                         "environment": {"gpu": "NVIDIA H200"},
                         "registers": f.registers,
@@ -164,8 +166,23 @@ def test_a_storage_s_gpu_trials_are_timings_to_fit_to(tmp_path, samples):
                     },
                 )
             )
+    old = optuna.create_study(storage=storage, study_name="older")  # trials without figures: skipped
+    old.set_user_attr("problem", samples[1][0].problem.to_dict())
+    old.set_user_attr("mode", "gpu")
+    distributions = space.distributions(samples[1][0].problem)
+    old.add_trial(
+        optuna.trial.create_trial(
+            params=samples[1][0].config.to_dict(),
+            distributions=distributions,
+            value=0.1,
+            user_attrs={"status": "ok", "median_ms": 0.1},
+        )
+    )
     read, gpu = latency_fit.from_storage(storage)
     assert gpu == "NVIDIA H200" and sorted(read, key=repr) == sorted(samples[1], key=repr)
+    with pytest.raises(UsageError, match="no storage at"):
+        latency_fit.from_storage(str(tmp_path / "typo.db"))
+    assert not (tmp_path / "typo.db").exists()  # reading never creates a storage
     model = latency.latency_model()
     assert latency_fit.summary(latency_fit.judge(model, read)) == model.trained["held_out"]
 

@@ -69,13 +69,14 @@ def from_sweep(path: Path) -> tuple[list[Sample], str]:
 
 
 def from_storage(url: str) -> tuple[list[Sample], str]:
-    """The feasible GPU trials of every study in a storage; and their GPU (the first named)."""
+    """The feasible GPU trials of every study in a storage (a trial that lacks a measured
+    time or the compiler's figures is skipped); and their GPU (the first named)."""
     import optuna
 
     from tuner.storage import get_storage
     from tuner.trials import is_feasible, trial_config
 
-    storage = get_storage(url)
+    storage = get_storage(url, create=False)
     samples, gpus = [], []
     for summary in optuna.get_all_study_summaries(storage):
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
@@ -84,13 +85,19 @@ def from_storage(url: str) -> tuple[list[Sample], str]:
         problem = Problem.from_dict(study.user_attrs["problem"])
         sweep = study.user_attrs.get("sweep", "forward")
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            if not is_feasible(t) or "cached_from" in t.user_attrs or not math.isfinite(t.values[0]):
+            ms = t.user_attrs.get("median_ms")
+            if not is_feasible(t) or "cached_from" in t.user_attrs or not isinstance(ms, float | int):
+                continue
+            try:
+                fig = Figures.of(t.user_attrs)
+            except (TypeError, ValueError):  # a trial of an older tool, without the figures
+                continue
+            if not math.isfinite(ms):
                 continue
             env = t.user_attrs.get("environment") or {}
             gpus.append(env.get("gpu", ""))
-            fig = Figures.of(t.user_attrs)
             arch = t.user_attrs.get("arch", study.user_attrs.get("arch", ""))
-            samples.append(Sample(problem, trial_config(t), sweep, fig, t.values[0], arch))
+            samples.append(Sample(problem, trial_config(t), sweep, fig, float(ms), arch))
     if not samples:
         raise UsageError(f"{url}: no GPU trials to fit to")
     return samples, next((g for g in gpus if g), "")
