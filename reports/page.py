@@ -211,17 +211,16 @@ def _predictions(frame: pd.DataFrame) -> list[str]:
     rows = search.predicted_against_measured(frame)
     if rows.empty:
         return []
-    ratio = rows.ratio.median()
     return [
-        f'<p class="lede">The latency model (tuner.latency) against the GPU: measured / predicted '
-        f"{ratio:.2f} (median of {len(rows)} trials; its spread over the knobs: "
+        *(f'<p class="lede">{markup.escape(line)}.</p>' for line in search.prediction_check(frame, least=1)),
+        "<p>Measured over predicted, its spread over the knobs: "
         + ", ".join(
             f"{knob} {markup.escape(plain_text(choice))} {group.ratio.median():.2f}"
             for knob in PARAMS
             for choice, group in rows.groupby(knob)
             if rows[knob].nunique() > 1
         )
-        + ").</p>",
+        + ".</p>",
         markup.figure(figures.prediction_figure(rows), "fig-predicted", "no trial with both"),
     ]
 

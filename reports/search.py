@@ -148,7 +148,29 @@ def history(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def predicted_against_measured(frame: pd.DataFrame) -> pd.DataFrame:
-    """The feasible trials that have both a measured and a predicted time (a GPU study with
-    the latency model's predictions), each with ``ratio``: measured over predicted."""
-    both = frame[frame.feasible & frame.median_ms.notna() & frame.predicted_ms.notna()]
+    """The feasible trials that were measured (not copied from another trial) and have a
+    predicted time (a GPU study with the latency model's predictions), each with ``ratio``:
+    measured over predicted."""
+    both = frame[
+        frame.feasible & frame.median_ms.notna() & frame.predicted_ms.notna() & frame.cached_from.isna()
+    ]
     return both.assign(ratio=both.median_ms / both.predicted_ms)
+
+
+def prediction_check(frame: pd.DataFrame, *, least: int = 5, off: float = 1.3) -> list[str]:
+    """How far the latency model's predictions are from the measurements, one line per GPU
+    with ``least`` or more trials that have both; a line says to refit where the median
+    ratio is over ``off`` or under ``1 / off``."""
+    lines = []
+    for gpu, rows in predicted_against_measured(frame).groupby("env_gpu", dropna=False):
+        if len(rows) < least:
+            continue
+        ratio, gpu = float(rows.ratio.median()), gpu if isinstance(gpu, str) else "an unrecorded GPU"
+        text = f"latency model on {gpu}: measured / predicted {ratio:.2f} (median of {len(rows)} trials)"
+        if not 1 / off <= ratio <= off:
+            text += (
+                f"; the model is off by {max(ratio, 1 / ratio) - 1:.0%} on this GPU: fit one to it with "
+                "python -m tuner model fit --storage URL and set DECAY_TUNER_LATENCY_MODEL"
+            )
+        lines.append(text)
+    return lines

@@ -20,7 +20,7 @@ import optuna
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
-from helpers import run_small
+from helpers import gpu_study, run_small
 from optuna.trial import TrialState
 
 from kernel import KernelConfig, Problem
@@ -679,3 +679,28 @@ def test_the_architectures_section_renders_in_chromium(archs, tmp_path):
     load = browser.load(html)
     assert 'id="fig-archs"' in html.read_text() and load.graphs == load.rendered == graphs, load
     assert load.console_errors == [] and load.blocked == []
+
+
+def test_prediction_check_says_when_the_latency_model_is_off_per_gpu():
+    """Measured over predicted, per GPU, over trials measured (not copied): a model too slow
+    or too fast by more than 30 % is named, with the command that refits it."""
+    frame = trials_frame(gpu_study([0.5, 0.4, 0.3, 0.2, 0.6, 0.7, None], env={"gpu": "NVIDIA H200"}))
+    assert search.prediction_check(frame) == []  # no predictions recorded
+    frame["predicted_ms"] = frame.median_ms / 1.1
+    assert search.prediction_check(frame) == [
+        "latency model on NVIDIA H200: measured / predicted 1.10 (median of 6 trials)"
+    ]
+    for ratio, off in ((1.5, "50%"), (0.7, "43%")):  # measured slower, and faster, than predicted
+        frame["predicted_ms"] = frame.median_ms / ratio
+        (line,) = search.prediction_check(frame)
+        assert f"off by {off} on this GPU: fit one to it with python -m tuner model fit" in line
+    frame.loc[frame.number >= 2, "cached_from"] = 0  # copies of trial 0: not measurements
+    assert search.prediction_check(frame) == []  # fewer than 5 measured trials with both
+    frame["cached_from"] = None
+    frame.loc[frame.number < 3, "env_gpu"] = "NVIDIA H100"
+    lines = search.prediction_check(frame, least=3)
+    assert [line.split(":")[0] for line in lines] == [
+        "latency model on NVIDIA H100",
+        "latency model on NVIDIA H200",
+    ]
+    assert all("measured / predicted 0.70 (median of 3 trials); the model is off by 43%" in x for x in lines)

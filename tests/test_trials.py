@@ -8,7 +8,7 @@ from helpers import SMALL_PROBLEM, gpu_study
 from kernel import SEED_CONFIG, KernelConfig
 from kernel.trial_schema import TRIAL_COLUMNS
 from tuner import space
-from tuner.trials import TABLE, compare, prediction_check, save_frame, table, trials_frame
+from tuner.trials import TABLE, compare, save_frame, table, trials_frame
 
 
 def test_trials_frame_from_hand_built_study():
@@ -75,14 +75,3 @@ def test_table_cuts_a_long_reason_to_its_width_and_keeps_short_ones_whole():
     assert "second line" not in "\n".join(lines)
     wide = table(frame, width=400).splitlines()  # room for the whole first line: nothing is cut
     assert wide[2].endswith("x" * 200) and "..." not in "\n".join(wide)
-
-
-def test_prediction_check_says_when_the_latency_model_is_off():
-    frame = trials_frame(gpu_study([0.5, 0.4, 0.3, 0.2, 0.6, None]))  # five feasible, one failed
-    assert prediction_check(frame) is None  # no predictions recorded
-    frame["predicted_ms"] = frame.median_ms / 1.1
-    close = prediction_check(frame)
-    assert close == "latency model: measured / predicted 1.10 (median of 5 trials)"
-    frame["predicted_ms"] = frame.median_ms / 1.5
-    assert "off by 50% on this GPU: fit one to it with python -m tuner model fit" in prediction_check(frame)
-    assert prediction_check(frame.iloc[:4]) is None  # fewer than 5 trials with both: nothing said

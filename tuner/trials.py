@@ -196,23 +196,6 @@ def table(frame: pd.DataFrame, columns=TABLE, width: int = TABLE_WIDTH) -> str:
     return text
 
 
-def prediction_check(frame: pd.DataFrame, *, least: int = 5, off: float = 0.3) -> str | None:
-    """How far the latency model's predictions are from the GPU's measurements, over the
-    feasible trials that have both (``least`` or more), in one line; it says to refit where
-    the median ratio is off by more than ``off``."""
-    both = frame[frame.feasible & frame.median_ms.notna() & frame.predicted_ms.notna()]
-    if len(both) < least:
-        return None
-    ratio = float((both.median_ms / both.predicted_ms).median())
-    text = f"latency model: measured / predicted {ratio:.2f} (median of {len(both)} trials)"
-    if abs(ratio - 1) > off:
-        text += (
-            f"; the model is off by {abs(ratio - 1):.0%} on this GPU: fit one to it with "
-            "python -m tuner model fit --storage URL and set DECAY_TUNER_LATENCY_MODEL"
-        )
-    return text
-
-
 def problem_trials(study: optuna.Study) -> pd.DataFrame:
     """The trial logs of every study in ``study``'s storage that tuned its problem, ``study``
     among them, all environments: one problem's configs on every architecture it was

@@ -91,8 +91,9 @@ def _run_and_log(tuner: "Tuner", folder: Path) -> "optuna.Study":
 def _log(study: "optuna.Study", folder: Path, grace_s: float, note: str = "") -> None:
     """Save the study's trial log (CSV and Parquet) in ``folder`` and say so in one line,
     with its unfinished trials counted apart (``tuner.liveness.unfinished_summary``)."""
+    from reports.search import prediction_check
     from tuner.liveness import unfinished_summary  # loads Optuna
-    from tuner.trials import prediction_check, save_frame, trials_frame  # loads Optuna and pandas
+    from tuner.trials import save_frame, trials_frame  # loads Optuna and pandas
 
     frame = trials_frame(study)
     paths = save_frame(frame, folder / "trials")
@@ -103,9 +104,8 @@ def _log(study: "optuna.Study", folder: Path, grace_s: float, note: str = "") ->
         + (f" ({unfinished})" if unfinished else "")
         + f"{note}; log {', '.join(map(str, paths))}"
     )
-    check = prediction_check(frame)
-    if check:
-        print(check)
+    for line in prediction_check(frame):
+        print(line)
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
