@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kernel.config import KernelConfig
-from kernel.trial_schema import MEASURES, PARAMS, PREDICTED, TRIAL_COLUMNS
+from kernel.trial_schema import MEASURES, OUTSIDE, PARAMS, PREDICTED, TRIAL_COLUMNS
 from kernel.trial_schema import RESOURCES as RESOURCES_ALL
 from reports.decays import decay_label
 
@@ -84,8 +84,10 @@ class Summary(NamedTuple):
 
 def report_frame(frame: pd.DataFrame, info: StudyInfo) -> pd.DataFrame:
     """A copy of the trial log plus ``config`` (``KernelConfig.label``, the ``--enqueue``
-    form), ``violated`` (names of the violated constraints), ``decay`` (``decay_label``) and
-    ``hover`` (the full config and measurements, one HTML line each)."""
+    form), ``violated`` (names of the violated constraints), ``decay`` (``decay_label``),
+    ``predicted_rank`` (``predicted_x_floor`` where the model covers the config's knobs,
+    what a compile-only study ranks by; NaN for an extrapolation) and ``hover`` (the full
+    config and measurements, one HTML line each)."""
     missing = [c for c in FRAME_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"the trial log lacks the columns {missing} (see reports.data.FRAME_COLUMNS)")
@@ -98,6 +100,8 @@ def report_frame(frame: pd.DataFrame, info: StudyInfo) -> pd.DataFrame:
         ", ".join(k for k, v in sorted(constraints(c).items()) if v > 0) for c in frame.constraints
     ]
     frame["decay"] = decay_label(info.problem)
+    outside = frame.predicted_by.fillna("").astype(str).str.endswith(OUTSIDE)
+    frame["predicted_rank"] = frame.predicted_x_floor.where(~outside)
     frame["hover"] = [_hover(row) for row in frame.to_dict("records")]
     return frame
 
@@ -231,8 +235,8 @@ def _mode_of(frame: pd.DataFrame) -> str:
 def _untimed_metric(objectives: list[str], frame: pd.DataFrame) -> str:
     """Without latency: the latency model's prediction where the trials recorded one, else a
     resource (``_resource_metric``)."""
-    if "predicted_x_floor" in frame and frame.predicted_x_floor.notna().any():
-        return "predicted_x_floor"
+    if frame.predicted_rank.notna().any():
+        return "predicted_rank"
     return _resource_metric(objectives, frame)
 
 
@@ -270,6 +274,7 @@ def top_configs(frame: pd.DataFrame, order: Sequence[str], *, n: int = 10) -> pd
         "seed_register_estimate",
         "spill_bytes",
         "smem_bytes",
+        *PREDICTED,
         "baseline",
     ]
     return top[cols].assign(speedup=base_ms / top.median_ms).reset_index(drop=True)

@@ -107,7 +107,7 @@ def _header(s: Summary, frame: pd.DataFrame, *, archs: bool) -> str:
     if not s.timed:
         over = (
             "the latency model's predicted time (tuner.latency), not a measurement"
-            if s.metric == "predicted_x_floor"
+            if s.metric == "predicted_rank"
             else f"resources ({markup.escape(style.LABELS[s.metric])}), not latency"
         )
         parts.append(
@@ -226,7 +226,8 @@ def _predictions(frame: pd.DataFrame) -> list[str]:
 
 
 def _tables(s: Summary, frame: pd.DataFrame) -> str:
-    top, fails = data.top_configs(frame, s.objectives), data.failures(frame)
+    top = data.top_configs(frame, s.objectives if s.timed else [s.metric, *s.objectives])
+    fails = data.failures(frame)
     config = "config (C/bDV/stages/threads/scores/segments)"
     top_shown = pd.DataFrame(
         {
@@ -242,6 +243,7 @@ def _tables(s: Summary, frame: pd.DataFrame) -> str:
             "seed estimate": top.seed_register_estimate.map(lambda v: markup.num(v, ".0f")),
             "spill B": top.spill_bytes.map(lambda v: markup.num(v, ",.0f")),
             "smem B": top.smem_bytes.map(lambda v: markup.num(v, ",.0f")),
+            "predicted": [predicted_text(row) for row in top.to_dict("records")],
         }
     )
     if not s.timed:

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 LABELS = {
     "median_ms": "median latency (ms)",
-    "predicted_x_floor": "predicted time / HBM floor (latency model)",
+    "predicted_rank": "predicted time / HBM floor (latency model)",
     "rel_l2": "relative L2 error vs reference C",
     "spill_bytes": "spill bytes / thread",
     "smem_bytes": "shared memory / block (B)",

@@ -321,4 +321,5 @@ class Tuner:
             return f"best {t.values[0]:.4g} ms @ {trial_config(t).label}"
         if not math.isfinite(t.values[0]):
             return "no config the latency model covers yet"
-        return f"best predicted {t.values[0]:.3g}x floor @ {trial_config(t).label}"
+        uncalibrated = "" if self.model.arch == self.arch else " (uncalibrated)"
+        return f"best predicted {t.values[0]:.3g}x floor{uncalibrated} @ {trial_config(t).label}"

@@ -174,7 +174,14 @@ def table(frame: pd.DataFrame, columns=TABLE, width: int = TABLE_WIDTH) -> str:
     """The trial log as text: the config as its label, whole numbers without a decimal
     point, empty cells blank, each reason's first line, cut where it would take a line past
     ``width`` characters, to no fewer than 12 (a cut reason ends in "..."; the log's files
-    keep it whole)."""
+    keep it whole). Where no trial has a predicted time in ms (the latency model is not
+    calibrated for the study's architecture), the predicted ratio to the floor stands in."""
+    if (
+        "predicted_ms" in columns
+        and frame.predicted_ms.isna().all()
+        and frame.predicted_x_floor.notna().any()
+    ):
+        columns = [c if c != "predicted_ms" else "predicted_x_floor" for c in columns]
     shown = frame.assign(
         config=[KernelConfig(**{k: row[k] for k in PARAMS}).label for _, row in frame.iterrows()],
         reason=frame.reason.map(
