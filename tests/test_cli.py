@@ -182,12 +182,7 @@ def test_an_uncalibrated_study_says_so_and_shows_its_predicted_ratio(tmp_path, c
                 params=config.to_dict(),
                 distributions=space.distributions(SMALL_PROBLEM),
                 value=ratio,
-                user_attrs={
-                    "mode": "compile-only",
-                    "status": "ok",
-                    "predicted_x_floor": ratio,
-                    "predicted_by": by,
-                },
+                user_attrs=attrs,
             )
         )
     assert main(["best", *SMALL, "--storage", storage, "--study", "old-gpu"]) == 0
