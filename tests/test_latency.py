@@ -15,7 +15,7 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from kernel.config import KernelConfig, Problem
 from tuner import latency, latency_fit, space
 from tuner.cli import main
-from tuner.latency import Figures, LatencyModel, features
+from tuner.latency import Figures, LatencyModel
 from tuner.options import UsageError
 
 SWEEPS = REPO / "experiments" / "h200" / "shipped"
@@ -45,7 +45,7 @@ def test_the_shipped_model_is_what_model_fit_makes_of_the_sweeps(tmp_path, sampl
 def test_the_json_trees_predict_what_scikit_learn_does(samples):
     train, held = samples
     model = latency_fit.fit(train, gpu="NVIDIA H200", bandwidth=latency.H200_BANDWIDTH, trained={})
-    x = lambda rows: np.array([features(s.problem, s.config, s.sweep, s.figures, s.arch) for s in rows])  # noqa: E731
+    x = lambda rows: np.array([s.features() for s in rows])  # noqa: E731
     y = [s.log_ratio(latency.H200_BANDWIDTH) for s in train]
     reference = HistGradientBoostingRegressor(**latency_fit.TREE_PARAMS, random_state=0).fit(x(train), y)
     ours = [model.log_ratio(list(row)) for row in x(held)]
@@ -91,8 +91,6 @@ def test_fewer_waves_predict_faster_on_the_h200():
 
 
 def test_bad_model_input_is_one_line(tmp_path, monkeypatch, capsys):
-    assert main(["model", "fit", "--data", str(TRAIN)]) == 2
-    assert capsys.readouterr().err.strip().startswith("error: model fit wants --hold-out")
     assert main(["model", "fit", "--data", str(tmp_path / "none.jsonl"), "--hold-out", "1x8x256"]) == 2
     assert "none.jsonl" in capsys.readouterr().err
     rows = tmp_path / "rows.jsonl"
@@ -212,3 +210,35 @@ def test_a_study_measures_first_what_the_model_predicts_fastest(samples):
             checked += 1
     assert checked == 17
     assert space.predicted_first(Problem(8, 16, 4096, 128, 128), model, arch="sm_80") == []
+
+
+def test_model_fit_without_held_out_shapes_leaves_each_shape_out(tmp_path, samples, capsys):
+    """A user's calibration: every shape is judged by a fit to the others, then the model is
+    fitted to all of them; a storage of one shape cannot be judged, and says so."""
+    held = samples[1]
+    out = tmp_path / "mine.json"
+    assert main(["model", "fit", "--data", str(HELD_OUT), "--out", str(out)]) == 0
+    model = LatencyModel.load(out)
+    shapes = {s.shape for s in held}
+    assert model.trained["judged_on"] == "each shape left out in turn"
+    assert model.trained["timings"] == model.trained["held_out_timings"] == len(held)
+    rows = capsys.readouterr().out.splitlines()[1:-2]  # the header, a row per shape, the summary, where
+    assert (
+        len(rows)
+        == model.trained["held_out"]["shapes"]
+        == sum(sum(s.shape == shape for s in held) >= 3 for shape in shapes)
+    )
+    assert model.interval[0] < 0 < model.interval[1]
+    one = [s for s in held if s.shape == held[0].shape]
+    with pytest.raises(UsageError, match="all .* timings are of one shape"):
+        latency_fit.fit_each_shape_out(one, gpu="G", bandwidth=latency.H200_BANDWIDTH, sources=[])
+
+
+def test_spearman_gives_ties_their_average_rank():
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(0)
+    for n in (3, 5, 12, 40):
+        a, b = rng.integers(0, 4, n).tolist(), rng.random(n).tolist()
+        assert latency_fit.spearman(a, b) == pytest.approx(spearmanr(a, b).statistic, abs=1e-12)
+    assert math.isnan(latency_fit.spearman([1, 1, 1], [1, 2, 3]))

@@ -188,7 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("action", choices=("fit", "show"), help="fit a model, or show the one in use")
     model.add_argument("--data", action="append", help="a sweep's JSON lines to fit to (repeatable)")
     model.add_argument("--storage", help="an Optuna storage whose GPU trials to fit to")
-    model.add_argument("--hold-out", help="shapes BxHxS[,...] judged on and never fitted to")
+    model.add_argument(
+        "--hold-out",
+        help="shapes BxHxS[,...] judged on and never fitted to (default: each shape left out in turn, "
+        "then a fit to all)",
+    )
     model.add_argument(
         "--bandwidth",
         type=float,

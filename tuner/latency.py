@@ -33,7 +33,9 @@ MODEL_FORMAT = "decay-tuner-latency-model"
 H200_BANDWIDTH = 4.22e12
 THREADS_PER_SM, REGISTERS_PER_SM, MAX_BLOCKS_PER_SM = 2048, 65536, 8
 SMEM_RESERVED = 1024  # bytes of an SM's shared memory a block cannot opt into
-TYPICAL_REGISTERS = 168  # per thread: 1,350 of the 1,385 kernels the H200 sweeps timed
+# Registers per thread of the kernels the H200 sweeps timed (235): 168 for 218 of them; the
+# other 17, all split into 64 segments, have 224 (forward) or 228 (the fused dk+dv sweep).
+TYPICAL_REGISTERS, SEGMENTS_64_REGISTERS = 168, {"forward": 224, "dkdv": 228}
 PRODUCER_THREADS = 128  # the warp group TileLang adds where it warp-specialises
 
 FEATURES = (
@@ -77,11 +79,12 @@ def estimated_figures(problem: Problem, config: KernelConfig, sweep: str, arch: 
     """The probe's figures before a compile: shared memory by the rule's arithmetic
     (``kernel.defaults.smem_bytes``; the fused sweep's, ``kernel.dkdv.smem_bytes``), equal to
     the compiled kernels' at every config the H200 sweeps timed; the threads plus TileLang's
-    producer warp group where it warp-specialises; and the registers most of those kernels
-    have (``TYPICAL_REGISTERS``)."""
+    producer warp group where it warp-specialises; and the registers those kernels have
+    (``TYPICAL_REGISTERS``, more split into 64 segments)."""
     smem = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else defaults.smem_bytes(problem, config)
     producer = PRODUCER_THREADS if get_arch(arch).setmaxnreg else 0
-    return Figures(TYPICAL_REGISTERS, smem, config.threads + producer)
+    registers = SEGMENTS_64_REGISTERS[sweep] if config.segments >= 64 else TYPICAL_REGISTERS
+    return Figures(registers, smem, config.threads + producer)
 
 
 def floor_bytes(problem: Problem, sweep: str = "forward") -> int:

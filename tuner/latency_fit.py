@@ -11,7 +11,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,13 @@ from tuner.latency import Figures, LatencyModel, features, floor_bytes
 from tuner.options import UsageError, parse_config
 
 # Chosen among 7 settings by held-out accuracy (experiments/h200/costmodel/README.md).
-TREE_PARAMS = {"max_iter": 150, "learning_rate": 0.1, "min_samples_leaf": 10, "max_leaf_nodes": 8}
+TREE_PARAMS = {
+    "max_iter": 150,
+    "learning_rate": 0.1,
+    "min_samples_leaf": 10,
+    "max_leaf_nodes": 8,
+    "early_stopping": False,  # every tree, whatever the data's size
+}
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,9 @@ class Sample:
         """What one ranking is over: the head sizes, sweep and (B, H, S)."""
         p = self.problem
         return (p.dk, p.dv, self.sweep, p.batch, p.heads, p.seqlen)
+
+    def features(self) -> list[float]:
+        return features(self.problem, self.config, self.sweep, self.figures, self.arch)
 
     def log_ratio(self, bandwidth: float) -> float:
         return math.log(self.median_ms * 1e-3 * bandwidth / floor_bytes(self.problem, self.sweep))
@@ -113,7 +122,7 @@ def fit(samples: list[Sample], *, gpu: str, bandwidth: float, trained: dict[str,
     archs = {s.arch for s in samples}
     if len(archs) != 1:
         raise UsageError(f"the timings are of several architectures ({sorted(archs)}): fit one at a time")
-    x = np.array([features(s.problem, s.config, s.sweep, s.figures, s.arch) for s in samples])
+    x = np.array([s.features() for s in samples])
     y = np.array([s.log_ratio(bandwidth) for s in samples])
     hgb = HistGradientBoostingRegressor(**TREE_PARAMS, random_state=0).fit(x, y)
     trees = tuple(_tree(predictor[0].nodes) for predictor in hgb._predictors)
@@ -140,13 +149,30 @@ def _tree(nodes) -> tuple[tuple[float, ...], ...]:
 
 
 def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation (ties broken by order), NaN under 3 values."""
+    """Spearman's rank correlation (tied values share their average rank), NaN under 3
+    values or where either side is constant."""
     if len(a) < 3:
         return math.nan
-    rank = lambda v: {i: r for r, i in enumerate(sorted(range(len(v)), key=v.__getitem__))}  # noqa: E731
-    ra, rb = rank(a), rank(b)
-    n = len(a)
-    return 1 - 6 * sum((ra[i] - rb[i]) ** 2 for i in range(n)) / (n * (n * n - 1))
+    ra, rb = _ranks(a), _ranks(b)
+    mean = (len(a) - 1) / 2
+    cov = sum((x - mean) * (y - mean) for x, y in zip(ra, rb))
+    spread = math.sqrt(sum((x - mean) ** 2 for x in ra) * sum((y - mean) ** 2 for y in rb))
+    return cov / spread if spread else math.nan
+
+
+def _ranks(values: list[float]) -> list[float]:
+    """Each value's rank from 0, ties at the mean of the ranks they span."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for i in order[start : end + 1]:
+            ranks[i] = (start + end) / 2
+        start = end + 1
+    return ranks
 
 
 def judge(model: LatencyModel, samples: Iterable[Sample]) -> list[dict[str, Any]]:
@@ -159,9 +185,7 @@ def judge(model: LatencyModel, samples: Iterable[Sample]) -> list[dict[str, Any]
         if len(found) < 3:
             continue
         measured = [s.median_ms for s in found]
-        predicted = [
-            model.log_ratio(features(s.problem, s.config, s.sweep, s.figures, s.arch)) for s in found
-        ]
+        predicted = [model.log_ratio(s.features()) for s in found]
         order = sorted(range(len(found)), key=predicted.__getitem__)
         best = min(measured)
         dk, dv, sweep, b, h, s = shape
@@ -182,12 +206,16 @@ def judge(model: LatencyModel, samples: Iterable[Sample]) -> list[dict[str, Any]
 
 def residual_interval(model: LatencyModel, samples: list[Sample], bandwidth: float) -> tuple[float, float]:
     """The 10th and 90th percentile of log(measured / predicted) over ``samples``."""
-    residuals = sorted(
-        s.log_ratio(bandwidth) - model.log_ratio(features(s.problem, s.config, s.sweep, s.figures, s.arch))
-        for s in samples
-    )
-    at = lambda q: residuals[min(len(residuals) - 1, int(q * len(residuals)))]  # noqa: E731
-    return (at(0.1), at(0.9))
+    return _interval(_residuals(model, samples, bandwidth))
+
+
+def _residuals(model: LatencyModel, samples: list[Sample], bandwidth: float) -> list[float]:
+    return [s.log_ratio(bandwidth) - model.log_ratio(s.features()) for s in samples]
+
+
+def _interval(residuals: list[float]) -> tuple[float, float]:
+    ordered = sorted(residuals)
+    return tuple(ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.1, 0.9))  # type: ignore[return-value]
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -219,15 +247,40 @@ def fit_and_judge(
         raise UsageError(f"{len(train)} timings to fit to and {len(test)} held out: both must be some")
     model = fit(train, gpu=gpu, bandwidth=bandwidth, trained={})
     rows = judge(model, test)
-    trained = {
+    trained = _trained(sources, train, test, rows, "the shapes named")
+    return replace(model, interval=residual_interval(model, test, bandwidth), trained=trained), rows
+
+
+def fit_each_shape_out(
+    samples: list[Sample], *, gpu: str, bandwidth: float, sources: list[str]
+) -> tuple[LatencyModel, list[dict[str, Any]]]:
+    """Judge by leaving each shape out in turn (a fit to the others ranks its configs, and
+    their residuals give the interval), then fit to every sample: a calibration to a
+    user's GPU from a storage of a few studies, none held back from the model it ships."""
+    shapes = sorted({s.shape for s in samples})
+    if len(shapes) < 2:
+        raise UsageError(
+            f"all {len(samples)} timings are of one shape: judging a model on shapes it never saw "
+            "needs two or more (tune another shape into the storage)"
+        )
+    rows, residuals = [], []
+    for shape in shapes:
+        out = [s for s in samples if s.shape == shape]
+        model = fit([s for s in samples if s.shape != shape], gpu=gpu, bandwidth=bandwidth, trained={})
+        rows += judge(model, out)
+        residuals += _residuals(model, out, bandwidth)
+    model = fit(samples, gpu=gpu, bandwidth=bandwidth, trained={})
+    trained = _trained(sources, samples, samples, rows, "each shape left out in turn")
+    return replace(model, interval=_interval(residuals), trained=trained), rows
+
+
+def _trained(sources: list[str], train: list, test: list, rows: list, how: str) -> dict[str, Any]:
+    """What a model records of its making: its data, how it was judged, and how well."""
+    return {
         "data": sources,
         "timings": len(train),
         "held_out_timings": len(test),
+        "judged_on": how,
         "held_out": summary(rows),
         "params": TREE_PARAMS,
     }
-    interval = residual_interval(model, test, bandwidth)
-    fitted = LatencyModel(
-        model.arch, gpu, bandwidth, model.baseline, model.trees, interval, trained, model.domain
-    )
-    return fitted, rows

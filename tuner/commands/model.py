@@ -38,18 +38,19 @@ def cmd_model(args: argparse.Namespace) -> int:
         gpus.append(gpu)
     if not samples:
         raise UsageError("model fit wants timings: --data SWEEP.jsonl and/or --storage URL")
-    if not args.hold_out:
-        raise UsageError(
-            "model fit wants --hold-out BxHxS[,...]: the shapes it is judged on, never fitted to"
+    made = {
+        "gpu": next((g for g in gpus if g), ""),
+        "bandwidth": args.bandwidth,
+        "sources": [*(args.data or []), *([args.storage] if args.storage else [])],
+    }
+    if args.hold_out:
+        held = set(parse_shapes(args.hold_out))
+        model, rows = latency_fit.fit_and_judge(
+            samples, lambda s: (s.problem.batch, s.problem.heads, s.problem.seqlen) in held, **made
         )
-    held = set(parse_shapes(args.hold_out))
-    model, rows = latency_fit.fit_and_judge(
-        samples,
-        lambda s: (s.problem.batch, s.problem.heads, s.problem.seqlen) in held,
-        gpu=next((g for g in gpus if g), ""),
-        bandwidth=args.bandwidth,
-        sources=[*(args.data or []), *([args.storage] if args.storage else [])],
-    )
+    else:
+        print(f"judging by leaving each of {len({s.shape for s in samples})} shapes out", file=sys.stderr)
+        model, rows = latency_fit.fit_each_shape_out(samples, **made)
     print("  ".join(f"{c:>12}" for c in JUDGED))
     for row in rows:
         print(
