@@ -242,3 +242,16 @@ def test_spearman_gives_ties_their_average_rank():
         a, b = rng.integers(0, 4, n).tolist(), rng.random(n).tolist()
         assert latency_fit.spearman(a, b) == pytest.approx(spearmanr(a, b).statistic, abs=1e-12)
     assert math.isnan(latency_fit.spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_a_prediction_counts_the_sms_of_the_gpu_at_hand():
+    """The waves are counted on the GPU's own SMs where known (an H20 has 78, an H200 132,
+    the sm_90a reference): the same config predicts slower on fewer SMs."""
+    model, problem = latency.latency_model(), Problem(8, 16, 4096, 128, 128)
+    config = KernelConfig(64, 128, 3, 256, "smem")
+    figures = latency.estimated_figures(problem, config, "forward", "sm_90a")
+    here = {sms: model.predict(problem, config, figures, arch="sm_90a", sms=sms) for sms in (None, 132, 78)}
+    assert here[None] == here[132] and here[78].ratio > here[132].ratio
+    assert latency.analytic_ratio(problem, config, figures, "sm_80", sms=78) != latency.analytic_ratio(
+        problem, config, figures, "sm_80"
+    )

@@ -103,17 +103,23 @@ def blocks_per_sm(figures: Figures, arch: str) -> int:
     return max(1, min(MAX_BLOCKS_PER_SM, smem, threads, registers))
 
 
-def _grid(problem: Problem, config: KernelConfig, figures: Figures, arch: str) -> tuple[int, int, int]:
-    """(blocks, blocks the GPU runs at once, waves)."""
+def _grid(
+    problem: Problem, config: KernelConfig, figures: Figures, arch: str, sms: int | None
+) -> tuple[int, int, int]:
+    """(blocks, blocks the GPU runs at once, waves) on ``sms`` SMs (default: the arch's
+    reference GPU's)."""
     blocks = config.blocks(problem)
-    slots = get_arch(arch).sms * blocks_per_sm(figures, arch)
+    slots = (sms or get_arch(arch).sms) * blocks_per_sm(figures, arch)
     return blocks, slots, math.ceil(blocks / slots)
 
 
-def features(problem: Problem, config: KernelConfig, sweep: str, figures: Figures, arch: str) -> list[float]:
-    """The model's inputs, in the order of ``FEATURES``."""
+def features(
+    problem: Problem, config: KernelConfig, sweep: str, figures: Figures, arch: str, sms: int | None = None
+) -> list[float]:
+    """The model's inputs, in the order of ``FEATURES``, on a GPU of ``sms`` SMs (default:
+    the arch's reference GPU's)."""
     p, c = problem, config
-    blocks, slots, waves = _grid(p, c, figures, arch)
+    blocks, slots, waves = _grid(p, c, figures, arch, sms)
     last = blocks - (waves - 1) * slots
     return [
         math.log2(blocks / slots),
@@ -136,10 +142,12 @@ def features(problem: Problem, config: KernelConfig, sweep: str, figures: Figure
     ]
 
 
-def analytic_ratio(problem: Problem, config: KernelConfig, figures: Figures, arch: str) -> float:
+def analytic_ratio(
+    problem: Problem, config: KernelConfig, figures: Figures, arch: str, sms: int | None = None
+) -> float:
     """The slots of the launched waves over the blocks that fill them (1: every wave full;
     a grid smaller than the GPU counts its idle slots)."""
-    blocks, slots, waves = _grid(problem, config, figures, arch)
+    blocks, slots, waves = _grid(problem, config, figures, arch, sms)
     return waves * slots / blocks
 
 
@@ -240,13 +248,22 @@ class LatencyModel:
         return total
 
     def predict(
-        self, problem: Problem, config: KernelConfig, figures: Figures, *, arch: str, sweep: str = "forward"
+        self,
+        problem: Problem,
+        config: KernelConfig,
+        figures: Figures,
+        *,
+        arch: str,
+        sweep: str = "forward",
+        sms: int | None = None,
     ) -> Prediction:
+        """The prediction on ``arch``, on a GPU of ``sms`` SMs where known (the GPU at hand;
+        default: the arch's reference GPU's)."""
         if arch != self.arch:
             return Prediction(
-                analytic_ratio(problem, config, figures, arch), math.nan, math.nan, False, arch, None
+                analytic_ratio(problem, config, figures, arch, sms), math.nan, math.nan, False, arch, None
             )
-        log = self.log_ratio(features(problem, config, sweep, figures, arch))
+        log = self.log_ratio(features(problem, config, sweep, figures, arch, sms))
         floor_ms = floor_bytes(problem, sweep) / self.bandwidth * 1e3
         low, high = (math.exp(log + q) for q in self.interval)
         covered = self.covers(problem, config)

@@ -102,12 +102,19 @@ def wave_seeds(
 
 
 def predicted_first(
-    problem: Problem, model: LatencyModel, *, arch: str, sweep: str = "forward", n: int = 4
+    problem: Problem,
+    model: LatencyModel,
+    *,
+    arch: str,
+    sweep: str = "forward",
+    n: int = 4,
+    sms: int | None = None,
 ) -> list[KernelConfig]:
     """The ``n`` configs of the space the latency model predicts fastest on ``arch``, from
     figures estimated before any compile (``tuner.latency.estimated_figures``), among those
     whose knobs it was fitted to (``LatencyModel.covers``) and whose estimated shared memory
-    fits a block; none where it is not calibrated for ``arch``."""
+    fits a block; none where it is not calibrated for ``arch``. ``sms``: the GPU's SMs,
+    where known."""
     if model.arch != arch:
         return []
     limit, ranked = get_arch(arch).smem_per_block, []
@@ -118,6 +125,6 @@ def predicted_first(
             and figures.smem_bytes <= limit
             and not violated(problem, config, arch, sweep)
         ):
-            prediction = model.predict(problem, config, figures, arch=arch, sweep=sweep)
+            prediction = model.predict(problem, config, figures, arch=arch, sweep=sweep, sms=sms)
             ranked.append((prediction.ratio, config))
     return [config for _, config in sorted(ranked, key=lambda r: r[0])[:n]]

@@ -112,12 +112,11 @@ class Tuner:
         self.claims = Claims(self.study, self.env_key, options.grace_s)
         self._live: set[int] = set()  # ids of this worker's trials in flight, kept alive by heartbeats
         self._pool: ProcessPoolExecutor | None = None
+        self.sms = sm_count() if self.gpu else None  # None: the architecture's reference GPU's
         seeds = (
             [
-                *space.wave_seeds(
-                    problem, arch=self.arch, sms=sm_count() if self.gpu else None, sweep=self.sweep
-                ),
-                *space.predicted_first(problem, self.model, arch=self.arch, sweep=self.sweep),
+                *space.wave_seeds(problem, arch=self.arch, sms=self.sms, sweep=self.sweep),
+                *space.predicted_first(problem, self.model, arch=self.arch, sweep=self.sweep, sms=self.sms),
             ]
             if options.wave_seeds and options.sampler != "grid"
             else []
@@ -278,7 +277,7 @@ class Tuner:
             outcomes.tell(self.study, trial, [math.inf] * len(self.objectives), "infeasible", start)
             return
         prediction = self.model.predict(
-            self.problem, config, Figures.of(res), arch=self.arch, sweep=self.sweep
+            self.problem, config, Figures.of(res), arch=self.arch, sweep=self.sweep, sms=self.sms
         )
         outcomes.predicted(trial, prediction)
         if not self.gpu:
