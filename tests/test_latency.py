@@ -255,3 +255,18 @@ def test_a_prediction_counts_the_sms_of_the_gpu_at_hand():
     assert latency.analytic_ratio(problem, config, figures, "sm_80", sms=78) != latency.analytic_ratio(
         problem, config, figures, "sm_80"
     )
+
+
+def test_blocks_per_sm_follow_each_architecture_s_resident_threads():
+    """384 threads a block: 5 fit the 2,048 threads of an sm_80 or sm_90a SM, 4 the 1,536 of
+    an sm_86, sm_89 or sm_120 one (shared memory and registers permitting)."""
+    small = Figures(registers=32, smem_bytes=1024, threads=384)
+    assert {
+        arch: latency.blocks_per_sm(small, arch) for arch in ("sm_80", "sm_90a", "sm_86", "sm_89", "sm_120")
+    } == {
+        "sm_80": 5,
+        "sm_90a": 5,
+        "sm_86": 4,
+        "sm_89": 4,
+        "sm_120": 4,
+    }

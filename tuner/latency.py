@@ -31,7 +31,9 @@ MODEL_FORMAT = "decay-tuner-latency-model"
 # The H200's device-to-device copy rate as the bench measures it (experiments/h200/outofbox/):
 # the floor its timings are divided by.
 H200_BANDWIDTH = 4.22e12
-THREADS_PER_SM, REGISTERS_PER_SM, MAX_BLOCKS_PER_SM = 2048, 65536, 8
+REGISTERS_PER_SM, MAX_BLOCKS_PER_SM = 65536, 8
+# Resident threads per SM: 2,048 on the data-centre parts, 1,536 on these (CUDA's tables).
+THREADS_PER_SM, FEWER_THREADS_PER_SM = 2048, {"sm_86": 1536, "sm_89": 1536, "sm_120": 1536}
 SMEM_RESERVED = 1024  # bytes of an SM's shared memory a block cannot opt into
 # Registers per thread of the kernels the H200 sweeps timed (235): 168 for 218 of them; the
 # other 17, all split into 64 segments, have 224 (forward) or 228 (the fused dk+dv sweep).
@@ -98,7 +100,7 @@ def floor_bytes(problem: Problem, sweep: str = "forward") -> int:
 def blocks_per_sm(figures: Figures, arch: str) -> int:
     """Blocks that fit on one SM at once, by shared memory, threads and registers."""
     smem = (get_arch(arch).smem_per_block + SMEM_RESERVED) // max(figures.smem_bytes, 1)
-    threads = THREADS_PER_SM // max(figures.threads, 1)
+    threads = FEWER_THREADS_PER_SM.get(arch, THREADS_PER_SM) // max(figures.threads, 1)
     registers = REGISTERS_PER_SM // max(figures.registers * figures.threads, 1)
     return max(1, min(MAX_BLOCKS_PER_SM, smem, threads, registers))
 
