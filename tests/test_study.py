@@ -19,7 +19,7 @@ from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.ops.deploy import ExportError, load_config, read_export
 from tuner import space
 from tuner.latency import latency_model
-from tuner.options import Options
+from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
 from tuner.storage import export_dir
 from tuner.study import Tuner
@@ -270,6 +270,18 @@ def test_the_fused_sweep_is_tuned_in_its_own_study(tmp_path, studies_dir):
         Tuner(SMALL_PROBLEM, Options(), name=study.study_name, storage=storage)
     with pytest.raises(ExportError, match="fused dk and dv sweep, not of a forward kernel"):
         load_config(export_dir(storage, study.study_name, studies_dir) / "best.json", allow_mismatch=True)
+
+
+def test_a_study_ranked_by_spill_bytes_is_not_resumed(tmp_path):
+    """A compile-only study of a decay-tuner before the latency model ranked by spill bytes:
+    resuming it would mix those values with predicted times, so a run refuses it and says
+    how to go on."""
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    old = optuna.create_study(storage=storage, study_name="old")
+    old.set_user_attr("objectives", ["spill_bytes"])
+    with pytest.raises(UsageError, match="ranked by spill bytes") as refused:
+        Tuner(SMALL_PROBLEM, Options(), name="old", storage=storage)
+    assert f"optuna delete-study --study-name old --storage {storage}" in str(refused.value)
 
 
 def test_the_fused_sweep_s_space():

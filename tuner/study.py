@@ -90,10 +90,16 @@ class Tuner:
                 options.sampler, problem, options.seed + self.worker_index, self.sweep
             )
         mode = "gpu" if self.gpu else "compile-only"
-        if self.study.user_attrs.get("objectives", self.objectives) != self.objectives:
+        held_objectives = self.study.user_attrs.get("objectives", self.objectives)
+        if held_objectives != self.objectives:
+            why = (
+                "ranked by spill bytes, as decay-tuner did before its latency model"
+                if held_objectives == ["spill_bytes"]
+                else f"holding {held_objectives} trials"
+            )
             raise UsageError(
-                f"study {name!r} holds {self.study.user_attrs['objectives']} trials; "
-                f"this run would record {self.objectives} ({mode} mode): use another --study"
+                f"study {name!r} is {why}; this run records {self.objectives} ({mode} mode): use another "
+                f"--study, or delete it (optuna delete-study --study-name {name} --storage {storage})"
             )
         # A study from before the fused sweep was tunable holds forward trials.
         held = self.study.user_attrs.get(
