@@ -48,6 +48,10 @@ def test_unreadable_or_foreign_files_are_export_errors(tmp_path):
         read_export(best_config_file(tmp_path, configs=[]))
     with pytest.raises(ExportError, match="malformed entry"):
         load_config(best_config_file(tmp_path, configs=[{"config": {"chunk": 65}}]))
+    with pytest.raises(ExportError, match="malformed entry"):
+        load_config(best_config_file(tmp_path, problem=None))
+    with pytest.raises(ExportError, match="best.json: malformed environment: 'x'"):
+        load_config(best_config_file(tmp_path, environment="x"), allow_mismatch=True)
 
 
 def test_a_file_written_with_one_alpha_loads_without_it(tmp_path):

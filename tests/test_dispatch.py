@@ -63,10 +63,11 @@ def test_the_fused_sweep_s_entries_serve_it_alone(tmp_path):
     assert table.fused(Problem(2, 16, 16384, 128, 128)) == fused
     assert table.fused(Problem(8, 16, 4096, 128, 128)) == dataclasses.replace(fused, segments=1)
     assert table.fused(Problem(8, 16, 4096, 64, 64)) is None
-    assert load_dispatch(dispatch_file(tmp_path, [(SMALL_PROBLEM, forward)])).fused(SMALL_PROBLEM) is None
+    narrow = KernelConfig(64, 64, 2, 256)
+    assert load_dispatch(dispatch_file(tmp_path, [(SMALL_PROBLEM, narrow)])).fused(SMALL_PROBLEM) is None
     data["entries"][1]["sweep"] = "dq"
     path.write_text(json.dumps(data))
-    with pytest.raises(ExportError, match=r"malformed entry: sweep \['dq'\]"):
+    with pytest.raises(ExportError, match=r"malformed entry: sweep 'dq'"):
         load_dispatch(path)
 
 
@@ -103,6 +104,14 @@ def test_dispatch_loader_refuses_bad_tables(tmp_path):
         load_dispatch(dispatch_file(tmp_path, []))
     with pytest.raises(ExportError, match="malformed entry"):
         load_dispatch(dispatch_file(tmp_path, entry, entries=[{"problem": {"batch": 1}}]))
+    good = {"problem": SMALL_PROBLEM.to_dict(), "config": KernelConfig(64, 64, 1, 128).to_dict()}
+    for broken in ({"sweep": [1]}, {"problem": None}, {"config": KernelConfig(64, 128, 1, 128).to_dict()}):
+        with pytest.raises(
+            ExportError, match=r"dispatch.json: malformed entry"
+        ):  # dv 64: block_dv 128 cannot tile
+            load_dispatch(dispatch_file(tmp_path, entry, entries=[good | broken]))
+    with pytest.raises(ExportError, match="dispatch.json: malformed environment: 'x'"):
+        load_dispatch(dispatch_file(tmp_path, entry, environment="x"), allow_mismatch=True)
     with pytest.raises(ExportError, match="is not a decay-tuner/dispatch file"):
         load_dispatch(best_config_file(tmp_path))
 

@@ -46,6 +46,15 @@ def read_versioned(path: str | Path, what: str, fmt: str, version: int, items: s
     return data
 
 
+def saved_environment(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:
+    """The environment a file records (empty where it records none); ``ExportError`` where
+    it is not an object."""
+    environment = data.get("environment") or {}
+    if not isinstance(environment, dict):
+        raise ExportError(f"{path}: malformed environment: {environment!r}")
+    return environment
+
+
 def read_export(path: str | Path) -> dict[str, Any]:
     """Read and check a best-config file; ``ExportError`` says what is wrong with it."""
     return read_versioned(path, "best-config file", FORMAT, VERSION, "configs")
@@ -66,19 +75,20 @@ def load_config(
             f"{path} holds configs of the backward's fused dk and dv sweep, not of a forward kernel: "
             "serve them through a dispatch table (python -m tuner dispatch --backward)"
         )
-    if data.get("mode") != "gpu":
+    if data.get("mode") == "compile-only":
         raise ExportError(
             f"{path} holds configs ranked by predicted time (a compile-only study), never measured: "
             "tune on the GPU (python -m tuner run) for a file to load"
         )
+    environment = saved_environment(path, data)
     try:
         saved = Problem.from_dict(data["problem"])
         config = KernelConfig.from_dict(data["configs"][0]["config"])
-    except (KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ExportError(f"{path}: malformed entry: {exc}") from None
     problem = problem or saved
     if not allow_mismatch:
-        check_environment(path, data["environment"])
+        check_environment(path, environment)
         if problem != saved:
             raise ExportError(
                 f"{path} was tuned for {saved}, not {problem}; pass allow_mismatch=True to use it anyway"

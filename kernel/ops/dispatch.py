@@ -9,7 +9,7 @@ from typing import Any
 from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay
 from kernel.config import SWEEPS, KernelConfig, Problem
 from kernel.defaults import nearest_grid, runs, shorter_pipeline
-from kernel.ops.deploy import ExportError, check_environment, read_versioned
+from kernel.ops.deploy import ExportError, check_environment, read_versioned, saved_environment
 
 DISPATCH_FORMAT = "decay-tuner/dispatch"
 DISPATCH_VERSION = 1
@@ -131,6 +131,7 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
     """Read a dispatch table; ``ExportError`` if it is malformed or, unless
     ``allow_mismatch``, measured in another environment."""
     data = read_versioned(path, "dispatch table", DISPATCH_FORMAT, DISPATCH_VERSION, "entries")
+    environment = saved_environment(path, data)
     try:
         entries = [
             DispatchEntry(
@@ -141,11 +142,12 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
             )
             for e in data["entries"]
         ]
-    except (KeyError, TypeError, ValueError) as exc:
+        for e in entries:
+            if e.sweep not in SWEEPS:
+                raise ValueError(f"sweep {e.sweep!r}, expected one of {list(SWEEPS)}")
+            e.config.check_fits(e.problem)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ExportError(f"{path}: malformed entry: {exc}") from None
-    unknown = {e.sweep for e in entries} - set(SWEEPS)
-    if unknown:
-        raise ExportError(f"{path}: malformed entry: sweep {sorted(unknown)}, expected one of {list(SWEEPS)}")
     if not allow_mismatch:
-        check_environment(path, data.get("environment") or {})
-    return Dispatch(entries, data.get("environment") or {})
+        check_environment(path, environment)
+    return Dispatch(entries, environment)
