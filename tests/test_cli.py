@@ -207,6 +207,22 @@ def test_best_prints_the_columns_of_trials(explored, capsys):
     assert best.split()[1] == "ok"
 
 
+def test_compare_checks_its_out_path_before_comparing(tmp_path, capsys):
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    for name in ("a", "b"):
+        gpu_study([0.5, 0.3], storage=storage, name=name)
+    argv = ["compare", *SMALL, "--storage", storage, "--study", "a", "--against", "b"]
+    for out, said in (
+        (tmp_path, "--out wants a .json file path"),
+        (tmp_path / "db.sqlite" / "c.json", "is a file"),
+    ):
+        assert main([*argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1
+    assert main([*argv, "--out", str(tmp_path / "c.json")]) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["study"] == "a"
+
+
 def test_compare_refuses_a_compile_only_study(explored, capsys):
     """Whichever side is compile-only, the error names it."""
     storage = explored.storage

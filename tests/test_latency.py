@@ -91,6 +91,16 @@ def test_fewer_waves_predict_faster_on_the_h200():
 
 
 def test_bad_model_input_is_one_line(tmp_path, monkeypatch, capsys):
+    fit = ["model", "fit", "--data", str(TRAIN), "--hold-out", "1x8x256"]
+    for extra, said in (
+        (["--out", str(tmp_path)], "--out wants a .json file path"),  # refused before the fit
+        (["--out", str(TRAIN / "m.json")], "is a file, not a folder"),
+        (["--bandwidth", "0"], "--bandwidth wants the GPU's copy rate in bytes/s (> 0), got 0.0"),
+        (["--bandwidth", "nan"], "--bandwidth wants"),
+    ):
+        assert main([*fit, *extra]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
     assert main(["model", "fit", "--data", str(tmp_path / "none.jsonl"), "--hold-out", "1x8x256"]) == 2
     assert "none.jsonl" in capsys.readouterr().err
     rows = tmp_path / "rows.jsonl"

@@ -10,9 +10,12 @@ from tuner.options import Options, UsageError, parse_shapes
 
 def test_parse_shapes():
     assert parse_shapes("8x16x4096,2x16x16384") == [(8, 16, 4096), (2, 16, 16384)]
+    assert parse_shapes("1x2x256,8x16x4096,1x2x256") == [(1, 2, 256), (8, 16, 4096)]  # each once
     for bad in ("1x2", "1x2x0", "axbxc", "", "1x2x3,"):
         with pytest.raises(UsageError, match="--shapes wants BxHxS"):
             parse_shapes(bad)
+    with pytest.raises(UsageError, match="--hold-out wants BxHxS"):
+        parse_shapes("8x16", "--hold-out")
 
 
 def test_every_option_has_help_and_a_flag_unless_kept_off_the_command_line():

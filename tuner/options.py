@@ -145,15 +145,16 @@ def parse_config(text: str, flag: str = "--enqueue") -> KernelConfig:
         raise UsageError(f"{flag} {text}: {exc}") from None
 
 
-def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    """'8x16x4096,2x16x16384' -> [(8, 16, 4096), (2, 16, 16384)]; ``UsageError`` if malformed."""
+def parse_shapes(text: str, flag: str = "--shapes") -> list[tuple[int, int, int]]:
+    """'8x16x4096,2x16x16384' -> [(8, 16, 4096), (2, 16, 16384)], each shape once;
+    ``UsageError`` naming ``flag`` if malformed."""
     try:
         shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
     except ValueError:
         shapes = []
     if not shapes or any(len(shape) != 3 or min(shape) < 1 for shape in shapes):
-        raise UsageError(f"--shapes wants BxHxS[,BxHxS...] of positive integers, got {text!r}")
-    return shapes  # type: ignore[return-value]
+        raise UsageError(f"{flag} wants BxHxS[,BxHxS...] of positive integers, got {text!r}")
+    return list(dict.fromkeys(shapes))  # type: ignore[arg-type]
 
 
 def parse_archs(text: str) -> list[str]:

@@ -77,8 +77,12 @@ def default_out(args: argparse.Namespace, file: str) -> Path:
 
 
 def out_file(args: argparse.Namespace, default: Path, suffixes: tuple[str, ...]) -> Path:
-    """``--out`` or ``default``: a file path with one of ``suffixes``, never a directory."""
+    """``--out`` or ``default``: a file path with one of ``suffixes``, never a directory,
+    nor under a file."""
     out = Path(args.out) if args.out else default
     if out.is_dir() or args.out and args.out.endswith(("/", "\\")) or out.suffix.lower() not in suffixes:
         raise UsageError(f"--out wants a {' or '.join(suffixes)} file path, got {str(args.out or out)!r}")
+    blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise UsageError(f"--out {str(out)!r}: {str(blocked)!r} is a file, not a folder")
     return out

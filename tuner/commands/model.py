@@ -26,7 +26,11 @@ def cmd_model(args: argparse.Namespace) -> int:
         print(json.dumps(model.trained, indent=1))
         return 0
     from tuner import latency_fit
+    from tuner.commands.args import out_file
 
+    out = out_file(args, Path(args.out), (".json",))  # before the fit, not after it
+    if not args.bandwidth > 0:
+        raise UsageError(f"--bandwidth wants the GPU's copy rate in bytes/s (> 0), got {args.bandwidth}")
     samples, gpus = [], []
     for path in args.data or []:
         found, gpu = latency_fit.from_sweep(Path(path))
@@ -44,7 +48,7 @@ def cmd_model(args: argparse.Namespace) -> int:
         "sources": [*(args.data or []), *([args.storage] if args.storage else [])],
     }
     if args.hold_out:
-        held = set(parse_shapes(args.hold_out))
+        held = set(parse_shapes(args.hold_out, "--hold-out"))
         model, rows = latency_fit.fit_and_judge(
             samples, lambda s: (s.problem.batch, s.problem.heads, s.problem.seqlen) in held, **made
         )
@@ -57,7 +61,6 @@ def cmd_model(args: argparse.Namespace) -> int:
             "  ".join(f"{row[c]:>12.3f}" if isinstance(row[c], float) else f"{row[c]!s:>12}" for c in JUDGED)
         )
     print(json.dumps(model.trained["held_out"]))
-    out = Path(args.out)
     model.save(out)
     fitted, held_out = model.trained["timings"], model.trained["held_out_timings"]
     print(f"wrote {out} ({fitted} timings fitted, {held_out} held out)")

@@ -96,6 +96,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """
     from tuner.trials import compare, trials_frame  # loads Optuna and pandas
 
+    out = out_file(args, Path(), (".json",)) if args.out else None
     study, yardstick = open_study(args), open_study(args, args.against)
     if study.user_attrs.get("problem") != yardstick.user_attrs.get("problem"):
         raise UsageError(f"{study.study_name!r} and {args.against!r} tuned different problems")
@@ -116,8 +117,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             KernelConfig(**summary["best_config"]),
             KernelConfig(**summary["yardstick_best_config"]),
         )
-    if args.out:
-        write_json(Path(args.out), summary)
+    if out is not None:
+        write_json(out, summary)
     print(json.dumps(summary, indent=1))
     return 0
 

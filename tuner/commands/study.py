@@ -13,7 +13,7 @@ from kernel.defaults import dkdv_config
 from kernel.environment import env_key, environment
 from kernel.trial_schema import predicted_text
 from tuner import fleet
-from tuner.commands.args import exports, options_of, problem_of, where
+from tuner.commands.args import exports, options_of, out_file, problem_of, where
 from tuner.options import Options, UsageError, default_storage, parse_shapes
 
 if TYPE_CHECKING:
@@ -118,9 +118,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     from tuner.storage import default_study_name, load_study
     from tuner.study import Tuner
 
-    out = Path(args.out) if args.out else args.studies_dir / "dispatch.json"
-    if out.is_dir():
-        raise UsageError(f"--out wants a file path for the table, got the directory {str(out)!r}")
+    out = out_file(args, args.studies_dir / "dispatch.json", (".json",))
     storage = args.storage or default_storage()
     opts = options_of(args)
     tasks = dispatch_tasks(args, opts, resolve(opts.arch)[0])
