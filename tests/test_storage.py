@@ -315,3 +315,15 @@ def test_a_trial_its_worker_died_asking_for_is_failed_and_queued_again(kind, tmp
     queued = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert [t.system_attrs["fixed_params"] for t in queued] == [failed.params]
     assert study.trials[live.number].state == optuna.trial.TrialState.RUNNING
+
+
+def test_a_study_folder_that_cannot_be_made_is_refused_before_any_work(tmp_path, studies_dir):
+    """The study named as its storage's file, or a studies folder that is a file: one line."""
+    storage = f"sqlite:///{studies_dir / 'decay-tuner.db'}"  # the default storage
+    with pytest.raises(UsageError, match="names the storage's file"):
+        export_dir(storage, "decay-tuner.db", studies_dir)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(UsageError, match="'.*afile' is a file .*DECAY_TUNER_STUDIES moves it"):
+        export_dir(f"sqlite:///{tmp_path / 'db.sqlite'}", "s", afile)
+    assert export_dir(storage, "s", studies_dir) == studies_dir / "s"

@@ -15,7 +15,8 @@ from refs import TOLERANCE
 
 SAMPLERS = ("tpe", "nsga2", "gp", "grid")
 # Study storage and exports; DECAY_TUNER_STUDIES moves them (the tests use a temporary one).
-STUDIES_DIR = Path(os.environ.get("DECAY_TUNER_STUDIES", Path(__file__).resolve().parent.parent / "studies"))
+STUDIES_VARIABLE = "DECAY_TUNER_STUDIES"
+STUDIES_DIR = Path(os.environ.get(STUDIES_VARIABLE, Path(__file__).resolve().parent.parent / "studies"))
 
 
 def default_storage() -> str:

@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial
 
 from kernel.config import LEGACY_FIELDS, Problem
 from tuner.liveness import requeue
-from tuner.options import STUDIES_DIR, UsageError, default_storage
+from tuner.options import STUDIES_DIR, STUDIES_VARIABLE, UsageError, default_storage
 
 # Where claims (``tuner.claims``) live inside a study's name; refused in a user's study name.
 CLAIM_MARK = "/claim/"
@@ -231,10 +231,10 @@ def export_dir(storage: str, name: str, studies: Path | None = None) -> Path:
     storages holding a study of the same name never write to the same files."""
     studies = STUDIES_DIR if studies is None else studies
     check_study_name(name)
-    if storage_key(storage) == storage_key(default_storage()):
+    key = storage_key(storage)
+    if key == storage_key(default_storage()):
         root = studies
     else:
-        key = storage_key(storage)
         stem = (
             Path(key.split(":", 1)[-1]).stem if key.startswith(("sqlite:", "journal:")) else key.split(":")[0]
         )
@@ -242,6 +242,14 @@ def export_dir(storage: str, name: str, studies: Path | None = None) -> Path:
     out = (root / name).resolve()
     if not out.is_relative_to(studies.resolve()):
         raise UsageError(f"study name {name!r} would leave the studies folder {str(studies)!r}")
+    if key.startswith(("sqlite:", "journal:")) and Path(key.split(":", 1)[1]) == out:
+        raise UsageError(f"study name {name!r} names the storage's file {str(out)!r}: choose another --study")
+    blocked = next((p for p in (root / name, *(root / name).parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise UsageError(
+            f"the study's folder {str(root / name)!r} cannot be made: {str(blocked)!r} is a file "
+            f"(the studies folder is {str(studies)!r}; {STUDIES_VARIABLE} moves it)"
+        )
     return root / name
 
 

@@ -27,6 +27,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tuner.study import Tuner  # loads torch, Optuna and pandas
 
     name, storage = where(args)
+    folder = exports(args.studies_dir, storage, name)  # refuses a folder it cannot make, before any work
     if args.gpus is not None:
         return _run_on_gpus(args, name, storage)
     tuner = Tuner(problem_of(args), options_of(args), name=name, storage=storage)
@@ -39,7 +40,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     if tuner.interrupted:
         print(f"marked {tuner.interrupted} trial(s) of a killed run as failed", file=sys.stderr)
-    folder = exports(args.studies_dir, storage, name)
     study = _run_and_log(tuner, folder)
     if args.worker:  # started by --gpus: the parent exports once all workers are done
         return 0
