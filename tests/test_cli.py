@@ -189,7 +189,7 @@ def test_an_uncalibrated_study_says_so_and_shows_its_predicted_ratio(tmp_path, c
     heading, header, rows = _table_lines(capsys.readouterr().out)
     assert heading.startswith(
         "study 'old-gpu' (compile-only for sm_80: no latency measured, ranked by predicted time (the "
-        "analytic part alone: the latency model is uncalibrated for sm_80)"
+        "analytic part alone: the latency model was not calibrated for it)"
     )
     assert header == [c if c != "predicted_ms" else "predicted_x_floor" for c in TABLE]
     assert [row.split()[3] for row in rows] == ["1.25", "1.5"]

@@ -112,7 +112,24 @@ def test_bad_model_input_is_one_line(tmp_path, monkeypatch, capsys):
     assert err.startswith(f"error: {rows}: not a sweep's JSON lines: KeyError") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("content", [None, '{"format": "decay-tuner-latency-model", "trees": ['])
+def _shipped_with(**changes) -> str:
+    return json.dumps(json.loads(latency.MODEL_FILE.read_text()) | changes)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        None,  # no file
+        '{"format": "decay-tuner-latency-model", "trees": [',
+        "[1]",
+        _shipped_with(bandwidth=0),
+        _shipped_with(interval="ab"),
+        _shipped_with(domain=[]),
+        _shipped_with(trees=[[[0, 1.5, 1, 9, 0]]]),  # a child the tree lacks
+        _shipped_with(trees=[[[0, 1.5, 0, 0, 0]]]),  # a node that is its own child: a loop
+        _shipped_with(trees=[[]]),
+    ],
+)
 def test_a_model_file_missing_or_corrupt_falls_back_to_the_analytic_part(
     content, tmp_path, monkeypatch, capsys
 ):

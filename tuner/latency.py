@@ -210,18 +210,39 @@ class LatencyModel:
             data = json.loads(Path(path).read_text())
             if data.get("format") != MODEL_FORMAT or data.get("features") != list(FEATURES):
                 raise ValueError(f"not a latency model of these features ({MODEL_FORMAT})")
-            return cls(
+            model = cls(
                 data["arch"],
                 data["gpu"],
                 float(data["bandwidth"]),
                 float(data["baseline"]),
-                tuple(tuple(tuple(node) for node in tree) for tree in data["trees"]),
-                tuple(data["interval"]),
+                tuple(tuple(tuple(float(x) for x in node) for node in tree) for tree in data["trees"]),
+                tuple(float(q) for q in data["interval"]),
                 data["trained"],
                 data["domain"],
             )
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            model.check()
+            return model
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{path}: cannot read the latency model: {exc}") from None
+
+    def check(self) -> None:
+        """``ValueError`` unless every field is what ``predict`` can use: a positive
+        bandwidth, an interval of two, a domain of every knob, trees whose nodes each hold
+        five numbers and point at features that exist and at nodes further down."""
+        if not (self.bandwidth > 0 and math.isfinite(self.bandwidth)) or len(self.interval) != 2:
+            raise ValueError(f"bandwidth {self.bandwidth} or interval {self.interval} out of range")
+        if not isinstance(self.domain, dict) or set(self.domain) != {*KernelConfig().to_dict(), "dk_dv"}:
+            raise ValueError("its domain does not name every knob and the head sizes")
+        for tree in self.trees:
+            if not tree:
+                raise ValueError("an empty tree")
+            for at, node in enumerate(tree):
+                if len(node) != 5:
+                    raise ValueError(f"a tree node of {len(node)} numbers, not 5")
+                feature, _, left, right, _ = node
+                children = at < min(left, right) and max(left, right) < len(tree)  # down the tree only
+                if feature >= 0 and not (feature < len(FEATURES) and children):
+                    raise ValueError(f"a tree node {list(node)} points outside its features or tree")
 
     def save(self, path: Path) -> None:
         """Write the model atomically, one tree a line."""

@@ -18,13 +18,12 @@ if TYPE_CHECKING:
 
 def _heading(study: "optuna.Study") -> str:
     """The study's name, kernel and mode; a compile-only study says that nothing was timed."""
-    from tuner.latency import latency_model
-
     mode, arch = study.user_attrs.get("mode", "unknown mode"), study.user_attrs.get("arch")
     where = f" for {arch}" if arch and mode == "compile-only" else f" on {arch}" if arch else ""
     note = ": no latency measured, ranked by predicted time" if mode == "compile-only" else ""
-    if note and arch != latency_model().arch:
-        note += f" (the analytic part alone: the latency model is uncalibrated for {arch})"
+    by = {str(t.user_attrs.get("predicted_by", "")) for t in study.get_trials(deepcopy=False)}
+    if note and any(b.startswith("analytic part alone") for b in by):  # as its trials were ranked
+        note += " (the analytic part alone: the latency model was not calibrated for it)"
     kernel = "the backward's fused dk+dv sweep, " if study.user_attrs.get("sweep") == "dkdv" else ""
     return f"study {study.study_name!r} ({kernel}{mode}{where}{note})"
 
