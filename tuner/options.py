@@ -27,10 +27,19 @@ class UsageError(ValueError):
     """A mistake in what the user asked for: one line on stderr, exit code 2."""
 
 
-def option(default: Any, help: str, *, flag: str | None = None, minimum: float | None = None, **kwargs: Any):
+def option(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    **kwargs: Any,
+):
     """A field of ``Options`` with its command-line flag (``--name`` by default), help text
-    and smallest allowed value; ``flag=""`` keeps it off the command line."""
-    return field(default=default, metadata={"help": help, "flag": flag, "minimum": minimum, **kwargs})
+    and smallest and largest allowed values; ``flag=""`` keeps it off the command line."""
+    bounds = {"minimum": minimum, "maximum": maximum}
+    return field(default=default, metadata={"help": help, "flag": flag, **bounds, **kwargs})
 
 
 @dataclass(frozen=True)
@@ -44,9 +53,11 @@ class Options:
     )
     sampler: str = option("tpe", "Optuna sampler", choices=SAMPLERS)
     multi_objective: bool = option(False, "minimise latency and relative L2 error together (Pareto front)")
-    tolerance: float = option(TOLERANCE, "relative L2 bound against reference C", minimum=1e-12)
+    tolerance: float = option(
+        TOLERANCE, "relative L2 bound against reference C", minimum=1e-12, maximum=1.0
+    )  # 1: the error of an output of zeros
     max_spill_bytes: int = option(0, "register spill budget per thread, bytes (loads plus stores)", minimum=0)
-    max_registers: int = option(255, "register budget per thread", minimum=1)
+    max_registers: int = option(255, "register budget per thread", minimum=1, maximum=255)  # the ISA's
     trial_timeout_s: float = option(
         180.0, "seconds before a GPU trial counts as hung", flag="--trial-timeout", minimum=1e-3
     )
@@ -74,7 +85,7 @@ class Options:
         "(kernel.dkdv; Hopper, DK x DV <= 128 x 128)",
         choices=SWEEPS,
     )
-    seed: int = option(0, "seed of the sampler and of the random inputs")
+    seed: int = option(0, "seed of the sampler and of the random inputs", minimum=0, maximum=2**32 - 1)
     enqueue: tuple[KernelConfig, ...] = option((), "configs measured first", flag="")
     wave_seeds: bool = option(
         True,

@@ -180,6 +180,12 @@ def _open_rdb(url: str, create: bool, heartbeat_s: int | None, grace_s: int | No
             "heartbeat_stale_trial_callback": _stale_callback,
         }
     path = _sqlite_path(url)
+    if url.startswith("sqlite:") and path is None:
+        if not create:
+            raise _missing(url)
+        raise UsageError(
+            f"{url!r} is an SQLite database in memory: it keeps nothing; name a file (sqlite:///PATH)"
+        )
     if not create:
         if path is not None and not path.is_file():
             raise _missing(url)

@@ -35,11 +35,18 @@ def options_of(args: argparse.Namespace) -> Options:
     """The tuning options of the flags; ``UsageError`` for a value below its field's minimum."""
     values = {f.name: getattr(args, f.name) for f in options.fields()}
     for f in options.fields():
-        minimum, value = f.metadata["minimum"], values[f.name]
+        minimum, maximum, value = f.metadata["minimum"], f.metadata["maximum"], values[f.name]
         if minimum is not None and value is not None and not value >= minimum:  # `not >=` rejects NaN
             raise UsageError(
                 f"{options.flag(f)} must be {'positive' if minimum > 0 else '>= 0'}, got {value}"
             )
+        if maximum is not None and value is not None and not value <= maximum:
+            raise UsageError(f"{options.flag(f)} must be at most {maximum:g}, got {value}")
+    if values["grace_s"] <= values["heartbeat_s"]:
+        raise UsageError(
+            f"--grace ({values['grace_s']} s) must be longer than --heartbeat ({values['heartbeat_s']} s): "
+            "a live worker would count as dead"
+        )
     enqueue = tuple(parse_config(c) for c in args.enqueue) + configs_from(args.enqueue_from)
     return Options(**values, enqueue=enqueue)
 

@@ -82,6 +82,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     from kernel.resources import ProbeFailure
 
     Problem(1, args.heads, 1, args.dk, args.dv, args.dtype)  # validates the flags up front
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be positive, got {args.workers}")
     arch = args.arch or resolve(None)[0]
     if not get_arch(arch).symbolic_shapes:
         raise UsageError(
