@@ -134,3 +134,7 @@ def test_a_call_checks_a_float_decay_before_building(tmp_path):
     for bad in (1.5, 0.0, float("nan")):
         with pytest.raises(ValueError, match=r"decay must be in \(0, 1\]"):
             table(q, q, q, decay=bad)
+    with pytest.raises(ValueError, match="q must be on a CUDA device"):  # decay_attention's checks
+        table(q, q, q)
+    with pytest.raises(ValueError, match="q must be a 4-d tensor"):
+        table(torch.zeros(3, 3), q, q)

@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay
+from kernel.builder import ScalarDecayKernel, build, constant_decay
 from kernel.config import SWEEPS, KernelConfig, Problem
 from kernel.defaults import nearest_grid, runs, shorter_pipeline
 from kernel.ops.deploy import ExportError, check_environment, read_versioned, saved_environment
+from kernel.ops.inputs import check_qkv
 
 DISPATCH_FORMAT = "decay-tuner/dispatch"
 DISPATCH_VERSION = 1
@@ -102,18 +103,13 @@ class Dispatch:
 
         ``decay``: a float for every head, or an fp32 ``[H]`` tensor of one per head, on
         q's device (default: RetNet's, ``kernel.config.retnet_decay``)."""
-        dtypes = {torch_dtype: name for name, torch_dtype in TORCH_DTYPES.items()}
-        if q.dim() != 4 or v.dim() != 4:
-            raise ValueError(f"q and v must be [B, S, H, D], got {list(q.shape)} and {list(v.shape)}")
-        if q.dtype not in dtypes:
-            raise ValueError(f"q must be float16 or bfloat16, got {q.dtype}")
-        b, s, h, dk = q.shape
-        if isinstance(decay, (int, float)):
-            if not (math.isfinite(decay) and 0.0 < decay <= 1.0):
-                raise ValueError(f"decay must be in (0, 1], got {decay}")
-            decay = constant_decay(float(decay), h, q.device)
-        kernel = self.kernel(Problem(b, h, s, dk, v.shape[-1], dtypes[q.dtype]))
-        return kernel(q, k, v, decay=decay, out=out)
+        constant = isinstance(decay, (int, float))
+        if constant and not (math.isfinite(decay) and 0.0 < decay <= 1.0):
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        problem = check_qkv(q, k, v)  # decay_attention's checks
+        if constant:
+            decay = constant_decay(float(decay), problem.heads, q.device)
+        return self.kernel(problem)(q, k, v, decay=decay, out=out)
 
 
 def same_wave(entry: DispatchEntry, problem: Problem) -> KernelConfig | None:
