@@ -207,6 +207,18 @@ def test_best_prints_the_columns_of_trials(explored, capsys):
     assert best.split()[1] == "ok"
 
 
+def test_an_empty_study_s_trials_and_a_report_of_no_environment(tmp_path, capsys):
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    optuna.create_study(storage=storage, study_name="empty").set_user_attr("mode", "gpu")
+    assert main(["trials", *SMALL, "--storage", storage, "--study", "empty"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["no trials yet"]
+    gpu_study([0.5, 0.3], storage=storage, name="timed")
+    argv = ["report", *SMALL, "--storage", storage, "--study", "timed", "--out", str(tmp_path / "r.html")]
+    assert main([*argv, "--env", "nosuchenv"]) == 2
+    err = capsys.readouterr().err
+    assert "--env 'nosuchenv' names no environment" in err and err.count("\n") == 1
+
+
 def test_compare_checks_its_out_path_before_comparing(tmp_path, capsys):
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     for name in ("a", "b"):

@@ -35,6 +35,9 @@ def cmd_trials(args: argparse.Namespace) -> int:
     study = open_study(args)
     frame = trials_frame(study)
     print(_heading(study))
+    if frame.empty:
+        print("no trials yet")
+        return 0
     print(frame.to_string(index=False) if args.all_columns else table(frame))
     return 0
 
@@ -132,7 +135,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not study.trials:
         raise UsageError(f"study {study.study_name!r} has no trials yet: nothing to report")
     env = None
-    if len(environments(study)) > 1:  # workers on several GPU kinds: one environment's trials
+    if args.env is not None or len(environments(study)) > 1:  # several GPU kinds: one's trials
         env = _env(args, study)
         print(f"report of study {study.study_name!r}, {_env_line(study, env)}", file=sys.stderr)
     frame = trials_frame(study, env=env)
