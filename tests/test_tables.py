@@ -66,10 +66,16 @@ def test_the_users_table_comes_before_the_shipped_one(tmp_path, monkeypatch, fre
     monkeypatch.setenv(
         TABLE_VARIABLE, str(dispatch_file(tmp_path, [(PROBLEM, TUNED)], environment={"arch": "sm_80"}))
     )
-    with pytest.raises(ExportError, match="tuned for sm_80"):
+    with pytest.raises(
+        ExportError, match="DECAY_TUNER_TABLE: .* tuned for sm_80"
+    ):  # names where it came from
         default_table("sm_90a")
     with pytest.raises(ExportError, match="cannot read dispatch table shipped"):
         serve.use_table("shipped")  # a string names a table file
+    with pytest.raises(
+        ValueError, match="use_table wants a Dispatch, a table file's path, None or 'default'"
+    ):
+        serve.use_table(123)
 
 
 def test_a_corrupt_user_table_is_refused_by_name_and_never_served(tmp_path, monkeypatch, fresh_server):
@@ -78,5 +84,5 @@ def test_a_corrupt_user_table_is_refused_by_name_and_never_served(tmp_path, monk
     monkeypatch.setenv(TABLE_VARIABLE, str(path))
     call = Call(128**-0.5, False, True)
     for _ in range(2):  # every call is refused, not only the first
-        with pytest.raises(ExportError, match=f"cannot read dispatch table {path}"):
+        with pytest.raises(ExportError, match=f"DECAY_TUNER_TABLE: cannot read dispatch table {path}"):
             serve.kernel_job(PROBLEM, call, 4, arch="sm_90a", sms=132)

@@ -51,6 +51,10 @@ def use_table(table: Dispatch | str | Path | None, *, autotune: bool = False) ->
     (``kernel.ops.tables.default_table``: the file ``DECAY_TUNER_TABLE`` names, else the
     table shipped for this GPU). With ``autotune``, a call the table at that path lacks
     tunes its shape into it first (``kernel.ops.autotune``; the file need not exist yet)."""
+    if not isinstance(table, (Dispatch, str, Path, type(None))):
+        raise ValueError(
+            f"use_table wants a Dispatch, a table file's path, None or {DEFAULT!r}, got {table!r}"
+        )
     path = None
     if isinstance(table, (str, Path)) and table != DEFAULT:
         path = Path(table)

@@ -64,7 +64,12 @@ def default_table(arch: str | None = None) -> Dispatch | None:
     one), else None."""
     here = environment(arch)
     named = os.environ.get(TABLE_VARIABLE)
-    return user_table(named, here) if named else shipped_table(here)
+    if not named:
+        return shipped_table(here)
+    try:
+        return user_table(named, here)
+    except ExportError as exc:
+        raise ExportError(f"{TABLE_VARIABLE}: {exc}") from None
 
 
 def _note_versions(path: Path | str, saved: dict[str, Any], here: dict[str, Any]) -> None:
