@@ -401,6 +401,8 @@ def test_every_flag_has_help_and_shows_its_default(command):
         (["run", "--max-registers", "100000"], "--max-registers must be at most 255"),
         (["run", "--heartbeat", "100", "--grace", "10"], "--grace (10 s) must be longer than --heartbeat"),
         (["run", "--storage", "sqlite://"], "keeps nothing"),
+        (["run", "--study", ""], "--study wants a name, got ''"),
+        (["best", "--storage", ""], "--storage wants a name, got ''"),
         (["bench", "--dispatch", "/nonexistent/table.json"], "cannot read dispatch table"),
         (["bench", "--shapes", "8x16"], "--shapes wants BxHxS"),
     ],

@@ -55,6 +55,9 @@ def where(args: argparse.Namespace) -> tuple[str, str]:
     """(study name, storage URL) from the flags, defaulting to the problem's study in studies/."""
     from tuner.storage import check_study_name, default_study_name  # loads Optuna
 
+    for flag in ("study", "storage"):
+        if getattr(args, flag) == "":
+            raise UsageError(f"--{flag} wants a name, got ''")
     sweep = getattr(args, "sweep", "forward")  # run's; the read-only commands name a dkdv study with --study
     return check_study_name(
         args.study or default_study_name(problem_of(args), sweep)
