@@ -1,0 +1,40 @@
+"""How soon a GPU study finds its best: for the study ``--study`` in ``--storage``, started
+by a process launched at ``--start`` (seconds since the epoch, taken before the launch),
+the seconds until the first trial within 2 % of the study's final best finished, and that
+trial. One JSON line.
+
+    python3 experiments/h200/costmodel/time_to_best.py --storage URL --study NAME --start EPOCH
+"""
+
+import argparse
+import json
+
+import optuna
+
+from tuner.trials import best_trials, trial_config
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--storage", required=True)
+parser.add_argument("--study", required=True)
+parser.add_argument("--start", type=float, required=True)
+args = parser.parse_args()
+
+study = optuna.load_study(study_name=args.study, storage=args.storage)
+best = best_trials(study)[0]
+final = best.user_attrs["median_ms"]
+done = sorted(best_trials(study), key=lambda t: t.datetime_complete)
+first = next(t for t in done if t.user_attrs["median_ms"] <= 1.02 * final)
+print(
+    json.dumps(
+        {
+            "study": args.study,
+            "trials": len(study.trials),
+            "best": trial_config(best).label,
+            "best_ms": final,
+            "within_2pct": trial_config(first).label,
+            "within_2pct_trial": first.number,
+            "within_2pct_s": first.datetime_complete.timestamp() - args.start,
+            "last_trial_s": max(t.datetime_complete.timestamp() for t in done) - args.start,
+        }
+    )
+)
