@@ -10,7 +10,8 @@ from helpers import dispatch_file
 from kernel import KernelConfig, Problem
 from kernel.ops.dispatch import load_dispatch
 from tuner.bench import served_by
-from tuner.bench_rows import backward_bytes, ratios, traffic_bytes
+from tuner.bench_rows import backward_bytes, ratios
+from tuner.latency import traffic_bytes
 from tuner.options import BENCH_PACKED, Packed
 
 

@@ -41,9 +41,9 @@ from tuner.bench_rows import (
     print_table,
     shape_row,
     timed_row,
-    traffic_bytes,
     write_csv,
 )
+from tuner.latency import traffic_bytes
 from tuner.options import BENCH_PACKED, Packed
 from tuner.peers import fla_simple_gla, torch_chunked
 

@@ -19,16 +19,6 @@ from kernel.timing import time_gpu
 COPY_BYTES = 1 << 30
 # The names of our rows that a user gets: with no table of theirs, and with the one they tuned.
 OUT_OF_THE_BOX, TUNED = "out of the box", "tuned"
-STATE_BYTES = 4  # the final state is fp32
-
-
-def traffic_bytes(problem: Problem, *, sequences: int | None = None) -> int:
-    """Fewest bytes a forward pass moves: Q, K and V read once, O written once (fp16 /
-    bf16 elements), and the fp32 final state of each sequence (``problem.batch``, or
-    ``sequences`` of a packed batch) written once."""
-    p = problem
-    n = p.batch if sequences is None else sequences
-    return p.batch * p.seqlen * p.heads * (2 * p.dk + 2 * p.dv) * 2 + n * p.heads * p.dk * p.dv * STATE_BYTES
 
 
 def backward_bytes(problem: Problem) -> int:

@@ -89,12 +89,25 @@ def estimated_figures(problem: Problem, config: KernelConfig, sweep: str, arch: 
     return Figures(registers, smem, config.threads + producer)
 
 
-def floor_bytes(problem: Problem, sweep: str = "forward") -> int:
-    """Fewest bytes the kernel moves: forward, Q, K and V read and O written; the fused
-    dk+dv sweep, Q, K, V and dO read and dK and dV written (2-byte elements)."""
+STATE_BYTES = 4  # the final state is fp32
+
+
+def traffic_bytes(problem: Problem, *, sequences: int | None = None) -> int:
+    """Fewest bytes a forward pass moves: Q, K and V read once, O written once (fp16 /
+    bf16 elements), and the fp32 final state of each sequence (``problem.batch``, or
+    ``sequences`` of a packed batch) written once."""
     p = problem
-    per_token = 2 * p.dk + 2 * p.dv if sweep != "dkdv" else 3 * p.dk + 3 * p.dv
-    return p.batch * p.heads * p.seqlen * per_token * 2
+    n = p.batch if sequences is None else sequences
+    return p.batch * p.seqlen * p.heads * (2 * p.dk + 2 * p.dv) * 2 + n * p.heads * p.dk * p.dv * STATE_BYTES
+
+
+def floor_bytes(problem: Problem, sweep: str = "forward") -> int:
+    """Fewest bytes the kernel moves in the call it was timed in: the forward's model call,
+    ``traffic_bytes``; the fused dk+dv sweep, Q, K, V and dO read and dK and dV written."""
+    p = problem
+    if sweep != "dkdv":
+        return traffic_bytes(p)
+    return p.batch * p.heads * p.seqlen * (3 * p.dk + 3 * p.dv) * 2
 
 
 def blocks_per_sm(figures: Figures, arch: str) -> int:
