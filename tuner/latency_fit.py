@@ -95,13 +95,12 @@ def from_storage(url: str) -> tuple[list[Sample], str]:
         sweep = study.user_attrs.get("sweep", "forward")
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             ms = t.user_attrs.get("median_ms")
-            if not is_feasible(t) or "cached_from" in t.user_attrs or not isinstance(ms, float | int):
+            measured = isinstance(ms, float | int) and math.isfinite(ms) and "cached_from" not in t.user_attrs
+            if not (measured and is_feasible(t)):
                 continue
             try:
                 fig = Figures.of(t.user_attrs)
             except (TypeError, ValueError):  # a trial of an older tool, without the figures
-                continue
-            if not math.isfinite(ms):
                 continue
             env = t.user_attrs.get("environment") or {}
             gpus.append(env.get("gpu", ""))

@@ -32,7 +32,8 @@ def configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:
 
 
 def options_of(args: argparse.Namespace) -> Options:
-    """The tuning options of the flags; ``UsageError`` for a value below its field's minimum."""
+    """The tuning options of the flags; ``UsageError`` for a value outside its field's bounds,
+    or a grace period no longer than the heartbeat."""
     values = {f.name: getattr(args, f.name) for f in options.fields()}
     for f in options.fields():
         minimum, maximum, value = f.metadata["minimum"], f.metadata["maximum"], values[f.name]
