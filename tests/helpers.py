@@ -88,6 +88,16 @@ def dispatch_file(tmp_path: Path, pairs: list[tuple[Problem, KernelConfig]], **c
     return path
 
 
+def add_small_trial(study: optuna.Study, config: KernelConfig, value: float, **attrs) -> None:
+    """A finished trial of ``SMALL_PROBLEM``'s space in ``study``, with ``attrs``."""
+    distributions = space.distributions(SMALL_PROBLEM)
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=config.to_dict(), distributions=distributions, value=value, user_attrs=attrs
+        )
+    )
+
+
 def gpu_study(
     latencies: list[float | None],
     *,

@@ -16,7 +16,16 @@ import optuna
 import pandas as pd
 import pytest
 import torch
-from helpers import LAYOUT_FAILURE, REPO, SMALL, SMALL_PROBLEM, child_env, gpu_study, run_small
+from helpers import (
+    LAYOUT_FAILURE,
+    REPO,
+    SMALL,
+    SMALL_PROBLEM,
+    add_small_trial,
+    child_env,
+    gpu_study,
+    run_small,
+)
 
 import refs
 from kernel import SEED_CONFIG, KernelConfig, Problem
@@ -174,16 +183,10 @@ def test_an_uncalibrated_study_says_so_and_shows_its_predicted_ratio(tmp_path, c
     study = optuna.create_study(storage=storage, study_name="old-gpu")
     for key, value in (("problem", SMALL_PROBLEM.to_dict()), ("mode", "compile-only"), ("arch", "sm_80")):
         study.set_user_attr(key, value)
+    by = "analytic part alone: uncalibrated for sm_80"
     for config, ratio in zip(space.grid(SMALL_PROBLEM)[:2], (1.5, 1.25)):
-        by = "analytic part alone: uncalibrated for sm_80"
-        attrs = {"mode": "compile-only", "status": "ok", "predicted_x_floor": ratio, "predicted_by": by}
-        study.add_trial(
-            optuna.trial.create_trial(
-                params=config.to_dict(),
-                distributions=space.distributions(SMALL_PROBLEM),
-                value=ratio,
-                user_attrs=attrs,
-            )
+        add_small_trial(
+            study, config, ratio, mode="compile-only", status="ok", predicted_x_floor=ratio, predicted_by=by
         )
     assert main(["best", *SMALL, "--storage", storage, "--study", "old-gpu"]) == 0
     heading, header, rows = _table_lines(capsys.readouterr().out)
@@ -513,14 +516,8 @@ def test_best_and_export_rank_each_environment_apart(tmp_path, capsys, monkeypat
     h100, h200 = (environment() | {"gpu": gpu} for gpu in ("NVIDIA H100", "NVIDIA H200"))
     study = gpu_study([0.5, 0.3], storage=get_storage(storage), name="mix", env=h100)
     for config, ms, env in zip(space.grid(SMALL_PROBLEM)[2:5], [0.4, 0.2, 0.9], [h200, h200, environment()]):
-        attrs = {"mode": "gpu", "status": "ok", "environment": env, "median_ms": ms, "rel_l2": 1e-3}
-        study.add_trial(
-            optuna.trial.create_trial(
-                params=config.to_dict(),
-                distributions=space.distributions(SMALL_PROBLEM),
-                value=ms,
-                user_attrs=attrs,
-            )
+        add_small_trial(
+            study, config, ms, mode="gpu", status="ok", environment=env, median_ms=ms, rel_l2=1e-3
         )
     on = ["--storage", storage, "--study", "mix", *SMALL]
 
