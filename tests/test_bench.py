@@ -11,7 +11,7 @@ from kernel import KernelConfig, Problem
 from kernel.ops.dispatch import load_dispatch
 from tuner.bench import served_by
 from tuner.bench_rows import backward_bytes, ratios
-from tuner.latency import traffic_bytes
+from tuner.occupancy import traffic_bytes
 from tuner.options import BENCH_PACKED, Packed
 
 

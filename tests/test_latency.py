@@ -13,9 +13,10 @@ from helpers import REPO
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from kernel.config import KernelConfig, Problem
-from tuner import latency, latency_fit, space
+from tuner import latency, latency_fit, occupancy, space
 from tuner.cli import main
-from tuner.latency import Figures, LatencyModel
+from tuner.latency import LatencyModel
+from tuner.occupancy import Figures
 from tuner.options import UsageError
 
 SWEEPS = REPO / "experiments" / "h200" / "shipped"
@@ -70,7 +71,7 @@ def test_a_prediction_is_calibrated_only_on_the_model_s_architecture():
     assert (
         here.calibrated
         and here.low < here.ratio < here.high
-        and here.ms == pytest.approx(here.ratio * latency.floor_bytes(problem) / model.bandwidth * 1e3)
+        and here.ms == pytest.approx(here.ratio * occupancy.floor_bytes(problem) / model.bandwidth * 1e3)
     )
     elsewhere = model.predict(problem, config, figures, arch="sm_80")
     assert not elsewhere.calibrated and elsewhere.ms is None and math.isnan(elsewhere.low)
@@ -142,10 +143,10 @@ def test_a_model_file_missing_or_corrupt_falls_back_to_the_analytic_part(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"warning: {bad}: cannot read the latency model")
     problem, config = Problem(8, 16, 4096, 128, 128), KernelConfig(64, 128, 3, 256, "smem")
-    figures = latency.estimated_figures(problem, config, "forward", "sm_90a")
+    figures = occupancy.estimated_figures(problem, config, "forward", "sm_90a")
     prediction = model.predict(problem, config, figures, arch="sm_90a")
     assert not prediction.calibrated and prediction.ms is None
-    assert prediction.ratio == latency.analytic_ratio(problem, config, figures, "sm_90a")
+    assert prediction.ratio == occupancy.analytic_ratio(problem, config, figures, "sm_90a")
     assert prediction.record()["predicted_by"] == "analytic part alone: uncalibrated for sm_90a"
     assert main(["model", "show"]) == 2  # asked for by name: refused
     assert "bad.json" in capsys.readouterr().err
@@ -276,10 +277,10 @@ def test_a_prediction_counts_the_sms_of_the_gpu_at_hand():
     the sm_90a reference): the same config predicts slower on fewer SMs."""
     model, problem = latency.latency_model(), Problem(8, 16, 4096, 128, 128)
     config = KernelConfig(64, 128, 3, 256, "smem")
-    figures = latency.estimated_figures(problem, config, "forward", "sm_90a")
+    figures = occupancy.estimated_figures(problem, config, "forward", "sm_90a")
     here = {sms: model.predict(problem, config, figures, arch="sm_90a", sms=sms) for sms in (None, 132, 78)}
     assert here[None] == here[132] and here[78].ratio > here[132].ratio
-    assert latency.analytic_ratio(problem, config, figures, "sm_80", sms=78) != latency.analytic_ratio(
+    assert occupancy.analytic_ratio(problem, config, figures, "sm_80", sms=78) != occupancy.analytic_ratio(
         problem, config, figures, "sm_80"
     )
 
@@ -289,7 +290,7 @@ def test_blocks_per_sm_follow_each_architecture_s_resident_threads():
     an sm_86, sm_89 or sm_120 one (shared memory and registers permitting)."""
     small = Figures(registers=32, smem_bytes=1024, threads=384)
     assert {
-        arch: latency.blocks_per_sm(small, arch) for arch in ("sm_80", "sm_90a", "sm_86", "sm_89", "sm_120")
+        arch: occupancy.blocks_per_sm(small, arch) for arch in ("sm_80", "sm_90a", "sm_86", "sm_89", "sm_120")
     } == {
         "sm_80": 5,
         "sm_90a": 5,

@@ -43,7 +43,7 @@ from tuner.bench_rows import (
     timed_row,
     write_csv,
 )
-from tuner.latency import traffic_bytes
+from tuner.occupancy import traffic_bytes
 from tuner.options import BENCH_PACKED, Packed
 from tuner.peers import fla_simple_gla, torch_chunked
 

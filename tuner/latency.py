@@ -6,7 +6,7 @@ The model is a small gradient-boosted regression tree ensemble, fitted by
 (``latency_model.json`` beside this module, no pickle); predicting needs only the standard
 library. It is calibrated for the architecture it was trained on. For any other one the
 prediction is labelled uncalibrated and comes from the analytic part alone
-(``analytic_ratio``: how full the blocks' waves keep the SMs), which ranks grids, not
+(``tuner.occupancy.analytic_ratio``: how full the blocks' waves keep the SMs), which ranks grids, not
 pipelines.
 """
 
@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernel import defaults, dkdv
-from kernel.arch import get_arch
 from kernel.config import KernelConfig, Problem
 from kernel.environment import replacing
 from kernel.trial_schema import OUTSIDE, PREDICTED
+from tuner.occupancy import Figures, analytic_ratio, blocks_per_sm, floor_bytes, grid
 
 MODEL_FILE = Path(__file__).with_name("latency_model.json")
 MODEL_VARIABLE = "DECAY_TUNER_LATENCY_MODEL"  # a model file of the user's, fitted to their GPU
@@ -31,14 +30,6 @@ MODEL_FORMAT = "decay-tuner-latency-model"
 # The H200's device-to-device copy rate as the bench measures it (experiments/h200/outofbox/):
 # the floor its timings are divided by.
 H200_BANDWIDTH = 4.22e12
-REGISTERS_PER_SM, MAX_BLOCKS_PER_SM = 65536, 8
-# Resident threads per SM: 2,048 on the data-centre parts, 1,536 on these (CUDA's tables).
-THREADS_PER_SM, FEWER_THREADS_PER_SM = 2048, {"sm_86": 1536, "sm_89": 1536, "sm_120": 1536}
-SMEM_RESERVED = 1024  # bytes of an SM's shared memory a block cannot opt into
-# Registers per thread of the kernels the H200 sweeps timed (235): 168 for 218 of them; the
-# other 17, all split into 64 segments, have 224 (forward) or 228 (the fused dk+dv sweep).
-TYPICAL_REGISTERS, SEGMENTS_64_REGISTERS = 168, {"forward": 224, "dkdv": 228}
-PRODUCER_THREADS = 128  # the warp group TileLang adds where it warp-specialises
 
 FEATURES = (
     "log2 blocks per SM slot",
@@ -61,80 +52,13 @@ FEATURES = (
 )
 
 
-@dataclass(frozen=True)
-class Figures:
-    """What the probe reports of a compiled kernel that the model reads."""
-
-    registers: int
-    smem_bytes: int
-    threads: int
-
-    @classmethod
-    def of(cls, resources: Any) -> "Figures":
-        """From ``kernel.resources.Resources`` or its ``to_dict()`` (a trial's user attrs)."""
-        get = resources.get if isinstance(resources, dict) else lambda k: getattr(resources, k)
-        smem = get("static_smem") + get("dynamic_smem")
-        return cls(int(get("registers")), int(smem), int(get("threads_launched")))
-
-
-def estimated_figures(problem: Problem, config: KernelConfig, sweep: str, arch: str) -> Figures:
-    """The probe's figures before a compile: shared memory by the rule's arithmetic
-    (``kernel.defaults.smem_bytes``; the fused sweep's, ``kernel.dkdv.smem_bytes``), equal to
-    the compiled kernels' at every config the H200 sweeps timed; the threads plus TileLang's
-    producer warp group where it warp-specialises; and the registers those kernels have
-    (``TYPICAL_REGISTERS``, more split into 64 segments)."""
-    smem = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else defaults.smem_bytes(problem, config)
-    producer = PRODUCER_THREADS if get_arch(arch).setmaxnreg else 0
-    registers = SEGMENTS_64_REGISTERS[sweep] if config.segments >= 64 else TYPICAL_REGISTERS
-    return Figures(registers, smem, config.threads + producer)
-
-
-STATE_BYTES = 4  # the final state is fp32
-
-
-def traffic_bytes(problem: Problem, *, sequences: int | None = None) -> int:
-    """Fewest bytes a forward pass moves: Q, K and V read once, O written once (fp16 /
-    bf16 elements), and the fp32 final state of each sequence (``problem.batch``, or
-    ``sequences`` of a packed batch) written once."""
-    p = problem
-    n = p.batch if sequences is None else sequences
-    return p.batch * p.seqlen * p.heads * (2 * p.dk + 2 * p.dv) * 2 + n * p.heads * p.dk * p.dv * STATE_BYTES
-
-
-def floor_bytes(problem: Problem, sweep: str = "forward") -> int:
-    """Fewest bytes the kernel moves in the call it was timed in: the forward's model call,
-    ``traffic_bytes``; the fused dk+dv sweep, Q, K, V and dO read and dK and dV written."""
-    p = problem
-    if sweep != "dkdv":
-        return traffic_bytes(p)
-    return p.batch * p.heads * p.seqlen * (3 * p.dk + 3 * p.dv) * 2
-
-
-def blocks_per_sm(figures: Figures, arch: str) -> int:
-    """Blocks that fit on one SM at once, by shared memory, threads and registers."""
-    smem = (get_arch(arch).smem_per_block + SMEM_RESERVED) // max(figures.smem_bytes, 1)
-    threads = FEWER_THREADS_PER_SM.get(arch, THREADS_PER_SM) // max(figures.threads, 1)
-    registers = REGISTERS_PER_SM // max(figures.registers * figures.threads, 1)
-    return max(1, min(MAX_BLOCKS_PER_SM, smem, threads, registers))
-
-
-def _grid(
-    problem: Problem, config: KernelConfig, figures: Figures, arch: str, sms: int | None
-) -> tuple[int, int, int]:
-    """(blocks, blocks the GPU runs at once, waves) on ``sms`` SMs (default: the arch's
-    reference GPU's)."""
-    blocks = config.blocks(problem)
-    slots = (sms or get_arch(arch).sms) * blocks_per_sm(figures, arch)
-    return blocks, slots, math.ceil(blocks / slots)
-
-
 def features(
     problem: Problem, config: KernelConfig, sweep: str, figures: Figures, arch: str, sms: int | None = None
 ) -> list[float]:
     """The model's inputs, in the order of ``FEATURES``, on a GPU of ``sms`` SMs (default:
     the arch's reference GPU's)."""
     p, c = problem, config
-    blocks, slots, waves = _grid(p, c, figures, arch, sms)
+    blocks, slots, waves = grid(p, c, figures, arch, sms)
     last = blocks - (waves - 1) * slots
     return [
         math.log2(blocks / slots),
@@ -155,15 +79,6 @@ def features(
         math.log2(p.batch * p.heads),
         math.log2(p.seqlen),
     ]
-
-
-def analytic_ratio(
-    problem: Problem, config: KernelConfig, figures: Figures, arch: str, sms: int | None = None
-) -> float:
-    """The slots of the launched waves over the blocks that fill them (1: every wave full;
-    a grid smaller than the GPU counts its idle slots)."""
-    blocks, slots, waves = _grid(problem, config, figures, arch, sms)
-    return waves * slots / blocks
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from kernel.config import KernelConfig, Problem
-from tuner.latency import Figures, LatencyModel, features, floor_bytes
+from tuner.latency import LatencyModel, features
+from tuner.occupancy import Figures, floor_bytes
 from tuner.options import UsageError, parse_config
 
 # Chosen among 7 settings by held-out accuracy (experiments/h200/costmodel/README.md).

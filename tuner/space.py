@@ -19,7 +19,8 @@ from kernel import dkdv
 from kernel.arch import DEFAULT_ARCH, get_arch
 from kernel.config import KernelConfig, Problem, config_grid, knob_choices
 from kernel.defaults import default_config, dkdv_config
-from tuner.latency import LatencyModel, estimated_figures
+from tuner.latency import LatencyModel
+from tuner.occupancy import estimated_figures
 
 
 def choices(problem: Problem, sweep: str = "forward") -> dict[str, tuple]:
@@ -111,7 +112,7 @@ def predicted_first(
     sms: int | None = None,
 ) -> list[KernelConfig]:
     """The ``n`` configs of the space the latency model predicts fastest on ``arch``, from
-    figures estimated before any compile (``tuner.latency.estimated_figures``), among those
+    figures estimated before any compile (``tuner.occupancy.estimated_figures``), among those
     whose knobs it was fitted to (``LatencyModel.covers``) and whose estimated shared memory
     fits a block; none where it is not calibrated for ``arch``. ``sms``: the GPU's SMs,
     where known."""

@@ -40,8 +40,9 @@ from kernel.resources import ProbeFailure, probe
 from kernel.trial_schema import MEASURES
 from tuner import outcomes, space
 from tuner.claims import Claimed, Claims, Owned, worker_index
-from tuner.latency import Figures, latency_model
+from tuner.latency import latency_model
 from tuner.liveness import fail_interrupted, fail_stale, interrupt, record_heartbeat
+from tuner.occupancy import Figures
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
 from tuner.storage import get_storage, open_study

@@ -25,7 +25,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from kernel.resources import ProbeFailure, probe  # a slow import; probe alone needs it
     from kernel.trial_schema import predicted_text
     from tuner import space  # loads Optuna
-    from tuner.latency import Figures, latency_model
+    from tuner.latency import latency_model
+    from tuner.occupancy import Figures
 
     problem = problem_of(args)
     given = None if args.config is None else parse_config(args.config, "--config")
