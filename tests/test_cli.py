@@ -22,6 +22,7 @@ from helpers import (
     SMALL,
     SMALL_PROBLEM,
     add_small_trial,
+    best_config_file,
     child_env,
     gpu_study,
     run_small,
@@ -384,6 +385,10 @@ def test_every_flag_has_help_and_shows_its_default(command):
         (["run", "--sampler", "random"], "invalid choice"),
         (["run", "--enqueue", "64/32"], "--enqueue wants"),
         (["run", "--enqueue", "64/48/1/128"], "outside the search space"),
+        (
+            ["run", "--enqueue", "a/b/c/d"],
+            "--enqueue wants C/bDV/stages/threads[/scores[/segments]], numbers but",
+        ),
         (["trials", "--study", "nope", "--storage", "sqlite:///:memory:"], "no storage at"),
         (["frobnicate"], "invalid choice"),
         (["run", "--workers", "0"], "--workers must be positive"),
@@ -454,6 +459,11 @@ def test_unreadable_json_exits_2(tmp_path, capsys):
     assert main(["run", "--enqueue-from", str(bad)]) == 2
     assert "cannot read best-config file" in capsys.readouterr().err
     assert main(["run", "--enqueue-from", str(tmp_path / "missing.json")]) == 2
+    capsys.readouterr()
+    for configs, said in (("abc", "'configs' is not a list"), (["abc"], "malformed config entry")):
+        assert main(["run", "--enqueue-from", str(best_config_file(tmp_path, configs=configs))]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the command would tune; see the gpu test")

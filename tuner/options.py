@@ -152,7 +152,13 @@ def parse_config(text: str, flag: str = "--enqueue") -> KernelConfig:
     if len(parts) not in (4, 5, 6):
         raise UsageError(f"{flag} wants C/bDV/stages/threads[/scores[/segments]], got {text!r}")
     try:
-        return KernelConfig(*map(int, parts[:4]), *parts[4:5], *map(int, parts[5:]))
+        numbers = [int(n) for n in (*parts[:4], *parts[5:])]
+    except ValueError:
+        raise UsageError(
+            f"{flag} wants C/bDV/stages/threads[/scores[/segments]], numbers but the scores, got {text!r}"
+        ) from None
+    try:
+        return KernelConfig(*numbers[:4], *parts[4:5], *numbers[4:])
     except ValueError as exc:
         raise UsageError(f"{flag} {text}: {exc}") from None
 

@@ -23,10 +23,13 @@ def configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:
 
     configs = []
     for path in paths:
-        for entry in read_export(path)["configs"]:
+        entries = read_export(path)["configs"]
+        if not isinstance(entries, list):
+            raise UsageError(f"{path}: 'configs' is not a list of entries")
+        for entry in entries:
             try:
                 configs.append(KernelConfig.from_dict(entry["config"]))
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise UsageError(f"{path}: malformed config entry: {exc}") from None
     return tuple(configs)
 
