@@ -10,8 +10,8 @@ for shape in ${SHAPES:-8x16x4096 16x16x2048 4x16x8192 2x16x16384 1x8x32768}; do
     IFS=x read -r b h s <<< "$shape"
     start=$(date +%s.%N)
     timeout 240 python3 -m tuner run --batch "$b" --heads "$h" --seqlen "$s" --dk 128 --dv 128 \
-        --dtype bfloat16 --n-trials 24 --storage "$storage" --study "tb-$shape" --no-progress \
+        --dtype "${DTYPE:-bfloat16}" --n-trials 24 --storage "$storage" --study "tb-$shape-${DTYPE:-bfloat16}" --no-progress \
         >> "$OUT/time_to_best.out" 2>&1
-    python3 experiments/h200/costmodel/time_to_best.py --storage "$storage" --study "tb-$shape" \
+    python3 experiments/h200/costmodel/time_to_best.py --storage "$storage" --study "tb-$shape-${DTYPE:-bfloat16}" \
         --start "$start" | tee -a "$OUT/time_to_best.jsonl"
 done
