@@ -234,25 +234,45 @@ def launch_figures(artifact: Any) -> tuple[int, int]:
     return int(device_func.attrs.get("dyn_shared_memory_buf", 0)), int(threads[1])
 
 
+# The figures a kernel's entry in the figures cache holds. A change to how they are found
+# (the ptxas command, its parsing, the launch figures) bumps FIGURES_FORMAT, which is in the
+# cache key: entries made the old way are then never read.
+FIGURES = (*_PTXAS_PATTERNS, "dynamic_smem", "threads_launched")
+FIGURES_FORMAT = 1
+
+
+def read_figures(path: Path) -> dict[str, int] | None:
+    """A figures cache entry, or None where there is none, it cannot be read or lacks a figure."""
+    with contextlib.suppress(OSError, ValueError):
+        kept = json.loads(path.read_text())
+        if isinstance(kept, dict) and all(isinstance(kept.get(k), int) for k in FIGURES):
+            return kept
+    return None
+
+
 def _kernel_figures(compiled: Any, func: Any, arch: str) -> dict[str, int] | str:
     """One compiled kernel's figures (ptxas's and the launch's), or ptxas's log where it
     fails. Kept on disk beside TileLang's kernel cache (``figures/``), keyed by the kernel's
-    TIR and CUDA source, the architecture and the TileLang and nvcc releases: a probe that
-    hits TileLang's cache skips the lowering and the ptxas run too, which cost as much as
-    the compile itself."""
+    TIR and CUDA source, the architecture, the TileLang and nvcc releases and
+    ``FIGURES_FORMAT``: a probe that hits TileLang's cache skips the lowering and the ptxas
+    run too, which cost as much as the compile itself. An entry that cannot be read, or
+    lacks a figure, is made again."""
     import tilelang
     import tilelang.env
 
     from kernel.environment import nvcc_version, write_json
 
     source = compiled.get_kernel_source()
-    text = "\0".join([func.script(), source, arch, tilelang.__version__, str(nvcc_version())])
+    key = [func.script(), source, arch, tilelang.__version__, str(nvcc_version()), str(FIGURES_FORMAT)]
     path = Path(
-        tilelang.env.TILELANG_CACHE_DIR, "figures", hashlib.sha256(text.encode()).hexdigest() + ".json"
+        tilelang.env.TILELANG_CACHE_DIR,
+        "figures",
+        hashlib.sha256("\0".join(key).encode()).hexdigest() + ".json",
     )
     keep = tilelang.env.is_cache_enabled()
-    if keep and path.exists():
-        return json.loads(path.read_text())
+    kept = read_figures(path) if keep else None
+    if kept is not None:
+        return kept
     # A disk-cache hit carries no lowered module: lower again for the launch figures.
     dynamic_smem, threads_launched = launch_figures(compiled.artifact or lower(func, arch=arch))
     ok, log = _ptxas(source, arch)

@@ -1,6 +1,7 @@
 """The kernel's config types and the GPU-free resource probe (real TileLang and nvcc)."""
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -8,7 +9,7 @@ import pytest
 from kernel import SEED_CONFIG, KernelConfig, ProbeFailure, Problem, Resources, probe
 from kernel.arch import ARCHS
 from kernel.config import HEADLINE, Call, dkdv_call, model_call, retnet_decay
-from kernel.resources import parse_ptxas
+from kernel.resources import FIGURES, parse_ptxas, read_figures
 
 
 @pytest.mark.parametrize(
@@ -363,3 +364,21 @@ def test_a_class_of_whole_chunks_that_does_not_lower_compiles_the_ragged_class_i
         compile_kernel(problem, config, "sm_90a", call)
     kernels = compile_class(problem, config, call, "sm_90a")
     assert len(kernels) == 3 and all(k.get_kernel_source() for k in kernels)
+
+
+def test_a_figures_cache_entry_that_cannot_be_read_is_made_again(tmp_path):
+    """A truncated, foreign or incomplete entry reads as none (the probe then makes it
+    again), never as an error or as figures."""
+    good = dict.fromkeys(FIGURES, 1)
+    path = tmp_path / "entry.json"
+    assert read_figures(path) is None  # none yet
+    path.write_text(json.dumps(good))
+    assert read_figures(path) == good
+    for bad in (
+        json.dumps(good)[:-5],
+        "[1]",
+        json.dumps(good | {"registers": "many"}),
+        json.dumps({"registers": 1}),
+    ):
+        path.write_text(bad)
+        assert read_figures(path) is None, bad
