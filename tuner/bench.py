@@ -17,6 +17,7 @@ against reference E.
 """
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ from tuner.bench_rows import (
 from tuner.occupancy import traffic_bytes
 from tuner.options import BENCH_PACKED, Packed
 from tuner.peers import fla_simple_gla, torch_chunked
+
+TORCH_CHUNK = 64  # the plain-torch peer's chunk: it serves lengths of whole chunks alone
 
 
 def out_of_the_box() -> tuple[Dispatch | None, str]:
@@ -115,6 +118,8 @@ def run(
             impl, extra = "seed config" if config == SEED_CONFIG else "candidate", {}
             if config not in (SEED_CONFIG, *candidates[problem]):  # the out-of-box config alone
                 impl, extra = OUT_OF_THE_BOX, {"tuned_by": source}
+            out.fill_(math.nan)  # what an earlier config wrote cannot pass for this one's
+            final.fill_(math.nan)
             timed[config] = timed_row(shape | extra, impl, config, ours, ref, floor_ms, log)
         rows += timed.values()
         served = timed.get(default[problem], {})
@@ -131,8 +136,11 @@ def run(
             rows.append(timed_row(shape, "fla chunk_simple_gla", None, fla, ref, floor_ms, log))
         except ImportError:
             print("fla is not installed: no fla column", file=sys.stderr)
-        plain = lambda: torch_chunked(q, k, v, decay, scale=call.scale)  # noqa: E731
-        rows.append(timed_row(shape, "torch chunked", None, plain, ref, floor_ms, log))
+        if problem.seqlen % TORCH_CHUNK:
+            print(f"{problem}: S is not whole chunks of {TORCH_CHUNK}: no torch column", file=sys.stderr)
+        else:
+            plain = lambda: torch_chunked(q, k, v, decay, scale=call.scale, chunk=TORCH_CHUNK)  # noqa: E731
+            rows.append(timed_row(shape, "torch chunked", None, plain, ref, floor_ms, log))
         del ref
     servings = {OUT_OF_THE_BOX: table, **({TUNED: dispatch} if dispatch else {})}
     if packed is not None:
