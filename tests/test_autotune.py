@@ -72,6 +72,17 @@ def test_a_study_that_yields_nothing_warns_once_and_serves_the_rule(tmp_path, fr
     assert time.monotonic() - start < 0.5
 
 
+def test_a_table_that_cannot_be_written_warns_and_serves_the_table_as_it_is(tmp_path, fresh_server):
+    """A table path under a file (an OSError before any study): one warning, no exception,
+    and the call's bucket is left to the rule (the table covers it not)."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    far = load_dispatch(dispatch_file(tmp_path, [(Problem(1, 8, 65536, 128, 128, "bfloat16"), TUNED)]))
+    with pytest.warns(UserWarning, match=r"gave no config \((NotADirectoryError|FileExistsError)"):
+        assert autotune.tuned(blocker / "mine.json", PROBLEM, far) is far
+    assert not autotune.covered(far, PROBLEM)
+
+
 def test_a_second_process_waits_for_the_first_and_finds_its_entry(tmp_path, fresh_server):
     """Process A holds the table's lock while it writes an entry; process B, asking for the
     same bucket meanwhile, waits, then serves A's entry without a study of its own (on a

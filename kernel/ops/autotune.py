@@ -74,20 +74,22 @@ def tuned(path: Path, problem: Problem, table: Dispatch | None) -> Dispatch | No
     Where the study yields nothing, the table as it is, with a warning."""
     if covered(table, problem) or any(where == path and _near(p, problem) for where, p in _failed):
         return table
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path):
-        table = load_dispatch(path, allow_mismatch=True) if path.exists() else None
-        if covered(table, problem):  # another process tuned it while this one waited
-            return table
-        fresh, why = _study(path, problem)
-        if fresh is None:
-            _failed.add((path, problem))
-            warnings.warn(
-                f"tuning on first use at {problem} gave no config ({why}): serving the rule", stacklevel=4
-            )
-            return table
-        write_json(path, merge(json.loads(path.read_text()) if path.exists() else None, fresh))
-        return load_dispatch(path, allow_mismatch=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(path):
+            table = load_dispatch(path, allow_mismatch=True) if path.exists() else None
+            if covered(table, problem):  # another process tuned it while this one waited
+                return table
+            fresh, why = _study(path, problem)
+            if fresh is not None:
+                merged = merge(json.loads(path.read_text()) if path.exists() else None, fresh)
+                write_json(path, merged)
+                return load_dispatch(path, allow_mismatch=True)
+    except (OSError, ValueError) as exc:  # ExportError is a ValueError: a table of another GPU
+        why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    _failed.add((path, problem))
+    warnings.warn(f"tuning on first use at {problem} gave no config ({why}): serving the rule", stacklevel=4)
+    return table
 
 
 def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
@@ -130,6 +132,7 @@ def _study(path: Path, problem: Problem) -> tuple[dict[str, Any] | None, str]:
         if done.returncode != 0 or not out.exists():
             last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
             return None, last[:300]
+        load_dispatch(out, allow_mismatch=True)  # what is merged into the table is a table
         return json.loads(out.read_text()), ""
 
 

@@ -116,6 +116,8 @@ def kernel_job(
             shape = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
         if _SERVER.autotune is not None and not ahead:  # a call on this GPU, not compiling ahead
             table = _SERVER.table = autotune.tuned(_SERVER.autotune, shape, table)
+            if not autotune.covered(table, shape):  # its study gave nothing: the rule, as warned
+                table = None
         config = config_for(shape, table, arch=arch, sms=sms)
     if call.packed:
         return dataclasses.replace(p, seqlen=1), packed_config(config, arch), call
