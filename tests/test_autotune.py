@@ -83,6 +83,24 @@ def test_a_table_that_cannot_be_written_warns_and_serves_the_table_as_it_is(tmp_
     assert not autotune.covered(far, PROBLEM)
 
 
+def test_compiling_ahead_neither_needs_the_table_yet_nor_fixes_the_process_s_table(
+    tmp_path, monkeypatch, fresh_server
+):
+    """With tuning on first use on, compiling ahead (``warmup``) before the table file exists
+    serves the rule, and with it serves the table; neither is kept, so the process's first
+    call on its GPU still finds the table to tune into."""
+    path = tmp_path / "mine.json"
+    monkeypatch.setenv(autotune.AUTOTUNE_VARIABLE, "1")
+    monkeypatch.setenv("DECAY_TUNER_TABLE", str(path))
+    call = Call(128**-0.5)
+    rule = serve.kernel_job(PROBLEM, call, 2, arch="sm_90a", sms=132)[1]
+    assert rule != TUNED and serve._SERVER.table == serve.DEFAULT and serve._SERVER.autotune is None
+    dispatch_file(tmp_path, [(PROBLEM, TUNED)], environment=serve.environment("sm_90a"))
+    path.write_text((tmp_path / "dispatch.json").read_text())
+    assert serve.kernel_job(PROBLEM, call, 2, arch="sm_90a", sms=132)[1] == TUNED
+    assert serve._SERVER.table == serve.DEFAULT
+
+
 def test_a_second_process_waits_for_the_first_and_finds_its_entry(tmp_path, fresh_server):
     """Process A holds the table's lock while it writes an entry; process B, asking for the
     same bucket meanwhile, waits, then serves A's entry without a study of its own (on a

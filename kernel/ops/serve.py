@@ -71,13 +71,18 @@ def served_table(arch: str | None = None) -> Dispatch | None:
     is on, the file ``DECAY_TUNER_TABLE`` names (else ``autotune.default_path``) is the
     one tuning on first use writes into."""
     if isinstance(_SERVER.table, str):
-        if autotune.enabled() and arch is None:
+        if arch is not None:  # compiling ahead: looked up for it, kept for no call of this process
+            named = os.environ.get(TABLE_VARIABLE)
+            if autotune.enabled() and named and not Path(named).exists():
+                return None  # the table tuning on first use will write: nothing in it yet
+            return default_table(arch)
+        if autotune.enabled():
             here = environment()
             path = Path(os.environ.get(TABLE_VARIABLE) or autotune.default_path(here["gpu"]))
             _SERVER.table = user_table(path, here) if path.exists() else None
             _SERVER.autotune = path
         else:
-            _SERVER.table = default_table(arch)
+            _SERVER.table = default_table()
     return _SERVER.table
 
 
