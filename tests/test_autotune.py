@@ -57,9 +57,14 @@ def test_merge_adds_entries_and_replaces_a_retuned_one(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU would run the study: tests/test_autotune_gpu")
-def test_a_study_that_yields_nothing_warns_once_and_serves_the_rule(tmp_path, fresh_server):
+def test_a_study_that_yields_nothing_warns_once_and_serves_the_rule(tmp_path, monkeypatch, fresh_server):
     """Without a GPU, the real ``dispatch`` child refuses: the call falls back to the rule
-    with one warning, the table file is not written, and the bucket is not tried again."""
+    with one warning, the table file is not written, and the bucket is not tried again. The
+    child is the project's tuner, whatever ``tuner/`` the caller's working directory holds."""
+    (tmp_path / "tuner").mkdir()
+    (tmp_path / "tuner" / "__init__.py").write_text("")
+    (tmp_path / "tuner" / "__main__.py").write_text("print('not the project')\n")
+    monkeypatch.chdir(tmp_path)
     path = tmp_path / "mine.json"
     with pytest.warns(UserWarning, match="tuning on first use at .* gave no config .*CUDA device"):
         assert autotune.tuned(path, PROBLEM, None) is None

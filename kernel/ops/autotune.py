@@ -120,13 +120,19 @@ def _study(path: Path, problem: Problem) -> tuple[dict[str, Any] | None, str]:
             *("--dk", str(p.dk), "--dv", str(p.dv), "--dtype", p.dtype),
             *("--n-trials", str(TRIALS), "--timeout", str(SECONDS), "--out", str(out), "--no-progress"),
         ]
-        env = os.environ | {
-            AUTOTUNE_VARIABLE: "0",
-            "DECAY_TUNER_STUDIES": str(studies),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")])),
-        }
-        try:
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_LIMIT_S)
+        env = (
+            os.environ
+            | _this_gpu()
+            | {
+                AUTOTUNE_VARIABLE: "0",
+                "DECAY_TUNER_STUDIES": str(studies),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")])),
+            }
+        )
+        try:  # run from the project's folder: a tuner/ in the caller's working directory is not it
+            done = subprocess.run(
+                cmd, env=env, cwd=_REPO, capture_output=True, text=True, timeout=CHILD_LIMIT_S
+            )
         except subprocess.TimeoutExpired:
             return None, f"the study ran past {CHILD_LIMIT_S} s"
         if done.returncode != 0 or not out.exists():
@@ -134,6 +140,18 @@ def _study(path: Path, problem: Problem) -> tuple[dict[str, Any] | None, str]:
             return None, last[:300]
         load_dispatch(out, allow_mismatch=True)  # what is merged into the table is a table
         return json.loads(out.read_text()), ""
+
+
+def _this_gpu() -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` naming the caller's current GPU alone, so that the study
+    times the GPU the call runs on (a rank that set its device), not the first one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    index, visible = torch.cuda.current_device(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else None
+    return {"CUDA_VISIBLE_DEVICES": ids[index] if ids else str(index)}
 
 
 @contextlib.contextmanager

@@ -8,6 +8,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from kernel.arch import get_arch
 from kernel.builder import ScalarDecayKernel, build, cuda_arch, precompile, sm_count
 from kernel.config import Call, KernelConfig, Problem
@@ -120,8 +122,9 @@ def kernel_job(
         if call.packed:  # sequences of the mean length
             shape = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
         if _SERVER.autotune is not None and not ahead:  # a call on this GPU, not compiling ahead
-            table = _SERVER.table = autotune.tuned(_SERVER.autotune, shape, table)
-            if not autotune.covered(table, shape):  # its study gave nothing: the rule, as warned
+            if not torch.cuda.is_current_stream_capturing():  # a study inside a capture would run in it
+                table = _SERVER.table = autotune.tuned(_SERVER.autotune, shape, table)
+            if not autotune.covered(table, shape):  # no study, or it gave nothing: the rule, as warned
                 table = None
         config = config_for(shape, table, arch=arch, sms=sms)
     if call.packed:
