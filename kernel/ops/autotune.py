@@ -14,7 +14,9 @@ the table on disk, and is served from it.
   table is replaced atomically (a temporary file, then ``os.replace``).
 - A study that finds no correct config, fails or runs past ``CHILD_LIMIT_S`` leaves the
   table as it was: the call falls back to the rule (``kernel.defaults``) with a warning,
-  and this process does not try that bucket again (no shape within ``COVERS`` of it).
+  and no process tries that bucket again (no shape within ``COVERS`` of it): the failure
+  is kept beside the table (``<table>.failed.json``; delete it to try again), so the ranks
+  of a job do not each wait out the same failing study.
 """
 
 import contextlib
@@ -80,16 +82,33 @@ def tuned(path: Path, problem: Problem, table: Dispatch | None) -> Dispatch | No
             table = load_dispatch(path, allow_mismatch=True) if path.exists() else None
             if covered(table, problem):  # another process tuned it while this one waited
                 return table
-            fresh, why = _study(path, problem)
+            failed = _failures(path)
+            if any(_near(p, problem) for p in failed):
+                fresh, why = None, f"a study of its bucket failed before (delete {_failures_file(path)})"
+            else:
+                fresh, why = _study(path, problem)
             if fresh is not None:
                 merged = merge(json.loads(path.read_text()) if path.exists() else None, fresh)
                 write_json(path, merged)
                 return load_dispatch(path, allow_mismatch=True)
+            write_json(_failures_file(path), [p.to_dict() for p in {*failed, problem}])
     except (OSError, ValueError) as exc:  # ExportError is a ValueError: a table of another GPU
         why = f"{type(exc).__name__}: {exc}".splitlines()[0]
     _failed.add((path, problem))
     warnings.warn(f"tuning on first use at {problem} gave no config ({why}): serving the rule", stacklevel=4)
     return table
+
+
+def _failures_file(path: Path) -> Path:
+    return path.with_name(path.name + ".failed.json")
+
+
+def _failures(path: Path) -> list[Problem]:
+    """The shapes whose studies failed for the table at ``path`` (none where the file is
+    missing or cannot be read)."""
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        return [Problem.from_dict(d) for d in json.loads(_failures_file(path).read_text())]
+    return []
 
 
 def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
