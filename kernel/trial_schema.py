@@ -33,6 +33,8 @@ PREDICTED = ("predicted_x_floor", "predicted_low", "predicted_high", "predicted_
 # Ends ``predicted_by`` where the config's knobs or head sizes are outside those the model
 # was fitted to: an extrapolation, which a compile-only study does not rank.
 OUTSIDE = ", outside the knobs it was fitted to"
+# Starts ``predicted_by`` where the model was not fitted to the architecture: the analytic part alone.
+UNCALIBRATED = "analytic part alone"
 TRIAL_COLUMNS = (
     "number",
     "state",

@@ -21,7 +21,7 @@ from typing import Any
 
 from kernel.config import KernelConfig, Problem
 from kernel.environment import replacing
-from kernel.trial_schema import OUTSIDE, PREDICTED
+from kernel.trial_schema import OUTSIDE, PREDICTED, UNCALIBRATED
 from tuner.occupancy import Figures, analytic_ratio, blocks_per_sm, floor_bytes, grid
 
 MODEL_FILE = Path(__file__).with_name("latency_model.json")
@@ -106,7 +106,7 @@ class Prediction:
         by = (
             f"latency model of {self.model}"
             if self.calibrated
-            else f"analytic part alone: uncalibrated for {self.arch}"
+            else f"{UNCALIBRATED}: uncalibrated for {self.arch}"
         ) + ("" if self.covered else OUTSIDE)
         values = zip(PREDICTED, (self.ratio, self.low, self.high, self.ms, by))
         return {key: value for key, value in values if value is not None and value == value}  # not NaN

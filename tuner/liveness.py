@@ -62,15 +62,15 @@ def fail_stale(study: optuna.Study, grace_s: float) -> int:
         with warnings.catch_warnings():  # experimental in Optuna 5.0
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)  # Optuna's: atomic, the callback requeues
-        failed = [
-            t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.number not in before
-        ]
-        return len(failed) + _fail_unowned(study, grace_s)
-    now, count, stale = time.time(), 0, _stale_ids(study, grace_s)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t._trial_id in stale:
-            beat = t.system_attrs[HEARTBEAT_ATTR]
-            count += interrupt(study, t, f"no heartbeat for {now - beat:.0f} s: its worker died")
+        count = len(
+            [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if t.number not in before]
+        )
+    else:
+        now, count, stale = time.time(), 0, _stale_ids(study, grace_s)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if t._trial_id in stale:
+                beat = t.system_attrs[HEARTBEAT_ATTR]
+                count += interrupt(study, t, f"no heartbeat for {now - beat:.0f} s: its worker died")
     return count + _fail_unowned(study, grace_s)
 
 

@@ -84,14 +84,14 @@ def tuned(path: Path, problem: Problem, table: Dispatch | None) -> Dispatch | No
                 return table
             failed = _failures(path)
             if any(_near(p, problem) for p in failed):
-                fresh, why = None, f"a study of its bucket failed before (delete {_failures_file(path)})"
+                why = f"a study of its bucket failed before (delete {_failures_file(path)})"
             else:
                 fresh, why = _study(path, problem)
-            if fresh is not None:
-                merged = merge(json.loads(path.read_text()) if path.exists() else None, fresh)
-                write_json(path, merged)
-                return load_dispatch(path, allow_mismatch=True)
-            write_json(_failures_file(path), [p.to_dict() for p in {*failed, problem}])
+                if fresh is not None:
+                    merged = merge(json.loads(path.read_text()) if path.exists() else None, fresh)
+                    write_json(path, merged)
+                    return load_dispatch(path, allow_mismatch=True)
+                write_json(_failures_file(path), [p.to_dict() for p in {*failed, problem}])
     except (OSError, ValueError) as exc:  # ExportError is a ValueError: a table of another GPU
         why = f"{type(exc).__name__}: {exc}".splitlines()[0]
     _failed.add((path, problem))

@@ -9,20 +9,23 @@ from typing import TYPE_CHECKING
 
 from kernel.config import KernelConfig, Problem
 from kernel.environment import env_key, environment, write_json
+from kernel.trial_schema import UNCALIBRATED
 from tuner.commands.args import default_out, open_study, out_file
 from tuner.options import UsageError
 
 if TYPE_CHECKING:
     import optuna
+    import pandas as pd
 
 
-def _heading(study: "optuna.Study") -> str:
+def _heading(study: "optuna.Study", frame: "pd.DataFrame") -> str:
     """The study's name, kernel and mode; a compile-only study says that nothing was timed."""
     mode, arch = study.user_attrs.get("mode", "unknown mode"), study.user_attrs.get("arch")
     where = f" for {arch}" if arch and mode == "compile-only" else f" on {arch}" if arch else ""
     note = ": no latency measured, ranked by predicted time" if mode == "compile-only" else ""
-    by = {str(t.user_attrs.get("predicted_by", "")) for t in study.get_trials(deepcopy=False)}
-    if note and any(b.startswith("analytic part alone") for b in by):  # as its trials were ranked
+    if (
+        note and frame.predicted_by.astype(str).str.startswith(UNCALIBRATED).any()
+    ):  # as its trials were ranked
         note += " (the analytic part alone: the latency model was not calibrated for it)"
     kernel = "the backward's fused dk+dv sweep, " if study.user_attrs.get("sweep") == "dkdv" else ""
     return f"study {study.study_name!r} ({kernel}{mode}{where}{note})"
@@ -34,7 +37,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
 
     study = open_study(args)
     frame = trials_frame(study)
-    print(_heading(study))
+    print(_heading(study, frame))
     if frame.empty:
         print("no trials yet")
         return 0
@@ -53,7 +56,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         print(f"study {study.study_name!r} has no feasible, correct trial yet", file=sys.stderr)
         return 1
     frame = trials_frame(study).set_index("number", drop=False).loc[best]
-    print(f"{_heading(study)}, {_env_line(study, env)}")
+    print(f"{_heading(study, frame)}, {_env_line(study, env)}")
     print(table(frame))
     return 0
 

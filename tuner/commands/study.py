@@ -29,7 +29,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     name, storage = where(args)
     folder = exports(args.studies_dir, storage, name)  # refuses a folder it cannot make, before any work
     if args.gpus is not None:
-        return _run_on_gpus(args, name, storage)
+        return _run_on_gpus(args, name, storage, folder)
     tuner = Tuner(problem_of(args), options_of(args), name=name, storage=storage)
     if not tuner.gpu:
         why = "no CUDA device" if tuner.env["gpu"] is None else f"this GPU is not {tuner.arch}"
@@ -46,14 +46,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _export_run(study, folder / "best.json", tuner.env_key)
 
 
-def _run_on_gpus(args: argparse.Namespace, name: str, storage: str) -> int:
+def _run_on_gpus(args: argparse.Namespace, name: str, storage: str, folder: Path) -> int:
     """``run --gpus``: the study's trials split between one worker per GPU
     (``tuner.fleet.run_study``), then its log and export; 1 when a worker failed."""
     from tuner.storage import load_study  # loads Optuna
 
     problem, opts = problem_of(args), options_of(args)
     gpus = fleet.gpus_for(args.gpus, storage, opts.n_trials)
-    folder = exports(args.studies_dir, storage, name)
     outcomes = fleet.run_study(problem, opts, name, storage, gpus, folder)
     failed = [o for o in outcomes if o.returncode != 0]
     study = load_study(name, storage)
