@@ -1,6 +1,7 @@
 """Child processes that die with their parent and leave Ctrl-C to it: the compile pool
 (``compile_pool``) and the tuner's GPU worker (``tuner.worker``) start theirs here; and
-the blocks where Ctrl-C waits (``ctrl_c_ignored``)."""
+the blocks where Ctrl-C waits (``ctrl_c_ignored``) or takes effect only at their end
+(``ctrl_c_deferred``)."""
 
 import contextlib
 import ctypes
@@ -117,3 +118,22 @@ def ctrl_c_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+@contextlib.contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """A Ctrl-C during the block takes effect as it ends, so the block is never cut in the
+    middle (in the main thread; elsewhere it cannot arrive)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if pressed and callable(before):
+        before(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
+    elif pressed and before == signal.SIG_DFL:
+        raise KeyboardInterrupt

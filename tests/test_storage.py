@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import socket
 import time
 
@@ -73,6 +74,15 @@ def test_storage_strings_name_every_kind(tmp_path):
     assert load_study("x", str(db)).study_name == "x"
     with pytest.raises(UsageError, match="grpc://HOST:PORT wants a host and a port"):
         get_storage("grpc://nohost")
+
+
+def test_a_grpc_storage_nothing_answers_at_says_it_waits_then_exits_2(tmp_path, capsys):
+    port = _free_port()  # nothing listens there
+    assert main(["trials", "--storage", f"grpc://127.0.0.1:{port}", "--study", "s"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"waiting up to 10 s for a gRPC storage proxy at grpc://127.0.0.1:{port}",
+        f"error: no gRPC storage proxy answered at grpc://127.0.0.1:{port} in 10 s",
+    ]
 
 
 def test_the_grpc_proxy_serves_a_study(tmp_path):
@@ -327,3 +337,23 @@ def test_a_study_folder_that_cannot_be_made_is_refused_before_any_work(tmp_path,
     with pytest.raises(UsageError, match="'.*afile' is a file .*DECAY_TUNER_STUDIES moves it"):
         export_dir(f"sqlite:///{tmp_path / 'db.sqlite'}", "s", afile)
     assert export_dir(storage, "s", studies_dir) == studies_dir / "s"
+
+
+def test_a_ctrl_c_during_a_journal_append_takes_effect_once_the_append_is_done(tmp_path):
+    """Ctrl-C while a worker holds the journal's lock: the append finishes and drops the lock
+    (others would wait 30 s for it to go stale), then the KeyboardInterrupt goes on."""
+    storage = get_storage(f"journal:{tmp_path / 'j.log'}")
+    lock = storage._backend._lock
+    take = lock.acquire
+
+    def take_then_ctrl_c() -> bool:
+        taken = take()
+        os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C reaches the run
+        return taken
+
+    lock.acquire = take_then_ctrl_c
+    with pytest.raises(KeyboardInterrupt):
+        optuna.create_study(study_name="s", storage=storage)
+    assert not os.path.lexists(lock._lock_file)
+    lock.acquire = take
+    assert optuna.get_all_study_names(get_storage(f"journal:{tmp_path / 'j.log'}")) == ["s"]

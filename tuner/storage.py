@@ -14,16 +14,21 @@ import fcntl
 import hashlib
 import json
 import os
+import socket
+import sys
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage
+from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import FrozenTrial
 
 from kernel.config import LEGACY_FIELDS, Problem
+from kernel.processes import ctrl_c_deferred
 from tuner.liveness import requeue
 from tuner.options import STUDIES_DIR, STUDIES_VARIABLE, UsageError, default_storage
 
@@ -129,8 +134,6 @@ def _missing(url: str) -> UsageError:
 def _journal(path: str, create: bool) -> BaseStorage:
     """The journal file ``path``; a ``UsageError`` for a file that is no journal, or a folder
     that does not exist (only the studies folder is made, where missing)."""
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
-
     file = Path(path)
     if not create and not file.is_file():
         raise _missing(path)
@@ -141,7 +144,17 @@ def _journal(path: str, create: bool) -> BaseStorage:
     elif not file.parent.is_dir():
         raise UsageError(f"no folder {str(file.parent)!r} for the journal file {path!r}: make it first")
     # Optuna's default lock (a symlink), the one optuna-dashboard and Optuna scripts take too.
-    return JournalStorage(JournalFileBackend(str(file)))
+    return JournalStorage(_JournalFile(str(file)))
+
+
+class _JournalFile(JournalFileBackend):
+    """Optuna's journal file, each append finished before a Ctrl-C takes effect: cut between
+    taking and dropping its lock, Optuna's append leaves the lock to other processes until it
+    goes stale (30 s), or ends in a ``FileNotFoundError`` in place of the ``KeyboardInterrupt``."""
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        with ctrl_c_deferred():
+            super().append_logs(logs)
 
 
 def _journal_like(file: Path) -> bool:
@@ -154,6 +167,9 @@ def _journal_like(file: Path) -> bool:
         return False
 
 
+GRPC_WAIT_S = 10  # how long a run waits for a gRPC storage proxy to answer
+
+
 def _grpc(target: str) -> BaseStorage:
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
@@ -161,7 +177,14 @@ def _grpc(target: str) -> BaseStorage:
     with warnings.catch_warnings():  # experimental in Optuna 5.0
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         proxy = optuna.storages.GrpcStorageProxy(host=host, port=int(port))
-    proxy.wait_server_ready(timeout=10)
+    try:
+        socket.create_connection((host, int(port)), timeout=GRPC_WAIT_S).close()
+    except OSError:  # a proxy may be starting beside this process: wait for it, saying so
+        print(f"waiting up to {GRPC_WAIT_S} s for a gRPC storage proxy at grpc://{target}", file=sys.stderr)
+    try:
+        proxy.wait_server_ready(timeout=GRPC_WAIT_S)
+    except ConnectionError:
+        raise UsageError(f"no gRPC storage proxy answered at grpc://{target} in {GRPC_WAIT_S} s") from None
     return proxy
 
 

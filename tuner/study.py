@@ -35,7 +35,7 @@ from kernel.builder import sm_count
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, dkdv_call, model_call
 from kernel.defaults import dkdv_config
 from kernel.environment import env_key, environment
-from kernel.processes import compile_pool, ctrl_c_ignored
+from kernel.processes import compile_pool, ctrl_c_deferred, ctrl_c_ignored
 from kernel.resources import ProbeFailure, probe
 from kernel.trial_schema import MEASURES
 from tuner import outcomes, space
@@ -169,7 +169,8 @@ class Tuner:
                         and time.monotonic() < deadline
                         and not self._grid_exhausted()
                     ):
-                        pending.append(self._ask(pool))
+                        with ctrl_c_deferred():  # a trial asked is a trial in flight: failed on Ctrl-C
+                            pending.append(self._ask(pool))
                         asked += 1
                     if not pending:
                         break
