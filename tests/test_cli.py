@@ -573,3 +573,17 @@ def test_a_study_of_other_environments_asks_which(tmp_path, capsys, monkeypatch)
     assert "holds measurements of 2 environments, none of them this machine's: choose one with --env" in err
     assert "NVIDIA H100" in err and "NVIDIA H200" in err and err.count("\n") == 1
     assert not (tmp_path / "storages").exists()
+
+
+@pytest.mark.parametrize("command", ["trials", "best", "export", "compare", "report"])
+def test_a_problem_flag_the_named_study_contradicts_exits_2(command, tmp_path, capsys):
+    """A problem flag typed beside --study must agree with the study's problem (the
+    defaults, untyped, need not): the study here is of DK 64 and S 256."""
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    gpu_study([0.5], storage=storage, name="s")
+    argv = [command, "--storage", storage, "--study", "s", "--dk", "64", "--seqlen", "512"]
+    assert main(argv + ["--against", "s"] * (command == "compare")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert err.endswith("--seqlen 512 contradicts it (drop the flag, or name another --study)")
+    assert "--dk" not in err

@@ -54,11 +54,22 @@ def _study_flags(p: argparse.ArgumentParser) -> None:
     _storage_flags(p)
 
 
+class _Given(argparse.Action):
+    """Stores a problem flag's value and notes it in ``given``: a flag a user typed, unlike a
+    default, must agree with the study it reads (``tuner.commands.args.open_study``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = {*getattr(namespace, "given", ()), self.dest}
+
+
 def _problem_flags(p: argparse.ArgumentParser, names=tuple(PROBLEM_FLAGS)) -> None:
     defaults = HEADLINE.to_dict()
     for name in names:
         kind = type(defaults[name])
-        p.add_argument(f"--{name}", type=kind, default=defaults[name], help=PROBLEM_FLAGS[name])
+        p.add_argument(
+            f"--{name}", type=kind, default=defaults[name], action=_Given, help=PROBLEM_FLAGS[name]
+        )
 
 
 def _tuning_flags(p: argparse.ArgumentParser) -> None:

@@ -77,11 +77,21 @@ def exports(studies: Path, storage: str, name: str) -> Path:
 
 
 def open_study(args: argparse.Namespace, name: str | None = None) -> "optuna.Study":
-    """An existing study (read-only commands: a missing storage or study is a ``UsageError``)."""
+    """An existing study (read-only commands: a missing storage or study is a ``UsageError``,
+    and so is a problem flag given beside ``--study`` that the study's problem contradicts)."""
     from tuner.storage import load_study  # loads Optuna
 
     default_name, storage = where(args)
-    return load_study(name or default_name, storage)
+    study = load_study(name or default_name, storage)
+    saved = study.user_attrs.get("problem") or {}
+    clash = [f for f in sorted(getattr(args, "given", ())) if f in saved and saved[f] != getattr(args, f)]
+    if clash:
+        flags = " ".join(f"--{f} {getattr(args, f)}" for f in clash)
+        raise UsageError(
+            f"study {study.study_name!r} was made for {Problem.from_dict(saved)}: {flags} contradicts it "
+            "(drop the flag, or name another --study)"
+        )
+    return study
 
 
 def default_out(args: argparse.Namespace, file: str) -> Path:
