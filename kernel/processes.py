@@ -1,7 +1,7 @@
 """Child processes that die with their parent and leave Ctrl-C to it: the compile pool
 (``compile_pool``) and the tuner's GPU worker (``tuner.worker``) start theirs here; and
-the blocks where Ctrl-C waits (``ctrl_c_ignored``) or takes effect only at their end
-(``ctrl_c_deferred``)."""
+the blocks where Ctrl-C waits (``ctrl_c_ignored``), takes effect at their end
+(``ctrl_c_deferred``) or where they say (``ctrl_c_at_checkpoints``)."""
 
 import contextlib
 import ctypes
@@ -11,10 +11,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, wait
+from typing import Any
 
 PR_SET_PDEATHSIG = 1  # Linux's prctl option: a signal for this process when its parent dies
+CHECKPOINT_S = 0.2  # the longest a wait goes between two checks for a Ctrl-C (ctrl_c_at_checkpoints)
 
 
 @contextlib.contextmanager
@@ -137,3 +139,38 @@ def ctrl_c_deferred() -> Iterator[None]:
         before(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
     elif pressed and before == signal.SIG_DFL:
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def ctrl_c_at_checkpoints() -> Iterator[Callable[[], None]]:
+    """Ctrl-C in the block is noted, never raised where it lands (a storage write cut in two,
+    or a garbage collector's callback, which swallows it with a traceback). The block calls
+    the function it is given where it can stop cleanly, at least every ``CHECKPOINT_S`` in its
+    waits: for a noted Ctrl-C it raises ``KeyboardInterrupt`` and gives Ctrl-C back to Python,
+    so a second one raises at once. A Ctrl-C noted when the block ends raises there. Main
+    thread only, and only where Ctrl-C raises (not inside ``ctrl_c_ignored``)."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield lambda: None
+        return
+    pressed = threading.Event()
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.set())
+
+    def checkpoint() -> None:
+        if pressed.is_set():
+            pressed.clear()
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+
+    try:
+        yield checkpoint
+        checkpoint()
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def result_of(future: Future, checkpoint: Callable[[], None]) -> Any:
+    """``future``'s result, calling ``checkpoint`` (``ctrl_c_at_checkpoints``) while it waits."""
+    while not wait([future], timeout=CHECKPOINT_S).done:
+        checkpoint()
+    return future.result()

@@ -26,6 +26,7 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import optuna
@@ -35,7 +36,7 @@ from kernel.builder import sm_count
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, dkdv_call, model_call
 from kernel.defaults import dkdv_config
 from kernel.environment import env_key, environment
-from kernel.processes import compile_pool, ctrl_c_deferred, ctrl_c_ignored
+from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, ctrl_c_ignored, result_of
 from kernel.resources import ProbeFailure, probe
 from kernel.trial_schema import MEASURES
 from tuner import outcomes, space
@@ -119,6 +120,7 @@ class Tuner:
         self.claims = Claims(self.study, self.env_key, options.grace_s)
         self._live: set[int] = set()  # ids of this worker's trials in flight, kept alive by heartbeats
         self._pool: ProcessPoolExecutor | None = None
+        self._checkpoint: Callable[[], None] = lambda: None  # raises for a Ctrl-C (run's)
         self.sms = sm_count() if self.gpu else None  # None: the architecture's reference GPU's
         seeds = (
             [
@@ -160,8 +162,8 @@ class Tuner:
         beats = threading.Thread(target=self._heartbeats, args=(stop,), daemon=True)
         beats.start()
         try:
-            with compile_pool(self.workers) as pool:
-                self._pool = pool
+            with compile_pool(self.workers) as pool, ctrl_c_at_checkpoints() as checkpoint:
+                self._pool, self._checkpoint = pool, checkpoint
                 while True:
                     while (
                         asked < opts.n_trials
@@ -169,8 +171,8 @@ class Tuner:
                         and time.monotonic() < deadline
                         and not self._grid_exhausted()
                     ):
-                        with ctrl_c_deferred():  # a trial asked is a trial in flight: failed on Ctrl-C
-                            pending.append(self._ask(pool))
+                        checkpoint()
+                        pending.append(self._ask(pool))
                         asked += 1
                     if not pending:
                         break
@@ -179,7 +181,8 @@ class Tuner:
                         if isinstance(job, Owned):
                             self._follow(trial, config, worker)
                         else:
-                            self._evaluate(trial, config, None if job is None else job.result(), worker)
+                            res = None if job is None else result_of(job, checkpoint)
+                            self._evaluate(trial, config, res, worker)
                     except optuna.exceptions.UpdateFinishedTrialError:
                         print(
                             f"trial {trial.number} was failed by another worker (no heartbeat for "
@@ -198,7 +201,7 @@ class Tuner:
                     if not frozen.state.is_finished():
                         interrupt(self.study, frozen, "the run stopped before this trial was measured")
                 self._live.clear()
-                self._pool = None
+                self._pool, self._checkpoint = None, lambda: None
                 bar.close()
                 if worker is not None:
                     worker.close()
@@ -240,13 +243,16 @@ class Tuner:
             if isinstance(state, Claimed):
                 trial.set_user_attr("claim_attempt", state.attempt)
                 assert self._pool is not None
-                res = self._pool.submit(probe, self.problem, config, arch=self.arch, call=self.call).result()
+                job = self._pool.submit(probe, self.problem, config, arch=self.arch, call=self.call)
+                res = result_of(job, self._checkpoint)
                 self._evaluate(trial, config, res, worker)
                 return
             if state.finished:
                 outcomes.copy(self.study, trial, state.owner)
                 return
-            time.sleep(0.5)
+            for _ in range(3):  # the owner's outcome is read again every 0.6 s
+                time.sleep(CHECKPOINT_S)
+                self._checkpoint()
 
     def _grid_exhausted(self) -> bool:
         sampler = self.study.sampler
@@ -315,7 +321,8 @@ class Tuner:
                     "call": self.call.to_dict(),
                     "seed": self.options.seed + trial.number,
                     "tolerance": self.options.tolerance,
-                }
+                },
+                self._checkpoint,
             )
         outcomes.measured(self.study, trial, result, self.options.tolerance, len(self.objectives), start)
 

@@ -8,12 +8,13 @@ failure, kills what is left and starts a fresh worker for the next trial.
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from kernel.builder import build
 from kernel.config import Call, KernelConfig, Problem, model_call
-from kernel.processes import bind_to_parent, sigint_blocked
+from kernel.processes import CHECKPOINT_S, bind_to_parent, sigint_blocked
 
 # Fault injection for the tests: "LABEL=FAULT,..." (``KernelConfig.label``, e.g.
 # "64/64/1/128/smem/1") makes the worker misbehave on those configs, so isolation is
@@ -82,17 +83,21 @@ class GpuWorker:
             self._proc.start()
         child.close()
 
-    def measure(self, job: dict[str, Any]) -> dict[str, Any]:
+    def measure(self, job: dict[str, Any], checkpoint: Callable[[], None] = lambda: None) -> dict[str, Any]:
+        """``job``'s result, calling ``checkpoint`` while it waits (``ctrl_c_at_checkpoints``)."""
         if self._proc is None or not self._proc.is_alive():
             self._start()
         self._conn.send(job)
-        if not self._conn.poll(self.timeout_s):
-            self.close()
-            return {
-                "ok": False,
-                "error_type": "Timeout",
-                "message": f"no result within {self.timeout_s:.0f} s (hung kernel?)",
-            }
+        deadline = time.monotonic() + self.timeout_s
+        while not self._conn.poll(CHECKPOINT_S):
+            checkpoint()
+            if time.monotonic() > deadline:
+                self.close()
+                return {
+                    "ok": False,
+                    "error_type": "Timeout",
+                    "message": f"no result within {self.timeout_s:.0f} s (hung kernel?)",
+                }
         try:
             result = self._conn.recv()
         except (EOFError, ConnectionError):
