@@ -530,7 +530,6 @@ def test_report_command(tmp_path, capsys, monkeypatch):
     [
         (["report", "--study", "nope"], "no study 'nope'"),
         (["report", "--study", "hand", "--out", "x.png"], "--out wants a .html or .htm file path"),
-        (["report", "--study", "empty"], "has no trials yet"),
         (["report", "--study", "badpeers"], '"peers" must map a name'),
     ],
 )
@@ -542,6 +541,18 @@ def test_report_mistakes_exit_2_with_one_line(argv, message, tmp_path, capsys):
     assert main([*argv, "--storage", storage]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_report_of_a_study_with_no_trials_yet_exits_1_as_best_does(tmp_path, capsys):
+    """Nothing to show yet is exit 1, one line; a mistake in the input is exit 2."""
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    optuna.create_study(storage=storage, study_name="empty")
+    assert main(["report", "--study", "empty", "--storage", storage]) == 1
+    assert main(["best", "--study", "empty", "--storage", storage]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "study 'empty' has no trials yet: nothing to report",
+        "study 'empty' has no feasible, correct trial yet",
+    ]
 
 
 # Across architectures -----------------------------------------------------------------------

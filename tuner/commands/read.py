@@ -136,7 +136,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = out_file(args, default_out(args, "report.html"), (".html", ".htm"))
     study = open_study(args)
     if not study.trials:
-        raise UsageError(f"study {study.study_name!r} has no trials yet: nothing to report")
+        print(f"study {study.study_name!r} has no trials yet: nothing to report", file=sys.stderr)
+        return 1
     env = None
     if args.env is not None or len(environments(study)) > 1:  # several GPU kinds: one's trials
         env = _env(args, study)
