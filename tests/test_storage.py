@@ -339,6 +339,16 @@ def test_a_study_folder_that_cannot_be_made_is_refused_before_any_work(tmp_path,
     assert export_dir(storage, "s", studies_dir) == studies_dir / "s"
 
 
+@pytest.mark.parametrize("command", ["run", "trials"])
+@pytest.mark.parametrize("prefix", ["", "journal:"])
+def test_a_folder_named_as_storage_exits_2_saying_so(command, prefix, tmp_path, capsys):
+    assert main([command, "--storage", f"{prefix}{tmp_path}"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {str(tmp_path)!r} is a folder, not a storage: name a file in it, "
+        f"e.g. {str(tmp_path / 'studies.journal')!r}"
+    ]
+
+
 def test_a_ctrl_c_during_a_journal_append_takes_effect_once_the_append_is_done(tmp_path):
     """Ctrl-C while a worker holds the journal's lock: the append finishes and drops the lock
     (others would wait 30 s for it to go stale), then the KeyboardInterrupt goes on."""

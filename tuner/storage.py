@@ -135,6 +135,10 @@ def _journal(path: str, create: bool) -> BaseStorage:
     """The journal file ``path``; a ``UsageError`` for a file that is no journal, or a folder
     that does not exist (only the studies folder is made, where missing)."""
     file = Path(path)
+    if file.is_dir():
+        raise UsageError(
+            f"{path!r} is a folder, not a storage: name a file in it, e.g. {str(file / 'studies.journal')!r}"
+        )
     if not create and not file.is_file():
         raise _missing(path)
     if file.is_file() and not _journal_like(file):
