@@ -1,7 +1,7 @@
 """Child processes that die with their parent and leave Ctrl-C to it: the compile pool
 (``compile_pool``) and the tuner's GPU worker (``tuner.worker``) start theirs here; and
-the blocks where Ctrl-C waits (``ctrl_c_ignored``), takes effect at their end
-(``ctrl_c_deferred``) or where they say (``ctrl_c_at_checkpoints``)."""
+the blocks where Ctrl-C waits (``ctrl_c_ignored``) or takes effect where they say, else
+at their end (``ctrl_c_at_checkpoints``)."""
 
 import contextlib
 import ctypes
@@ -123,32 +123,15 @@ def ctrl_c_ignored() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ctrl_c_deferred() -> Iterator[None]:
-    """A Ctrl-C during the block takes effect as it ends, so the block is never cut in the
-    middle (in the main thread; elsewhere it cannot arrive)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pressed: list[int] = []
-    before = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
-    if pressed and callable(before):
-        before(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
-    elif pressed and before == signal.SIG_DFL:
-        raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
 def ctrl_c_at_checkpoints() -> Iterator[Callable[[], None]]:
     """Ctrl-C in the block is noted, never raised where it lands (a storage write cut in two,
     or a garbage collector's callback, which swallows it with a traceback). The block calls
     the function it is given where it can stop cleanly, at least every ``CHECKPOINT_S`` in its
     waits: for a noted Ctrl-C it raises ``KeyboardInterrupt`` and gives Ctrl-C back to Python,
-    so a second one raises at once. A Ctrl-C noted when the block ends raises there. Main
-    thread only, and only where Ctrl-C raises (not inside ``ctrl_c_ignored``)."""
+    so a second one raises at once. A Ctrl-C noted when the block ends raises there, so a
+    block that never calls it is one that Ctrl-C does not cut. Main thread only, and only
+    where Ctrl-C raises: inside ``ctrl_c_ignored`` it stays ignored, and inside another such
+    block the outer one notes it."""
     main = threading.current_thread() is threading.main_thread()
     if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield lambda: None

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from kernel.processes import ctrl_c_at_checkpoints, ctrl_c_deferred
+from kernel.processes import ctrl_c_at_checkpoints
 
 
 def _ctrl_c() -> None:
@@ -43,25 +43,16 @@ def test_a_second_ctrl_c_after_a_checkpoint_raised_raises_at_once():
             _ctrl_c()  # Python's handler again: the waits for compiles in flight rely on it
 
 
-def test_a_ctrl_c_no_checkpoint_saw_is_raised_as_the_block_ends():
+def test_a_ctrl_c_no_checkpoint_saw_is_raised_as_the_block_ends_and_an_ignored_one_never():
     steps = []
     with pytest.raises(KeyboardInterrupt):
         with ctrl_c_at_checkpoints():
             _ctrl_c()
             steps.append("rest of the block")
     assert steps == ["rest of the block"]
-
-
-def test_a_deferred_block_finishes_then_raises_and_an_ignored_ctrl_c_stays_ignored():
-    steps = []
-    with pytest.raises(KeyboardInterrupt):
-        with ctrl_c_deferred():
-            _ctrl_c()
-            steps.append("rest of the block")
-    assert steps == ["rest of the block"]
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with ctrl_c_deferred(), ctrl_c_at_checkpoints() as checkpoint:
+        with ctrl_c_at_checkpoints() as checkpoint:
             _ctrl_c()
             checkpoint()
     finally:

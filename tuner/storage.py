@@ -28,7 +28,7 @@ from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import FrozenTrial
 
 from kernel.config import LEGACY_FIELDS, Problem
-from kernel.processes import ctrl_c_deferred
+from kernel.processes import ctrl_c_at_checkpoints
 from tuner.liveness import requeue
 from tuner.options import STUDIES_DIR, STUDIES_VARIABLE, UsageError, default_storage
 
@@ -157,7 +157,7 @@ class _JournalFile(JournalFileBackend):
     goes stale (30 s), or ends in a ``FileNotFoundError`` in place of the ``KeyboardInterrupt``."""
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
-        with ctrl_c_deferred():
+        with ctrl_c_at_checkpoints():  # no checkpoint inside: the Ctrl-C raises as the append ends
             super().append_logs(logs)
 
 
