@@ -64,8 +64,8 @@ def default_config(problem: Problem, arch: str, sms: int | None = None) -> Kerne
     """The forward's config for ``problem`` on ``arch`` (a name of ``kernel.arch.ARCHS``):
     ``family``'s, at the block_dv (its own or, for DK <= ``MAX_NARROW_DK`` and sequences
     shorter than ``NARROW_BELOW`` tokens, half of it) and segment count whose grid comes
-    nearest one block per SM in log2 (``sms``; default: ``arch``'s reference GPU), with a
-    pipeline no deeper than a segment's chunks. Of grids as near, the unsplit one wins,
+    nearest one block per SM in log2 without a split past it (``sms``; default: ``arch``'s
+    reference GPU), with a pipeline no deeper than a segment's chunks. Of grids as near, the unsplit one wins,
     then the wider block_dv, then fewer segments (which read K and V less often)."""
     base = family(problem, arch)
     blocks = sms or get_arch(arch).sms
@@ -77,7 +77,7 @@ def default_config(problem: Problem, arch: str, sms: int | None = None) -> Kerne
     # per width the segment count nearest the grid; a sequence too short for the pipeline
     # runs the single-pass kernel, as deep as its chunks
     picks = [dataclasses.replace(base, block_dv=w) for w in widths]
-    picks = [nearest_grid(c, problem, blocks) or shorter_pipeline(c, problem) for c in picks]
+    picks = [nearest_grid(c, problem, blocks, cap=True) or shorter_pipeline(c, problem) for c in picks]
 
     def order(c: KernelConfig) -> tuple:
         far = abs(math.log2(c.blocks(problem) / blocks))
@@ -91,25 +91,31 @@ def dkdv_config(problem: Problem, arch: str, sms: int | None = None) -> KernelCo
     sweep does not serve it (the backward then runs two sweeps): it serves Hopper (wgmma),
     a state of at most ``kernel.dkdv.MAX_STATE`` elements, with two stages where they fit
     the shared memory, else one. ``sms``: the GPU's SM count, to split the sequence into
-    the segment count whose grid comes nearest one block per SM; None, one pass (what
-    packed sequences run)."""
+    the segment count whose grid comes nearest one block per SM without passing it; None,
+    one pass (what packed sequences run)."""
     if problem.dk * problem.dv > dkdv.MAX_STATE or not get_arch(arch).wgmma:
         return None
     limit = get_arch(arch).smem_per_block
     for stages in (2, 1):
         config = KernelConfig(dkdv.CHUNK, problem.dv, stages, dkdv.THREADS, "smem")
         if dkdv.smem_bytes(problem, config) <= limit:
-            split = None if sms is None else nearest_grid(config, problem, sms)
+            split = None if sms is None else nearest_grid(config, problem, sms, cap=True)
             return config if split is None else split
     return None
 
 
-def nearest_grid(config: KernelConfig, problem: Problem, blocks: int) -> KernelConfig | None:
+def nearest_grid(
+    config: KernelConfig, problem: Problem, blocks: int, *, cap: bool = False
+) -> KernelConfig | None:
     """``config`` with the segment count whose grid on ``problem`` comes nearest, in log2,
     to ``blocks``; ``None`` when no count runs ``problem``. A tie goes to fewer segments,
-    which read K and V less often."""
+    which read K and V less often. ``cap``: no split whose grid exceeds ``blocks`` (with
+    ``blocks`` the SM count, the blocks past it would run as a second wave, a short one
+    that still takes as long as the first)."""
     runnable = [
-        c for c in (dataclasses.replace(config, segments=n) for n in SEGMENT_COUNTS) if runs(c, problem)
+        c
+        for c in (dataclasses.replace(config, segments=n) for n in SEGMENT_COUNTS)
+        if runs(c, problem) and (c.segments == 1 or not cap or c.blocks(problem) <= blocks)
     ]
     if not runnable:
         return None

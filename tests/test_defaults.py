@@ -5,7 +5,7 @@ import pytest
 
 from kernel.arch import ARCHS
 from kernel.config import KernelConfig, Problem, model_call
-from kernel.defaults import STATIC_SMEM, default_config, runs, smem_bytes
+from kernel.defaults import STATIC_SMEM, default_config, dkdv_config, runs, smem_bytes
 
 HEADS = [(64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128), (256, 256)]
 SHAPES = [(1, 1, 1), (1, 2, 65), (4, 16, 512), (1, 8, 1000), (8, 16, 4096), (2, 16, 16384), (1, 8, 131072)]
@@ -53,3 +53,18 @@ def test_the_rule_keeps_the_choices_the_sweeps_fitted():
     assert rule(4, 16, 512, 256, 256) == KernelConfig(64, 64, 1, 256, "smem", 1)  # DK 256: never halved
     assert rule(8, 16, 4096, 128, 128, "sm_80").num_stages == 2  # 3 stages are over its 163 KB
     assert rule(8, 16, 4096, 256, 256, "sm_86").chunk == 32  # no 64-token config fits its 99 KB
+
+
+def test_a_split_never_passes_one_block_per_sm():
+    """A grid past the SM count runs a second wave: at 3x24x6000 (72 blocks on 132 SMs) the
+    split in two, 144 blocks, took 1.48x the unsplit forward and 1.19x the unsplit fused
+    sweep (experiments/h200/costmodel/README.md). Unsplit grids may be larger."""
+    for dk, dv in HEADS:
+        for b, h, s in [*SHAPES, (3, 24, 6000), (1, 40, 8192), (5, 17, 3000), (1, 3, 65536)]:
+            problem = Problem(b, h, s, dk, dv)
+            for config in (default_config(problem, "sm_90a", 132), dkdv_config(problem, "sm_90a", 132)):
+                if config is not None and config.segments > 1:
+                    assert config.blocks(problem) <= 132, (problem, config)
+    assert default_config(Problem(3, 24, 6000, 128, 128), "sm_90a", 132).segments == 1
+    assert dkdv_config(Problem(3, 24, 6000, 128, 128), "sm_90a", 132).segments == 1
+    assert default_config(Problem(1, 40, 8192, 128, 128), "sm_90a", 132).segments == 2  # 80 blocks: one wave

@@ -12,6 +12,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from kernel.arch import get_arch
 from kernel.defaults import default_config, dkdv_config
 from tuner import latency_fit
 from tuner.latency import latency_model
@@ -25,7 +26,8 @@ for s in samples:
 judged = [found for _, found in sorted(groups.items()) if len(found) >= 3]
 for row, found in zip(rows, judged, strict=True):
     one = found[0]
-    rule = (dkdv_config if one.sweep == "dkdv" else default_config)(one.problem, one.arch)
+    rule_of = dkdv_config if one.sweep == "dkdv" else default_config
+    rule = rule_of(one.problem, one.arch, get_arch(one.arch).sms)  # split for the GPU's SMs, as served
     timed = {s.config: s.median_ms for s in found}
     ms = timed.get(rule)
     print(json.dumps(row | {"rule": rule.label, "rule_over_best": ms / min(timed.values()) if ms else None}))

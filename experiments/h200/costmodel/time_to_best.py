@@ -9,8 +9,7 @@ trial. One JSON line.
 import argparse
 import json
 
-import optuna
-
+from tuner.storage import load_study
 from tuner.trials import best_trials, trial_config
 
 parser = argparse.ArgumentParser()
@@ -19,7 +18,7 @@ parser.add_argument("--study", required=True)
 parser.add_argument("--start", type=float, required=True)
 args = parser.parse_args()
 
-study = optuna.load_study(study_name=args.study, storage=args.storage)
+study = load_study(args.study, args.storage)  # any storage URL the tuner takes, journal: too
 best = best_trials(study)[0]
 final = best.user_attrs["median_ms"]
 done = sorted(best_trials(study), key=lambda t: t.datetime_complete)

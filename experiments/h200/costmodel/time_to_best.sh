@@ -5,7 +5,7 @@
 set -uo pipefail
 source .gpu/setup.sh
 export PYTHONUNBUFFERED=1
-storage="journal:$OUT/time_to_best.log"
+storage="journal:$OUT/time_to_best.journal"  # not a .log: a log redirected to it would corrupt it
 for shape in ${SHAPES:-8x16x4096 16x16x2048 4x16x8192 2x16x16384 1x8x32768}; do
     IFS=x read -r b h s <<< "$shape"
     start=$(date +%s.%N)
