@@ -10,7 +10,7 @@ from helpers import DATA, SMALL_PROBLEM, best_config_file, dispatch_file
 
 from kernel import KernelConfig, Problem
 from kernel.ops.deploy import ExportError
-from kernel.ops.dispatch import load_dispatch
+from kernel.ops.dispatch import DispatchEntry, load_dispatch, same_wave
 
 
 def test_dispatch_picks_the_nearest_shape_and_keeps_its_grid(tmp_path):
@@ -69,6 +69,15 @@ def test_the_fused_sweep_s_entries_serve_it_alone(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ExportError, match=r"malformed entry: sweep 'dq'"):
         load_dispatch(path)
+
+
+def test_a_picked_split_never_passes_the_grid_it_was_tuned_with():
+    """An entry tuned at 128 blocks (2x16x16384 in 4 segments) serves 3x24x6000 (72 blocks
+    unsplit) unsplit: split in two, its 144 blocks would pass the 132 SMs and run a second
+    wave (experiments/h200/costmodel/README.md). A shape it can reach without passing is split."""
+    entry = DispatchEntry(Problem(2, 16, 16384, 128, 128), KernelConfig(64, 128, 3, 256, segments=4))
+    assert same_wave(entry, Problem(3, 24, 6000, 128, 128)).segments == 1
+    assert same_wave(entry, Problem(1, 40, 8192, 128, 128)).segments == 2  # 80 blocks: nearer 128 than 40
 
 
 def test_the_committed_table_serves_untuned_shapes_the_segment_count_measured_best():
