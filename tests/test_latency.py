@@ -298,3 +298,22 @@ def test_blocks_per_sm_follow_each_architecture_s_resident_threads():
         "sm_89": 4,
         "sm_120": 4,
     }
+
+
+def test_a_timing_takes_the_figures_of_its_own_chunk_class(tmp_path):
+    """S = 6000 is no whole number of 64-token chunks: its kernel is the ragged class's, and
+    where the sweep probed that class its figures are the timing's; a sweep that probed only
+    the class of whole chunks (as before the class had a kernel of its own) lends its own."""
+    lines = map(json.loads, HELD_OUT.read_text().splitlines())
+    probe = next(r for r in lines if r["kind"] == "probe" and "resources" in r)
+    registers = probe["resources"]["registers"]
+    ragged = probe | {"ragged": True, "resources": probe["resources"] | {"registers": 255}}
+    shape = {k: probe[k] for k in ("dk", "dv", "sweep", "config")} | {"h": probe["heads"], "b": 1}
+    times = [{"kind": "time", "s": s, "dtype": "bfloat16", "median_ms": 1.0} | shape for s in (4096, 6000)]
+    env = {"kind": "env", "env": {"gpu": "G", "arch": "sm_90a"}}
+    path = tmp_path / "sweep.jsonl"
+    for probes, want in (([probe, ragged], 255), ([probe], registers)):
+        path.write_text("\n".join(json.dumps(r) for r in [env, *probes, *times]))
+        whole, odd = latency_fit.from_sweep(path)[0]
+        assert whole.figures.registers == registers != 255
+        assert odd.figures.registers == want

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kernel.config import KernelConfig, Problem
+from kernel.config import KernelConfig, Problem, whole_chunks
 from tuner.latency import LatencyModel, features
 from tuner.occupancy import Figures, floor_bytes
 from tuner.options import UsageError, parse_config
@@ -66,11 +66,14 @@ def from_sweep(path: Path) -> tuple[list[Sample], str]:
             if r.get("kind") == "env":
                 gpu, arch = r["env"]["gpu"], r["env"]["arch"]
             elif r.get("kind") == "probe" and "resources" in r:
-                figures[r["dk"], r["dv"], r["heads"], r["sweep"], r["config"]] = Figures.of(r["resources"])
+                key = (r["dk"], r["dv"], r["heads"], r["sweep"], r["config"], r.get("ragged", False))
+                figures[key] = Figures.of(r["resources"])
             elif r.get("kind") == "time" and "median_ms" in r:
                 p = Problem(r["b"], r["h"], r["s"], r["dk"], r["dv"], r["dtype"])
-                fig = figures[r["dk"], r["dv"], r["h"], r["sweep"], r["config"]]
-                samples.append(Sample(p, parse_config(r["config"]), r["sweep"], fig, r["median_ms"], arch))
+                config, key = parse_config(r["config"]), (r["dk"], r["dv"], r["h"], r["sweep"], r["config"])
+                # the figures of S's chunk class; a sweep that probed only whole chunks, of that class
+                fig = figures.get((*key, not whole_chunks(p, config.chunk))) or figures[(*key, False)]
+                samples.append(Sample(p, config, r["sweep"], fig, r["median_ms"], arch))
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise UsageError(f"{path}: not a sweep's JSON lines: {type(exc).__name__}: {exc}") from None
     if not samples:

@@ -7,13 +7,16 @@ model's training data.
 Per head size (DK x DV): the candidate forward configs (``bases``) with each segment count
 whose grid launches between a quarter and 8 blocks per SM at some shape, and, where the
 fused dk and dv sweep serves the head size, its configs (stages 1 or 2, every such
-segment count). Each compiled kernel (one per config: the kernels are shape-generic, and
-every grid S is whole chunks) is checked once against reference C (``kernel.validate.check``
-at 1 x H x 4096); each timing at a shape is checked again against the rule's config on the
-same inputs (relative L2 < 2e-2, no NaN). Timing: ``kernel.timing.time_gpu`` with the host
-queued ahead, L2 flushed, median of the repetitions; the model call (scale DK^-1/2, final
-state returned) and the fused sweep of its backward. Each line is a JSON object: ``env``,
-``probe`` (the compiler's figures per kernel), ``check``, ``time``, ``skip``.
+segment count). Each kernel (one per config and chunk class: the kernels are shape-generic,
+with one class for S a multiple of the chunk and one for any other S) is compiled across
+the cores ahead, and checked once against reference C (``kernel.validate.check`` at
+1 x H x 4096, or 4095 for the ragged class); each timing at a shape is checked again
+against the rule's config on the same inputs (relative L2 < 2e-2, no NaN). Timing:
+``kernel.timing.time_gpu`` with the host queued ahead, L2 flushed, median of the
+repetitions; the model call (scale DK^-1/2, final state returned) and the fused sweep of
+its backward. Each line is a JSON object: ``env``,
+``probe`` (the compiler's figures per kernel), ``check``, ``time``, ``skip``; each with ``t``,
+the seconds since the sweep started (where a sweep's time goes).
 """
 
 import json
@@ -25,7 +28,7 @@ import torch
 from rule import legacy_config
 
 from kernel.builder import build, precompile, sm_count
-from kernel.config import Call, KernelConfig, Problem, dkdv_call, model_call
+from kernel.config import Call, KernelConfig, Problem, dkdv_call, model_call, whole_chunks
 from kernel.defaults import default_config, dkdv_config, runs
 from kernel.environment import environment
 from kernel.resources import ProbeFailure
@@ -39,8 +42,11 @@ SHAPES = [(b, 16, s) for b in (1, 4, 16, 32) for s in (512, 2048, 8192, 32768, 6
 MIN_WAVES, MAX_WAVES = 0.4, 5.0  # blocks per SM a segment count may give at a shape
 
 
+START = time.time()
+
+
 def emit(**row) -> None:
-    print(json.dumps(row), flush=True)
+    print(json.dumps(row | {"t": round(time.time() - START, 2)}), flush=True)  # t: seconds since start
 
 
 def bases(dk: int, dv: int) -> list[KernelConfig]:
@@ -85,17 +91,21 @@ def main(heads: list[tuple[int, int]], dtype: str, shapes: list[tuple[int, int, 
                 dkdv_config(p, "sm_90a", sms)
             }
             plan += [(p, c, dkdv_call(p), "dkdv") for c in sorted(fused - {None}, key=lambda c: c.label)]
-    kernels = {}  # (dk, dv, heads, config, sweep) -> a job to compile
+    kernels = {}  # (dk, dv, heads, config, sweep, ragged) -> a job to compile
     for p, c, call, sweep in plan:
+        ragged = not whole_chunks(p, c.chunk)  # its own kernel (kernel.variants.shape_generic)
         kernels.setdefault(
-            (p.dk, p.dv, p.heads, c, sweep), (Problem(1, p.heads, 4096, p.dk, p.dv, dtype), c, call)
+            kernel_key(p, c, sweep),
+            (Problem(1, p.heads, 4095 if ragged else 4096, p.dk, p.dv, dtype), c, call),
         )
     t = time.time()
     results = precompile(list(kernels.values()), arch="sm_90a", workers=16)
     failed = set()
     for key, result in zip(kernels, results):
-        dk, dv, h, c, sweep = key
-        row = dict(kind="probe", dk=dk, dv=dv, heads=h, dtype=dtype, sweep=sweep, config=c.label)
+        dk, dv, h, c, sweep, ragged = key
+        row = dict(
+            kind="probe", dk=dk, dv=dv, heads=h, dtype=dtype, sweep=sweep, config=c.label, ragged=ragged
+        )
         if isinstance(result, ProbeFailure):
             failed.add(key)
             emit(**row, failure=result.to_dict())
@@ -113,16 +123,22 @@ def main(heads: list[tuple[int, int]], dtype: str, shapes: list[tuple[int, int, 
         except Exception as e:  # a launch the GPU refuses: the config is left out, the sweep goes on
             r = {"rel_l2": math.inf, "nan_count": -1, "error": str(e).splitlines()[-1]}
         ok = r["rel_l2"] < 2e-2 and r["nan_count"] == 0
-        emit(kind="check", dk=p.dk, dv=p.dv, heads=p.heads, dtype=dtype, sweep=key[4], config=c.label, ok=ok,
-             rel_l2=r["rel_l2"], nan=r["nan_count"], error=r.get("error"))  # fmt: skip
+        emit(kind="check", dk=p.dk, dv=p.dv, heads=p.heads, dtype=dtype, sweep=key[4], config=c.label,
+             ragged=key[5], ok=ok, rel_l2=r["rel_l2"], nan=r["nan_count"], error=r.get("error"))  # fmt: skip
         if not ok:
             bad.add(key)
     by_shape: dict[tuple[Problem, str], list[tuple[KernelConfig, Call]]] = {}
     for p, c, call, sweep in plan:
-        if (p.dk, p.dv, p.heads, c, sweep) not in bad:
+        if kernel_key(p, c, sweep) not in bad:
             by_shape.setdefault((p, sweep), []).append((c, call))
     for (p, sweep), configs in by_shape.items():
         time_shape(p, sweep, configs, sms)
+
+
+def kernel_key(p: Problem, c: KernelConfig, sweep: str) -> tuple:
+    """What one compiled kernel serves: a head size and count, a config, a sweep and a chunk
+    class (whole chunks or ragged)."""
+    return p.dk, p.dv, p.heads, c, sweep, not whole_chunks(p, c.chunk)
 
 
 def time_shape(p: Problem, sweep: str, configs: list[tuple[KernelConfig, Call]], sms: int) -> None:
