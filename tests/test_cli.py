@@ -37,7 +37,7 @@ from kernel.trial_schema import TRIAL_COLUMNS
 from tuner import space
 from tuner.cli import COMMANDS, build_parser, main
 from tuner.latency import latency_model
-from tuner.storage import default_study_name, export_dir
+from tuner.studies import default_study_name, export_dir
 from tuner.trials import TABLE, TABLE_WIDTH, save_frame, trials_frame
 
 

@@ -45,7 +45,7 @@ from reports import (
 from reports.bench_figure import figure as bench_figure
 from reports.stress import PEERS, synthetic_trials
 from tuner.cli import main
-from tuner.storage import export_dir
+from tuner.studies import export_dir
 from tuner.trials import problem_trials, trial_config, trials_frame
 
 SMEM_LIMIT = ARCHS["sm_90a"].smem_per_block

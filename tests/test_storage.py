@@ -1,4 +1,5 @@
-"""tuner.storage and tuner.liveness: study names, storages, and the trials a killed run left running."""
+"""tuner.storage, tuner.studies and tuner.liveness: storages, study names, and the trials
+a killed run left running."""
 
 import json
 import os
@@ -14,7 +15,8 @@ from kernel import Problem
 from tuner.cli import main
 from tuner.liveness import HEARTBEAT_ATTR, fail_interrupted, fail_stale, record_heartbeat, unfinished_summary
 from tuner.options import UsageError
-from tuner.storage import default_study_name, export_dir, get_storage, load_study, open_study
+from tuner.storage import get_storage
+from tuner.studies import default_study_name, export_dir, load_study, open_study
 
 
 def test_default_study_name_is_the_problem():

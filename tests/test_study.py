@@ -21,7 +21,7 @@ from tuner import space
 from tuner.latency import latency_model
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
-from tuner.storage import export_dir
+from tuner.studies import export_dir
 from tuner.study import Tuner
 
 

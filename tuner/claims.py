@@ -27,7 +27,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from kernel.config import KernelConfig
-from tuner.storage import CLAIM_MARK
+from tuner.studies import CLAIM_MARK
 
 
 def claim_name(study: str, env_key: str, config: KernelConfig, attempt: int) -> str:

@@ -1,5 +1,4 @@
-"""Where studies live: the studies folder, study names, Optuna storages and where a
-study's files go (the trials a dead worker left running: ``tuner.liveness``).
+"""Optuna storages, each named by one string; the studies in them: ``tuner.studies``.
 
 A storage is named by one string (``--storage``):
 
@@ -11,7 +10,6 @@ A storage is named by one string (``--storage``):
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import socket
@@ -27,20 +25,9 @@ from optuna.storages import BaseStorage
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import FrozenTrial
 
-from kernel.config import LEGACY_FIELDS, Problem
 from kernel.processes import ctrl_c_at_checkpoints
 from tuner.liveness import requeue
-from tuner.options import STUDIES_DIR, STUDIES_VARIABLE, UsageError, default_storage
-
-# Where claims (``tuner.claims``) live inside a study's name; refused in a user's study name.
-CLAIM_MARK = "/claim/"
-
-
-def default_study_name(problem: Problem, sweep: str = "forward") -> str:
-    p = problem
-    return f"b{p.batch}-h{p.heads}-s{p.seqlen}-dk{p.dk}-dv{p.dv}-{p.dtype}" + (
-        "-dkdv" if sweep == "dkdv" else ""
-    )
+from tuner.options import STUDIES_DIR, UsageError
 
 
 def _kind(url: str) -> tuple[str, str]:
@@ -245,90 +232,6 @@ def _lost_creation_race(exc: Exception) -> bool:
     ProgrammingError), seen in CI-like runs of four creators at once."""
     text = type(exc).__name__ + repr(exc)
     return "IntegrityError" in text or "DuplicateTable" in text or "already exists" in text
-
-
-def check_study_name(name: str) -> str:
-    """``name``, or a ``UsageError`` when it is unusable as a folder of the studies folder."""
-    parts = name.replace("\\", "/").split("/")
-    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts) or CLAIM_MARK in name:
-        raise UsageError(
-            f"study name {name!r} would leave the studies folder (or is reserved): "
-            "use letters, digits, '.', '-', '_' and '/' between names"
-        )
-    return name
-
-
-def export_dir(storage: str, name: str, studies: Path | None = None) -> Path:
-    """The folder of a study's files (trials.csv, best.json, report.html): ``STUDIES/<study>``
-    for the default storage, ``STUDIES/storages/<storage>/<study>`` for any other, so two
-    storages holding a study of the same name never write to the same files."""
-    studies = STUDIES_DIR if studies is None else studies
-    check_study_name(name)
-    key = storage_key(storage)
-    if key == storage_key(default_storage()):
-        root = studies
-    else:
-        stem = (
-            Path(key.split(":", 1)[-1]).stem if key.startswith(("sqlite:", "journal:")) else key.split(":")[0]
-        )
-        root = studies / "storages" / f"{stem}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
-    out = (root / name).resolve()
-    if not out.is_relative_to(studies.resolve()):
-        raise UsageError(f"study name {name!r} would leave the studies folder {str(studies)!r}")
-    if key.startswith(("sqlite:", "journal:")) and Path(key.split(":", 1)[1]) == out:
-        raise UsageError(f"study name {name!r} names the storage's file {str(out)!r}: choose another --study")
-    blocked = next((p for p in (root / name, *(root / name).parents) if p.exists() and not p.is_dir()), None)
-    if blocked is not None:
-        raise UsageError(
-            f"the study's folder {str(root / name)!r} cannot be made: {str(blocked)!r} is a file "
-            f"(the studies folder is {str(studies)!r}; {STUDIES_VARIABLE} moves it)"
-        )
-    return root / name
-
-
-def open_study(
-    problem: Problem,
-    *,
-    name: str,
-    storage: str | BaseStorage,
-    sampler: optuna.samplers.BaseSampler | None = None,
-    directions: list[str] | None = None,
-) -> optuna.Study:
-    """Create the study, or load it when it exists (resuming a killed run, or joining the
-    workers already on it)."""
-    check_study_name(name)
-    backend = get_storage(storage) if isinstance(storage, str) else storage
-    try:
-        study = optuna.create_study(
-            study_name=name,
-            storage=backend,
-            sampler=sampler,
-            directions=directions or ["minimize"],
-            load_if_exists=True,
-        )
-    except ValueError as exc:  # e.g. the study exists with other directions
-        raise UsageError(f"cannot open study {name!r}: {exc}") from None
-    saved = study.user_attrs.get("problem")
-    if saved is None:
-        study.set_user_attr("problem", problem.to_dict())
-    elif any(key in saved for key in LEGACY_FIELDS):
-        raise UsageError(
-            f"study {name!r} was tuned with one compile-time alpha ({saved.get('alpha')}) and the plain "
-            "call; the tuner now measures the model form (kernel.config.model_call): use another --study"
-        )
-    elif saved != problem.to_dict():
-        raise UsageError(f"study {name!r} was made for {Problem.from_dict(saved)}, not {problem}")
-    return study
-
-
-def load_study(name: str, storage: str) -> optuna.Study:
-    """An existing study; ``UsageError`` naming the study and storage when there is none.
-    Creates nothing, not even an empty storage."""
-    check_study_name(name)
-    try:
-        return optuna.load_study(study_name=name, storage=get_storage(storage, create=False))
-    except KeyError:
-        raise UsageError(f"no study {name!r} in {storage}") from None
 
 
 def _stale_callback(study: optuna.Study, trial: FrozenTrial) -> None:

@@ -46,7 +46,8 @@ from tuner.liveness import fail_interrupted, fail_stale, interrupt, record_heart
 from tuner.occupancy import Figures
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
-from tuner.storage import get_storage, open_study
+from tuner.storage import get_storage
+from tuner.studies import hold, open_study
 from tuner.trials import best_trials, enqueue, measured_before, trial_config
 from tuner.worker import GpuWorker
 
@@ -92,30 +93,7 @@ class Tuner:
                 options.sampler, problem, options.seed + self.worker_index, self.sweep
             )
         mode = "gpu" if self.gpu else "compile-only"
-        held_objectives = self.study.user_attrs.get("objectives", self.objectives)
-        if held_objectives != self.objectives:
-            why = (
-                "ranked by spill bytes, as decay-tuner did before its latency model"
-                if held_objectives == ["spill_bytes"]
-                else f"holding {held_objectives} trials"
-            )
-            raise UsageError(
-                f"study {name!r} is {why}; this run records {self.objectives} ({mode} mode): use another "
-                f"--study, or delete it (optuna delete-study --study-name {name} --storage {storage})"
-            )
-        # A study from before the fused sweep was tunable holds forward trials.
-        held = self.study.user_attrs.get(
-            "sweep", "forward" if self.study.get_trials(deepcopy=False) else None
-        )
-        if held not in (None, self.sweep):
-            raise UsageError(
-                f"study {name!r} tunes the {held} kernel; this run asks for "
-                f"--sweep {self.sweep}: use another --study"
-            )
-        self.study.set_user_attr("sweep", self.sweep)
-        self.study.set_user_attr("objectives", self.objectives)
-        self.study.set_user_attr("mode", mode)
-        self.study.set_user_attr("arch", self.arch)
+        hold(self.study, storage, objectives=self.objectives, sweep=self.sweep, mode=mode, arch=self.arch)
         self.interrupted = fail_interrupted(self.study) + fail_stale(self.study, options.grace_s)
         self.claims = Claims(self.study, self.env_key, options.grace_s)
         self._live: set[int] = set()  # ids of this worker's trials in flight, kept alive by heartbeats

@@ -57,7 +57,7 @@ def options_of(args: argparse.Namespace) -> Options:
 
 def where(args: argparse.Namespace) -> tuple[str, str]:
     """(study name, storage URL) from the flags, defaulting to the problem's study in studies/."""
-    from tuner.storage import check_study_name, default_study_name  # loads Optuna
+    from tuner.studies import check_study_name, default_study_name  # loads Optuna
 
     for flag in ("study", "storage"):
         if getattr(args, flag) == "":
@@ -70,8 +70,8 @@ def where(args: argparse.Namespace) -> tuple[str, str]:
 
 def exports(studies: Path, storage: str, name: str) -> Path:
     """The folder of the study's files under ``studies``, keyed by storage and study
-    (``tuner.storage.export_dir``)."""
-    from tuner.storage import export_dir  # loads Optuna
+    (``tuner.studies.export_dir``)."""
+    from tuner.studies import export_dir  # loads Optuna
 
     return export_dir(storage, name, studies)
 
@@ -79,7 +79,7 @@ def exports(studies: Path, storage: str, name: str) -> Path:
 def open_study(args: argparse.Namespace, name: str | None = None) -> "optuna.Study":
     """An existing study (read-only commands: a missing storage or study is a ``UsageError``,
     and so is a problem flag given beside ``--study`` that the study's problem contradicts)."""
-    from tuner.storage import load_study  # loads Optuna
+    from tuner.studies import load_study  # loads Optuna
 
     default_name, storage = where(args)
     study = load_study(name or default_name, storage)

@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_on_gpus(args: argparse.Namespace, name: str, storage: str, folder: Path) -> int:
     """``run --gpus``: the study's trials split between one worker per GPU
     (``tuner.fleet.run_study``), then its log and export; 1 when a worker failed."""
-    from tuner.storage import load_study  # loads Optuna
+    from tuner.studies import load_study  # loads Optuna
 
     problem, opts = problem_of(args), options_of(args)
     gpus = fleet.gpus_for(args.gpus, storage, opts.n_trials)
@@ -114,7 +114,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     import torch
 
     from tuner.export import export_dispatch  # loads torch, Optuna and pandas
-    from tuner.storage import default_study_name, load_study
+    from tuner.studies import default_study_name, load_study
     from tuner.study import Tuner
 
     out = out_file(args, args.studies_dir / "dispatch.json", (".json",))
@@ -186,7 +186,7 @@ def dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[t
 def _explore_shapes(tasks: list[tuple[Problem, Options]], storage: str, studies: Path) -> int:
     """``dispatch --arch`` for an architecture that is not this GPU's: one compile-only
     study per shape, its best config printed; no table, which ranks by latency."""
-    from tuner.storage import default_study_name  # loads Optuna
+    from tuner.studies import default_study_name  # loads Optuna
     from tuner.study import Tuner
     from tuner.trials import best_trials, trial_config
 

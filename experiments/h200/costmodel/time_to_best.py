@@ -9,7 +9,7 @@ trial. One JSON line.
 import argparse
 import json
 
-from tuner.storage import load_study
+from tuner.studies import load_study
 from tuner.trials import best_trials, trial_config
 
 parser = argparse.ArgumentParser()
