@@ -79,11 +79,12 @@ def test_a_config_over_an_architectures_shared_memory_is_restricted_before_compi
 
 
 def test_a_compile_only_study_seeds_one_wave_of_its_architectures_reference_gpu(tmp_path):
-    """2x10 (batch, head) pairs at DV = 128: 20 blocks per segment. On the A100's 108 SMs 4
-    segments (80 blocks) are nearest one wave, on the H100's 132 SMs 8 (160 blocks); the
-    seeds are that count and its neighbours, at 2 and 3 stages; then, on sm_90a alone (the
-    latency model's architecture), the configs the model predicts fastest."""
-    problem = Problem(2, 10, 8192, 128, 128)
+    """2x15 (batch, head) pairs at DV = 128: 30 blocks per segment. On the A100's 108 SMs 2
+    segments (60 blocks) come nearest one wave without passing it (4 would be 120), on the
+    H100's 132 SMs 4 (120 blocks); the seeds are that count and its neighbours, at 2 and 3
+    stages; then, on sm_90a alone (the latency model's architecture), the configs the model
+    predicts fastest."""
+    problem = Problem(2, 15, 8192, 128, 128)
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     segments = {}
     for arch in ("sm_80", "sm_90a"):
@@ -97,7 +98,7 @@ def test_a_compile_only_study_seeds_one_wave_of_its_architectures_reference_gpu(
         assert {(c.chunk, c.block_dv, c.threads, c.scores) for c in seeds} == {(64, 128, 256, "smem")}
         assert sorted(c.num_stages for c in seeds) == [2, 2, 2, 3, 3, 3]
         segments[arch] = sorted({c.segments for c in seeds})
-    assert segments == {"sm_80": [2, 4, 8], "sm_90a": [4, 8, 16]}
+    assert segments == {"sm_80": [1, 2, 4], "sm_90a": [2, 4, 8]}
     # the same configs for the same SM count; the rule's depth leads (2 stages on sm_80,
     # where 3 are over its shared memory, 3 on sm_90a)
     ampere = space.wave_seeds(problem, arch="sm_80")

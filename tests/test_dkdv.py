@@ -116,9 +116,9 @@ def test_where_the_fused_sweep_serves():
 
 
 def test_the_fused_sweep_splits_where_one_block_per_head_leaves_sms_idle():
-    """With the GPU's SM count the sweep takes the segment count nearest one block per SM,
-    as the forward's default does; packed sequences (no SM count) run one pass; the
-    backward fuses wherever the sweep serves."""
+    """With the GPU's SM count the sweep takes the segment count nearest one block per SM
+    without passing it, as the forward's default does; packed sequences (no SM count) run
+    one pass; the backward fuses wherever the sweep serves."""
     from kernel.ops.serve import fuses
 
     def segments(b, h, s, sms=132):
@@ -126,7 +126,8 @@ def test_the_fused_sweep_splits_where_one_block_per_head_leaves_sms_idle():
 
     assert segments(8, 16, 4096) == 1  # 128 blocks
     assert segments(2, 16, 16384) == 4  # the H200's fastest (fused_sweep/split.json)
-    assert segments(1, 8, 32768) == 16 and segments(1, 8, 32768, sms=108) == 16
+    assert segments(1, 8, 32768) == 16  # 128 blocks
+    assert segments(1, 8, 32768, sms=108) == 8  # 128 blocks would pass 108 SMs: 64
     assert segments(1, 2, 100) == 1  # two chunks: no segment holds the two stages' pipeline
     assert dkdv_config(Problem(1, 2, 32768, 128, 128), "sm_90a") == KernelConfig(64, 128, 2, 256, "smem")
     headline = Problem(8, 16, 4096, 128, 128)
