@@ -41,9 +41,8 @@ def main(paths: list[str]) -> None:
         for line in Path(path).read_text().splitlines():
             r = json.loads(line)
             if r["kind"] == "time" and "median_ms" in r:
-                times[r["dk"], r["dv"], r["dtype"], r["sweep"]][r["b"], r["h"], r["s"]][r["config"]] = r[
-                    "median_ms"
-                ]
+                shape = times[r["dk"], r["dv"], r["dtype"], r["sweep"]][r["b"], r["h"], r["s"]]
+                shape[r["config"]] = r["median_ms"]
     print("| DK/DV | sweep | served by | shapes | untimed | median | worst | over 1.10x | geomean |")
     print("|---|---|---|---|---|---|---|---|---|")
     for (dk, dv, dtype, sweep), shapes in sorted(times.items()):
@@ -64,12 +63,8 @@ def main(paths: list[str]) -> None:
             got = [r for r in ratios[name] if r is not None]
             geomean = math.exp(statistics.mean(map(math.log, got)))
             cells = [f"{dk}/{dv}", sweep, name, len(ratios[name]), ratios[name].count(None)]
-            cells += [
-                f"{statistics.median(got):.3f}",
-                f"{max(got):.3f}",
-                sum(r > 1.10 for r in got),
-                f"{geomean:.3f}",
-            ]
+            over = sum(r > 1.10 for r in got)
+            cells += [f"{statistics.median(got):.3f}", f"{max(got):.3f}", over, f"{geomean:.3f}"]
             print("| " + " | ".join(map(str, cells)) + " |")
 
 
