@@ -19,6 +19,7 @@ from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.ops.deploy import ExportError, load_config, read_export
 from tuner import space
 from tuner.latency import latency_model
+from tuner.liveness import fail_stale
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
 from tuner.studies import export_dir
@@ -305,3 +306,36 @@ def test_the_fused_sweep_s_space():
     big = Problem(1, 1, 64, 256, 256)
     assert any("does not serve" in r for r in space.violated(big, space.grid(big, "dkdv")[0], sweep="dkdv"))
     assert space.wave_seeds(big, sweep="dkdv") == []
+
+
+class _StalledAsk(optuna.samplers.RandomSampler):
+    """A real sampler whose first sample waits until a liveness check, as any worker runs
+    it, has failed the trial being asked: a storage that answered after the grace."""
+
+    def __init__(self, grace_s: int) -> None:
+        super().__init__(seed=0)
+        self.grace_s, self.stalled = grace_s, None
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        if self.stalled is None:
+            self.stalled = trial.number
+            while study._storage.get_trial(trial._trial_id).state != optuna.trial.TrialState.FAIL:
+                time.sleep(0.2)
+                fail_stale(study, self.grace_s)
+        return super().sample_independent(study, trial, param_name, param_distribution)
+
+
+def test_a_trial_failed_as_it_is_asked_is_asked_again(tmp_path, capsys):
+    """A worker whose ask outlasts the grace finds its trial failed (and queued again) by a
+    liveness check: it says so in one line and asks anew, where it ended in a traceback."""
+    opts = Options(n_trials=2, wave_seeds=False, workers=1, progress=False, grace_s=1, heartbeat_s=1)
+    tuner = Tuner(SMALL_PROBLEM, opts, name="s", storage=f"journal:{tmp_path / 'j.log'}")
+    tuner.study.sampler = _StalledAsk(opts.grace_s)
+    study = tuner.run()
+    stalled = study.trials[tuner.study.sampler.stalled]
+    assert stalled.state == optuna.trial.TrialState.FAIL
+    assert stalled.user_attrs["reason"].startswith("no worker recorded itself on it in 1 s")
+    told = [t for t in study.trials if t.state.is_finished() and t.number != stalled.number]
+    assert len(told) == 2 and all("pid" in t.user_attrs for t in told)
+    err = capsys.readouterr().err
+    assert err.count("a trial was failed as this worker asked for it") == 1, err

@@ -77,7 +77,8 @@ def fail_stale(study: optuna.Study, grace_s: float) -> int:
 def _unowned(study: optuna.Study, grace_s: float) -> list[FrozenTrial]:
     """The RUNNING trials no worker recorded itself on (``pid``) within ``grace_s`` of their
     start: a worker killed between Optuna's ask and its first write, so no heartbeat of
-    theirs can go stale. A live worker records itself within milliseconds."""
+    theirs can go stale. A live worker records itself within milliseconds, unless the
+    storage stalls past the grace (a stale journal lock): it then asks anew (``tuner.study``)."""
     now = time.time()
     return [
         t

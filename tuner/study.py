@@ -197,13 +197,7 @@ class Tuner:
 
     def _ask(self, pool: ProcessPoolExecutor) -> tuple[optuna.Trial, KernelConfig, Future | Owned | None]:
         """Ask a trial and claim its config: compile it when the claim is this trial's."""
-        with warnings.catch_warnings():  # Optuna warns that its heartbeat suits Study.optimize:
-            warnings.filterwarnings("ignore", "Heartbeat of storage")  # this loop records its own
-            trial = self.study.ask(self.distributions)
-        record_heartbeat(self.study._storage, trial._trial_id)
-        self._live.add(trial._trial_id)
-        trial.set_user_attr("host", socket.gethostname())
-        trial.set_user_attr("pid", os.getpid())
+        trial = self._owned_trial()
         config = KernelConfig(**trial.params)
         if space.violated(self.problem, config, self.arch, self.sweep):
             return trial, config, None  # nothing to compile or measure
@@ -212,6 +206,30 @@ class Tuner:
             return trial, config, state
         trial.set_user_attr("claim_attempt", state.attempt)
         return trial, config, pool.submit(probe, self.problem, config, arch=self.arch, call=self.call)
+
+    def _owned_trial(self) -> optuna.Trial:
+        """A new trial with this worker recorded on it. Should a worker's liveness check fail
+        the trial while it is asked (the storage answered after the grace, as when a killed
+        worker left the journal's lock to go stale), its config is queued again: ask anew."""
+        while True:
+            asked = None
+            try:
+                with warnings.catch_warnings():  # Optuna warns that its heartbeat suits Study.optimize:
+                    warnings.filterwarnings("ignore", "Heartbeat of storage")  # this loop records its own
+                    asked = self.study.ask(self.distributions)
+                record_heartbeat(self.study._storage, asked._trial_id)
+                self._live.add(asked._trial_id)
+                asked.set_user_attr("host", socket.gethostname())
+                asked.set_user_attr("pid", os.getpid())
+                return asked
+            except optuna.exceptions.UpdateFinishedTrialError:
+                if asked is not None:
+                    self._live.discard(asked._trial_id)
+                print(
+                    f"a trial was failed as this worker asked for it (the storage answered after the "
+                    f"{self.options.grace_s} s grace); asking again",
+                    file=sys.stderr,
+                )
 
     def _follow(self, trial: optuna.Trial, config: KernelConfig, worker: GpuWorker | None) -> None:
         """A trial whose config another trial owns: wait for the owner and copy its outcome;
