@@ -65,8 +65,9 @@ def default_config(problem: Problem, arch: str, sms: int | None = None) -> Kerne
     ``family``'s, at the block_dv (its own or, for DK <= ``MAX_NARROW_DK`` and sequences
     shorter than ``NARROW_BELOW`` tokens, half of it) and segment count whose grid comes
     nearest one block per SM in log2 without a split past it (``sms``; default: ``arch``'s
-    reference GPU), with a pipeline no deeper than a segment's chunks. Of grids as near, the unsplit one wins,
-    then the wider block_dv, then fewer segments (which read K and V less often)."""
+    reference GPU), with a pipeline no deeper than a segment's chunks. Of grids as near,
+    the unsplit one wins, then the wider block_dv, then fewer segments (which read K and V
+    less often)."""
     base = family(problem, arch)
     blocks = sms or get_arch(arch).sms
     widths = [base.block_dv]

@@ -85,8 +85,9 @@ def wave_seeds(
     grid nearest one wave of blocks (one per SM) without passing it, then the segment
     counts on either side of it; for the forward each also at the other depth of 2 and 3
     stages (2 where the rule runs 1). ``sms``: the GPU's SM count; by default that of
-    ``arch``'s reference GPU (``kernel.arch.Arch.sms``), as a compile-only run assumes. Configs restricted on
-    ``arch`` are left out; the sampler explores everything else as before."""
+    ``arch``'s reference GPU (``kernel.arch.Arch.sms``), as a compile-only run assumes.
+    Configs restricted on ``arch`` are left out; the sampler explores everything else as
+    before."""
     sms = sms or get_arch(arch).sms
     rule = dkdv_config(problem, arch, sms) if sweep == "dkdv" else default_config(problem, arch, sms)
     if rule is None:
