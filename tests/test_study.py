@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import optuna
@@ -19,7 +20,7 @@ from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.ops.deploy import ExportError, load_config, read_export
 from tuner import space
 from tuner.latency import latency_model
-from tuner.liveness import fail_stale
+from tuner.liveness import HEARTBEAT_ATTR, fail_stale, interrupt
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
 from tuner.studies import export_dir
@@ -339,3 +340,22 @@ def test_a_trial_failed_as_it_is_asked_is_asked_again(tmp_path, capsys):
     assert len(told) == 2 and all("pid" in t.user_attrs for t in told)
     err = capsys.readouterr().err
     assert err.count("a trial was failed as this worker asked for it") == 1, err
+
+
+def test_a_trial_failed_elsewhere_stops_none_of_the_other_heartbeats(tmp_path, capsys):
+    """One of a worker's live trials failed by another worker (its heartbeat came late)
+    leaves the heartbeats of its other trials, and the liveness check, going."""
+    opts = Options(wave_seeds=False, workers=1, progress=False, grace_s=60, heartbeat_s=1)
+    tuner = Tuner(SMALL_PROBLEM, opts, name="s", storage=f"journal:{tmp_path / 'j.log'}")
+    failed, alive = (tuner.study.ask() for _ in range(2))
+    assert interrupt(tuner.study, tuner.study._storage.get_trial(failed._trial_id), "its worker seemed dead")
+    tuner._live |= {failed._trial_id, alive._trial_id}
+    stop = threading.Event()
+    beats = threading.Thread(target=tuner._heartbeats, args=(stop,))
+    beats.start()
+    time.sleep(1.5)
+    stop.set()
+    beats.join()
+    assert HEARTBEAT_ATTR in tuner.study._storage.get_trial(alive._trial_id).system_attrs
+    assert tuner._live == {alive._trial_id}
+    assert "heartbeat:" not in capsys.readouterr().err

@@ -186,11 +186,16 @@ class Tuner:
         return self.study
 
     def _heartbeats(self, stop: threading.Event) -> None:
-        """Keep this worker's trials alive, and fail the trials of dead workers (any host)."""
+        """Keep this worker's trials alive, and fail the trials of dead workers (any host).
+        A trial another worker failed meanwhile (it heard no heartbeat within the grace, as
+        when the storage stalled) is left to the run loop, which says so when it tells it."""
         while not stop.wait(self.options.heartbeat_s):
             try:
                 for trial_id in list(self._live):
-                    record_heartbeat(self.study._storage, trial_id)
+                    try:
+                        record_heartbeat(self.study._storage, trial_id)
+                    except optuna.exceptions.UpdateFinishedTrialError:
+                        self._live.discard(trial_id)
                 fail_stale(self.study, self.options.grace_s)
             except Exception as exc:  # a storage hiccup: the next beat tries again
                 print(f"heartbeat: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
