@@ -17,10 +17,11 @@ from optuna.distributions import CategoricalDistribution
 
 from kernel import dkdv
 from kernel.arch import DEFAULT_ARCH, get_arch
-from kernel.config import KernelConfig, Problem, config_grid, knob_choices
+from kernel.config import SEED_CONFIG, KernelConfig, Problem, config_grid, knob_choices
 from kernel.defaults import default_config, dkdv_config
 from tuner.latency import LatencyModel
 from tuner.occupancy import estimated_figures
+from tuner.options import Options, UsageError
 
 
 def choices(problem: Problem, sweep: str = "forward") -> dict[str, tuple]:
@@ -130,3 +131,30 @@ def predicted_first(
             prediction = model.predict(problem, config, figures, arch=arch, sweep=sweep, sms=sms)
             ranked.append((prediction.ratio, config))
     return [config for _, config in sorted(ranked, key=lambda r: r[0])[:n]]
+
+
+def check_in_space(problem: Problem, configs: list[KernelConfig], sweep: str = "forward") -> None:
+    """A ``UsageError`` naming the first of ``configs`` (a user's ``--enqueue``) with a knob
+    outside the search space."""
+    table = choices(problem, sweep)
+    for config in configs:
+        outside = {k: v for k, v in config.to_dict().items() if v not in table[k]}
+        if outside:
+            raise UsageError(
+                f"enqueued config {config} is outside the search space: {outside} (choices: {table})"
+            )
+
+
+def first_configs(
+    problem: Problem, model: LatencyModel, options: Options, *, arch: str, sms: int | None
+) -> list[KernelConfig]:
+    """What a study measures before its sampler proposes, in order: the seed's config (a
+    forward's), the user's ``--enqueue`` configs, then, unless turned off or for the grid
+    (which keeps its own order), the wave seeds and the configs ``model`` predicts fastest
+    (``predicted_first``)."""
+    sweep = options.sweep
+    first = [SEED_CONFIG, *options.enqueue] if sweep == "forward" else list(options.enqueue)
+    if not options.wave_seeds or options.sampler == "grid":
+        return first
+    seeds = wave_seeds(problem, arch=arch, sms=sms, sweep=sweep)
+    return [*first, *seeds, *predicted_first(problem, model, arch=arch, sweep=sweep, sms=sms)]

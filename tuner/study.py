@@ -33,7 +33,7 @@ import optuna
 
 from kernel.arch import resolve
 from kernel.builder import sm_count
-from kernel.config import SEED_CONFIG, KernelConfig, Problem, dkdv_call, model_call
+from kernel.config import KernelConfig, Problem, dkdv_call, model_call
 from kernel.defaults import dkdv_config
 from kernel.environment import env_key, environment
 from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, ctrl_c_ignored, result_of
@@ -60,13 +60,7 @@ class Tuner:
         # What the worker builds and measures, and the probe compiles: the same kernel.
         self.sweep = options.sweep
         self.call = dkdv_call(problem) if self.sweep == "dkdv" else model_call(problem)
-        table = space.choices(problem, self.sweep)
-        for config in options.enqueue:
-            outside = {k: v for k, v in config.to_dict().items() if v not in table[k]}
-            if outside:
-                raise UsageError(
-                    f"enqueued config {config} is outside the search space: {outside} (choices: {table})"
-                )
+        space.check_in_space(problem, options.enqueue, self.sweep)
         self.arch, self.gpu = resolve(options.arch)  # gpu: the kernels run and are timed here
         if self.sweep == "dkdv" and dkdv_config(problem, self.arch) is None:
             raise UsageError(
@@ -100,16 +94,8 @@ class Tuner:
         self._pool: ProcessPoolExecutor | None = None
         self._checkpoint: Callable[[], None] = lambda: None  # raises for a Ctrl-C (run's)
         self.sms = sm_count() if self.gpu else None  # None: the architecture's reference GPU's
-        seeds = (
-            [
-                *space.wave_seeds(problem, arch=self.arch, sms=self.sms, sweep=self.sweep),
-                *space.predicted_first(problem, self.model, arch=self.arch, sweep=self.sweep, sms=self.sms),
-            ]
-            if options.wave_seeds and options.sampler != "grid"
-            else []
-        )
-        baseline = [SEED_CONFIG] if self.sweep == "forward" else []  # the seed's config is a forward's
-        enqueue(self.study, [*baseline, *options.enqueue, *seeds], self.env_key)
+        first = space.first_configs(problem, self.model, options, arch=self.arch, sms=self.sms)
+        enqueue(self.study, first, self.env_key)
         self.distributions = space.distributions(problem, self.sweep)
         cores = os.cpu_count() or 1
         # Beside a GPU, leave cores to the process that launches and times the kernels.
