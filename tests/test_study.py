@@ -353,9 +353,12 @@ def test_a_trial_failed_elsewhere_stops_none_of_the_other_heartbeats(tmp_path, c
     stop = threading.Event()
     beats = threading.Thread(target=tuner._heartbeats, args=(stop,))
     beats.start()
-    time.sleep(1.5)
+    beaten = lambda: HEARTBEAT_ATTR in tuner.study._storage.get_trial(alive._trial_id).system_attrs  # noqa: E731
+    deadline = time.monotonic() + 30
+    while not beaten() and time.monotonic() < deadline:
+        time.sleep(0.1)
     stop.set()
     beats.join()
-    assert HEARTBEAT_ATTR in tuner.study._storage.get_trial(alive._trial_id).system_attrs
+    assert beaten()
     assert tuner._live == {alive._trial_id}
     assert "heartbeat:" not in capsys.readouterr().err
