@@ -78,7 +78,7 @@ def default_config(problem: Problem, arch: str, sms: int | None = None) -> Kerne
     # per width the segment count nearest the grid; a sequence too short for the pipeline
     # runs the single-pass kernel, as deep as its chunks
     picks = [dataclasses.replace(base, block_dv=w) for w in widths]
-    picks = [nearest_grid(c, problem, blocks, cap=True) or shorter_pipeline(c, problem) for c in picks]
+    picks = [nearest_grid(c, problem, blocks) or shorter_pipeline(c, problem) for c in picks]
 
     def order(c: KernelConfig) -> tuple:
         far = abs(math.log2(c.blocks(problem) / blocks))
@@ -100,23 +100,21 @@ def dkdv_config(problem: Problem, arch: str, sms: int | None = None) -> KernelCo
     for stages in (2, 1):
         config = KernelConfig(dkdv.CHUNK, problem.dv, stages, dkdv.THREADS, "smem")
         if dkdv.smem_bytes(problem, config) <= limit:
-            split = None if sms is None else nearest_grid(config, problem, sms, cap=True)
+            split = None if sms is None else nearest_grid(config, problem, sms)
             return config if split is None else split
     return None
 
 
-def nearest_grid(
-    config: KernelConfig, problem: Problem, blocks: int, *, cap: bool = False
-) -> KernelConfig | None:
+def nearest_grid(config: KernelConfig, problem: Problem, blocks: int) -> KernelConfig | None:
     """``config`` with the segment count whose grid on ``problem`` comes nearest, in log2,
-    to ``blocks``; ``None`` when no count runs ``problem``. A tie goes to fewer segments,
-    which read K and V less often. ``cap``: no split whose grid exceeds ``blocks`` (with
-    ``blocks`` the SM count, the blocks past it would run as a second wave, a short one
-    that still takes as long as the first)."""
+    to ``blocks`` without a split past it (with ``blocks`` the SM count, the blocks past it
+    would run as a second wave, a short one that still takes as long as the first);
+    ``None`` when no count runs ``problem``. A tie goes to fewer segments, which read K and
+    V less often."""
     runnable = [
         c
         for c in (dataclasses.replace(config, segments=n) for n in SEGMENT_COUNTS)
-        if runs(c, problem) and (c.segments == 1 or not cap or c.blocks(problem) <= blocks)
+        if runs(c, problem) and (c.segments == 1 or c.blocks(problem) <= blocks)
     ]
     if not runnable:
         return None

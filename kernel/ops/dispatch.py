@@ -115,12 +115,12 @@ class Dispatch:
 def same_wave(entry: DispatchEntry, problem: Problem) -> KernelConfig | None:
     """``entry``'s config with the segment count (of ``SEGMENT_COUNTS``) whose grid on
     ``problem`` comes nearest, in log2, to the grid the entry was tuned with, without a
-    split past it (``kernel.defaults.nearest_grid``'s cap); the config itself when it runs
+    split past it (``kernel.defaults.nearest_grid``); the config itself when it runs
     ``problem`` with that many blocks already; ``None`` when no count runs ``problem``."""
     tuned = entry.config.blocks(entry.problem)
     if runs(entry.config, problem) and entry.config.blocks(problem) == tuned:
         return entry.config
-    return nearest_grid(entry.config, problem, tuned, cap=True)
+    return nearest_grid(entry.config, problem, tuned)
 
 
 def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch:

@@ -8,22 +8,29 @@ A config the sweep did not time at a shape counts as "untimed" (none should be: 
 times both rules' configs at every shape).
 """
 
+import dataclasses
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
 
-from kernel.config import KernelConfig, Problem
-from kernel.defaults import MAX_BLOCK_STATE, default_config, dkdv_config, nearest_grid, shorter_pipeline
+from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
+from kernel.defaults import MAX_BLOCK_STATE, default_config, dkdv_config, runs, shorter_pipeline
 
 
 def legacy_config(problem: Problem, sms: int) -> KernelConfig:
     """The forward's rule before the first sweep: 64/./2/256/smem at the widest block_dv
-    within ``MAX_BLOCK_STATE``, split into the segment count nearest one block per SM."""
+    within ``MAX_BLOCK_STATE``, split into the segment count nearest one block per SM in
+    log2, past it or not (fewer segments on a tie)."""
     widest = max(16, min(problem.dv, MAX_BLOCK_STATE // problem.dk))
     block_dv = max(d for d in range(16, widest + 1, 16) if problem.dv % d == 0)
     base = KernelConfig(64, block_dv, 2, 256, "smem", 1)
-    return nearest_grid(base, problem, sms) or shorter_pipeline(base, problem)
+    splits = [dataclasses.replace(base, segments=n) for n in SEGMENT_COUNTS]
+    runnable = [c for c in splits if runs(c, problem)]
+    if not runnable:
+        return shorter_pipeline(base, problem)
+    return min(runnable, key=lambda c: (abs(math.log2(c.blocks(problem) / sms)), c.segments))
 
 
 def main(paths: list[str]) -> None:
