@@ -93,11 +93,8 @@ def main(heads: list[tuple[int, int]], dtype: str, shapes: list[tuple[int, int, 
             plan += [(p, c, dkdv_call(p), "dkdv") for c in sorted(fused - {None}, key=lambda c: c.label)]
     kernels = {}  # (dk, dv, heads, config, sweep, ragged) -> a job to compile
     for p, c, call, sweep in plan:
-        ragged = not whole_chunks(p, c.chunk)  # its own kernel (kernel.variants.shape_generic)
-        kernels.setdefault(
-            kernel_key(p, c, sweep),
-            (Problem(1, p.heads, 4095 if ragged else 4096, p.dk, p.dv, dtype), c, call),
-        )
+        key = kernel_key(p, c, sweep)  # its last field: ragged, a kernel of its own (kernel.variants)
+        kernels.setdefault(key, (Problem(1, p.heads, 4095 if key[-1] else 4096, p.dk, p.dv, dtype), c, call))
     t = time.time()
     results = precompile(list(kernels.values()), arch="sm_90a", workers=16)
     failed = set()
