@@ -3,8 +3,11 @@
 import dataclasses
 import json
 import re
+import subprocess
+import sys
 
 import pytest
+from helpers import child_env
 
 from kernel import SEED_CONFIG, KernelConfig, ProbeFailure, Problem, Resources, probe
 from kernel.arch import ARCHS
@@ -382,3 +385,30 @@ def test_a_figures_cache_entry_that_cannot_be_read_is_made_again(tmp_path):
     ):
         path.write_text(bad)
         assert read_figures(path) is None, bad
+
+
+def test_a_split_s_kernels_compiled_in_threads_are_those_compiled_one_at_a_time():
+    """``probe`` and ``build`` compile a split's kernels in threads; with TileLang's cache
+    off (a child process), each one's CUDA must be what a compile of its own gives."""
+    script = """
+import tilelang
+from kernel.config import KernelConfig, Problem, dkdv_call
+from kernel.resources import _compile, target
+from kernel.variants import pass_configs, prim_funcs
+p = Problem(1, 4, 1024, 64, 64)
+for call in (None, dkdv_call(p)):
+    funcs = prim_funcs(p, KernelConfig(64, 64, 2, 256, "smem", 4), *[call] * bool(call), arch="sm_90a")
+    alone = [tilelang.compile(f, target=target("sm_90a"), pass_configs=pass_configs("sm_90a")) for f in funcs]
+    threaded = _compile(funcs, target("sm_90a"))
+    assert len(funcs) == 3
+    assert [k.get_kernel_source() for k in alone] == [k.get_kernel_source() for k in threaded]
+print("same")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=child_env(TILELANG_DISABLE_CACHE="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0 and out.stdout.strip().endswith("same"), out.stderr[-2000:]
