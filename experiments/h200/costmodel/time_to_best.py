@@ -1,7 +1,9 @@
 """How soon a GPU study finds its best: for the study ``--study`` in ``--storage``, started
 by a process launched at ``--start`` (seconds since the epoch, taken before the launch),
 the seconds until the first trial within 2 % of the study's final best finished, and that
-trial. One JSON line.
+trial, with where those seconds went: from the launch to the first trial's start, that
+trial's compile, and the first GPU measurement's wall time (its worker's start included
+when the worker started with it). One JSON line.
 
     python3 experiments/h200/costmodel/time_to_best.py --storage URL --study NAME --start EPOCH
 """
@@ -34,6 +36,9 @@ print(
             "within_2pct_trial": first.number,
             "within_2pct_s": first.datetime_complete.timestamp() - args.start,
             "last_trial_s": max(t.datetime_complete.timestamp() for t in done) - args.start,
+            "first_start_s": min(t.datetime_start.timestamp() for t in study.trials) - args.start,
+            "within_2pct_compile_s": first.user_attrs["compile_seconds"],
+            "first_measure_wall_s": min(done, key=lambda t: t.datetime_complete).user_attrs["wall_s"],
         }
     )
 )
