@@ -105,6 +105,14 @@ def test_kill_9_mid_study_loses_no_finished_trial(tmp_path):
     assert interrupted and all(t.state == optuna.trial.TrialState.FAIL for t in interrupted)
 
 
+def _cmdline(process: psutil.Process) -> str:
+    """``process``'s command line, or "" for one that ended meanwhile (a compiler's nvcc)."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def _gone(process: psutil.Process) -> bool:
     try:
         return process.status() == psutil.STATUS_ZOMBIE
@@ -130,7 +138,7 @@ def test_kill_9_of_a_run_takes_its_compile_processes_with_it(tmp_path):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             children = run.children(recursive=True)
-            if sum("spawn_main" in " ".join(c.cmdline()) for c in children) >= 2:
+            if sum("spawn_main" in _cmdline(c) for c in children) >= 2:
                 break
             time.sleep(0.2)
         assert proc.poll() is None and children, "the run ended before its compile processes started"
@@ -139,7 +147,7 @@ def test_kill_9_of_a_run_takes_its_compile_processes_with_it(tmp_path):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not all(_gone(c) for c in children):
             time.sleep(0.2)
-        assert all(_gone(c) for c in children), [c.cmdline() for c in children if not _gone(c)]
+        assert all(_gone(c) for c in children), [_cmdline(c) for c in children if not _gone(c)]
     finally:
         for child in children:
             with contextlib.suppress(psutil.NoSuchProcess):
