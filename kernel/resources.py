@@ -152,8 +152,6 @@ def _compile(funcs: list, cuda: dict) -> tuple[Any, ...]:
     # each reuse from its memory cache, which is the reuse we want.
     logging.getLogger("tilelang.cache.kernel_cache").setLevel(logging.ERROR)
     options = pass_configs(cuda["arch"])
-    if len(funcs) == 1:
-        return (tilelang.compile(funcs[0], target=cuda, pass_configs=options),)
     # A split's kernels compile in threads, as TileLang's autotuner compiles (its cache is
     # thread-safe, nvcc runs outside the GIL): on the H200 a study's first split config
     # waited 22 to 29 s for three kernels compiled one after another, with cores idle.
