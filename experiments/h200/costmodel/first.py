@@ -1,12 +1,13 @@
 """What a study measures first by the model (``tuner.space.predicted_first``: the 4
 configs it predicts fastest from figures estimated before any compile), against the
-held-out sweep's timings: per (head size, sweep, shape), the best of those 4 that the
-sweep timed, over the best it timed.
+timings of the shapes the model in use was held out from: per (head size, sweep, shape), the
+best of those 4 that the sweeps timed, over the best they timed.
 
-    PYTHONPATH=. python3 experiments/h200/costmodel/first.py > experiments/h200/costmodel/first.jsonl
+    PYTHONPATH=. python3 experiments/h200/costmodel/first.py SHAPE,SHAPE,... SWEEP.jsonl [...] > first.jsonl
 """
 
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -14,11 +15,12 @@ from kernel.config import Problem
 from tuner import latency_fit, space
 from tuner.latency import latency_model
 
-HELD_OUT = Path(__file__).resolve().parent.parent / "shipped" / "sweep-128x128_128x256-bfloat16-heldout.jsonl"
-
+held_out = set(sys.argv[1].split(","))
 groups = defaultdict(list)
-for s in latency_fit.from_sweep(HELD_OUT)[0]:
-    groups[s.shape].append(s)
+for path in sys.argv[2:]:
+    for s in latency_fit.from_sweep(Path(path))[0]:
+        if f"{s.problem.batch}x{s.problem.heads}x{s.problem.seqlen}" in held_out:
+            groups[s.shape].append(s)
 for (dk, dv, sweep, b, h, seqlen), found in sorted(groups.items()):
     if len(found) < 3:
         continue

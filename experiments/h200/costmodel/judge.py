@@ -4,11 +4,14 @@ size, sweep, shape) with 3 configs or more, Spearman between predicted and measu
 model's top-1 and the best of its top 5 over the measured best, and the rule's config over
 the best where the sweep timed it; then the summary against the issue's goals.
 
-    PYTHONPATH=. python3 experiments/h200/costmodel/judge.py SWEEP.jsonl [...] > judged.jsonl
+    PYTHONPATH=. python3 experiments/h200/costmodel/judge.py [--shapes BxHxS,...] SWEEP.jsonl [...] > judged.jsonl
+
+``--shapes``: judge only those (B, H, S), the model's held-out ones, of sweeps that also
+hold shapes it was fitted to.
 """
 
+import argparse
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,7 +20,16 @@ from kernel.defaults import default_config, dkdv_config
 from tuner import latency_fit
 from tuner.latency import latency_model
 
-samples = [s for path in sys.argv[1:] for s in latency_fit.from_sweep(Path(path))[0]]
+parser = argparse.ArgumentParser()
+parser.add_argument("--shapes", type=lambda text: set(text.split(",")))
+parser.add_argument("sweeps", nargs="+", type=Path)
+args = parser.parse_args()
+samples = [
+    s
+    for path in args.sweeps
+    for s in latency_fit.from_sweep(path)[0]
+    if args.shapes is None or f"{s.problem.batch}x{s.problem.heads}x{s.problem.seqlen}" in args.shapes
+]
 model = latency_model()
 rows = latency_fit.judge(model, samples)  # in the order of the sorted shapes of 3 configs or more
 groups = defaultdict(list)
