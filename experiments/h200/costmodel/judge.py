@@ -4,7 +4,7 @@ size, sweep, shape) with 3 configs or more, Spearman between predicted and measu
 model's top-1 and the best of its top 5 over the measured best, and the rule's config over
 the best where the sweep timed it; then the summary against the issue's goals.
 
-    PYTHONPATH=. python3 experiments/h200/costmodel/judge.py [--shapes BxHxS,...] SWEEP.jsonl [...] > judged.jsonl
+    PYTHONPATH=. python3 experiments/h200/costmodel/judge.py [--shapes BxHxS,...] SWEEP.jsonl [...]
 
 ``--shapes``: judge only those (B, H, S), the model's held-out ones, of sweeps that also
 hold shapes it was fitted to.
