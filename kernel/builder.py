@@ -4,7 +4,8 @@ import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,18 +270,23 @@ def precompile(
     arch: str,
     workers: int | None = None,
     run_on: str | None = None,
+    done: Callable[[], object] | None = None,
 ) -> list[ProbeResult]:
-    """Probe many (problem, config[, call]) jobs in parallel processes. Each probe compiles
-    through TileLang's disk cache, so a later ``build`` of the same job is a cache hit.
+    """Probe many (problem, config[, call]) jobs in parallel processes, in their order.
+    Each probe compiles through TileLang's disk cache, so a later ``build`` of the same job
+    is a cache hit. ``done`` is called as each job ends (a progress bar's update).
 
     ``run_on`` (a GPU's architecture, other than ``arch``): each job the probe passes is
     also compiled as ``build(..., lower_for=arch)`` compiles it on that GPU, into the same
     cache."""
     full = [(*job[:2], job[2] if len(job) > 2 else PLAIN_CALL) for job in jobs]
-    problems, configs, calls = zip(*full) if full else ((), (), ())
-    workers = workers or min(len(problems), os.cpu_count() or 1) or 1
+    workers = workers or min(len(full), os.cpu_count() or 1) or 1
     with compile_pool(workers) as pool:
-        return list(pool.map(functools.partial(_probe, arch=arch, run_on=run_on), problems, configs, calls))
+        futures = [pool.submit(_probe, *job, arch=arch, run_on=run_on) for job in full]
+        for _ in as_completed(futures):
+            if done is not None:
+                done()
+        return [future.result() for future in futures]
 
 
 def _probe(

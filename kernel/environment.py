@@ -63,12 +63,18 @@ def _dump(node: object) -> str:
 
 
 def kernel_key(sources: dict[str, str] | None = None) -> str:
-    """The kernels' identity: one digest over ``KERNEL_MODULES`` (name -> source; read
-    from this package by default)."""
-    here = Path(__file__).parent
-    sources = sources or {name: (here / name).read_text() for name in KERNEL_MODULES}
+    """The kernels' identity: one digest over ``KERNEL_MODULES`` (name -> source; by
+    default this package's, read once a process: the code it runs)."""
+    if sources is None:
+        return _package_kernel_key()
     joined = "".join(f"{name}:{code_digest(sources[name])}\n" for name in KERNEL_MODULES)
     return hashlib.sha256(joined.encode()).hexdigest()[:12]
+
+
+@functools.cache
+def _package_kernel_key() -> str:  # 0.1 s of parsing: once, not at every environment()
+    here = Path(__file__).parent
+    return kernel_key({name: (here / name).read_text() for name in KERNEL_MODULES})
 
 
 @functools.cache

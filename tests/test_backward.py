@@ -308,7 +308,8 @@ def test_the_dq_sweep_reads_the_forward_s_states_where_they_cut_alike():
 
 def test_the_sweeps_compile_for_hopper_and_ampere():
     """Each sweep of a backward with DK != DV, state in and out, compiles with the default
-    config for its shape (the dq and dk sweeps at (DV, DK)), for sm_90a and for sm_80."""
+    config for its shape (the dq and dk sweeps at (DV, DK)), for sm_90a and for sm_80; the
+    compile pool says as each job ends (``warmup``'s progress bar)."""
     from kernel.builder import precompile
     from kernel.defaults import default_config
     from kernel.resources import Resources
@@ -317,8 +318,10 @@ def test_the_sweeps_compile_for_hopper_and_ampere():
     calls = sweep_calls(problem, Call(0.125, True, True))
     jobs = [(p, default_config(p, "sm_90a", 132), c) for p, c in calls]
     for arch in ("sm_90a", "sm_80"):
-        for job, res in zip(jobs, precompile(jobs, arch=arch)):
+        ended: list[None] = []
+        for job, res in zip(jobs, precompile(jobs, arch=arch, done=lambda: ended.append(None)), strict=True):
             assert isinstance(res, Resources) and res.spill_stores == 0 and res.fits_smem, (arch, job, res)
+        assert len(ended) == len(jobs)
 
 
 def test_dispatch_backward_tunes_dk_and_dv_swapped(tmp_path, capsys):

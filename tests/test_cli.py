@@ -7,6 +7,7 @@ import io
 import json
 import math
 import re
+import signal
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -419,6 +420,31 @@ def test_user_mistakes_exit_2_with_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "command, said",
+    [
+        ("run", "interrupted: finished trials are kept in the study; run the same command to go on"),
+        ("warmup", "interrupted: the kernels compiled so far are in TileLang's disk cache; run the same"),
+        ("bench", "interrupted"),
+    ],
+)
+def test_ctrl_c_says_in_one_line_what_the_command_keeps(command, said, monkeypatch, capsys):
+    """A Ctrl-C in a command (here raised where it starts) exits 130 with one line that names
+    what the same command goes on from, or none where nothing is kept."""
+
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(COMMANDS, command, (interrupted, COMMANDS[command][1]))
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        assert main([command]) == 130
+    finally:
+        signal.signal(signal.SIGINT, before)  # main ignores Ctrl-C once it has said so
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("command", ["trials", "best", "export", "report", "compare"])

@@ -139,6 +139,13 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], tuple[Callable, .
     "model": (cmd_model, ()),
 }
 
+# What a command interrupted by Ctrl-C leaves for the same command to go on from.
+RESUMES = {
+    "run": "finished trials are kept in the study",
+    "dispatch": "finished trials are kept in their studies",
+    "warmup": "the kernels compiled so far are in TileLang's disk cache",
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command. Each command's arguments carry ``studies_dir``: the
@@ -238,8 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    command = None
     try:
         args = build_parser().parse_args(argv)
+        command = args.command
         if getattr(args, "top", 1) < 1:
             raise UsageError(f"--top must be positive, got {args.top}")
         import optuna
@@ -253,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # one line, however often Ctrl-C is pressed now
-        print(
-            "interrupted: finished trials are kept in the study; run the same command to go on",
-            file=sys.stderr,
-        )
+        kept = RESUMES.get(command)
+        said = f"interrupted: {kept}; run the same command to go on" if kept else "interrupted"
+        print(said, file=sys.stderr)
         return 130

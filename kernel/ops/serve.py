@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -229,10 +230,11 @@ def warmup(
     arch: str,
     sms: int | None = None,
     workers: int | None = None,
+    done: Callable[[], object] | None = None,
 ) -> list[ProbeResult]:
     """Compile every kernel of ``warmup_jobs`` into TileLang's disk cache, in ``workers``
     parallel processes (default: one per CPU core), with no GPU needed: a later process
     that serves those calls on an ``arch`` GPU loads them instead of compiling. Returns each
-    job's probe, a failure as a value."""
+    job's probe, a failure as a value; ``done`` is called as each ends."""
     jobs = warmup_jobs(heads, dk, dv, dtype, backward=backward, arch=arch, sms=sms)
-    return precompile(jobs, arch=arch, workers=workers)
+    return precompile(jobs, arch=arch, workers=workers, done=done)

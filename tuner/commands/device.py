@@ -78,8 +78,11 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     the forward, and with --backward its sweeps, for every batch size and sequence length)
     into TileLang's disk cache, across the CPU cores; no GPU needed with --arch. A later
     process loads them instead of compiling."""
+    from tqdm import tqdm
+
+    from kernel.builder import precompile
     from kernel.ops.dispatch import load_dispatch
-    from kernel.ops.serve import use_table, warmup, warmup_jobs
+    from kernel.ops.serve import use_table, warmup_jobs
     from kernel.resources import ProbeFailure
 
     Problem(1, args.heads, 1, args.dk, args.dv, args.dtype)  # validates the flags up front
@@ -94,11 +97,9 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     if args.dispatch:
         use_table(load_dispatch(args.dispatch, allow_mismatch=args.allow_mismatch))
     jobs = warmup_jobs(args.heads, args.dk, args.dv, args.dtype, backward=args.backward, arch=arch)
-    print(f"compiling {len(jobs)} kernels for {arch} into TileLang's disk cache", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    results = warmup(
-        args.heads, args.dk, args.dv, args.dtype, backward=args.backward, arch=arch, workers=args.workers
-    )
+    with tqdm(total=len(jobs), unit="kernel", desc=f"compiling for {arch}", dynamic_ncols=True) as bar:
+        results = precompile(jobs, arch=arch, workers=args.workers, done=bar.update)
     failed = [r for r in results if isinstance(r, ProbeFailure)]
     print(
         f"warmed {len(results) - len(failed)} kernels for {arch} in {time.perf_counter() - start:.0f} s",
