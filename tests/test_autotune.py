@@ -92,6 +92,24 @@ def test_a_table_that_cannot_be_written_warns_and_serves_the_table_as_it_is(tmp_
     assert not autotune.covered(far, PROBLEM)
 
 
+def test_the_switch_reads_on_and_off_and_refuses_a_guess(monkeypatch, capsys):
+    """``DECAY_TUNER_AUTOTUNE=false`` turns tuning off, as a user means it; a value that is
+    neither on nor off is one clear error, from Python and from the CLI, not a guess."""
+    from tuner.cli import main
+
+    for value, on in {"1": True, "TRUE": True, "on": True, "0": False, "false": False, "Off": False}.items():
+        monkeypatch.setenv(autotune.AUTOTUNE_VARIABLE, value)
+        assert autotune.enabled() is on
+    monkeypatch.delenv(autotune.AUTOTUNE_VARIABLE)
+    assert not autotune.enabled()
+    monkeypatch.setenv(autotune.AUTOTUNE_VARIABLE, "maybe")
+    with pytest.raises(ValueError, match="DECAY_TUNER_AUTOTUNE wants 1 \\(on\\) or 0 \\(off\\), got 'maybe'"):
+        autotune.enabled()
+    assert main(["warmup", "--arch", "sm_90a", "--heads", "4", "--dk", "64", "--dv", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "DECAY_TUNER_AUTOTUNE wants" in err and err.count("\n") == 1
+
+
 def test_compiling_ahead_neither_needs_the_table_yet_nor_fixes_the_process_s_table(
     tmp_path, monkeypatch, fresh_server
 ):

@@ -46,8 +46,15 @@ _failed: set[tuple[Path, Problem]] = set()  # studies that failed in this proces
 
 
 def enabled() -> bool:
-    """Whether ``AUTOTUNE_VARIABLE`` turns tuning on first use on."""
-    return os.environ.get(AUTOTUNE_VARIABLE, "") not in ("", "0")
+    """Whether ``AUTOTUNE_VARIABLE`` turns tuning on first use on: ``1``, ``true``, ``yes``
+    or ``on``; unset, empty, ``0``, ``false``, ``no`` or ``off`` leave it off (any case).
+    ``ValueError`` for any other value, rather than a guess."""
+    value = os.environ.get(AUTOTUNE_VARIABLE, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{AUTOTUNE_VARIABLE} wants 1 (on) or 0 (off), got {os.environ[AUTOTUNE_VARIABLE]!r}")
 
 
 def default_path(gpu: str | None) -> Path:
