@@ -250,7 +250,9 @@ def fit_and_judge(
         raise UsageError(f"{len(train)} timings to fit to and {len(test)} held out: both must be some")
     model = fit(train, gpu=gpu, bandwidth=bandwidth, trained={})
     rows = judge(model, test)
-    trained = _trained(sources, train, test, rows, "the shapes named")
+    named = sorted({(s.problem.batch, s.problem.heads, s.problem.seqlen) for s in test})
+    how = "held out: " + ",".join("x".join(map(str, shape)) for shape in named)
+    trained = _trained(sources, train, test, rows, how)
     return replace(model, interval=residual_interval(model, test, bandwidth), trained=trained), rows
 
 
