@@ -1,0 +1,60 @@
+"""How fast against fla the forward can be, at each dense bench shape, given the bytes its
+kernel must move. From the committed bench rows (no GPU):
+
+    python3 experiments/h200/outofbox/bounds.py > experiments/h200/outofbox/bounds.txt
+
+The HBM floor (``tuner.occupancy.traffic_bytes``) reads Q, K and V once and writes O and
+the final state once. A config split into segments (``kernel.seq_split``) reads K and V a
+second time (its states pass, then its outputs pass) and moves the segments' fp32 states
+(written, read by the carry, written again, read): it cannot run faster than those bytes
+at the bench's measured copy rate. Per shape: ours (the out-of-the-box config) and fla over
+the floor, the split's own bound over the floor, ours over that bound, and fla's time over
+the bound: the most any kernel that splits as ours does could be faster than fla.
+"""
+
+from pathlib import Path
+
+import pandas as pd
+
+from kernel.config import KernelConfig, Problem
+from tuner.occupancy import traffic_bytes
+from tuner.options import parse_config
+
+HERE = Path(__file__).parent
+STATE_BYTES = 4
+
+
+def split_bytes(problem: Problem, config: KernelConfig) -> int:
+    """The bytes a forward with ``config``'s segments moves at the least."""
+    p, n = problem, config.segments
+    if n == 1:
+        return traffic_bytes(p)
+    again = p.batch * p.seqlen * p.heads * (p.dk + p.dv) * 2  # K and V read by the states pass
+    states = 4 * p.batch * p.heads * n * p.dk * p.dv * STATE_BYTES
+    return traffic_bytes(p) + again + states
+
+
+def main() -> None:
+    cols = "shape dk/dv config ours/floor fla/floor bound/floor ours/bound fla/ours fla/bound".split()
+    print("  ".join(f"{c:>14}" for c in cols))
+    for name in ("bench_bf16", "bench_bf16_128x256", "bench_bf16_64x64"):
+        rows = pd.read_csv(HERE / name / "bench.csv")
+        rows = rows[rows["pass"].isna()] if "pass" in rows else rows  # the forward's rows
+        for (b, h, s, dk, dv), shape in rows.groupby(["batch", "heads", "seqlen", "dk", "dv"], sort=False):
+            by = shape.set_index("impl")
+            if not {"out of the box", "fla chunk_simple_gla"} <= set(by.index):
+                continue
+            if not isinstance(by.loc["out of the box", "config"], str):  # the packed batch: no split
+                continue
+            floor_ms, bandwidth = by.loc["floor", "median_ms"], by.loc["floor", "bandwidth_tb_s"] * 1e12
+            ours, fla = by.loc["out of the box", "median_ms"], by.loc["fla chunk_simple_gla", "median_ms"]
+            config = parse_config(by.loc["out of the box", "config"])
+            bound_ms = split_bytes(Problem(b, h, s, dk, dv), config) / bandwidth * 1e3
+            cells = [f"{b}x{h}x{s}", f"{dk}/{dv}", config.label]
+            cells += [f"{x:.2f}" for x in (ours / floor_ms, fla / floor_ms, bound_ms / floor_ms)]
+            cells += [f"{x:.2f}" for x in (ours / bound_ms, fla / ours, fla / bound_ms)]
+            print("  ".join(f"{c:>14}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
