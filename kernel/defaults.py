@@ -11,7 +11,7 @@ import dataclasses
 import math
 
 from kernel import dkdv
-from kernel.arch import get_arch
+from kernel.arch import block_dv_step, get_arch, head_size_error
 from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
 
 # The family that won across shapes on the H200: 64-token chunks (32 where 64 does not fit
@@ -43,12 +43,16 @@ def smem_bytes(problem: Problem, config: KernelConfig) -> int:
 
 def family(problem: Problem, arch: str) -> KernelConfig:
     """The rule's unsplit config for ``problem`` on ``arch``: the widest block_dv (a
-    multiple of 16 dividing DV, DK x block_dv within ``MAX_BLOCK_STATE``), then the deepest
-    pipeline up to ``preferred_stages``, then 64-token chunks before 32, whose shared memory
-    fits ``arch``'s per-block limit. ``ValueError`` where none does."""
-    limit = get_arch(arch).smem_per_block
-    widest = max(16, min(problem.dv, MAX_BLOCK_STATE // problem.dk))
-    widths = [d for d in range(widest - widest % 16, 0, -16) if problem.dv % d == 0]
+    multiple of ``block_dv_step`` dividing DV, DK x block_dv within ``MAX_BLOCK_STATE``),
+    then the deepest pipeline up to ``preferred_stages``, then 64-token chunks before 32,
+    whose shared memory fits ``arch``'s per-block limit. ``ValueError`` where none does, or
+    where ``arch``'s kernels cannot run the head sizes (``head_size_error``)."""
+    reason = head_size_error(arch, problem.dk, problem.dv)
+    if reason:
+        raise ValueError(reason)
+    limit, step = get_arch(arch).smem_per_block, block_dv_step(arch)
+    widest = max(step, min(problem.dv, MAX_BLOCK_STATE // problem.dk))
+    widths = [d for d in range(widest - widest % step, 0, -step) if problem.dv % d == 0]
     for chunk in CHUNKS:
         for width in widths:
             for stages in range(preferred_stages(problem), 0, -1):
@@ -73,7 +77,7 @@ def default_config(problem: Problem, arch: str, sms: int | None = None) -> Kerne
     widths = [base.block_dv]
     half = base.block_dv // 2
     short = problem.seqlen < NARROW_BELOW and problem.dk <= MAX_NARROW_DK
-    if short and half >= 32 and half % 16 == 0 and problem.dv % half == 0:
+    if short and half >= 32 and half % block_dv_step(arch) == 0 and problem.dv % half == 0:
         widths.append(half)
     # per width the segment count nearest the grid; a sequence too short for the pipeline
     # runs the single-pass kernel, as deep as its chunks
@@ -95,6 +99,8 @@ def dkdv_config(problem: Problem, arch: str, sms: int | None = None) -> KernelCo
     the segment count whose grid comes nearest one block per SM without passing it; None,
     one pass (what packed sequences run)."""
     if problem.dk * problem.dv > dkdv.MAX_STATE or not get_arch(arch).wgmma:
+        return None
+    if head_size_error(arch, problem.dk, problem.dv):
         return None
     limit = get_arch(arch).smem_per_block
     for stages in (2, 1):

@@ -405,6 +405,12 @@ def test_every_flag_has_help_and_shows_its_default(command):
         (["dispatch", "--dv", "20"], "dv must be a multiple of 16"),
         (["dispatch", "--out", "/"], "--out wants a .json file path"),
         (["warmup", "--arch", "sm_90a", "--workers", "0"], "--workers must be positive"),
+        (["run", "--arch", "sm_90a", "--dk", "96"], "on sm_90a the kernels need DK a multiple of 64"),
+        (
+            ["run", "--arch", "sm_90a", "--dk", "64", "--dv", "48"],
+            "on sm_90a the kernels need DV a multiple of 32",
+        ),
+        (["warmup", "--arch", "sm_90a", "--dk", "96"], "on sm_90a the kernels need DK a multiple of 64"),
         (["run", "--seed", "-1"], "--seed must be >= 0"),
         (["run", "--tolerance", "inf"], "--tolerance must be at most 1"),
         (["run", "--max-registers", "100000"], "--max-registers must be at most 255"),

@@ -68,3 +68,38 @@ def test_a_split_never_passes_one_block_per_sm():
     assert default_config(Problem(3, 24, 6000, 128, 128), "sm_90a", 132).segments == 1
     assert dkdv_config(Problem(3, 24, 6000, 128, 128), "sm_90a", 132).segments == 1
     assert default_config(Problem(1, 40, 8192, 128, 128), "sm_90a", 132).segments == 2  # 80 blocks: one wave
+
+
+@pytest.mark.parametrize(
+    "dk, dv, said",
+    [(96, 64, "DK a multiple of 64"), (32, 32, "DK a multiple of 64"), (64, 48, "DV a multiple of 32")],
+)
+def test_on_hopper_head_sizes_its_mma_cannot_tile_are_refused_in_one_line(dk, dv, said):
+    """Where no config compiles on sm_90a (``kernel.arch.head_size_error``), the rule says so
+    in one line instead of handing TileLang a config it fails on; the fused sweep does not
+    serve them, and sm_80, which compiles them, keeps its rule."""
+    problem = Problem(1, 2, 512, dk, dv)
+    with pytest.raises(ValueError, match=f"on sm_90a the kernels need {said}") as caught:
+        default_config(problem, "sm_90a")
+    assert "\n" not in str(caught.value)
+    assert dkdv_config(problem, "sm_90a", 132) is None
+    assert default_config(problem, "sm_80").block_dv % 16 == 0
+
+
+@pytest.mark.parametrize("dk, dv", [(64, 96), (192, 64), (64, 224)])
+def test_the_rule_s_config_compiles_for_hopper_at_head_sizes_off_the_bench(dk, dv):
+    """At 512 tokens the rule halves block_dv (DV = 96 gave 48, which sm_90a's warpgroup MMA
+    cannot lay out): on sm_90a it keeps multiples of 32, and the kernels it picks compile,
+    forward and fused sweep."""
+    from kernel.config import dkdv_call
+    from kernel.resources import Resources, probe
+
+    problem = Problem(1, 2, 512, dk, dv)
+    config = default_config(problem, "sm_90a", 132)
+    assert config.block_dv % 32 == 0
+    jobs = [(config, model_call(problem))]
+    if (fused := dkdv_config(problem, "sm_90a", 132)) is not None:
+        jobs.append((fused, dkdv_call(problem)))
+    for c, call in jobs:
+        found = probe(problem, c, arch="sm_90a", call=call)
+        assert isinstance(found, Resources), (c, found)

@@ -2,7 +2,7 @@
 
 from helpers import SMALL_PROBLEM
 
-from kernel import KernelConfig, Problem
+from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.config import SEGMENT_COUNTS
 from kernel.defaults import default_config
 from tuner import space
@@ -63,3 +63,19 @@ def test_wave_seeds_launch_about_one_wave_and_are_allowed():
         == default_config(short, "sm_90a")
         == KernelConfig(64, 32, 3, 256, "smem", 1)
     )
+
+
+def test_hopper_refuses_before_any_compile_what_its_mma_cannot_tile():
+    """On sm_90a a block_dv off the warpgroup MMA's 32 columns, or a head size it cannot
+    tile, is a violated restriction (refused untried); on sm_80 neither is; and a study of
+    DV = 48, where the seed's block_dv of 32 is no choice, does not enqueue it."""
+    problem = Problem(1, 2, 512, 64, 96)
+    narrow = KernelConfig(64, 48, 1, 256, "smem")
+    assert space.violated(problem, narrow, "sm_90a") == ["block_dv 48: on sm_90a a multiple of 32"]
+    assert space.violated(problem, narrow, "sm_80") == []
+    odd = Problem(1, 2, 512, 96, 64)
+    assert any(
+        "DK a multiple of 64" in r
+        for r in space.violated(odd, KernelConfig(64, 64, 1, 256, "smem"), "sm_90a")
+    )
+    assert not space.in_space(Problem(1, 2, 256, 32, 48), SEED_CONFIG)

@@ -16,7 +16,7 @@ import dataclasses
 from optuna.distributions import CategoricalDistribution
 
 from kernel import dkdv
-from kernel.arch import DEFAULT_ARCH, get_arch
+from kernel.arch import DEFAULT_ARCH, block_dv_step, get_arch, head_size_error
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, config_grid, knob_choices
 from kernel.defaults import default_config, dkdv_config
 from tuner.latency import LatencyModel
@@ -53,7 +53,9 @@ def violated(
     needs at the least (``KernelConfig.smem_floor``; the fused sweep's,
     ``kernel.dkdv.smem_bytes``) must fit one block of ``arch``; the fused sweep must serve
     the problem on ``arch`` (``kernel.defaults.dkdv_config``)."""
-    reasons = []
+    reasons = [reason] if (reason := head_size_error(arch, problem.dk, problem.dv)) else []
+    if config.block_dv % block_dv_step(arch):
+        reasons.append(f"block_dv {config.block_dv}: on {arch} a multiple of {block_dv_step(arch)}")
     limit = get_arch(arch).smem_per_block
     floor = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else config.smem_floor(problem)
     if sweep == "dkdv" and dkdv_config(problem, arch) is None:
@@ -133,6 +135,12 @@ def predicted_first(
     return [config for _, config in sorted(ranked, key=lambda r: r[0])[:n]]
 
 
+def in_space(problem: Problem, config: KernelConfig, sweep: str = "forward") -> bool:
+    """Whether each of ``config``'s knobs is one of the search space's choices."""
+    table = choices(problem, sweep)
+    return all(value in table[name] for name, value in config.to_dict().items())
+
+
 def check_in_space(problem: Problem, configs: list[KernelConfig], sweep: str = "forward") -> None:
     """A ``UsageError`` naming the first of ``configs`` (a user's ``--enqueue``) with a knob
     outside the search space."""
@@ -149,11 +157,12 @@ def first_configs(
     problem: Problem, model: LatencyModel, options: Options, *, arch: str, sms: int | None
 ) -> list[KernelConfig]:
     """What a study measures before its sampler proposes, in order: the seed's config (a
-    forward's), the user's ``--enqueue`` configs, then, unless turned off or for the grid
-    (which keeps its own order), the wave seeds and the configs ``model`` predicts fastest
-    (``predicted_first``)."""
+    forward's, where DV admits its block_dv), the user's ``--enqueue`` configs, then,
+    unless turned off or for the grid (which keeps its own order), the wave seeds and the
+    configs ``model`` predicts fastest (``predicted_first``)."""
     sweep = options.sweep
-    first = [SEED_CONFIG, *options.enqueue] if sweep == "forward" else list(options.enqueue)
+    seed = [SEED_CONFIG] if sweep == "forward" and in_space(problem, SEED_CONFIG) else []
+    first = [*seed, *options.enqueue]
     if not options.wave_seeds or options.sampler == "grid":
         return first
     seeds = wave_seeds(problem, arch=arch, sms=sms, sweep=sweep)

@@ -31,7 +31,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 import optuna
 
-from kernel.arch import resolve
+from kernel.arch import head_size_error, resolve
 from kernel.builder import sm_count
 from kernel.config import KernelConfig, Problem, dkdv_call, model_call
 from kernel.defaults import dkdv_config
@@ -62,6 +62,8 @@ class Tuner:
         self.call = dkdv_call(problem) if self.sweep == "dkdv" else model_call(problem)
         space.check_in_space(problem, options.enqueue, self.sweep)
         self.arch, self.gpu = resolve(options.arch)  # gpu: the kernels run and are timed here
+        if reason := head_size_error(self.arch, problem.dk, problem.dv):
+            raise UsageError(f"{reason}: nothing to tune")
         if self.sweep == "dkdv" and dkdv_config(problem, self.arch) is None:
             raise UsageError(
                 f"the fused dk and dv sweep does not serve DK x DV = {problem.dk} x {problem.dv} on "
