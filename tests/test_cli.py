@@ -417,6 +417,7 @@ def test_every_flag_has_help_and_shows_its_default(command):
         (["run", "--heartbeat", "100", "--grace", "10"], "--grace (10 s) must be longer than --heartbeat"),
         (["run", "--storage", "sqlite://"], "keeps nothing"),
         (["run", "--study", ""], "--study wants a name, got ''"),
+        (["run", "--study", "storages/j-1/b1"], "is reserved: the studies folder's storages/ holds"),
         (["best", "--storage", ""], "--storage wants a name, got ''"),
         (["bench", "--dispatch", "/nonexistent/table.json"], "cannot read dispatch table"),
         (["bench", "--shapes", "8x16"], "--shapes wants BxHxS"),

@@ -14,6 +14,7 @@ from tuner.storage import get_storage, storage_key
 
 # Where claims (``tuner.claims``) live inside a study's name; refused in a user's study name.
 CLAIM_MARK = "/claim/"
+STORAGES = "storages"  # the studies folder's folder of other storages' study files
 
 
 def default_study_name(problem: Problem, sweep: str = "forward") -> str:
@@ -24,12 +25,18 @@ def default_study_name(problem: Problem, sweep: str = "forward") -> str:
 
 
 def check_study_name(name: str) -> str:
-    """``name``, or a ``UsageError`` when it is unusable as a folder of the studies folder."""
+    """``name``, or a ``UsageError`` when it is unusable as a folder of the studies folder:
+    one that leaves it, or one under ``STORAGES``, where other storages' studies write."""
     parts = name.replace("\\", "/").split("/")
     if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts) or CLAIM_MARK in name:
         raise UsageError(
             f"study name {name!r} would leave the studies folder (or is reserved): "
-            "use letters, digits, '.', '-', '_' and '/' between names"
+            "use names joined by '/', none of them empty, '.' or '..'"
+        )
+    if parts[0] == STORAGES:
+        raise UsageError(
+            f"study name {name!r} is reserved: the studies folder's {STORAGES}/ holds the files of "
+            "studies in other storages"
         )
     return name
 
@@ -47,7 +54,7 @@ def export_dir(storage: str, name: str, studies: Path | None = None) -> Path:
         stem = (
             Path(key.split(":", 1)[-1]).stem if key.startswith(("sqlite:", "journal:")) else key.split(":")[0]
         )
-        root = studies / "storages" / f"{stem}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+        root = studies / STORAGES / f"{stem}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
     out = (root / name).resolve()
     if not out.is_relative_to(studies.resolve()):
         raise UsageError(f"study name {name!r} would leave the studies folder {str(studies)!r}")
