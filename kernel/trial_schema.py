@@ -35,6 +35,7 @@ PREDICTED = ("predicted_x_floor", "predicted_low", "predicted_high", "predicted_
 OUTSIDE = ", outside the knobs it was fitted to"
 # Starts ``predicted_by`` where the model was not fitted to the architecture: the analytic part alone.
 UNCALIBRATED = "analytic part alone"
+NO_MODEL = "no latency model could be read"  # ends it where the model file could not be read
 TRIAL_COLUMNS = (
     "number",
     "state",

@@ -198,6 +198,19 @@ def test_an_uncalibrated_study_says_so_and_shows_its_predicted_ratio(tmp_path, c
     )
     assert header == [c if c != "predicted_ms" else "predicted_x_floor" for c in TABLE]
     assert [row.split()[3] for row in rows] == ["1.25", "1.5"]
+    study.set_user_attr("arch", "sm_90a")  # ranked where the model file could not be read
+    add_small_trial(
+        study,
+        space.grid(SMALL_PROBLEM)[2],
+        1.75,
+        mode="compile-only",
+        status="ok",
+        predicted_x_floor=1.75,
+        predicted_by="analytic part alone: no latency model could be read",
+    )
+    assert main(["best", *SMALL, "--storage", storage, "--study", "old-gpu"]) == 0
+    heading = _table_lines(capsys.readouterr().out)[0]
+    assert "ranked by predicted time (the analytic part alone: no latency model could be read))" in heading
 
 
 def test_best_prints_the_columns_of_trials(explored, capsys):

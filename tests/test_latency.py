@@ -96,6 +96,7 @@ def test_a_prediction_is_calibrated_only_on_the_model_s_architecture():
     )
     elsewhere = model.predict(problem, config, figures, arch="sm_80")
     assert not elsewhere.calibrated and elsewhere.ms is None and math.isnan(elsewhere.low)
+    assert elsewhere.record()["predicted_by"] == "analytic part alone: uncalibrated for sm_80"
     # 128 blocks on 108 SMs of one block each: two waves, the second of 20
     assert elsewhere.ratio == pytest.approx(2 * 108 / 128)
 
@@ -168,7 +169,7 @@ def test_a_model_file_missing_or_corrupt_falls_back_to_the_analytic_part(
     prediction = model.predict(problem, config, figures, arch="sm_90a")
     assert not prediction.calibrated and prediction.ms is None
     assert prediction.ratio == occupancy.analytic_ratio(problem, config, figures, "sm_90a")
-    assert prediction.record()["predicted_by"] == "analytic part alone: uncalibrated for sm_90a"
+    assert prediction.record()["predicted_by"] == "analytic part alone: no latency model could be read"
     assert main(["model", "show"]) == 2  # asked for by name: refused
     assert "bad.json" in capsys.readouterr().err
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from kernel.config import KernelConfig, Problem
 from kernel.environment import replacing
-from kernel.trial_schema import OUTSIDE, PREDICTED, UNCALIBRATED
+from kernel.trial_schema import NO_MODEL, OUTSIDE, PREDICTED, UNCALIBRATED
 from tuner.occupancy import Figures, analytic_ratio, blocks_per_sm, floor_bytes, grid
 
 MODEL_FILE = Path(__file__).with_name("latency_model.json")
@@ -103,11 +103,13 @@ class Prediction:
     def record(self) -> dict[str, Any]:
         """The prediction as a trial records it (``kernel.trial_schema.PREDICTED``), less
         what it lacks (uncalibrated: the interval and the time in ms)."""
-        by = (
-            f"latency model of {self.model}"
-            if self.calibrated
-            else f"{UNCALIBRATED}: uncalibrated for {self.arch}"
-        ) + ("" if self.covered else OUTSIDE)
+        if self.calibrated:
+            by = f"latency model of {self.model}"
+        elif self.model:
+            by = f"{UNCALIBRATED}: uncalibrated for {self.arch}"
+        else:
+            by = f"{UNCALIBRATED}: {NO_MODEL}"
+        by += "" if self.covered else OUTSIDE
         values = zip(PREDICTED, (self.ratio, self.low, self.high, self.ms, by))
         return {key: value for key, value in values if value is not None and value == value}  # not NaN
 
@@ -136,7 +138,11 @@ class LatencyModel:
     def load(cls, path: Path = MODEL_FILE) -> "LatencyModel":
         try:
             data = json.loads(Path(path).read_text())
-            if data.get("format") != MODEL_FORMAT or data.get("features") != list(FEATURES):
+            if (
+                not isinstance(data, dict)
+                or data.get("format") != MODEL_FORMAT
+                or data.get("features") != list(FEATURES)
+            ):
                 raise ValueError(f"not a latency model of these features ({MODEL_FORMAT})")
             model = cls(
                 data["arch"],
@@ -211,9 +217,8 @@ class LatencyModel:
         """The prediction on ``arch``, on a GPU of ``sms`` SMs where known (the GPU at hand;
         default: the arch's reference GPU's)."""
         if arch != self.arch:
-            return Prediction(
-                analytic_ratio(problem, config, figures, arch, sms), math.nan, math.nan, False, arch, None
-            )
+            ratio = analytic_ratio(problem, config, figures, arch, sms)
+            return Prediction(ratio, math.nan, math.nan, False, arch, None, self.gpu)
         log = self.log_ratio(features(problem, config, sweep, figures, arch, sms))
         floor_ms = floor_bytes(problem, sweep) / self.bandwidth * 1e3
         low, high = (math.exp(log + q) for q in self.interval)
@@ -232,7 +237,7 @@ def latency_model() -> LatencyModel:
     return _load(model_path())
 
 
-# No trees and no architecture: predicts by the analytic part alone, labelled uncalibrated.
+# No trees and no architecture: predicts by the analytic part alone, saying there is no model.
 ANALYTIC_ONLY = LatencyModel("", "", H200_BANDWIDTH, 0.0, (), (math.nan, math.nan), {}, {})
 
 

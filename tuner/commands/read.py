@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from kernel.config import KernelConfig, Problem
 from kernel.environment import env_key, environment, write_json
-from kernel.trial_schema import UNCALIBRATED
+from kernel.trial_schema import NO_MODEL, UNCALIBRATED
 from tuner.commands.args import default_out, open_study, out_file
 from tuner.options import UsageError
 
@@ -23,10 +23,10 @@ def _heading(study: "optuna.Study", frame: "pd.DataFrame") -> str:
     mode, arch = study.user_attrs.get("mode", "unknown mode"), study.user_attrs.get("arch")
     where = f" for {arch}" if arch and mode == "compile-only" else f" on {arch}" if arch else ""
     note = ": no latency measured, ranked by predicted time" if mode == "compile-only" else ""
-    if (
-        note and frame.predicted_by.astype(str).str.startswith(UNCALIBRATED).any()
-    ):  # as its trials were ranked
-        note += " (the analytic part alone: the latency model was not calibrated for it)"
+    by = frame.predicted_by.astype(str)
+    if note and by.str.startswith(UNCALIBRATED).any():  # as its trials were ranked
+        why = NO_MODEL if by.str.endswith(NO_MODEL).any() else "the latency model was not calibrated for it"
+        note += f" (the analytic part alone: {why})"
     kernel = "the backward's fused dk+dv sweep, " if study.user_attrs.get("sweep") == "dkdv" else ""
     return f"study {study.study_name!r} ({kernel}{mode}{where}{note})"
 
