@@ -24,3 +24,10 @@ def test_every_option_has_help_and_a_flag_unless_kept_off_the_command_line():
     assert flags["wave_seeds"] == "--no-wave-seeds" and "enqueue" not in flags
     assert all(f.metadata["help"] for f in dataclasses.fields(Options))
     assert Options().n_trials == 40 and Options().sampler in options.SAMPLERS
+
+
+def test_parse_archs_names_each_architecture_once():
+    assert options.parse_archs("sm_90a, sm_80,sm_90a") == ["sm_90a", "sm_80"]
+    assert options.parse_archs("all")[0] == "sm_80"
+    with pytest.raises(UsageError, match="--arch wants architectures of"):
+        options.parse_archs("sm_70")

@@ -178,7 +178,7 @@ def parse_shapes(text: str, flag: str = "--shapes") -> list[tuple[int, int, int]
 def parse_archs(text: str) -> list[str]:
     """'sm_80,sm_90a' (or 'all') -> the architectures of ``kernel.arch.ARCHS`` it names;
     ``UsageError`` for any other name."""
-    names = list(ARCHS) if text == "all" else [name.strip() for name in text.split(",")]
+    names = list(ARCHS) if text == "all" else list(dict.fromkeys(name.strip() for name in text.split(",")))
     unknown = [name for name in names if name not in ARCHS]
     if unknown or not names:
         raise UsageError(f"--arch wants architectures of {', '.join(ARCHS)} (or all), got {text!r}")

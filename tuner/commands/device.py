@@ -88,7 +88,9 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     Problem(1, args.heads, 1, args.dk, args.dv, args.dtype)  # validates the flags up front
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be positive, got {args.workers}")
-    arch = args.arch or resolve(None)[0]
+    arch, gpu = resolve(args.arch)
+    if args.arch is None and not gpu:
+        print(f"no CUDA device: compiling ahead for {arch} (--arch names another)", file=sys.stderr)
     if not get_arch(arch).symbolic_shapes:
         raise UsageError(
             f"on {arch} the kernels are compiled per shape (kernel.arch: Arch.symbolic_shapes): "

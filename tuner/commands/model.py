@@ -21,6 +21,8 @@ def cmd_model(args: argparse.Namespace) -> int:
     from tuner import latency
 
     if args.action == "show":
+        if args.data or args.storage or args.hold_out:
+            raise UsageError("model show takes no --data, --storage or --hold-out: they are model fit's")
         model = latency.LatencyModel.load(latency.model_path())
         print(f"{latency.model_path()}: {model.gpu} ({model.arch}), {len(model.trees)} trees")
         print(json.dumps(model.trained, indent=1))
