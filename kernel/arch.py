@@ -67,11 +67,6 @@ ARCHS: dict[str, Arch] = {
 }
 # The target of a compile-only run on a machine without a GPU.
 DEFAULT_ARCH = "sm_90a"
-# Where the kernels issue the warpgroup MMA, TileLang 0.1.15 lowers the state's DK rows 64
-# at a time and a block's DV columns 32 at a time: DK = 16 to 48 fail its constraints, DK =
-# 80, 96, 112, 160 or 224 find no warp partition, block_dv = 16, 48, 80 or 112 no canonical
-# layout (experiments/cpu/head_sizes/).
-WGMMA_DK, WGMMA_BLOCK_DV = 64, 32
 
 
 def get_arch(name: str) -> Arch:
@@ -79,25 +74,6 @@ def get_arch(name: str) -> Arch:
     if name not in ARCHS:
         raise ValueError(f"unknown architecture {name!r}: the kernel compiles for {', '.join(ARCHS)}")
     return ARCHS[name]
-
-
-def head_size_error(arch: str, dk: int, dv: int) -> str | None:
-    """Why ``arch``'s kernels cannot run DK x DV, in one line; None where they can."""
-    if not get_arch(arch).wgmma:
-        return None
-    if dk % WGMMA_DK:
-        return (
-            f"on {arch} the kernels need DK a multiple of {WGMMA_DK} (their warpgroup MMA), got {dk} "
-            "(a backward's dq and dk sweeps need it of DV, which is their DK)"
-        )
-    if dv % WGMMA_BLOCK_DV:
-        return f"on {arch} the kernels need DV a multiple of {WGMMA_BLOCK_DV} (their warpgroup MMA), got {dv}"
-    return None
-
-
-def block_dv_step(arch: str) -> int:
-    """The step of block_dv on ``arch``: 32 where the kernels issue the warpgroup MMA, else 16."""
-    return WGMMA_BLOCK_DV if get_arch(arch).wgmma else 16
 
 
 def arch_of_capability(major: int, minor: int) -> Arch:

@@ -11,7 +11,7 @@ import dataclasses
 import math
 
 from kernel import dkdv
-from kernel.arch import block_dv_step, get_arch, head_size_error
+from kernel.arch import get_arch
 from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
 
 # The family that won across shapes on the H200: 64-token chunks (32 where 64 does not fit
@@ -22,6 +22,31 @@ MAX_DEEP_DK = 128  # 3 pipeline stages paid off up to this DK, 1 beyond
 MAX_NARROW_DK = 128  # halving block_dv paid off up to this DK ...
 NARROW_BELOW = 2048  # ... and in sequences shorter than this, more than splitting them did
 STATIC_SMEM = 1024  # bytes: TileLang's barriers where it warp-specialises the pipeline
+# Where the kernels issue the warpgroup MMA, TileLang 0.1.15 lowers the state's DK rows 64
+# at a time and a block's DV columns 32 at a time: DK = 16 to 48 fail its constraints, DK =
+# 80, 96, 112, 160 or 224 find no warp partition, block_dv = 16, 48, 80 or 112 no canonical
+# layout (experiments/cpu/head_sizes/).
+# (Here, not in kernel.arch, which keys the kernels' code: what compiles is no part of it.)
+WGMMA_DK, WGMMA_BLOCK_DV = 64, 32
+
+
+def head_size_error(arch: str, dk: int, dv: int) -> str | None:
+    """Why ``arch``'s kernels cannot run DK x DV, in one line; None where they can."""
+    if not get_arch(arch).wgmma:
+        return None
+    if dk % WGMMA_DK:
+        return (
+            f"on {arch} the kernels need DK a multiple of {WGMMA_DK} (their warpgroup MMA), got {dk} "
+            "(a backward's dq and dk sweeps need it of DV, which is their DK)"
+        )
+    if dv % WGMMA_BLOCK_DV:
+        return f"on {arch} the kernels need DV a multiple of {WGMMA_BLOCK_DV} (their warpgroup MMA), got {dv}"
+    return None
+
+
+def block_dv_step(arch: str) -> int:
+    """The step of block_dv on ``arch``: 32 where the kernels issue the warpgroup MMA, else 16."""
+    return WGMMA_BLOCK_DV if get_arch(arch).wgmma else 16
 
 
 def preferred_stages(problem: Problem) -> int:

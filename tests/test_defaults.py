@@ -75,7 +75,7 @@ def test_a_split_never_passes_one_block_per_sm():
     [(96, 64, "DK a multiple of 64"), (32, 32, "DK a multiple of 64"), (64, 48, "DV a multiple of 32")],
 )
 def test_on_hopper_head_sizes_its_mma_cannot_tile_are_refused_in_one_line(dk, dv, said):
-    """Where no config compiles on sm_90a (``kernel.arch.head_size_error``), the rule says so
+    """Where no config compiles on sm_90a (``kernel.defaults.head_size_error``), the rule says so
     in one line instead of handing TileLang a config it fails on; the fused sweep does not
     serve them, and sm_80, which compiles them, keeps its rule."""
     problem = Problem(1, 2, 512, dk, dv)

@@ -16,9 +16,9 @@ import dataclasses
 from optuna.distributions import CategoricalDistribution
 
 from kernel import dkdv
-from kernel.arch import DEFAULT_ARCH, block_dv_step, get_arch, head_size_error
+from kernel.arch import DEFAULT_ARCH, get_arch
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, config_grid, knob_choices
-from kernel.defaults import default_config, dkdv_config
+from kernel.defaults import block_dv_step, default_config, dkdv_config, head_size_error
 from tuner.latency import LatencyModel
 from tuner.occupancy import estimated_figures
 from tuner.options import Options, UsageError

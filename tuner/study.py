@@ -31,10 +31,10 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 import optuna
 
-from kernel.arch import head_size_error, resolve
+from kernel.arch import resolve
 from kernel.builder import sm_count
 from kernel.config import KernelConfig, Problem, dkdv_call, model_call
-from kernel.defaults import dkdv_config
+from kernel.defaults import dkdv_config, head_size_error
 from kernel.environment import env_key, environment
 from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, ctrl_c_ignored, result_of
 from kernel.resources import ProbeFailure, probe
