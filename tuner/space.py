@@ -52,7 +52,9 @@ def violated(
     be no deeper than the chunks of one segment it overlaps, and the shared memory it
     needs at the least (``KernelConfig.smem_floor``; the fused sweep's,
     ``kernel.dkdv.smem_bytes``) must fit one block of ``arch``; the fused sweep must serve
-    the problem on ``arch`` (``kernel.defaults.dkdv_config``)."""
+    the problem on ``arch`` (``kernel.defaults.dkdv_config``); and the head sizes and
+    block_dv must be ones ``arch``'s MMA tiles (``kernel.defaults.head_size_error``,
+    ``block_dv_step``)."""
     reasons = [reason] if (reason := head_size_error(arch, problem.dk, problem.dv)) else []
     if config.block_dv % block_dv_step(arch):
         reasons.append(f"block_dv {config.block_dv}: on {arch} a multiple of {block_dv_step(arch)}")
