@@ -424,6 +424,10 @@ def test_every_flag_has_help_and_shows_its_default(command):
             "on sm_90a the kernels need DV a multiple of 32",
         ),
         (["warmup", "--arch", "sm_90a", "--dk", "96"], "on sm_90a the kernels need DK a multiple of 64"),
+        (
+            ["dispatch", "--arch", "sm_90a", "--dv", "96", "--backward"],
+            "need DK a multiple of 64 (their warpgroup MMA), got 96",
+        ),
         (["run", "--seed", "-1"], "--seed must be >= 0"),
         (["run", "--tolerance", "inf"], "--tolerance must be at most 1"),
         (["run", "--max-registers", "100000"], "--max-registers must be at most 255"),

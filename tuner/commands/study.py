@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from kernel.arch import resolve
 from kernel.config import KernelConfig, Problem
-from kernel.defaults import dkdv_config
+from kernel.defaults import dkdv_config, head_size_error
 from kernel.environment import env_key, environment
 from kernel.trial_schema import predicted_text
 from tuner import fleet
@@ -180,6 +180,9 @@ def dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[t
         raise UsageError(
             f"the fused dk and dv sweep serves none of these shapes on {arch} (Hopper, DK x DV <= 128 x 128)"
         )
+    for dk, dv in heads:  # before any study: the swapped sweeps would fail after the forward's
+        if reason := head_size_error(arch, dk, dv):
+            raise UsageError(reason)
     return tasks
 
 
