@@ -20,7 +20,6 @@ DATA = Path(__file__).resolve().parent / "data"
 SMALL = ["--dk", "64", "--dv", "64", "--batch", "1", "--heads", "2", "--seqlen", "256"]
 SMALL_PROBLEM = Problem(1, 2, 256, 64, 64)
 LAYOUT_FAILURE = "32/32/2/128/regs"  # TileLang 0.1.15 cannot lay out register scores at C = 32
-WARP_FAILURE = "32/16/1/256/regs"  # nor split a 32x16 tile over 8 warps ("No valid warp partition")
 
 
 def child_env(**extra: str) -> dict[str, str]:

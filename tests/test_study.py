@@ -14,7 +14,7 @@ import optuna
 import pandas as pd
 import psutil
 import pytest
-from helpers import SMALL, SMALL_PROBLEM, WARP_FAILURE, child_env, run_small
+from helpers import LAYOUT_FAILURE, SMALL, SMALL_PROBLEM, child_env, run_small
 
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.ops.deploy import ExportError, load_config, read_export
@@ -164,7 +164,7 @@ def over_budget(tmp_path_factory) -> tuple[subprocess.CompletedProcess, pd.DataF
     tmp = tmp_path_factory.mktemp("over_budget")
     storage = f"sqlite:///{tmp / 'db.sqlite'}"
     argv = ["run", *SMALL, "--storage", storage, "--study", "budget", "--workers", "2", "--no-progress"]
-    argv += ["--n-trials", "2", "--max-registers", "1", "--enqueue", WARP_FAILURE]
+    argv += ["--n-trials", "2", "--max-registers", "1", "--enqueue", LAYOUT_FAILURE]
     done = subprocess.run(
         [sys.executable, "-m", "tuner", *argv],
         cwd=tmp,
@@ -190,12 +190,12 @@ def test_a_compile_failure_keeps_the_diagnostic_and_off_the_terminal(over_budget
     (failed,) = frame[frame.status == "compile_failed"].itertuples()
     assert (
         f"{failed.chunk}/{failed.block_dv}/{failed.num_stages}/{failed.threads}/{failed.scores}"
-        == WARP_FAILURE
+        == LAYOUT_FAILURE
     )
-    assert "No valid warp partition for T.gemm: M=32, N=16" in failed.reason
+    assert "Layout infer conflict" in failed.reason
     assert failed.reason.startswith("InternalError: ")
     for printed in (done.stdout, done.stderr):
-        assert "warp partition" not in printed and "Fatal" not in printed and "T.gemm" not in printed
+        assert "Layout infer" not in printed and "T.Parallel" not in printed and "A_cast" not in printed
 
 
 @pytest.mark.parametrize("sampler,multi", [("nsga2", True), ("gp", False), ("grid", False), ("tpe", True)])
