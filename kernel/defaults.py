@@ -49,6 +49,17 @@ def block_dv_step(arch: str) -> int:
     return WGMMA_BLOCK_DV if get_arch(arch).wgmma else 16
 
 
+def warps_tile(arch: str, dk: int, config: KernelConfig) -> bool:
+    """Whether ``config``'s warps share each of its products with block_dv columns (the
+    state's DK x block_dv, the output's chunk x block_dv) in whole 16 x 8 tiles of
+    ``mma.sync``, where the kernels issue it (not the warpgroup MMA): elsewhere TileLang
+    0.1.15 finds no warp partition (experiments/cpu/head_sizes/)."""
+    if get_arch(arch).wgmma:
+        return True
+    warps, columns = config.threads // 32, config.block_dv // 8
+    return all(rows // 16 * columns % warps == 0 for rows in (dk, config.chunk))
+
+
 def preferred_stages(problem: Problem) -> int:
     """The forward's pipeline depth where it fits: 3 up to DK = 128, 1 beyond."""
     return 3 if problem.dk <= MAX_DEEP_DK else 1
@@ -82,10 +93,11 @@ def family(problem: Problem, arch: str) -> KernelConfig:
         for width in widths:
             for stages in range(preferred_stages(problem), 0, -1):
                 config = KernelConfig(chunk, width, stages, THREADS, SCORES, 1)
-                if smem_bytes(problem, config) <= limit:
+                if smem_bytes(problem, config) <= limit and warps_tile(arch, problem.dk, config):
                     return config
     raise ValueError(
-        f"no config of the rule fits DK={problem.dk}, DV={problem.dv} in {arch}'s {limit} B per block"
+        f"no config of the rule fits DK={problem.dk}, DV={problem.dv} on {arch}: none both fits its "
+        f"{limit} B per block and tiles its MMA across {THREADS // 32} warps"
     )
 
 
@@ -103,7 +115,8 @@ def default_config(problem: Problem, arch: str, sms: int | None = None) -> Kerne
     half = base.block_dv // 2
     short = problem.seqlen < NARROW_BELOW and problem.dk <= MAX_NARROW_DK
     if short and half >= 32 and half % block_dv_step(arch) == 0 and problem.dv % half == 0:
-        widths.append(half)
+        if warps_tile(arch, problem.dk, dataclasses.replace(base, block_dv=half)):
+            widths.append(half)
     # per width the segment count nearest the grid; a sequence too short for the pipeline
     # runs the single-pass kernel, as deep as its chunks
     picks = [dataclasses.replace(base, block_dv=w) for w in widths]

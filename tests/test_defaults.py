@@ -103,3 +103,19 @@ def test_the_rule_s_config_compiles_for_hopper_at_head_sizes_off_the_bench(dk, d
     for c, call in jobs:
         found = probe(problem, c, arch="sm_90a", call=call)
         assert isinstance(found, Resources), (c, found)
+
+
+@pytest.mark.parametrize("dk", [48, 112])
+def test_the_rule_s_config_compiles_for_ampere_where_its_warps_must_tile_the_state(dk):
+    """On sm_80 (``mma.sync``) 8 warps share the state's DK x block_dv in whole 16 x 8 tiles
+    (``kernel.defaults.warps_tile``): at 512 tokens the rule no longer halves block_dv to 32
+    where DK = 48 or 112 leaves them 12 or 28 tiles, and its pick compiles; where no width
+    tiles (DK = DV = 48), it says so in one line."""
+    from kernel.resources import Resources, probe
+
+    problem = Problem(1, 2, 512, dk, 64)
+    config = default_config(problem, "sm_80")
+    assert config.block_dv == 64
+    assert isinstance(probe(problem, config, arch="sm_80"), Resources)
+    with pytest.raises(ValueError, match="none both fits .* and tiles its MMA across 8 warps"):
+        default_config(Problem(1, 2, 512, 48, 48), "sm_80")

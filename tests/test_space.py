@@ -79,3 +79,12 @@ def test_hopper_refuses_before_any_compile_what_its_mma_cannot_tile():
         for r in space.violated(odd, KernelConfig(64, 64, 1, 256, "smem"), "sm_90a")
     )
     assert not space.in_space(Problem(1, 2, 256, 32, 48), SEED_CONFIG)
+
+
+def test_ampere_refuses_before_any_compile_what_its_warps_cannot_tile():
+    problem = Problem(1, 2, 512, 48, 64)
+    narrow = KernelConfig(64, 32, 1, 256, "smem")
+    (reason,) = space.violated(problem, narrow, "sm_80")
+    assert reason.startswith("block_dv 32: 8 warps cannot share its products with DK = 48")
+    assert space.violated(problem, KernelConfig(64, 64, 1, 256, "smem"), "sm_80") == []
+    assert space.violated(Problem(1, 2, 512, 64, 64), KernelConfig(32, 16, 1, 256, "regs"), "sm_80")
