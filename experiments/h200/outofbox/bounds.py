@@ -9,9 +9,11 @@ second time (its states pass, then its outputs pass) and moves the segments' fp3
 (written, read by the carry, written again, read): it cannot run faster than those bytes
 at the bench's measured copy rate. Per shape: ours (the out-of-the-box config) and fla over
 the floor, the split's own bound over the floor, ours over that bound, and fla's time over
-the bound: the most any kernel that splits as ours does could be faster than fla.
+the bound: the most any kernel that splits as ours does could be faster than fla. Then,
+from the 16-head sweep at 4x16x8192, the unsplit configs over the fastest split.
 """
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -54,6 +56,19 @@ def main() -> None:
             cells += [f"{x:.2f}" for x in (ours / floor_ms, fla / floor_ms, bound_ms / floor_ms)]
             cells += [f"{x:.2f}" for x in (ours / bound_ms, fla / ours, fla / bound_ms)]
             print("  ".join(f"{c:>14}" for c in cells))
+
+    sweep = HERE.parent / "shipped" / "sweep-128x128_128x256_64x64_256x256-bfloat16.jsonl"
+    rows = [json.loads(line) for line in sweep.read_text().splitlines()]
+    timed = {
+        r["config"]: r["median_ms"]
+        for r in rows
+        if r["kind"] == "time"
+        and (r["b"], r["s"], r["dk"], r["dv"], r["sweep"]) == (4, 8192, 128, 128, "forward")
+    }
+    split = min((ms, c) for c, ms in timed.items() if not c.endswith("/1"))
+    print(f"\n4x16x8192, 128/128 (16-head sweep): fastest split {split[1]} {split[0]:.4f} ms")
+    for config in ("64/128/3/256/smem/1", "64/64/3/256/smem/1"):
+        print(f"  unsplit {config}: {timed[config]:.4f} ms, {timed[config] / split[0]:.2f}x the split")
 
 
 if __name__ == "__main__":
