@@ -283,8 +283,8 @@ def precompile(
     workers = workers or min(len(full), os.cpu_count() or 1) or 1
     with compile_pool(workers) as pool:
         futures = [pool.submit(_probe, *job, arch=arch, run_on=run_on) for job in full]
-        for _ in as_completed(futures):
-            if done is not None:
+        if done is not None:
+            for _ in as_completed(futures):
                 done()
         return [future.result() for future in futures]
 

@@ -136,9 +136,8 @@ def dkdv_config(problem: Problem, arch: str, sms: int | None = None) -> KernelCo
     the shared memory, else one. ``sms``: the GPU's SM count, to split the sequence into
     the segment count whose grid comes nearest one block per SM without passing it; None,
     one pass (what packed sequences run)."""
-    if problem.dk * problem.dv > dkdv.MAX_STATE or not get_arch(arch).wgmma:
-        return None
-    if head_size_error(arch, problem.dk, problem.dv):
+    too_large = problem.dk * problem.dv > dkdv.MAX_STATE
+    if too_large or not get_arch(arch).wgmma or head_size_error(arch, problem.dk, problem.dv):
         return None
     limit = get_arch(arch).smem_per_block
     for stages in (2, 1):

@@ -78,7 +78,7 @@ def test_hopper_refuses_before_any_compile_what_its_mma_cannot_tile():
         "DK a multiple of 64" in r
         for r in space.violated(odd, KernelConfig(64, 64, 1, 256, "smem"), "sm_90a")
     )
-    assert not space.in_space(Problem(1, 2, 256, 32, 48), SEED_CONFIG)
+    assert space.outside_space(Problem(1, 2, 256, 32, 48), SEED_CONFIG) == {"block_dv": 32}
 
 
 def test_ampere_refuses_before_any_compile_what_its_warps_cannot_tile():

@@ -142,10 +142,10 @@ def predicted_first(
     return [config for _, config in sorted(ranked, key=lambda r: r[0])[:n]]
 
 
-def in_space(problem: Problem, config: KernelConfig, sweep: str = "forward") -> bool:
-    """Whether each of ``config``'s knobs is one of the search space's choices."""
+def outside_space(problem: Problem, config: KernelConfig, sweep: str = "forward") -> dict[str, object]:
+    """``config``'s knobs that are none of the search space's choices, by name."""
     table = choices(problem, sweep)
-    return all(value in table[name] for name, value in config.to_dict().items())
+    return {k: v for k, v in config.to_dict().items() if v not in table[k]}
 
 
 def check_in_space(problem: Problem, configs: list[KernelConfig], sweep: str = "forward") -> None:
@@ -153,7 +153,7 @@ def check_in_space(problem: Problem, configs: list[KernelConfig], sweep: str = "
     outside the search space."""
     table = choices(problem, sweep)
     for config in configs:
-        outside = {k: v for k, v in config.to_dict().items() if v not in table[k]}
+        outside = outside_space(problem, config, sweep)
         if outside:
             raise UsageError(
                 f"enqueued config {config} is outside the search space: {outside} (choices: {table})"
@@ -168,7 +168,7 @@ def first_configs(
     unless turned off or for the grid (which keeps its own order), the wave seeds and the
     configs ``model`` predicts fastest (``predicted_first``)."""
     sweep = options.sweep
-    seed = [SEED_CONFIG] if sweep == "forward" and in_space(problem, SEED_CONFIG) else []
+    seed = [SEED_CONFIG] if sweep == "forward" and not outside_space(problem, SEED_CONFIG) else []
     first = [*seed, *options.enqueue]
     if not options.wave_seeds or options.sampler == "grid":
         return first

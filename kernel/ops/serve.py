@@ -5,7 +5,6 @@ import dataclasses
 import functools
 import os
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -230,11 +229,10 @@ def warmup(
     arch: str,
     sms: int | None = None,
     workers: int | None = None,
-    done: Callable[[], object] | None = None,
 ) -> list[ProbeResult]:
     """Compile every kernel of ``warmup_jobs`` into TileLang's disk cache, in ``workers``
     parallel processes (default: one per CPU core), with no GPU needed: a later process
     that serves those calls on an ``arch`` GPU loads them instead of compiling. Returns each
-    job's probe, a failure as a value; ``done`` is called as each ends."""
+    job's probe, a failure as a value."""
     jobs = warmup_jobs(heads, dk, dv, dtype, backward=backward, arch=arch, sms=sms)
-    return precompile(jobs, arch=arch, workers=workers, done=done)
+    return precompile(jobs, arch=arch, workers=workers)
