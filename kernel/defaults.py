@@ -44,20 +44,22 @@ def head_size_error(arch: str, dk: int, dv: int) -> str | None:
     return None
 
 
-def block_dv_step(arch: str) -> int:
-    """The step of block_dv on ``arch``: 32 where the kernels issue the warpgroup MMA, else 16."""
-    return WGMMA_BLOCK_DV if get_arch(arch).wgmma else 16
-
-
-def warps_tile(arch: str, dk: int, config: KernelConfig) -> bool:
-    """Whether ``config``'s warps share each of its products with block_dv columns (the
-    state's DK x block_dv, the output's chunk x block_dv) in whole 16 x 8 tiles of
-    ``mma.sync``, where the kernels issue it (not the warpgroup MMA): elsewhere TileLang
-    0.1.15 finds no warp partition (experiments/cpu/head_sizes/)."""
+def block_dv_error(arch: str, dk: int, config: KernelConfig) -> str | None:
+    """Why ``arch``'s MMA cannot tile ``config``'s products with block_dv columns, in one
+    line; None where it can. The warpgroup MMA lays block_dv out 32 columns at a time;
+    elsewhere the warps of ``mma.sync`` share the state's DK x block_dv and the output's
+    chunk x block_dv in whole 16 x 8 tiles, or TileLang 0.1.15 finds no warp partition
+    (experiments/cpu/head_sizes/)."""
+    bdv = config.block_dv
     if get_arch(arch).wgmma:
-        return True
-    warps, columns = config.threads // 32, config.block_dv // 8
-    return all(rows // 16 * columns % warps == 0 for rows in (dk, config.chunk))
+        return f"block_dv {bdv}: on {arch} a multiple of {WGMMA_BLOCK_DV}" if bdv % WGMMA_BLOCK_DV else None
+    warps, columns = config.threads // 32, bdv // 8
+    if all(rows // 16 * columns % warps == 0 for rows in (dk, config.chunk)):
+        return None
+    return (
+        f"block_dv {bdv}: {warps} warps cannot share its products with DK = {dk} and chunk "
+        f"{config.chunk} rows in whole 16 x 8 tiles on {arch}"
+    )
 
 
 def preferred_stages(problem: Problem) -> int:
@@ -79,21 +81,22 @@ def smem_bytes(problem: Problem, config: KernelConfig) -> int:
 
 def family(problem: Problem, arch: str) -> KernelConfig:
     """The rule's unsplit config for ``problem`` on ``arch``: the widest block_dv (a
-    multiple of ``block_dv_step`` dividing DV, DK x block_dv within ``MAX_BLOCK_STATE``),
-    then the deepest pipeline up to ``preferred_stages``, then 64-token chunks before 32,
-    whose shared memory fits ``arch``'s per-block limit. ``ValueError`` where none does, or
-    where ``arch``'s kernels cannot run the head sizes (``head_size_error``)."""
+    multiple of 16 dividing DV, DK x block_dv within ``MAX_BLOCK_STATE``), then the deepest
+    pipeline up to ``preferred_stages``, then 64-token chunks before 32, whose shared memory
+    fits ``arch``'s per-block limit and whose products ``arch``'s MMA tiles
+    (``block_dv_error``). ``ValueError`` where none does, or where ``arch``'s kernels cannot
+    run the head sizes (``head_size_error``)."""
     reason = head_size_error(arch, problem.dk, problem.dv)
     if reason:
         raise ValueError(reason)
-    limit, step = get_arch(arch).smem_per_block, block_dv_step(arch)
-    widest = max(step, min(problem.dv, MAX_BLOCK_STATE // problem.dk))
-    widths = [d for d in range(widest - widest % step, 0, -step) if problem.dv % d == 0]
+    limit = get_arch(arch).smem_per_block
+    widest = max(16, min(problem.dv, MAX_BLOCK_STATE // problem.dk))
+    widths = [d for d in range(widest - widest % 16, 0, -16) if problem.dv % d == 0]
     for chunk in CHUNKS:
         for width in widths:
             for stages in range(preferred_stages(problem), 0, -1):
                 config = KernelConfig(chunk, width, stages, THREADS, SCORES, 1)
-                if smem_bytes(problem, config) <= limit and warps_tile(arch, problem.dk, config):
+                if smem_bytes(problem, config) <= limit and not block_dv_error(arch, problem.dk, config):
                     return config
     raise ValueError(
         f"no config of the rule fits DK={problem.dk}, DV={problem.dv} on {arch}: none both fits its "
@@ -114,8 +117,8 @@ def default_config(problem: Problem, arch: str, sms: int | None = None) -> Kerne
     widths = [base.block_dv]
     half = base.block_dv // 2
     short = problem.seqlen < NARROW_BELOW and problem.dk <= MAX_NARROW_DK
-    if short and half >= 32 and half % block_dv_step(arch) == 0 and problem.dv % half == 0:
-        if warps_tile(arch, problem.dk, dataclasses.replace(base, block_dv=half)):
+    if short and half >= 32 and half % 16 == 0 and problem.dv % half == 0:
+        if not block_dv_error(arch, problem.dk, dataclasses.replace(base, block_dv=half)):
             widths.append(half)
     # per width the segment count nearest the grid; a sequence too short for the pipeline
     # runs the single-pass kernel, as deep as its chunks

@@ -108,7 +108,7 @@ def test_the_rule_s_config_compiles_for_hopper_at_head_sizes_off_the_bench(dk, d
 @pytest.mark.parametrize("dk", [48, 112])
 def test_the_rule_s_config_compiles_for_ampere_where_its_warps_must_tile_the_state(dk):
     """On sm_80 (``mma.sync``) 8 warps share the state's DK x block_dv in whole 16 x 8 tiles
-    (``kernel.defaults.warps_tile``): at 512 tokens the rule no longer halves block_dv to 32
+    (``kernel.defaults.block_dv_error``): at 512 tokens the rule no longer halves block_dv to 32
     where DK = 48 or 112 leaves them 12 or 28 tiles, and its pick compiles; where no width
     tiles (DK = DV = 48), it says so in one line."""
     from kernel.resources import Resources, probe

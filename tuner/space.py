@@ -18,7 +18,7 @@ from optuna.distributions import CategoricalDistribution
 from kernel import dkdv
 from kernel.arch import DEFAULT_ARCH, get_arch
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, config_grid, knob_choices
-from kernel.defaults import block_dv_step, default_config, dkdv_config, head_size_error, warps_tile
+from kernel.defaults import block_dv_error, default_config, dkdv_config, head_size_error
 from tuner.latency import LatencyModel
 from tuner.occupancy import estimated_figures
 from tuner.options import Options, UsageError
@@ -54,15 +54,10 @@ def violated(
     ``kernel.dkdv.smem_bytes``) must fit one block of ``arch``; the fused sweep must serve
     the problem on ``arch`` (``kernel.defaults.dkdv_config``); and the head sizes and
     block_dv must be ones ``arch``'s MMA tiles (``kernel.defaults.head_size_error``,
-    ``block_dv_step``, ``warps_tile``)."""
+    ``block_dv_error``)."""
     reasons = [reason] if (reason := head_size_error(arch, problem.dk, problem.dv)) else []
-    if config.block_dv % block_dv_step(arch):
-        reasons.append(f"block_dv {config.block_dv}: on {arch} a multiple of {block_dv_step(arch)}")
-    elif not warps_tile(arch, problem.dk, config):
-        reasons.append(
-            f"block_dv {config.block_dv}: {config.threads // 32} warps cannot share its products with "
-            f"DK = {problem.dk} and chunk {config.chunk} rows in whole 16 x 8 tiles on {arch}"
-        )
+    if reason := block_dv_error(arch, problem.dk, config):
+        reasons.append(reason)
     limit = get_arch(arch).smem_per_block
     floor = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else config.smem_floor(problem)
     if sweep == "dkdv" and dkdv_config(problem, arch) is None:
