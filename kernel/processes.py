@@ -33,11 +33,14 @@ def sigint_blocked() -> Iterator[None]:
 
 def bind_to_parent(parent: int) -> None:
     """In a child process of ``parent`` (started under ``sigint_blocked``): Ctrl-C is left
-    to the parent (the terminal sends it to the whole process group), and the child is
-    killed when the parent dies, even by SIGKILL (Linux's parent-death signal; elsewhere a
-    thread that watches the parent)."""
+    to the parent, and the child is killed when the parent dies, even by SIGKILL (Linux's
+    parent-death signal; elsewhere a thread that watches the parent). The terminal sends
+    Ctrl-C to its whole foreground process group, so the child leaves it for a group of its
+    own: the processes it starts (nvcc, cicc, gcc, which reset SIGINT) stay out of reach too,
+    and a compile in flight finishes instead of dying as a compile failure."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # also drops a Ctrl-C pending since the start
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    os.setpgid(0, 0)
     try:
         if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
             raise OSError(ctypes.get_errno(), "prctl")

@@ -1,10 +1,14 @@
-"""Ctrl-C where the code says (kernel.processes): real SIGINTs to this process."""
+"""Ctrl-C where the code says (kernel.processes): real SIGINTs to this process, and to a
+child's process group as a terminal sends them."""
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
+from helpers import as_at_a_terminal, child_env
 
 from kernel.processes import ctrl_c_at_checkpoints
 
@@ -57,3 +61,46 @@ def test_a_ctrl_c_no_checkpoint_saw_is_raised_as_the_block_ends_and_an_ignored_o
             checkpoint()
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+_POOL_SCRIPT = """
+import subprocess, sys
+from kernel.processes import compile_pool
+
+def compile_like_nvcc(marker):
+    # a compiler resets SIGINT (nvcc, cicc and gcc do), then works a while
+    code = ("import pathlib, signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+            "pathlib.Path(sys.argv[1]).touch(); time.sleep(2); print('compiled')")
+    run = subprocess.run([sys.executable, "-c", code, marker], capture_output=True, text=True)
+    return run.stdout.strip() or f"died, exit {run.returncode}"
+
+if __name__ == "__main__":
+    try:
+        with compile_pool(1) as pool:
+            future = pool.submit(compile_like_nvcc, sys.argv[1])
+            future.result()
+    except KeyboardInterrupt:
+        print(future.result())
+"""
+
+
+def test_a_terminals_ctrl_c_leaves_the_compilers_in_flight_to_finish(tmp_path):
+    script, marker = tmp_path / "pool.py", tmp_path / "compiling"
+    script.write_text(_POOL_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(marker)],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a group of its own, as a terminal's foreground job has
+        preexec_fn=as_at_a_terminal,
+    )
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals its whole foreground group
+    out, err = proc.communicate(timeout=60)
+    assert out.strip() == "compiled", err
+    assert "waiting for 1 compile in flight" in err
