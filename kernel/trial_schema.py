@@ -33,6 +33,11 @@ PREDICTED = ("predicted_x_floor", "predicted_low", "predicted_high", "predicted_
 # Ends ``predicted_by`` where the config's knobs or head sizes are outside those the model
 # was fitted to: an extrapolation, which a compile-only study does not rank.
 OUTSIDE = ", outside the knobs it was fitted to"
+# The reason of such a compile-only trial: its objective is infinite, and only the predicted
+# time orders it among its like (``tuner.trials.best_trials``).
+EXTRAPOLATED = (
+    "outside the knobs the latency model was fitted to: ranked after those it covers, by its extrapolation"
+)
 # Starts ``predicted_by`` where the model was not fitted to the architecture: the analytic part alone.
 UNCALIBRATED = "analytic part alone"
 NO_MODEL = "no latency model could be read"  # ends it where the model file could not be read

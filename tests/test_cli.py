@@ -34,7 +34,7 @@ from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.config import retnet_decay
 from kernel.defaults import default_config
 from kernel.ops.deploy import ExportError, load_config, read_export
-from kernel.trial_schema import TRIAL_COLUMNS
+from kernel.trial_schema import EXTRAPOLATED, TRIAL_COLUMNS
 from tuner import space
 from tuner.cli import COMMANDS, build_parser, main
 from tuner.latency import latency_model
@@ -105,8 +105,8 @@ def test_compile_only_study_end_to_end(explored, tmp_path, capsys, monkeypatch):
     # ranked by the prediction where the model covers the knobs; an extrapolation after them
     told = {t.number: t.values[0] for t in study.trials if t.user_attrs.get("status") == "ok"}
     assert told == {n: math.inf if o else x for n, x, o in zip(ok.number, ok.predicted_x_floor, outside)}
-    assert (ok.reason[outside] == "outside the knobs the latency model was fitted to: not ranked").all()
-    best = min(ok.itertuples(), key=lambda r: (told[r.number], r.number))
+    assert (ok.reason[outside] == EXTRAPOLATED).all()
+    best = min(ok.itertuples(), key=lambda r: (told[r.number], r.predicted_x_floor, r.number))
     assert exported["configs"][0]["predicted_x_floor"] == best.predicted_x_floor
     with pytest.raises(ExportError, match="ranked by predicted time .* never measured"):
         load_config(export_dir(explored.storage, "e2e", explored.dir) / "best.json")  # nothing to load
@@ -143,7 +143,7 @@ def test_trials_prints_whole_numbers_blank_cells_and_first_lines(explored, capsy
                 f"{trial.smem_bytes:.0f}",
                 f"{trial.registers:.0f}",
             ]
-            reason = " ".join(row.split()[7:])  # an extrapolation says it is not ranked
+            reason = " ".join(row.split()[7:])  # an extrapolation says how it is ranked
             whole = trial.reason if isinstance(trial.reason, str) else ""
             assert reason in (whole, whole[: len(reason) - 3] + "...")
     layout = frame[frame.status == "compile_failed"].reason.iloc[0].splitlines()
@@ -518,9 +518,15 @@ def test_unreadable_json_exits_2(tmp_path, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the command would tune; see the gpu test")
-def test_dispatch_needs_a_gpu(capsys):
-    assert main(["dispatch", "--shapes", "1x2x256", "--dk", "64", "--dv", "64"]) == 2
-    assert "needs a CUDA device" in capsys.readouterr().err
+def test_dispatch_without_a_gpu_explores_sm90a_compile_only_as_its_help_says(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    argv = ["dispatch", "--shapes", "1x2x256", "--dk", "64", "--dv", "64", "--n-trials", "1"]
+    assert main([*argv, "--storage", storage, "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "compile-only exploration for sm_90a: no latency is measured, no table written" in err
+    assert out.splitlines()[-1].startswith("sm_90a 64x64 B*H=   2 S=   256: ")
+    assert not (tmp_path / "dispatch.json").exists()
 
 
 @pytest.mark.gpu

@@ -281,6 +281,20 @@ def test_model_fit_without_held_out_shapes_leaves_each_shape_out(tmp_path, capsy
         latency_fit.fit_each_shape_out(one, gpu="G", bandwidth=latency.H200_BANDWIDTH, sources=[])
 
 
+def test_a_fit_that_ranks_nothing_writes_plain_json_and_says_so(tmp_path, capsys):
+    """Two shapes' sweeps, of which one has two timings: each fit to the other predicts its
+    configs alike, so no rank correlation exists; the row and the file say none, never NaN."""
+    out = tmp_path / "small.json"
+    assert main(["model", "fit", "--data", str(H200 / "costmodel" / "heldout-64x64-bfloat16-64x8x512.jsonl"),
+                 "--out", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    row = printed.splitlines()[1].split()
+    assert row[:4] == ["64x8x512", "64", "64", "forward"] and row[5] == "-"
+    assert "NaN" not in printed and "each shape judged by a fit to the others" in printed
+    held = json.loads(out.read_text(), parse_constant=pytest.fail)["trained"]["held_out"]
+    assert held["spearman_median"] is None and held["spearman_at_least_0.85"] == 0 and held["shapes"] == 1
+
+
 def test_spearman_gives_ties_their_average_rank():
     from scipy.stats import spearmanr
 

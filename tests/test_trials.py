@@ -1,14 +1,16 @@
 """tuner.trials: the trial log as a pandas frame and as a table, and a study against a yardstick."""
 
+import math
+
 import optuna
 import pandas as pd
 import pytest
 from helpers import SMALL_PROBLEM, gpu_study
 
 from kernel import SEED_CONFIG, KernelConfig
-from kernel.trial_schema import TRIAL_COLUMNS
+from kernel.trial_schema import EXTRAPOLATED, TRIAL_COLUMNS
 from tuner import space
-from tuner.trials import TABLE, compare, save_frame, table, trials_frame
+from tuner.trials import TABLE, best_trials, compare, save_frame, table, trials_frame
 
 
 def test_trials_frame_from_hand_built_study():
@@ -75,3 +77,18 @@ def test_table_cuts_a_long_reason_to_its_width_and_keeps_short_ones_whole():
     assert "second line" not in "\n".join(lines)
     wide = table(frame, width=400).splitlines()  # room for the whole first line: nothing is cut
     assert wide[2].endswith("x" * 200) and "..." not in "\n".join(wide)
+
+
+def test_best_orders_configs_tied_at_infinity_by_their_predicted_time():
+    """A compile-only study of a head size its latency model never saw: every config is an
+    extrapolation, told infinity; ``best`` orders them by the prediction, not by trial number."""
+    study = optuna.create_study()
+    dists = space.distributions(SMALL_PROBLEM)
+    predicted = [2.3, 1.1, None, 1.4]  # None: a trial that recorded no prediction
+    for config, x in zip(space.grid(SMALL_PROBLEM), predicted):
+        attrs = {"status": "ok", "reason": EXTRAPOLATED} | ({"predicted_x_floor": x} if x else {})
+        trial = optuna.trial.create_trial(
+            params=config.to_dict(), distributions=dists, value=math.inf, user_attrs=attrs
+        )
+        study.add_trial(trial)
+    assert [t.number for t in best_trials(study)] == [1, 3, 0, 2]

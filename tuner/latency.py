@@ -193,7 +193,8 @@ class LatencyModel:
         }
         trees = ",\n".join(json.dumps([list(node) for node in tree]) for tree in self.trees)
         with replacing(Path(path)) as tmp:
-            tmp.write_text(json.dumps(head, indent=1)[:-2] + ',\n "trees": [\n' + trees + "\n]}\n")
+            text = json.dumps(head, indent=1, allow_nan=False)  # plain JSON: no NaN
+            tmp.write_text(text[:-2] + ',\n "trees": [\n' + trees + "\n]}\n")
 
     def log_ratio(self, x: list[float]) -> float:
         total = self.baseline

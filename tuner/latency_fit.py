@@ -179,7 +179,8 @@ def _ranks(values: list[float]) -> list[float]:
 
 
 def judge(model: LatencyModel, samples: Iterable[Sample]) -> list[dict[str, Any]]:
-    """Per shape with 3 configs or more: how the model ranks them against their times."""
+    """Per shape with 3 configs or more: how the model ranks them against their times
+    (Spearman's rho None where it predicts them all alike, and ranks none)."""
     groups: dict[tuple, list[Sample]] = defaultdict(list)
     for s in samples:
         groups[s.shape].append(s)
@@ -191,6 +192,7 @@ def judge(model: LatencyModel, samples: Iterable[Sample]) -> list[dict[str, Any]
         predicted = [model.log_ratio(s.features()) for s in found]
         order = sorted(range(len(found)), key=predicted.__getitem__)
         best = min(measured)
+        rho = spearman(predicted, measured)
         dk, dv, sweep, b, h, s = shape
         rows.append(
             {
@@ -199,7 +201,7 @@ def judge(model: LatencyModel, samples: Iterable[Sample]) -> list[dict[str, Any]
                 "dv": dv,
                 "sweep": sweep,
                 "configs": len(found),
-                "spearman": spearman(predicted, measured),
+                "spearman": None if math.isnan(rho) else rho,
                 "top1_over_best": measured[order[0]] / best,
                 "top5_best_over_best": min(measured[i] for i in order[:5]) / best,
             }
@@ -222,12 +224,13 @@ def _interval(residuals: list[float]) -> tuple[float, float]:
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The goals over ``judge``'s rows: Spearman >= 0.85, top-1 within 1.10x, top 5 within 1.03x."""
-    rhos = sorted(r["spearman"] for r in rows)
+    """The goals over ``judge``'s rows: Spearman >= 0.85, top-1 within 1.10x, top 5 within
+    1.03x (the median and the least rho None where no row has one)."""
+    rhos = sorted(r["spearman"] for r in rows if r["spearman"] is not None)
     return {
         "shapes": len(rows),
-        "spearman_median": rhos[len(rhos) // 2] if rhos else math.nan,
-        "spearman_min": rhos[0] if rhos else math.nan,
+        "spearman_median": rhos[len(rhos) // 2] if rhos else None,
+        "spearman_min": rhos[0] if rhos else None,
         "spearman_at_least_0.85": sum(r >= 0.85 for r in rhos),
         "top1_within_1.10": sum(r["top1_over_best"] <= 1.10 for r in rows),
         "top5_within_1.03": sum(r["top5_best_over_best"] <= 1.03 for r in rows),

@@ -38,7 +38,7 @@ from kernel.defaults import dkdv_config, head_size_error
 from kernel.environment import env_key, environment
 from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, ctrl_c_ignored, result_of
 from kernel.resources import ProbeFailure, probe
-from kernel.trial_schema import MEASURES
+from kernel.trial_schema import EXTRAPOLATED, MEASURES
 from tuner import outcomes, space
 from tuner.claims import Claimed, Claims, Owned, worker_index
 from tuner.latency import latency_model
@@ -287,7 +287,7 @@ class Tuner:
             trial.set_constraint("correctness", 0.0)
             rank = prediction.ratio
             if not prediction.covered:  # an extrapolation: ranked after every config the model covers
-                trial.set_user_attr("reason", "outside the knobs the latency model was fitted to: not ranked")
+                trial.set_user_attr("reason", EXTRAPOLATED)
                 rank = math.inf
             outcomes.tell(
                 self.study, trial, [rank, float(res.smem_bytes)][: len(self.objectives)], "ok", start

@@ -2,6 +2,7 @@
 functions of the study."""
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,18 +56,23 @@ def trial_env_key(trial: FrozenTrial) -> str | None:
 
 
 def best_trials(study: optuna.Study, env: str | None = None) -> list[FrozenTrial]:
-    """Feasible trials, best first by the objectives in order, each config once per
-    environment (its best trial, the earliest of equals: a cached copy is never listed
-    beside its owner); with
-    ``env``, only those measured in that environment (measurements are ranked per
-    environment, never across)."""
+    """Feasible trials, best first by the objectives in order, then by the predicted time
+    (a compile-only study ranks the configs its latency model does not cover after the
+    others, all tied at infinity: among them the extrapolation orders), each config once
+    per environment (its best trial, the earliest of equals: a cached copy is never listed
+    beside its owner); with ``env``, only those measured in that environment (measurements
+    are ranked per environment, never across)."""
     feasible = [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if is_feasible(t) and (env is None or trial_env_key(t) == env)
     ]
     best: dict[tuple[str | None, KernelConfig], FrozenTrial] = {}
-    for t in sorted(feasible, key=lambda t: (tuple(t.values), t.number)):
+
+    def rank(t: FrozenTrial) -> tuple:
+        return tuple(t.values), t.user_attrs.get("predicted_x_floor") or math.inf, t.number
+
+    for t in sorted(feasible, key=rank):
         best.setdefault((trial_env_key(t), trial_config(t)), t)
     return list(best.values())
 

@@ -90,7 +90,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers must be positive, got {args.workers}")
     arch, gpu = resolve(args.arch)
     if args.arch is None and not gpu:
-        print(f"no CUDA device: compiling ahead for {arch} (--arch names another)", file=sys.stderr)
+        print(f"no CUDA device: compiling ahead for {arch} (pass --arch for another)", file=sys.stderr)
     if not get_arch(arch).symbolic_shapes:
         raise UsageError(
             f"on {arch} the kernels are compiled per shape (kernel.arch: Arch.symbolic_shapes): "

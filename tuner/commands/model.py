@@ -55,16 +55,21 @@ def cmd_model(args: argparse.Namespace) -> int:
             samples, lambda s: (s.problem.batch, s.problem.heads, s.problem.seqlen) in held, **made
         )
     else:
-        print(f"judging by leaving each of {len({s.shape for s in samples})} shapes out", file=sys.stderr)
+        groups = len({s.shape for s in samples})
+        print(
+            f"judging by leaving each of {groups} shapes out in turn (per sweep; one of under 3 configs "
+            "is fitted to, not judged)",
+            file=sys.stderr,
+        )
         model, rows = latency_fit.fit_each_shape_out(samples, **made)
     print("  ".join(f"{c:>12}" for c in JUDGED))
     for row in rows:
-        print(
-            "  ".join(f"{row[c]:>12.3f}" if isinstance(row[c], float) else f"{row[c]!s:>12}" for c in JUDGED)
-        )
+        cells = ("-" if row[c] is None else row[c] for c in JUDGED)  # None: a rank no fit gives
+        print("  ".join(f"{v:>12.3f}" if isinstance(v, float) else f"{v!s:>12}" for v in cells))
     print(json.dumps(model.trained["held_out"]))
     model.save(out)
     fitted, held_out = model.trained["timings"], model.trained["held_out_timings"]
-    print(f"wrote {out} ({fitted} timings fitted, {held_out} held out)")
+    how = f"{held_out} held out" if args.hold_out else "each shape judged by a fit to the others"
+    print(f"wrote {out} ({fitted} timings fitted, {how})")
     print(f"use it: {latency.MODEL_VARIABLE}={out}", file=sys.stderr)
     return 0

@@ -111,8 +111,6 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     """Tune several shapes, one resumable study each, and write the dispatch table: the
     best config per shape, which ``kernel.ops.dispatch.load_dispatch`` serves by shape (with
     ``--backward``, for DK x DV and DV x DK)."""
-    import torch
-
     from tuner.export import export_dispatch  # loads torch, Optuna and pandas
     from tuner.studies import default_study_name, load_study
     from tuner.study import Tuner
@@ -120,9 +118,10 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     out = out_file(args, args.studies_dir / "dispatch.json", (".json",))
     storage = args.storage or default_storage()
     opts = options_of(args)
-    tasks = dispatch_tasks(args, opts, resolve(opts.arch)[0])
-    if opts.arch is not None and not resolve(opts.arch)[1]:
-        return _explore_shapes(tasks, storage, args.studies_dir)
+    arch, runs_here = resolve(opts.arch)
+    tasks = dispatch_tasks(args, opts, arch)
+    if not runs_here and args.gpus is None:
+        return _explore_shapes(tasks, arch, storage, args.studies_dir)
     names = [default_study_name(p, o.sweep) for p, o in tasks]
     if args.gpus is not None:
         gpus = fleet.gpus_for(args.gpus, storage, len(tasks))
@@ -134,8 +133,6 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             )
             return 1
         studies = [load_study(name, storage) for name in names]
-    elif not torch.cuda.is_available():
-        raise UsageError("dispatch ranks configs by measured latency and needs a CUDA device (or --arch)")
     else:
         studies = [
             _run_and_log(
@@ -186,14 +183,14 @@ def dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[t
     return tasks
 
 
-def _explore_shapes(tasks: list[tuple[Problem, Options]], storage: str, studies: Path) -> int:
-    """``dispatch --arch`` for an architecture that is not this GPU's: one compile-only
-    study per shape, its best config printed; no table, which ranks by latency."""
+def _explore_shapes(tasks: list[tuple[Problem, Options]], arch: str, storage: str, studies: Path) -> int:
+    """``dispatch`` for an architecture that is not this GPU's (``--arch``, or the default
+    where there is no GPU): one compile-only study per shape, its best config printed; no
+    table, which ranks by latency."""
     from tuner.studies import default_study_name  # loads Optuna
     from tuner.study import Tuner
     from tuner.trials import best_trials, trial_config
 
-    arch = tasks[0][1].arch
     print(f"compile-only exploration for {arch}: no latency is measured, no table written", file=sys.stderr)
     for problem, opts in tasks:
         name = default_study_name(problem, opts.sweep)
