@@ -1,6 +1,8 @@
 """kernel.ops.attention without a GPU: the custom op's schema and fake implementation (what
 torch.compile traces), and the checks that need no device."""
 
+import math
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -50,6 +52,13 @@ def test_fake_tensors_give_the_packed_shapes():
 def test_a_wrong_q_is_refused_with_one_line(q, message):
     with pytest.raises(ValueError, match=message):
         decay_attention(q, q, q, 0.9)
+
+
+@pytest.mark.parametrize("scale", ["x", None.__class__, math.nan, math.inf])
+def test_a_scale_that_is_no_finite_number_is_refused_naming_it(scale):
+    q = torch.randn(1, 8, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"^scale wants a finite number, got "):
+        decay_attention(q, q, q, 0.9, scale=scale)
 
 
 def test_a_table_without_the_problem_s_head_sizes_serves_the_default_config_with_a_warning():

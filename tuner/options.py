@@ -16,7 +16,7 @@ from refs import TOLERANCE
 SAMPLERS = ("tpe", "nsga2", "gp", "grid")
 # Study storage and exports; DECAY_TUNER_STUDIES moves them (the tests use a temporary one).
 STUDIES_VARIABLE = "DECAY_TUNER_STUDIES"
-STUDIES_DIR = Path(os.environ.get(STUDIES_VARIABLE, Path(__file__).resolve().parent.parent / "studies"))
+STUDIES_DIR = Path(os.environ.get(STUDIES_VARIABLE) or Path(__file__).resolve().parent.parent / "studies")
 
 
 def default_storage() -> str:
@@ -76,7 +76,7 @@ class Options:
     arch: str | None = option(
         None,
         "the GPU architecture to compile for; compile-only unless it is this GPU's (default: this GPU's, "
-        f"else {DEFAULT_ARCH} compile-only)",
+        f"else {DEFAULT_ARCH} compile-only; dispatch, whose table is measured, refuses without a GPU)",
         choices=tuple(ARCHS),
     )
     sweep: str = option(

@@ -15,6 +15,7 @@ same, and the state is fp32 ``[B, H, DK, DV]`` in both; ``cu_seqlens`` packs seq
 fla's does (q, k, v ``[1, T, H, D]``, states ``[N, H, DK, DV]``).
 """
 
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -62,7 +63,13 @@ def decay_attention(
     if scale is None:  # a q that is no tensor is refused with the other checks
         scale = q.shape[-1] ** -0.5 if isinstance(q, torch.Tensor) else 1.0
     alpha, per_head = (float(decay), None) if isinstance(decay, (int, float)) else (1.0, decay)
-    args = (q, k, v, per_head, alpha, float(scale), initial_state, output_final_state, cu_seqlens)
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"scale wants a finite number, got {scale!r}") from None
+    if not math.isfinite(scale):
+        raise ValueError(f"scale wants a finite number, got {scale!r}")
+    args = (q, k, v, per_head, alpha, scale, initial_state, output_final_state, cu_seqlens)
     # Traced (torch.compile, fake or meta tensors): the op, whose fake implementation gives
     # the shapes. Called on real tensors: the same implementation, without the op's dispatch.
     traced = torch.compiler.is_compiling() or (

@@ -54,7 +54,10 @@ def enabled() -> bool:
         return True
     if value in ("", "0", "false", "no", "off"):
         return False
-    raise ValueError(f"{AUTOTUNE_VARIABLE} wants 1 (on) or 0 (off), got {os.environ[AUTOTUNE_VARIABLE]!r}")
+    raise ValueError(
+        f"{AUTOTUNE_VARIABLE} wants 1, true, yes or on (on), or 0, false, no or off (off), "
+        f"got {os.environ[AUTOTUNE_VARIABLE]!r}"
+    )
 
 
 def default_path(gpu: str | None) -> Path:

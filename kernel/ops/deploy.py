@@ -84,7 +84,9 @@ def load_config(
     try:
         saved = Problem.from_dict(data["problem"])
         config = KernelConfig.from_dict(data["configs"][0]["config"])
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+    except KeyError as exc:
+        raise ExportError(f"{path}: malformed entry: no {exc}") from None
+    except (AttributeError, TypeError, ValueError) as exc:
         raise ExportError(f"{path}: malformed entry: {exc}") from None
     problem = problem or saved
     if not allow_mismatch:

@@ -142,7 +142,9 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
             if e.sweep not in SWEEPS:
                 raise ValueError(f"sweep {e.sweep!r}, expected one of {list(SWEEPS)}")
             e.config.check_fits(e.problem)
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+    except KeyError as exc:
+        raise ExportError(f"{path}: malformed entry: no {exc}") from None
+    except (AttributeError, TypeError, ValueError) as exc:
         raise ExportError(f"{path}: malformed entry: {exc}") from None
     if not allow_mismatch:
         check_environment(path, environment)

@@ -120,7 +120,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     opts = options_of(args)
     arch, runs_here = resolve(opts.arch)
     tasks = dispatch_tasks(args, opts, arch)
-    if not runs_here and args.gpus is None:
+    if opts.arch is not None and not runs_here:
         return _explore_shapes(tasks, arch, storage, args.studies_dir)
     names = [default_study_name(p, o.sweep) for p, o in tasks]
     if args.gpus is not None:
@@ -133,6 +133,11 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             )
             return 1
         studies = [load_study(name, storage) for name in names]
+    elif not runs_here:  # a table ranks by measured latency; exploring needs asking for
+        raise UsageError(
+            f"dispatch times its configs and needs a CUDA device (--arch {arch} explores compile-only: "
+            "no table is written)"
+        )
     else:
         studies = [
             _run_and_log(
@@ -184,9 +189,8 @@ def dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[t
 
 
 def _explore_shapes(tasks: list[tuple[Problem, Options]], arch: str, storage: str, studies: Path) -> int:
-    """``dispatch`` for an architecture that is not this GPU's (``--arch``, or the default
-    where there is no GPU): one compile-only study per shape, its best config printed; no
-    table, which ranks by latency."""
+    """``dispatch --arch`` for an architecture that is not this GPU's: one compile-only
+    study per shape, its best config printed; no table, which ranks by latency."""
     from tuner.studies import default_study_name  # loads Optuna
     from tuner.study import Tuner
     from tuner.trials import best_trials, trial_config
