@@ -26,8 +26,11 @@ STATIC_SMEM = 1024  # bytes: TileLang's barriers where it warp-specialises the p
 # at a time and a block's DV columns 32 at a time: DK = 16 to 48 fail its constraints, DK =
 # 80, 96, 112, 160 or 224 find no warp partition, block_dv = 16, 48, 80 or 112 no canonical
 # layout (experiments/cpu/head_sizes/).
+# A block_dv of 256 lays out no state for two consumer warpgroups at chunks of 64 tokens or
+# more ("Layout infer conflict", at DK 64 and 128); 128 threads or 32-token chunks compile it
+# (experiments/cpu/head_sizes/wide.txt).
 # (Here, not in kernel.arch, which keys the kernels' code: what compiles is no part of it.)
-WGMMA_DK, WGMMA_BLOCK_DV = 64, 32
+WGMMA_DK, WGMMA_BLOCK_DV, WGMMA_WIDEST_SHARED = 64, 32, 224
 
 
 def head_size_error(arch: str, dk: int, dv: int) -> str | None:
@@ -46,13 +49,21 @@ def head_size_error(arch: str, dk: int, dv: int) -> str | None:
 
 def block_dv_error(arch: str, dk: int, config: KernelConfig) -> str | None:
     """Why ``arch``'s MMA cannot tile ``config``'s products with block_dv columns, in one
-    line; None where it can. The warpgroup MMA lays block_dv out 32 columns at a time;
+    line; None where it can. The warpgroup MMA lays block_dv out 32 columns at a time, and
+    for two consumer warpgroups at most 224 of them at chunks of 64 tokens or more;
     elsewhere the warps of ``mma.sync`` share the state's DK x block_dv and the output's
     chunk x block_dv in whole 16 x 8 tiles, or TileLang 0.1.15 finds no warp partition
     (experiments/cpu/head_sizes/)."""
     bdv = config.block_dv
     if get_arch(arch).wgmma:
-        return f"block_dv {bdv}: on {arch} a multiple of {WGMMA_BLOCK_DV}" if bdv % WGMMA_BLOCK_DV else None
+        if bdv % WGMMA_BLOCK_DV:
+            return f"block_dv {bdv}: on {arch} a multiple of {WGMMA_BLOCK_DV}"
+        if bdv > WGMMA_WIDEST_SHARED and config.threads > 128 and config.chunk >= 64:
+            return (
+                f"block_dv {bdv}: on {arch} at most {WGMMA_WIDEST_SHARED} where {config.threads} threads "
+                f"share the state of {config.chunk}-token chunks (128 threads or 32-token chunks compile it)"
+            )
+        return None
     warps, columns = config.threads // 32, bdv // 8
     if all(rows // 16 * columns % warps == 0 for rows in (dk, config.chunk)):
         return None

@@ -86,15 +86,16 @@ def test_on_hopper_head_sizes_its_mma_cannot_tile_are_refused_in_one_line(dk, dv
     assert default_config(problem, "sm_80").block_dv % 16 == 0
 
 
-@pytest.mark.parametrize("dk, dv", [(64, 96), (192, 64), (64, 224)])
-def test_the_rule_s_config_compiles_for_hopper_at_head_sizes_off_the_bench(dk, dv):
+@pytest.mark.parametrize("dk, dv, seqlen", [(64, 96, 512), (192, 64, 512), (64, 224, 512), (64, 256, 4096)])
+def test_the_rule_s_config_compiles_for_hopper_at_head_sizes_off_the_bench(dk, dv, seqlen):
     """At 512 tokens the rule halves block_dv (DV = 96 gave 48, which sm_90a's warpgroup MMA
     cannot lay out): on sm_90a it keeps multiples of 32, and the kernels it picks compile,
-    forward and fused sweep."""
+    forward and fused sweep. At DK = 64, DV = 256 its widest block_dv was 256, which two
+    warpgroups cannot lay out (experiments/cpu/head_sizes/wide.txt)."""
     from kernel.config import dkdv_call
     from kernel.resources import Resources, probe
 
-    problem = Problem(1, 2, 512, dk, dv)
+    problem = Problem(1, 2, seqlen, dk, dv)
     config = default_config(problem, "sm_90a", 132)
     assert config.block_dv % 32 == 0
     jobs = [(config, model_call(problem))]
