@@ -162,6 +162,7 @@ def test_a_table_tuned_for_another_architecture_is_refused_in_one_line(tmp_path)
         ["run", "--arch", "banana"],
         ["dispatch", "--arch", "sm_75"],
         ["probe", "--arch", "sm_80,banana"],
+        ["probe", "--arch", ""],
         ["probe", "--arch", "sm_80", "--config", "64/48/2/128"],
     ],
 )

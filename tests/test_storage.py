@@ -170,7 +170,9 @@ def test_read_only_opening_never_creates_a_storage(url, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["../../tmp/evil", "/abs", "a/../../b", "..", "", "a//b", "s/claim/x"])
+@pytest.mark.parametrize(
+    "name", ["../../tmp/evil", "/abs", "a/../../b", "..", "", "a//b", "s/claim/x", "a\nb"]
+)
 def test_a_study_name_leaving_the_studies_folder_is_refused(name, tmp_path):
     with pytest.raises(UsageError, match="study name"):
         export_dir(f"sqlite:///{tmp_path / 'db'}", name, tmp_path)

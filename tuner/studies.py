@@ -26,7 +26,8 @@ def default_study_name(problem: Problem, sweep: str = "forward") -> str:
 
 def check_study_name(name: str) -> str:
     """``name``, or a ``UsageError`` when it is unusable as a folder of the studies folder:
-    one that leaves it, or one under ``STORAGES``, where other storages' studies write."""
+    one that leaves it, one under ``STORAGES``, where other storages' studies write, or one
+    with a character that does not print."""
     parts = name.replace("\\", "/").split("/")
     if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts) or CLAIM_MARK in name:
         raise UsageError(
@@ -38,6 +39,8 @@ def check_study_name(name: str) -> str:
             f"study name {name!r} is reserved: the studies folder's {STORAGES}/ holds the files of "
             "studies in other storages"
         )
+    if not name.isprintable():
+        raise UsageError(f"study name {name!r} holds a character that does not print: it names folders")
     return name
 
 

@@ -30,7 +30,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     problem = problem_of(args)
     given = None if args.config is None else parse_config(args.config, "--config")
-    archs = parse_archs(args.arch) if args.arch else [resolve(None)[0]]
+    archs = [resolve(None)[0]] if args.arch is None else parse_archs(args.arch)
     configs = {arch: given or default_config(problem, arch) for arch in archs}
     for config in configs.values():
         config.check_fits(problem)
