@@ -73,6 +73,12 @@ def block_dv_error(arch: str, dk: int, config: KernelConfig) -> str | None:
     )
 
 
+def tiling_error(arch: str, problem: Problem, config: KernelConfig) -> str | None:
+    """Why ``arch``'s kernels cannot run ``config`` on ``problem``'s head sizes, in one
+    line (``head_size_error``, ``block_dv_error``); None where they can."""
+    return head_size_error(arch, problem.dk, problem.dv) or block_dv_error(arch, problem.dk, config)
+
+
 def preferred_stages(problem: Problem) -> int:
     """The forward's pipeline depth where it fits: 3 up to DK = 128, 1 beyond."""
     return 3 if problem.dk <= MAX_DEEP_DK else 1

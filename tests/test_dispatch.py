@@ -119,6 +119,15 @@ def test_dispatch_loader_refuses_bad_tables(tmp_path):
             ExportError, match=r"dispatch.json: malformed entry"
         ):  # dv 64: block_dv 128 cannot tile
             load_dispatch(dispatch_file(tmp_path, entry, entries=[good | broken]))
+    hopper = {"gpu": "NVIDIA H200", "arch": "sm_90a"}  # even where another environment is allowed:
+    for broken, said in (
+        ({"median_ms": "fast"}, "median_ms 'fast', expected a time in ms"),
+        ({"config": KernelConfig(64, 16, 1, 128).to_dict()}, "block_dv 16: on sm_90a a multiple of 32"),
+        ({"problem": Problem(1, 2, 256, 48, 64).to_dict()}, "on sm_90a the kernels need DK a multiple of 64"),
+    ):
+        bad = dispatch_file(tmp_path, entry, environment=hopper, entries=[good | broken])
+        with pytest.raises(ExportError, match=f"dispatch.json: malformed entry: {said}"):
+            load_dispatch(bad, allow_mismatch=True)
     with pytest.raises(ExportError, match="dispatch.json: malformed environment: 'x'"):
         load_dispatch(dispatch_file(tmp_path, entry, environment="x"), allow_mismatch=True)
     with pytest.raises(ExportError, match="is not a decay-tuner/dispatch file"):

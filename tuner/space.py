@@ -18,7 +18,7 @@ from optuna.distributions import CategoricalDistribution
 from kernel import dkdv
 from kernel.arch import DEFAULT_ARCH, get_arch
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, config_grid, knob_choices
-from kernel.defaults import block_dv_error, default_config, dkdv_config, head_size_error
+from kernel.defaults import default_config, dkdv_config, tiling_error
 from tuner.latency import LatencyModel
 from tuner.occupancy import estimated_figures
 from tuner.options import Options, UsageError
@@ -53,11 +53,8 @@ def violated(
     needs at the least (``KernelConfig.smem_floor``; the fused sweep's,
     ``kernel.dkdv.smem_bytes``) must fit one block of ``arch``; the fused sweep must serve
     the problem on ``arch`` (``kernel.defaults.dkdv_config``); and the head sizes and
-    block_dv must be ones ``arch``'s MMA tiles (``kernel.defaults.head_size_error``,
-    ``block_dv_error``)."""
-    reasons = [reason] if (reason := head_size_error(arch, problem.dk, problem.dv)) else []
-    if reason := block_dv_error(arch, problem.dk, config):
-        reasons.append(reason)
+    block_dv must be ones ``arch``'s MMA tiles (``kernel.defaults.tiling_error``)."""
+    reasons = [reason] if (reason := tiling_error(arch, problem, config)) else []
     limit = get_arch(arch).smem_per_block
     floor = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else config.smem_floor(problem)
     if sweep == "dkdv" and dkdv_config(problem, arch) is None:

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel.arch import ARCHS
 from kernel.builder import ScalarDecayKernel, build, constant_decay
 from kernel.config import SWEEPS, KernelConfig, Problem
-from kernel.defaults import nearest_grid, runs, shorter_pipeline
+from kernel.defaults import nearest_grid, runs, shorter_pipeline, tiling_error
 from kernel.ops.deploy import ExportError, check_environment, read_versioned, saved_environment
 from kernel.ops.inputs import check_qkv
 
@@ -124,8 +125,9 @@ def same_wave(entry: DispatchEntry, problem: Problem) -> KernelConfig | None:
 
 
 def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch:
-    """Read a dispatch table; ``ExportError`` if it is malformed or, unless
-    ``allow_mismatch``, measured in another environment."""
+    """Read a dispatch table; ``ExportError`` if it is malformed (an entry whose config
+    its architecture cannot compile, ``kernel.defaults.tiling_error``, included) or,
+    unless ``allow_mismatch``, measured in another environment."""
     data = read_versioned(path, "dispatch table", DISPATCH_FORMAT, DISPATCH_VERSION, "entries")
     environment = saved_environment(path, data)
     try:
@@ -138,10 +140,16 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
             )
             for e in data["entries"]
         ]
+        arch = (environment or {}).get("arch")
         for e in entries:
             if e.sweep not in SWEEPS:
                 raise ValueError(f"sweep {e.sweep!r}, expected one of {list(SWEEPS)}")
             e.config.check_fits(e.problem)
+            ms = e.median_ms
+            if ms is not None and not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0):
+                raise ValueError(f"median_ms {ms!r}, expected a time in ms")
+            if arch in ARCHS and (reason := tiling_error(arch, e.problem, e.config)):
+                raise ValueError(reason)
     except KeyError as exc:
         raise ExportError(f"{path}: malformed entry: no {exc}") from None
     except (AttributeError, TypeError, ValueError) as exc:
