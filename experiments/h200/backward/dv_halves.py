@@ -9,9 +9,11 @@ split along DV (and the states' DV columns with them)::
 
 each term the backward of a 128/128 problem, which the fused sweep serves (its dq sweep and
 one fused sweep). Whether that is faster is what this measures, at each shape in one
-process: the op's backward as served today (``kernel.ops.attention._backward``) and the
-halves (the same op on contiguous copies of the halves, then the sums and the
-concatenation, all timed), with ``kernel.timing.time_gpu`` (the host queued ahead, L2
+process: the op's backward as served today (``kernel.ops.attention._backward``: three
+sweeps), the halves (the same op on contiguous copies of the halves, then the sums and the
+concatenation, all timed), and ``dq_once``: dq from the one sweep served today (at DK =
+256, DV = 128), dk and dv from the fused sweep on each half (``kernel.ops.backward`` with
+a fused sweep that splits DV), with ``kernel.timing.time_gpu`` (the host queued ahead, L2
 flushed, median), RetNet's decays and scale, bf16. The halves are checked against the op's
 gradients and both against reference E.
 
@@ -72,11 +74,30 @@ def on_gpu(shapes: list[str]) -> None:
     from kernel.environment import environment
     from kernel.ops import serve
     from kernel.ops.attention import _backward
+    from kernel.ops.backward import backward
+    from kernel.ops.serve import kernel_for
     from kernel.timing import time_gpu
     from kernel.validate import random_qkv
 
     def served(q, k, v, do, decay, scale):
         return _backward(q, k, v, do, decay, 1.0, scale, None, None, None)[:3]
+
+    def dq_once(q, k, v, do, decay, scale):
+        b = q.shape[0]
+
+        def sweep(q_, k_, v_, h0, want_final, offsets, reverse):  # no state in or out here
+            p = Problem(b, q_.shape[2], q_.shape[1], q_.shape[-1], v_.shape[-1], "bfloat16")
+            return kernel_for(p, Call(scale, reverse=reverse), b).run(q_, k_, v_, decay)[0], None
+
+        def fused(q_, k_, v_, do_, start, want_final, offsets):
+            half = Problem(b, q_.shape[2], q_.shape[1], q_.shape[-1], HALF, "bfloat16")
+            kern = kernel_for(half, Call(scale, reverse=True, dkdv=True), b)
+            cut = lambda x, i: x[..., i : i + HALF].contiguous()  # noqa: E731
+            cuts = range(0, v_.shape[-1], HALF)
+            parts = [kern.run_dkdv(q_, k_, cut(v_, i), cut(do_, i), decay) for i in cuts]
+            return sum(p[0] for p in parts), torch.cat([p[1] for p in parts], dim=-1), None
+
+        return backward(sweep, q, k, v, do, decay, scale, fused=fused)[:3]
 
     print(json.dumps({"kind": "env", "env": environment()}), flush=True)
     for shape in shapes:
@@ -93,6 +114,7 @@ def on_gpu(shapes: list[str]) -> None:
         runs = {
             "served": lambda: served(q, k, v, do, decay, scale),
             "halves": lambda: halves_backward(served, q, k, v, do, decay, scale),
+            "dq_once": lambda: dq_once(q, k, v, do, decay, scale),
         }
         got = {name: run() for name, run in runs.items()}
         for name, run in runs.items():
