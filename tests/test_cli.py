@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 import torch
 from helpers import (
+    GRID,
     LAYOUT_FAILURE,
     REPO,
     SMALL,
@@ -161,7 +162,7 @@ def test_trials_fits_its_width_and_the_log_keeps_the_whole_reason(tmp_path, caps
     assert len(reason.splitlines()[0]) > 300
     study.add_trial(
         optuna.trial.create_trial(
-            params=space.grid(SMALL_PROBLEM)[2].to_dict(),
+            params=GRID[2].to_dict(),
             distributions=space.distributions(SMALL_PROBLEM),
             state=optuna.trial.TrialState.FAIL,
             user_attrs={"mode": "gpu", "status": "compile_failed", "reason": reason},
@@ -186,7 +187,7 @@ def test_an_uncalibrated_study_says_so_and_shows_its_predicted_ratio(tmp_path, c
     for key, value in (("problem", SMALL_PROBLEM.to_dict()), ("mode", "compile-only"), ("arch", "sm_80")):
         study.set_user_attr(key, value)
     by = "analytic part alone: uncalibrated for sm_80"
-    for config, ratio in zip(space.grid(SMALL_PROBLEM)[:2], (1.5, 1.25)):
+    for config, ratio in zip(GRID[:2], (1.5, 1.25)):
         add_small_trial(
             study, config, ratio, mode="compile-only", status="ok", predicted_x_floor=ratio, predicted_by=by
         )
@@ -201,7 +202,7 @@ def test_an_uncalibrated_study_says_so_and_shows_its_predicted_ratio(tmp_path, c
     study.set_user_attr("arch", "sm_90a")  # ranked where the model file could not be read
     add_small_trial(
         study,
-        space.grid(SMALL_PROBLEM)[2],
+        GRID[2],
         1.75,
         mode="compile-only",
         status="ok",
@@ -570,14 +571,13 @@ def test_best_and_export_rank_each_environment_apart(tmp_path, capsys, monkeypat
     """Workers on two GPU kinds share a study: each environment is ranked on its own, and
     `best` and `export` say which one they report."""
     from kernel.environment import env_key, environment
-    from tuner import space
     from tuner.storage import get_storage
 
     monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
     storage = f"journal:{tmp_path / 'j.log'}"
     h100, h200 = (environment() | {"gpu": gpu} for gpu in ("NVIDIA H100", "NVIDIA H200"))
     study = gpu_study([0.5, 0.3], storage=get_storage(storage), name="mix", env=h100)
-    for config, ms, env in zip(space.grid(SMALL_PROBLEM)[2:5], [0.4, 0.2, 0.9], [h200, h200, environment()]):
+    for config, ms, env in zip(GRID[2:5], [0.4, 0.2, 0.9], [h200, h200, environment()]):
         add_small_trial(
             study, config, ms, mode="gpu", status="ok", environment=env, median_ms=ms, rel_l2=1e-3
         )

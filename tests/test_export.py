@@ -1,12 +1,11 @@
 """tuner.export: a study's best configs as the files a deployment loads."""
 
 import pytest
-from helpers import SMALL_PROBLEM, gpu_study
+from helpers import GRID, SMALL_PROBLEM, gpu_study
 
 from kernel.environment import environment
 from kernel.ops.deploy import load_config, read_export
 from kernel.ops.dispatch import load_dispatch
-from tuner import space
 from tuner.export import export_best, export_dispatch
 
 
@@ -14,7 +13,7 @@ def test_best_configs_are_written_best_first(tmp_path):
     study = gpu_study([0.5, None, 0.2, 0.3], env=environment())
     data = export_best(study, tmp_path / "best.json", top=2)
     assert read_export(tmp_path / "best.json") == data
-    configs = list(space.grid(SMALL_PROBLEM))
+    configs = GRID
     assert [c["trial"] for c in data["configs"]] == [2, 3]
     assert [c["median_ms"] for c in data["configs"]] == [0.2, 0.3]
     assert data["configs"][0]["config"] == configs[2].to_dict()
@@ -35,7 +34,7 @@ def test_dispatch_table_takes_each_studys_best(tmp_path):
     studies = [gpu_study([0.5, 0.2], env=env), gpu_study([0.1, 0.3], env=env)]
     export_dispatch(studies, tmp_path / "dispatch.json")
     table = load_dispatch(tmp_path / "dispatch.json")
-    configs = list(space.grid(SMALL_PROBLEM))
+    configs = GRID
     assert [(e.config, e.median_ms) for e in table.entries] == [(configs[1], 0.2), (configs[0], 0.1)]
 
 
@@ -48,7 +47,7 @@ def test_a_fused_sweep_study_s_best_is_marked_in_the_table(tmp_path):
     data = export_dispatch([forward, fused], tmp_path / "dispatch.json")
     assert ["sweep" in e for e in data["entries"]] == [False, True] and data["entries"][1]["sweep"] == "dkdv"
     table = load_dispatch(tmp_path / "dispatch.json")
-    configs = list(space.grid(SMALL_PROBLEM))
+    configs = GRID
     assert table.pick(SMALL_PROBLEM).config == configs[1] and table.fused(SMALL_PROBLEM) == configs[0]
 
 

@@ -5,7 +5,7 @@ import math
 import optuna
 import pandas as pd
 import pytest
-from helpers import SMALL_PROBLEM, gpu_study
+from helpers import GRID, SMALL_PROBLEM, gpu_study
 
 from kernel import SEED_CONFIG, KernelConfig
 from kernel.trial_schema import EXTRAPOLATED, TRIAL_COLUMNS
@@ -57,10 +57,7 @@ def test_compare_against_yardstick():
     assert summary["gpu_evaluations"] == 3 and summary["yardstick_gpu_evaluations"] == 5
     assert summary["best_over_yardstick"] == pytest.approx(1.025)
     assert summary["gpu_evaluations_to_within_0.05"] == 3  # 0.5, 0.3, then 0.205 (the failure cost no GPU)
-    assert (
-        summary["yardstick_best_config"]
-        == KernelConfig(**list(space.grid(SMALL_PROBLEM))[2].to_dict()).to_dict()
-    )
+    assert summary["yardstick_best_config"] == KernelConfig(**GRID[2].to_dict()).to_dict()
     with pytest.raises(LookupError, match="no feasible, timed trial"):
         compare(trials_frame(gpu_study([None])), grid)
 
@@ -85,7 +82,7 @@ def test_best_orders_configs_tied_at_infinity_by_their_predicted_time():
     study = optuna.create_study()
     dists = space.distributions(SMALL_PROBLEM)
     predicted = [2.3, 1.1, None, 1.4]  # None: a trial that recorded no prediction
-    for config, x in zip(space.grid(SMALL_PROBLEM), predicted):
+    for config, x in zip(GRID, predicted):
         attrs = {"status": "ok", "reason": EXTRAPOLATED} | ({"predicted_x_floor": x} if x else {})
         trial = optuna.trial.create_trial(
             params=config.to_dict(), distributions=dists, value=math.inf, user_attrs=attrs
