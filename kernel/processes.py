@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 PR_SET_PDEATHSIG = 1  # Linux's prctl option: a signal for this process when its parent dies
@@ -84,12 +85,18 @@ class CompilePool(ProcessPoolExecutor):
 @contextlib.contextmanager
 def compile_pool(workers: int) -> Iterator[CompilePool]:
     """A pool of ``workers`` compile processes, which die with this process and leave
-    Ctrl-C to it. On Ctrl-C in the block, queued compiles are cancelled and those in flight
-    are waited for, saying so on stderr; a second Ctrl-C kills them. Either way the
-    ``KeyboardInterrupt`` goes on."""
+    Ctrl-C to it; a ``RuntimeError`` where one of them dies. On Ctrl-C in the block,
+    queued compiles are cancelled and those in flight are waited for, saying so on stderr;
+    a second Ctrl-C kills them. Either way the ``KeyboardInterrupt`` goes on."""
     pool = CompilePool(workers)
     try:
         yield pool
+    except BrokenProcessPool as exc:
+        raise RuntimeError(
+            "a compile process died (killed, or out of memory; where a script compiles at its top "
+            'level, put that under if __name__ == "__main__": the compile processes start by spawn, '
+            "which runs the script's top level again)"
+        ) from exc
     except KeyboardInterrupt:
         for future in list(pool.futures):
             future.cancel()  # those not started yet

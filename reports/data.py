@@ -160,6 +160,12 @@ def _hover(row: dict[str, Any]) -> str:
             f" · spills {num('spill_bytes', ',.0f', ' B')} · smem {num('smem_bytes', ',.0f', ' B')}"
         ),
     ]
+    if isinstance(row.get("predicted_by"), str):  # never a measurement: labelled as predicted
+        lines.insert(
+            3,
+            f"predicted {num('predicted_ms', '.4f', ' ms')}, {num('predicted_x_floor', '.2f', 'x')} floor "
+            f"({num('predicted_low', '.2f')} to {num('predicted_high', '.2f')}) · {row['predicted_by']}",
+        )
     if row.get("violated"):
         lines.append(f"constraint violated: {row['violated']}")
     if isinstance(row.get("reason"), str) and row["reason"]:

@@ -81,7 +81,11 @@ def _pareto_traces(
                 info.untimed,
                 info.x,
                 [untimed_y] * len(info.untimed),
-                "compiled but not timed (drawn at the top)",
+                (
+                    "outside the latency model's knobs (drawn at the top)"
+                    if s.metric == "predicted_rank"
+                    else "compiled but not timed (drawn at the top)"
+                ),
                 marker,
                 legend=legend,
             ),

@@ -86,8 +86,8 @@ def _header(s: Summary, frame: pd.DataFrame, *, archs: bool) -> str:
     )
     where = (
         (
-            f"{env.get('gpu') or 'no GPU'} · TileLang {env.get('tilelang')} · torch {env.get('torch')} · "
-            f"CUDA {env.get('cuda')}"
+            f"{env.get('gpu') or 'no GPU'} · TileLang {env.get('tilelang')} · torch {env.get('torch')}"
+            + (f" · CUDA {env['cuda']}" if env.get("cuda") else "")
         )
         if env
         else "unknown"

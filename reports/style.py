@@ -68,6 +68,7 @@ def value_axis(values: pd.Series) -> dict[str, Any]:
 def short(column: str) -> str:
     return {
         "median_ms": "latency",
+        "predicted_rank": "predicted time",
         "rel_l2": "error",
         "spill_bytes": "spills",
         "smem_bytes": "shared memory",

@@ -1,4 +1,4 @@
-"""kernel.dispatch: the table picks the nearest tuned shape and keeps its grid."""
+"""kernel.ops.dispatch: the table picks the nearest tuned shape and keeps its grid."""
 
 import dataclasses
 import json

@@ -104,3 +104,21 @@ def test_a_terminals_ctrl_c_leaves_the_compilers_in_flight_to_finish(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert out.strip() == "compiled", err
     assert "waiting for 1 compile in flight" in err
+
+
+def test_a_script_that_compiles_at_its_top_level_is_told_to_guard_it(tmp_path):
+    """The compile processes start by spawn, which runs the caller's script again: without
+    ``if __name__ == "__main__":`` each of them dies, and the caller learns why."""
+    script = tmp_path / "unguarded.py"
+    lines = [
+        "from kernel.processes import compile_pool",
+        "with compile_pool(1) as pool:",
+        "    pool.submit(abs, -1).result()",
+    ]
+    script.write_text("\n".join(lines) + "\n")
+    run = subprocess.run(
+        [sys.executable, str(script)], env=child_env(), capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: a compile process died") and 'if __name__ == "__main__":' in last

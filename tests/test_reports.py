@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 from kernel import KernelConfig, Problem
 from kernel.arch import ARCHS
 from kernel.config import SEED_CONFIG, knob_choices
-from kernel.trial_schema import TRIAL_COLUMNS
+from kernel.trial_schema import OUTSIDE, TRIAL_COLUMNS
 from refs import TOLERANCE
 from reports import (
     StudyInfo,
@@ -405,6 +405,31 @@ def test_compile_only_study_reports_resources():
     assert search.importance(frame, info, "smem_bytes").note is None
     top = data.top_configs(frame, s.objectives)
     assert (top.spill_bytes[~top.baseline] == 0).all() and top.speedup.isna().all()
+
+
+def test_a_compile_only_study_with_predictions_plots_them_labelled_as_predictions():
+    """What ``run`` on a CPU records: each compiled config's predicted time, the seed's an
+    extrapolation (outside the model's knobs). The plots are over the prediction, the
+    extrapolations drawn apart and named for what they are; hovering says "predicted"."""
+    trials, info = synthetic_trials(60, mode="compile-only")
+    ok = trials.status == "ok"
+    trials.loc[ok, "predicted_x_floor"] = 1.1 + trials.number[ok] / 100
+    trials.loc[ok, ["predicted_low", "predicted_high"]] = (1.0, 1.5)
+    trials.loc[ok, "predicted_ms"] = 0.14
+    trials.loc[ok, "predicted_by"] = "latency model of NVIDIA H200"
+    trials.loc[trials.number == 0, "predicted_by"] = "latency model of NVIDIA H200" + OUTSIDE
+    frame, info = _report((trials, info))
+    s = data.summary(frame, info)
+    assert s.metric == "predicted_rank" and frame.predicted_rank[frame.number == 0].isna().all()
+    infos = [search.pareto_info(frame, x=r, y=s.metric) for r in data.RESOURCES]
+    names = {t.name for t in figures.resources_figure(infos, s).data}
+    assert "outside the latency model's knobs (drawn at the top)" in names
+    assert not any("not timed" in name for name in names)
+    hover = frame.hover[frame.number == 0].item()
+    assert "predicted 0.1400 ms, 1.10x floor (1.00 to 1.50) · latency model of NVIDIA H200, outside" in hover
+    assert figures.knobs_figure(search.knob_frame(frame, s.metric), s.metric).layout.title.text.startswith(
+        "predicted time"
+    )
 
 
 # Figures, by smoke --------------------------------------------------------------------------

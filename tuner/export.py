@@ -1,5 +1,5 @@
 """A study's results as the files a deployment loads: the best-config file
-(``kernel.ops.deploy``) and the dispatch table (``kernel.dispatch``)."""
+(``kernel.ops.deploy``) and the dispatch table (``kernel.ops.dispatch``)."""
 
 from pathlib import Path
 from typing import Any

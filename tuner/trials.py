@@ -140,9 +140,9 @@ def measured_before(study: optuna.Study, params: dict[str, Any], key: str) -> Fr
 
 
 def trials_frame(study: optuna.Study, *, env: str | None = None) -> pd.DataFrame:
-    """One row per trial with ``kernel.record.TRIAL_COLUMNS``: params, latency, error, resources, status, why
-    it failed, wall time and environment. Missing measurements are NaN/None. ``env``: only
-    the trials measured in that environment (``trial_env_key``)."""
+    """One row per trial with ``kernel.trial_schema.TRIAL_COLUMNS``: params, latency, error,
+    resources, status, why it failed, wall time and environment. Missing measurements are
+    NaN/None. ``env``: only the trials measured in that environment (``trial_env_key``)."""
     rows = []
     for t in study.get_trials(deepcopy=False):
         if env is not None and trial_env_key(t) != env:

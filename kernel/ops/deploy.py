@@ -15,6 +15,7 @@ ranking may not hold here.
 """
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ class ExportError(ValueError):
 def read_versioned(path: str | Path, what: str, fmt: str, version: int, items: str) -> dict[str, Any]:
     """Read a JSON file of format ``fmt`` and ``version`` holding a non-empty ``items``
     list; ``ExportError`` says what is wrong with it."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ExportError(f"a {what} is named by a path (str or Path), got {path!r}")
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

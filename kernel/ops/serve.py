@@ -196,7 +196,9 @@ def warmup_jobs(
     GPU's): the forward of fla's defaults (scale ``DK^-1/2``, no state in; the final state
     returned, or not) dense over the shapes above and packed, and with ``backward`` each
     sweep of their backward. One per compiled kernel (``kernel.variants.shape_generic``):
-    where shapes are symbolic, a few configs for every shape."""
+    where shapes are symbolic, a few configs for every shape. ``ValueError`` for a head
+    count, head sizes or dtype ``Problem`` refuses."""
+    Problem(1, heads, 64, dk, dv, dtype)  # checks them, before any arithmetic on them
     sms = sms or get_arch(arch).sms
     batches = [2**i for i in range(WARMUP_MAX_ROWS.bit_length()) if heads * 2**i <= WARMUP_MAX_ROWS] or [1]
     lengths = sorted(
