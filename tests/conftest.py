@@ -2,6 +2,7 @@
 PostgreSQL server of the session's own."""
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -74,6 +75,12 @@ def postgres() -> Iterator[str]:
     run(bindir / "initdb", "-D", data, "-A", "trust", "-U", "postgres")
     opts = f"-p {port} -k {data.parent} -c listen_addresses=127.0.0.1"
     run(bindir / "pg_ctl", "-D", data, "-o", opts, "-l", data.parent / "log", "-w", "start")
+    # Where this process dies before its teardown (a timeout killed the tests), a watchdog
+    # stops the server and removes its folder: no server outlives the tests.
+    stop = shlex.join(map(str, [*as_user, bindir / "pg_ctl", "-D", data, "-m", "immediate", "stop"]))
+    watch = f"while kill -0 {os.getpid()}; do sleep 1; done; {stop}; rm -rf {shlex.quote(str(data.parent))}"
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    subprocess.Popen(["sh", "-c", watch], start_new_session=True, **quiet)
     yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
     run(bindir / "pg_ctl", "-D", data, "-m", "immediate", "stop")
     shutil.rmtree(data.parent, ignore_errors=True)

@@ -6,6 +6,7 @@ once.
 """
 
 import argparse
+import inspect
 import sys
 import typing
 from collections.abc import Callable
@@ -147,14 +148,19 @@ RESUMES = {
 }
 
 
+def _plain(doc: str | None) -> str:
+    """A docstring as help text: its indentation and its ``literal`` marks gone."""
+    return inspect.cleandoc(doc or "").replace("``", "")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command. Each command's arguments carry ``studies_dir``: the
     folder of the studies' files, ``STUDIES_DIR`` as it is when the parser is built."""
-    parser = _Parser(prog="python -m tuner", description=__doc__, formatter_class=_Help)
+    parser = _Parser(prog="python -m tuner", description=_plain(__doc__), formatter_class=_Help)
     parser.set_defaults(studies_dir=STUDIES_DIR)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     for name, (func, groups) in COMMANDS.items():
-        doc = func.__doc__ or ""
+        doc = _plain(func.__doc__)
         summary = " ".join(doc.split("\n\n")[0].split())
         p = sub.add_parser(name, help=summary, description=doc, formatter_class=_Help)
         p.set_defaults(func=func)
