@@ -48,8 +48,16 @@ def test_unreadable_or_foreign_files_are_export_errors(tmp_path):
         read_export(best_config_file(tmp_path, configs=[]))
     with pytest.raises(ExportError, match="malformed entry"):
         load_config(best_config_file(tmp_path, configs=[{"config": {"chunk": 65}}]))
-    with pytest.raises(ExportError, match="malformed entry"):
-        load_config(best_config_file(tmp_path, problem=None))
+    for changes, said in (
+        ({"problem": None}, "problem is not a JSON object: None"),
+        ({"problem": {"batch": 1, "heads": 2, "seqlen": 64}}, "problem lacks dk, dv"),
+        ({"configs": ["abc"]}, "configs\\[0\\] is not a JSON object: 'abc'"),
+        ({"configs": [{"config": 3}]}, "configs\\[0\\].config is not a JSON object: 3"),
+    ):
+        with pytest.raises(ExportError, match=f"best.json: malformed entry: {said}$"):
+            load_config(best_config_file(tmp_path, **changes), allow_mismatch=True)
+    with pytest.raises(ExportError, match="a best-config file is named by a path .*, got 42"):
+        load_config(42)
     with pytest.raises(ExportError, match="best.json: malformed environment: 'x'"):
         load_config(best_config_file(tmp_path, environment="x"), allow_mismatch=True)
 

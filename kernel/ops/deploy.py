@@ -14,6 +14,7 @@ A file measured elsewhere (another GPU, library, compiler or kernel code: see
 ranking may not hold here.
 """
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -58,6 +59,18 @@ def saved_environment(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:
     return environment
 
 
+def fields(cls: type | None, value: Any, where: str) -> dict[str, Any]:
+    """``value``, a file's JSON object at ``where``, holding every field ``cls`` (a
+    dataclass) needs; else ``ValueError`` naming what it lacks."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} is not a JSON object: {value!r}"[:200])
+    needed = dataclasses.fields(cls) if cls is not None else ()
+    missing = [f.name for f in needed if f.default is dataclasses.MISSING and f.name not in value]
+    if missing:
+        raise ValueError(f"{where} lacks {', '.join(missing)}")
+    return value
+
+
 def read_export(path: str | Path) -> dict[str, Any]:
     """Read and check a best-config file; ``ExportError`` says what is wrong with it."""
     return read_versioned(path, "best-config file", FORMAT, VERSION, "configs")
@@ -85,11 +98,10 @@ def load_config(
         )
     environment = saved_environment(path, data)
     try:
-        saved = Problem.from_dict(data["problem"])
-        config = KernelConfig.from_dict(data["configs"][0]["config"])
-    except KeyError as exc:
-        raise ExportError(f"{path}: malformed entry: no {exc}") from None
-    except (AttributeError, TypeError, ValueError) as exc:
+        saved = Problem.from_dict(fields(Problem, data.get("problem"), "problem"))
+        first = fields(None, data["configs"][0], "configs[0]")
+        config = KernelConfig.from_dict(fields(KernelConfig, first.get("config"), "configs[0].config"))
+    except (TypeError, ValueError) as exc:
         raise ExportError(f"{path}: malformed entry: {exc}") from None
     problem = problem or saved
     if not allow_mismatch:

@@ -10,7 +10,7 @@ from kernel.arch import ARCHS
 from kernel.builder import ScalarDecayKernel, build, constant_decay
 from kernel.config import SWEEPS, KernelConfig, Problem
 from kernel.defaults import nearest_grid, runs, shorter_pipeline, tiling_error
-from kernel.ops.deploy import ExportError, check_environment, read_versioned, saved_environment
+from kernel.ops.deploy import ExportError, check_environment, fields, read_versioned, saved_environment
 from kernel.ops.inputs import check_qkv
 
 DISPATCH_FORMAT = "decay-tuner/dispatch"
@@ -131,14 +131,15 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
     data = read_versioned(path, "dispatch table", DISPATCH_FORMAT, DISPATCH_VERSION, "entries")
     environment = saved_environment(path, data)
     try:
+        found = [fields(None, e, f"entries[{i}]") for i, e in enumerate(data["entries"])]
         entries = [
             DispatchEntry(
-                Problem.from_dict(e["problem"]),
-                KernelConfig.from_dict(e["config"]),
+                Problem.from_dict(fields(Problem, e.get("problem"), f"entries[{i}].problem")),
+                KernelConfig.from_dict(fields(KernelConfig, e.get("config"), f"entries[{i}].config")),
                 e.get("median_ms"),
                 e.get("sweep", "forward"),
             )
-            for e in data["entries"]
+            for i, e in enumerate(found)
         ]
         arch = (environment or {}).get("arch")
         for e in entries:
@@ -150,9 +151,7 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
                 raise ValueError(f"median_ms {ms!r}, expected a time in ms")
             if arch in ARCHS and (reason := tiling_error(arch, e.problem, e.config)):
                 raise ValueError(reason)
-    except KeyError as exc:
-        raise ExportError(f"{path}: malformed entry: no {exc}") from None
-    except (AttributeError, TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:
         raise ExportError(f"{path}: malformed entry: {exc}") from None
     if not allow_mismatch:
         check_environment(path, environment)
