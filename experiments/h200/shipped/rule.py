@@ -33,7 +33,9 @@ def legacy_config(problem: Problem, sms: int) -> KernelConfig:
     return min(runnable, key=lambda c: (abs(math.log2(c.blocks(problem) / sms)), c.segments))
 
 
-def main(paths: list[str]) -> None:
+def timings(paths: list[str]) -> tuple[dict[tuple, dict[str, float]], int]:
+    """The sweeps' timings, (DK, DV, dtype, sweep, B, H, S) -> config label -> median ms,
+    and the SMs of their GPU."""
     times: dict[tuple, dict[str, float]] = {}
     sms = 132
     for path in paths:
@@ -44,6 +46,11 @@ def main(paths: list[str]) -> None:
             if row["kind"] == "time" and "median_ms" in row:
                 key = (row["dk"], row["dv"], row["dtype"], row["sweep"], row["b"], row["h"], row["s"])
                 times.setdefault(key, {})[row["config"]] = row["median_ms"]
+    return times, sms
+
+
+def main(paths: list[str]) -> None:
+    times, sms = timings(paths)
     groups: dict[tuple, dict[str, list]] = {}
     for key, timed in sorted(times.items()):
         dk, dv, dtype, sweep, b, h, s = key

@@ -22,12 +22,12 @@ also holds on shapes it was not chosen on (the few-sequence sweep of
 
 import contextlib
 import dataclasses
-import json
 import math
 import statistics
 import sys
 from collections.abc import Iterator
-from pathlib import Path
+
+from rule import timings
 
 import kernel.defaults
 from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
@@ -63,20 +63,6 @@ def segments_by(choose) -> Iterator[None]:
         yield
     finally:
         kernel.defaults.nearest_grid = kept
-
-
-def timings(paths: list[str]) -> tuple[dict[tuple, dict[str, float]], int]:
-    times: dict[tuple, dict[str, float]] = {}
-    sms = 132
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            row = json.loads(line)
-            if row["kind"] == "env":
-                sms = row["sms"]
-            if row["kind"] == "time" and "median_ms" in row:
-                key = (row["dk"], row["dv"], row["dtype"], row["sweep"], row["b"], row["h"], row["s"])
-                times.setdefault(key, {})[row["config"]] = row["median_ms"]
-    return times, sms
 
 
 def ratios(times: dict[tuple, dict[str, float]], sms: int) -> dict[tuple, float | None]:
