@@ -31,7 +31,7 @@ RESOURCES = (
 # ratio to the HBM floor, its interval, the time in ms where calibrated, and by what.
 PREDICTED = ("predicted_x_floor", "predicted_low", "predicted_high", "predicted_ms", "predicted_by")
 # Ends ``predicted_by`` where the config's knobs or head sizes are outside those the model
-# was fitted to: an extrapolation, which a compile-only study does not rank.
+# was fitted to: an extrapolation, which a compile-only study ranks after the configs it covers.
 OUTSIDE = ", outside the knobs it was fitted to"
 # The reason of such a compile-only trial: its objective is infinite, and only the predicted
 # time orders it among its like (``tuner.trials.best_trials``).

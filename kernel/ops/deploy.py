@@ -59,16 +59,23 @@ def saved_environment(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:
     return environment
 
 
-def fields(cls: type | None, value: Any, where: str) -> dict[str, Any]:
-    """``value``, a file's JSON object at ``where``, holding every field ``cls`` (a
-    dataclass) needs; else ``ValueError`` naming what it lacks."""
+def json_object(value: Any, where: str) -> dict[str, Any]:
+    """``value``, a file's entry at ``where``, if it is a JSON object; else ``ValueError``."""
     if not isinstance(value, dict):
         raise ValueError(f"{where} is not a JSON object: {value!r}"[:200])
-    needed = dataclasses.fields(cls) if cls is not None else ()
-    missing = [f.name for f in needed if f.default is dataclasses.MISSING and f.name not in value]
+    return value
+
+
+def fields(cls: type, value: Any, where: str) -> dict[str, Any]:
+    """``value``, a file's JSON object at ``where``, holding every field the dataclass
+    ``cls`` has no default for; else ``ValueError`` naming what it lacks."""
+    found = json_object(value, where)
+    missing = [
+        f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in found
+    ]
     if missing:
         raise ValueError(f"{where} lacks {', '.join(missing)}")
-    return value
+    return found
 
 
 def read_export(path: str | Path) -> dict[str, Any]:
@@ -99,7 +106,7 @@ def load_config(
     environment = saved_environment(path, data)
     try:
         saved = Problem.from_dict(fields(Problem, data.get("problem"), "problem"))
-        first = fields(None, data["configs"][0], "configs[0]")
+        first = json_object(data["configs"][0], "configs[0]")
         config = KernelConfig.from_dict(fields(KernelConfig, first.get("config"), "configs[0].config"))
     except (TypeError, ValueError) as exc:
         raise ExportError(f"{path}: malformed entry: {exc}") from None

@@ -10,7 +10,14 @@ from kernel.arch import ARCHS
 from kernel.builder import ScalarDecayKernel, build, constant_decay
 from kernel.config import SWEEPS, KernelConfig, Problem
 from kernel.defaults import nearest_grid, runs, shorter_pipeline, tiling_error
-from kernel.ops.deploy import ExportError, check_environment, fields, read_versioned, saved_environment
+from kernel.ops.deploy import (
+    ExportError,
+    check_environment,
+    fields,
+    json_object,
+    read_versioned,
+    saved_environment,
+)
 from kernel.ops.inputs import check_qkv
 
 DISPATCH_FORMAT = "decay-tuner/dispatch"
@@ -131,7 +138,7 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
     data = read_versioned(path, "dispatch table", DISPATCH_FORMAT, DISPATCH_VERSION, "entries")
     environment = saved_environment(path, data)
     try:
-        found = [fields(None, e, f"entries[{i}]") for i, e in enumerate(data["entries"])]
+        found = [json_object(e, f"entries[{i}]") for i, e in enumerate(data["entries"])]
         entries = [
             DispatchEntry(
                 Problem.from_dict(fields(Problem, e.get("problem"), f"entries[{i}].problem")),
