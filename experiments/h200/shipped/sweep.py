@@ -19,8 +19,10 @@ its backward. Each line is a JSON object: ``env``,
 the seconds since the sweep started (where a sweep's time goes).
 """
 
+import dataclasses
 import json
 import math
+import os
 import sys
 import time
 
@@ -40,6 +42,9 @@ from kernel.validate import check, random_qkv
 # argument names other shapes (kernels compile per head count).
 SHAPES = [(b, 16, s) for b in (1, 4, 16, 32) for s in (512, 2048, 8192, 32768, 65536) if b * s <= 2**18]
 MIN_WAVES, MAX_WAVES = 0.4, 5.0  # blocks per SM a segment count may give at a shape
+# SWEEP_SEGMENTS=1: only the rule's configs at each segment count (the knob the rule's
+# segment count chooses; a short device call)
+SEGMENTS_ONLY = os.environ.get("SWEEP_SEGMENTS") == "1"
 
 
 START = time.time()
@@ -82,14 +87,15 @@ def main(heads: list[tuple[int, int]], dtype: str, shapes: list[tuple[int, int, 
     for dk, dv in heads:
         for b, h, s in shapes:
             p = Problem(b, h, s, dk, dv, dtype)
-            forward = {c for base in bases(dk, dv) for c in splits(base, p, sms)} | {
-                default_config(p, "sm_90a", sms),
-                legacy_config(p, sms),
-            }
+            rule = default_config(p, "sm_90a", sms)
+            candidates = [dataclasses.replace(rule, segments=1)] if SEGMENTS_ONLY else bases(dk, dv)
+            forward = {c for base in candidates for c in splits(base, p, sms)} | {rule, legacy_config(p, sms)}
             plan += [(p, c, model_call(p), "forward") for c in sorted(forward, key=lambda c: c.label)]
-            fused = {c for base in dkdv_bases(p) for c in splits(base, p, sms)} | {
-                dkdv_config(p, "sm_90a", sms)
-            }
+            fused_rule = dkdv_config(p, "sm_90a", sms)
+            fused_bases = dkdv_bases(p)
+            if SEGMENTS_ONLY and fused_rule:
+                fused_bases = [dataclasses.replace(fused_rule, segments=1)]
+            fused = {c for base in fused_bases for c in splits(base, p, sms)} | {fused_rule}
             plan += [(p, c, dkdv_call(p), "dkdv") for c in sorted(fused - {None}, key=lambda c: c.label)]
     kernels = {}  # (dk, dv, heads, config, sweep, ragged) -> a job to compile
     for p, c, call, sweep in plan:
