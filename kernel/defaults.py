@@ -11,8 +11,8 @@ import dataclasses
 import math
 
 from kernel import dkdv
-from kernel.arch import get_arch
-from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
+from kernel.arch import DEFAULT_ARCH, get_arch
+from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem, knob_choices
 
 # The family that won across shapes on the H200: 64-token chunks (32 where 64 does not fit
 # the shared memory), 256 threads, scores in shared memory.
@@ -77,6 +77,66 @@ def tiling_error(arch: str, problem: Problem, config: KernelConfig) -> str | Non
     """Why ``arch``'s kernels cannot run ``config`` on ``problem``'s head sizes, in one
     line (``head_size_error``, ``block_dv_error``); None where they can."""
     return head_size_error(arch, problem.dk, problem.dv) or block_dv_error(arch, problem.dk, config)
+
+
+def knobs(problem: Problem, sweep: str = "forward") -> dict[str, tuple]:
+    """Knob name -> the values the kernels take, in ``KernelConfig``'s field order: the
+    knob table of ``kernel.config`` for this problem's DV (the forward), or the fused dk and
+    dv sweep's, whose design (``kernel.dkdv``) fixes its chunk (64: wgmma's rows), its
+    threads (256: the ``[DK, DV]`` state in registers), its block_dv (DV: the whole state in
+    one block) and its scores (in shared memory), and leaves its stages and segments free.
+    The search space (``tuner.space``) is this table."""
+    table = knob_choices(problem.dv)
+    if sweep == "dkdv":
+        fused = {
+            "chunk": (dkdv.CHUNK,),
+            "block_dv": (problem.dv,),
+            "num_stages": (1, 2),
+            "threads": (dkdv.THREADS,),
+            "scores": ("smem",),
+        }
+        return {name: fused.get(name, values) for name, values in table.items()}
+    return table
+
+
+def violated(
+    problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH, sweep: str = "forward"
+) -> list[str]:
+    """Why ``config`` may not run ``problem`` on ``arch``, one reason per broken
+    restriction: it must tile the problem (``KernelConfig.check_fits``), its pipeline may
+    be no deeper than the chunks of one segment it overlaps, and the shared memory it
+    needs at the least (``KernelConfig.smem_floor``; the fused sweep's,
+    ``kernel.dkdv.smem_bytes``) must fit one block of ``arch``; the fused sweep must serve
+    the problem on ``arch`` (``dkdv_config``); and the head sizes and block_dv must be ones
+    ``arch``'s MMA tiles (``tiling_error``). Cheap: no compile."""
+    reasons = [reason] if (reason := tiling_error(arch, problem, config)) else []
+    limit = get_arch(arch).smem_per_block
+    floor = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else config.smem_floor(problem)
+    if sweep == "dkdv" and dkdv_config(problem, arch) is None:
+        reasons.append(
+            f"the fused dk and dv sweep does not serve DK x DV = {problem.dk} x {problem.dv} on {arch}"
+        )
+    if floor > limit:
+        reasons.append(f"shared memory: at least {floor} B, over {arch}'s {limit} B per block")
+    try:
+        config.check_fits(problem)
+    except ValueError as exc:
+        reasons.append(str(exc))
+    if not config.pipeline_fits(problem):
+        chunks = config.segment_length(problem.seqlen) // config.chunk
+        reasons.append(f"num_stages={config.num_stages} is deeper than the {chunks} chunk(s) of a segment")
+    return reasons
+
+
+def config_error(problem: Problem, config: KernelConfig, arch: str, sweep: str = "forward") -> str | None:
+    """Why ``config``, read from a file, may not serve ``problem`` on ``arch``, in one line:
+    a knob the kernels do not take (``knobs``: no such kernel was ever compiled or checked)
+    or a broken restriction (``violated``); None where it may."""
+    if reasons := violated(problem, config, arch, sweep):
+        return f"config {config.label} on {arch}: {'; '.join(reasons)}"
+    table = knobs(problem, sweep)
+    outside = {k: v for k, v in config.to_dict().items() if v not in table[k]}
+    return f"config {config.label}: {outside} outside the kernels' knobs {table}" if outside else None
 
 
 def preferred_stages(problem: Problem) -> int:

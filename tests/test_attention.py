@@ -5,9 +5,10 @@ import math
 
 import pytest
 import torch
+from helpers import dispatch_file
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from kernel.config import Call, Problem
+from kernel.config import Call, KernelConfig, Problem
 from kernel.ops.attention import decay_attention
 
 
@@ -142,8 +143,23 @@ def test_warmup_holds_the_kernel_of_every_call_of_its_head_size(heads, dk, dv):
             assert (shape_generic(job[0], job[1], arch), job[1], job[2]) in warmed, (p, call, job)
 
 
-def test_warmup_refuses_an_architecture_that_compiles_per_shape(capsys):
+def test_warmup_refuses_an_architecture_that_compiles_per_shape_and_a_table_of_another(capsys, tmp_path):
+    """The CLI and the Python function alike, before any compile: an architecture with no
+    set of kernels to warm, counts that are no counts, and a table tuned for another
+    architecture than the one compiled for (one line, exit 2)."""
+    from kernel.ops.serve import warmup, warmup_jobs
     from tuner.cli import main
 
     assert main(["warmup", "--arch", "sm_80"]) == 2
     assert "compiled per shape" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="on sm_80 the kernels are compiled per shape"):
+        warmup_jobs(16, 128, 128, "float16", backward=False, arch="sm_80")
+    with pytest.raises(ValueError, match="sms wants a positive number of SMs, got -5"):
+        warmup_jobs(16, 128, 128, "float16", backward=False, arch="sm_90a", sms=-5)
+    with pytest.raises(ValueError, match="workers wants a positive number of processes, got 0"):
+        warmup(16, 128, 128, "float16", backward=False, arch="sm_90a", workers=0)
+    hopper = dispatch_file(tmp_path, [(Problem(1, 4, 4096, 64, 64), KernelConfig(64, 64, 2, 256))])
+    args = ["warmup", "--heads", "4", "--dk", "64", "--dv", "64", "--dispatch", str(hopper)]
+    assert main([*args, "--arch", "sm_100a"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "was tuned for sm_90a, this machine is sm_100a" in err, err

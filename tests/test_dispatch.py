@@ -9,6 +9,7 @@ import torch
 from helpers import DATA, SMALL_PROBLEM, best_config_file, dispatch_file
 
 from kernel import KernelConfig, Problem
+from kernel.environment import environment
 from kernel.ops.deploy import ExportError
 from kernel.ops.dispatch import DispatchEntry, load_dispatch, same_wave
 
@@ -102,11 +103,15 @@ def test_the_committed_table_serves_untuned_shapes_the_segment_count_measured_be
 
 def test_dispatch_loader_refuses_bad_tables(tmp_path):
     entry = [(SMALL_PROBLEM, KernelConfig(64, 64, 1, 128))]
+    here = environment()
     with pytest.raises(ExportError, match="another environment"):
-        load_dispatch(dispatch_file(tmp_path, entry, environment={"gpu": "NVIDIA H200"}))
+        load_dispatch(dispatch_file(tmp_path, entry, environment=here | {"gpu": "NVIDIA H200"}))
     assert load_dispatch(
-        dispatch_file(tmp_path, entry, environment={"gpu": "x"}), allow_mismatch=True
+        dispatch_file(tmp_path, entry, environment=here | {"gpu": "x"}), allow_mismatch=True
     ).entries
+    for unknown in ({"gpu": "x"}, None, {"arch": "sm_91"}, {"capability": "7.0"}):  # never served
+        with pytest.raises(ExportError, match="does not say which architecture it was tuned for"):
+            load_dispatch(dispatch_file(tmp_path, entry, environment=unknown), allow_mismatch=True)
     with pytest.raises(ExportError, match="version"):
         load_dispatch(dispatch_file(tmp_path, entry, version=2))
     with pytest.raises(ExportError, match="holds no entries"):
@@ -124,14 +129,36 @@ def test_dispatch_loader_refuses_bad_tables(tmp_path):
         ({"median_ms": "fast"}, "median_ms 'fast', expected a time in ms"),
         ({"config": KernelConfig(64, 16, 1, 128).to_dict()}, "block_dv 16: on sm_90a a multiple of 32"),
         ({"problem": Problem(1, 2, 256, 48, 64).to_dict()}, "on sm_90a the kernels need DK a multiple of 64"),
+        # a config no study compiled: over the shared memory of a block, outside the knobs,
+        # or with a knob left out (not filled in with a default)
+        (
+            {
+                "problem": Problem(8, 16, 4096, 256, 256).to_dict(),
+                "config": KernelConfig(128, 128, 4).to_dict(),
+            },
+            "shared memory: at least 294912 B, over sm_90a's",
+        ),
+        (
+            {"config": KernelConfig(64, 64, 1, 1024).to_dict()},
+            r"\{'threads': 1024\} outside the kernels' knobs",
+        ),
+        (
+            {"config": {"chunk": 64, "block_dv": 64, "num_stages": 1, "scores": "smem"}},
+            "config lacks threads",
+        ),
+        ({"problem": SMALL_PROBLEM.to_dict() | {"batch": 10**400}}, "has a size over 2147483647"),
     ):
         bad = dispatch_file(tmp_path, entry, environment=hopper, entries=[good | broken])
-        with pytest.raises(ExportError, match=f"dispatch.json: malformed entry: {said}"):
+        with pytest.raises(ExportError, match=f"dispatch.json: malformed entry: .*{said}"):
             load_dispatch(bad, allow_mismatch=True)
     with pytest.raises(ExportError, match="dispatch.json: malformed environment: 'x'"):
         load_dispatch(dispatch_file(tmp_path, entry, environment="x"), allow_mismatch=True)
     with pytest.raises(ExportError, match="is not a decay-tuner/dispatch file"):
         load_dispatch(best_config_file(tmp_path))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ExportError, match="cannot read dispatch table .*deep.json"):
+        load_dispatch(deep)
 
 
 def test_a_table_written_with_one_alpha_serves_every_decay(tmp_path):

@@ -4,36 +4,36 @@ from helpers import SMALL_PROBLEM
 
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.config import SEGMENT_COUNTS
-from kernel.defaults import default_config
+from kernel.defaults import default_config, knobs, violated
 from tuner import space
 
 SHALLOW = "num_stages={} is deeper than the {} chunk(s) of a segment"
 
 
 def test_space_table_and_restrictions():
-    table = space.choices(Problem(1, 1, 64, 128, 96))
+    table = knobs(Problem(1, 1, 64, 128, 96))
     assert table["block_dv"] == (16, 32, 48, 96)
     assert table["scores"] == ("smem", "regs")
     assert table["segments"][0] == 1  # the single-pass kernel, then the sequence-split variant
     assert len(list(space.grid(SMALL_PROBLEM))) == 3 * 3 * 4 * 2 * 2 * len(SEGMENT_COUNTS)
     short = Problem(1, 1, 40, 64, 64)  # one chunk of 64: a 2-stage pipeline has nothing to overlap
-    assert space.violated(short, KernelConfig(64, 32, 2, 128)) == [SHALLOW.format(2, 1)]
-    assert space.violated(short, KernelConfig(32, 32, 2, 128)) == []
-    assert space.violated(short, KernelConfig(32, 32, 1, 128, segments=2)) == []  # 32 + 8 tokens
-    assert space.violated(short, KernelConfig(32, 32, 1, 128, segments=4)) == []  # rounds to 2 segments
-    assert space.violated(short, KernelConfig(64, 32, 1, 128, segments=2)) == [
+    assert violated(short, KernelConfig(64, 32, 2, 128)) == [SHALLOW.format(2, 1)]
+    assert violated(short, KernelConfig(32, 32, 2, 128)) == []
+    assert violated(short, KernelConfig(32, 32, 1, 128, segments=2)) == []  # 32 + 8 tokens
+    assert violated(short, KernelConfig(32, 32, 1, 128, segments=4)) == []  # rounds to 2 segments
+    assert violated(short, KernelConfig(64, 32, 1, 128, segments=2)) == [
         "segments=2 of whole 64-token chunks leave one segment for seqlen=40: "
         "use segments=1 (the single-pass kernel)"
     ]
     # 4096 tokens: 8 segments hold 8 chunks of 64 each; 16 segments, 2 chunks of 128, too few for 4 stages
     long = Problem(1, 1, 4096, 64, 64)
-    assert space.violated(long, KernelConfig(64, 32, 4, 128, segments=8)) == []
-    assert space.violated(long, KernelConfig(128, 32, 4, 128, segments=16)) == [SHALLOW.format(4, 2)]
+    assert violated(long, KernelConfig(64, 32, 4, 128, segments=8)) == []
+    assert violated(long, KernelConfig(128, 32, 4, 128, segments=16)) == [SHALLOW.format(4, 2)]
 
 
 def test_every_broken_restriction_is_a_reason():
     narrow = Problem(1, 1, 64, 64, 32)  # block_dv 64 cannot tile DV = 32, nor 2 stages one chunk
-    assert space.violated(narrow, KernelConfig(64, 64, 2, 128)) == [
+    assert violated(narrow, KernelConfig(64, 64, 2, 128)) == [
         "block_dv must divide dv: dv=32 is not a multiple of block_dv=64",
         SHALLOW.format(2, 1),
     ]
@@ -55,7 +55,7 @@ def test_wave_seeds_launch_about_one_wave_and_are_allowed():
     for problem, width in ((Problem(3, 5, 3000, 128, 256), 128), (Problem(1, 2, 256, 64, 64), 32)):
         seeds = space.wave_seeds(problem)
         assert all(c.block_dv == width for c in seeds)
-        assert all(space.violated(problem, c) == [] for c in seeds)
+        assert all(violated(problem, c) == [] for c in seeds)
     # the one-wave count (64 segments) would leave no pipeline: the rule's runnable count leads
     short = Problem(1, 2, 256, 64, 64)
     assert (
@@ -71,12 +71,11 @@ def test_hopper_refuses_before_any_compile_what_its_mma_cannot_tile():
     DV = 48, where the seed's block_dv of 32 is no choice, does not enqueue it."""
     problem = Problem(1, 2, 512, 64, 96)
     narrow = KernelConfig(64, 48, 1, 256, "smem")
-    assert space.violated(problem, narrow, "sm_90a") == ["block_dv 48: on sm_90a a multiple of 32"]
-    assert space.violated(problem, narrow, "sm_80") == []
+    assert violated(problem, narrow, "sm_90a") == ["block_dv 48: on sm_90a a multiple of 32"]
+    assert violated(problem, narrow, "sm_80") == []
     odd = Problem(1, 2, 512, 96, 64)
     assert any(
-        "DK a multiple of 64" in r
-        for r in space.violated(odd, KernelConfig(64, 64, 1, 256, "smem"), "sm_90a")
+        "DK a multiple of 64" in r for r in violated(odd, KernelConfig(64, 64, 1, 256, "smem"), "sm_90a")
     )
     assert space.outside_space(Problem(1, 2, 256, 32, 48), SEED_CONFIG) == {"block_dv": 32}
 
@@ -84,7 +83,7 @@ def test_hopper_refuses_before_any_compile_what_its_mma_cannot_tile():
 def test_ampere_refuses_before_any_compile_what_its_warps_cannot_tile():
     problem = Problem(1, 2, 512, 48, 64)
     narrow = KernelConfig(64, 32, 1, 256, "smem")
-    (reason,) = space.violated(problem, narrow, "sm_80")
+    (reason,) = violated(problem, narrow, "sm_80")
     assert reason.startswith("block_dv 32: 8 warps cannot share its products with DK = 48")
-    assert space.violated(problem, KernelConfig(64, 64, 1, 256, "smem"), "sm_80") == []
-    assert space.violated(Problem(1, 2, 512, 64, 64), KernelConfig(32, 16, 1, 256, "regs"), "sm_80")
+    assert violated(problem, KernelConfig(64, 64, 1, 256, "smem"), "sm_80") == []
+    assert violated(Problem(1, 2, 512, 64, 64), KernelConfig(32, 16, 1, 256, "regs"), "sm_80")

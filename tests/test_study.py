@@ -17,6 +17,7 @@ import pytest
 from helpers import LAYOUT_FAILURE, SMALL, SMALL_PROBLEM, child_env, run_small
 
 from kernel import SEED_CONFIG, KernelConfig, Problem
+from kernel.defaults import knobs, violated
 from kernel.ops.deploy import ExportError, load_config, read_export
 from tuner import space
 from tuner.latency import latency_model
@@ -255,7 +256,7 @@ def test_workers_started_with_one_seed_propose_different_configs(tmp_path):
 
 def test_the_fused_sweep_is_tuned_in_its_own_study(tmp_path, studies_dir):
     """``run --sweep dkdv``: a compile-only study of the backward's fused dk and dv sweep.
-    Its trials take the sweep's own knobs (``space.choices(.., "dkdv")``), its first ones
+    Its trials take the sweep's own knobs (``knobs(.., "dkdv")``), its first ones
     are ``dkdv_config``'s pick and its neighbours (no seed config: that is a forward's), the
     probe compiles the fused sweep (its shared memory, not a forward's), and the study
     refuses a forward run."""
@@ -298,22 +299,20 @@ def test_the_fused_sweep_s_space():
     from kernel.defaults import dkdv_config
 
     long = Problem(2, 16, 16384, 128, 128)
-    table = space.choices(long, "dkdv")
+    table = knobs(long, "dkdv")
     assert (
         table["num_stages"] == (1, 2)
         and table["block_dv"] == (128,)
-        and table["segments"] == space.choices(long)["segments"]
+        and table["segments"] == knobs(long)["segments"]
     )
     assert space.grid(long, "dkdv") == [
         KernelConfig(64, 128, stages, 256, "smem", n) for stages in (1, 2) for n in table["segments"]
     ]
     seeds = space.wave_seeds(long, sms=132, sweep="dkdv")
     assert seeds[0] == dkdv_config(long, "sm_90a", 132) and [c.segments for c in seeds] == [4, 2, 8]
-    assert space.violated(long, seeds[0], "sm_80", "dkdv")[0].startswith(
-        "the fused dk and dv sweep does not serve"
-    )
+    assert violated(long, seeds[0], "sm_80", "dkdv")[0].startswith("the fused dk and dv sweep does not serve")
     big = Problem(1, 1, 64, 256, 256)
-    assert any("does not serve" in r for r in space.violated(big, space.grid(big, "dkdv")[0], sweep="dkdv"))
+    assert any("does not serve" in r for r in violated(big, space.grid(big, "dkdv")[0], sweep="dkdv"))
     assert space.wave_seeds(big, sweep="dkdv") == []
 
 

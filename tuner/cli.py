@@ -203,9 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument(
         "--arch", choices=list(ARCHS), help="the architecture to compile for; default: this GPU's"
     )
-    warm.add_argument("--dispatch", help="a dispatch table whose configs to compile (default: the rule's)")
     warm.add_argument(
-        "--allow-mismatch", action="store_true", help="use a dispatch table measured in another environment"
+        "--dispatch",
+        help="a dispatch table whose configs to compile, refused if tuned for another architecture "
+        "(default: the table a process serves, DECAY_TUNER_TABLE's or the shipped one, else the rule)",
     )
     warm.add_argument("--workers", type=int, help="compile processes (default: one per CPU core)")
     model = sub.choices["model"]

@@ -3,7 +3,7 @@
 import optuna
 
 from kernel.config import Problem
-from tuner import space
+from kernel.defaults import knobs
 from tuner.options import SAMPLERS, UsageError
 
 
@@ -23,7 +23,5 @@ def make_sampler(
             raise UsageError("the gp sampler needs scipy: pip install scipy") from None
         return optuna.samplers.GPSampler(seed=seed)
     if name == "grid":
-        return optuna.samplers.GridSampler(
-            {k: list(v) for k, v in space.choices(problem, sweep).items()}, seed=seed
-        )
+        return optuna.samplers.GridSampler({k: list(v) for k, v in knobs(problem, sweep).items()}, seed=seed)
     raise UsageError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")

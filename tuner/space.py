@@ -1,4 +1,5 @@
-"""The search space: one table of choices derived from the problem, plus named restrictions.
+"""The search space: the kernels' knobs for the problem (``kernel.defaults.knobs``), plus
+named restrictions (``kernel.defaults.violated``).
 
 Restrictions are cheap predicates on a config, checked before any compile. Everything the
 compiler decides (layout failures, spills, shared memory) is left to the probe, which
@@ -6,76 +7,28 @@ records it as a value.
 
 Two kernels are tuned (``sweep``): the forward (``"forward"``, every knob of
 ``kernel.config``), and the backward's fused dk and dv sweep (``"dkdv"``, ``kernel.dkdv``),
-whose design fixes its chunk (64: wgmma's rows), its threads (256: the ``[DK, DV]`` state
-in registers), its block_dv (DV: the whole state in one block) and its scores (in shared
-memory), and leaves its stages and its segments to tune.
+whose design fixes all its knobs but its stages and its segments.
 """
 
 import dataclasses
 
 from optuna.distributions import CategoricalDistribution
 
-from kernel import dkdv
 from kernel.arch import DEFAULT_ARCH, get_arch
-from kernel.config import SEED_CONFIG, KernelConfig, Problem, config_grid, knob_choices
-from kernel.defaults import default_config, dkdv_config, tiling_error
+from kernel.config import SEED_CONFIG, KernelConfig, Problem, config_grid
+from kernel.defaults import default_config, dkdv_config, knobs, violated
 from tuner.latency import LatencyModel
 from tuner.occupancy import estimated_figures
 from tuner.options import Options, UsageError
 
 
-def choices(problem: Problem, sweep: str = "forward") -> dict[str, tuple]:
-    """Knob name -> choices, in ``KernelConfig``'s field order: the knob table of
-    ``kernel.config`` for this problem's DV, or the fused sweep's (see the module)."""
-    table = knob_choices(problem.dv)
-    if sweep == "dkdv":
-        fused = {
-            "chunk": (dkdv.CHUNK,),
-            "block_dv": (problem.dv,),
-            "num_stages": (1, 2),
-            "threads": (dkdv.THREADS,),
-            "scores": ("smem",),
-        }
-        return {name: fused.get(name, values) for name, values in table.items()}
-    return table
-
-
 def distributions(problem: Problem, sweep: str = "forward") -> dict[str, CategoricalDistribution]:
-    return {name: CategoricalDistribution(values) for name, values in choices(problem, sweep).items()}
-
-
-def violated(
-    problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH, sweep: str = "forward"
-) -> list[str]:
-    """Why ``config`` may not run ``problem`` on ``arch``, one reason per broken
-    restriction: it must tile the problem (``KernelConfig.check_fits``), its pipeline may
-    be no deeper than the chunks of one segment it overlaps, and the shared memory it
-    needs at the least (``KernelConfig.smem_floor``; the fused sweep's,
-    ``kernel.dkdv.smem_bytes``) must fit one block of ``arch``; the fused sweep must serve
-    the problem on ``arch`` (``kernel.defaults.dkdv_config``); and the head sizes and
-    block_dv must be ones ``arch``'s MMA tiles (``kernel.defaults.tiling_error``)."""
-    reasons = [reason] if (reason := tiling_error(arch, problem, config)) else []
-    limit = get_arch(arch).smem_per_block
-    floor = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else config.smem_floor(problem)
-    if sweep == "dkdv" and dkdv_config(problem, arch) is None:
-        reasons.append(
-            f"the fused dk and dv sweep does not serve DK x DV = {problem.dk} x {problem.dv} on {arch}"
-        )
-    if floor > limit:
-        reasons.append(f"shared memory: at least {floor} B, over {arch}'s {limit} B per block")
-    try:
-        config.check_fits(problem)
-    except ValueError as exc:
-        reasons.append(str(exc))
-    if not config.pipeline_fits(problem):
-        chunks = config.segment_length(problem.seqlen) // config.chunk
-        reasons.append(f"num_stages={config.num_stages} is deeper than the {chunks} chunk(s) of a segment")
-    return reasons
+    return {name: CategoricalDistribution(values) for name, values in knobs(problem, sweep).items()}
 
 
 def grid(problem: Problem, sweep: str = "forward") -> list[KernelConfig]:
     """Every config of the table, restricted or not, in a fixed order."""
-    table = choices(problem, sweep)
+    table = knobs(problem, sweep)
     return [c for c in config_grid(problem.dv) if all(v in table[k] for k, v in c.to_dict().items())]
 
 
@@ -94,7 +47,7 @@ def wave_seeds(
     rule = dkdv_config(problem, arch, sms) if sweep == "dkdv" else default_config(problem, arch, sms)
     if rule is None:
         return []
-    counts = choices(problem, sweep)["segments"]
+    counts = knobs(problem, sweep)["segments"]
     i = counts.index(rule.segments)
     stages = (rule.num_stages,) if sweep == "dkdv" else (rule.num_stages, 2 if rule.num_stages != 2 else 3)
     configs = [
@@ -136,14 +89,14 @@ def predicted_first(
 
 def outside_space(problem: Problem, config: KernelConfig, sweep: str = "forward") -> dict[str, object]:
     """``config``'s knobs that are none of the search space's choices, by name."""
-    table = choices(problem, sweep)
+    table = knobs(problem, sweep)
     return {k: v for k, v in config.to_dict().items() if v not in table[k]}
 
 
 def check_in_space(problem: Problem, configs: list[KernelConfig], sweep: str = "forward") -> None:
     """A ``UsageError`` naming the first of ``configs`` (a user's ``--enqueue``) with a knob
     outside the search space."""
-    table = choices(problem, sweep)
+    table = knobs(problem, sweep)
     for config in configs:
         outside = outside_space(problem, config, sweep)
         if outside:

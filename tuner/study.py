@@ -34,7 +34,7 @@ import optuna
 from kernel.arch import resolve
 from kernel.builder import sm_count
 from kernel.config import KernelConfig, Problem, dkdv_call, model_call
-from kernel.defaults import dkdv_config, head_size_error
+from kernel.defaults import dkdv_config, head_size_error, violated
 from kernel.environment import env_key, environment
 from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, ctrl_c_ignored, result_of
 from kernel.resources import ProbeFailure, probe
@@ -192,7 +192,7 @@ class Tuner:
         """Ask a trial and claim its config: compile it when the claim is this trial's."""
         trial = self._owned_trial()
         config = KernelConfig(**trial.params)
-        if space.violated(self.problem, config, self.arch, self.sweep):
+        if violated(self.problem, config, self.arch, self.sweep):
             return trial, config, None  # nothing to compile or measure
         state = self.claims.claim(config, trial.number)
         if isinstance(state, Owned):
@@ -253,7 +253,7 @@ class Tuner:
         trial.set_user_attr("environment", self.env)
         trial.set_user_attr("mode", "gpu" if self.gpu else "compile-only")
         if res is None:
-            reason = "; ".join(space.violated(self.problem, config, self.arch, self.sweep))
+            reason = "; ".join(violated(self.problem, config, self.arch, self.sweep))
             outcomes.reject(
                 self.study, trial, len(self.objectives), "restricted", "restriction", reason, start
             )

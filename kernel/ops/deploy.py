@@ -20,12 +20,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kernel.arch import ARCHS, arch_of_capability
 from kernel.builder import ScalarDecayKernel, build
 from kernel.config import KernelConfig, Problem
+from kernel.defaults import config_error
 from kernel.environment import environment, mismatches
 
 FORMAT = "decay-tuner/best-configs"
 VERSION = 1
+MAX_EXTENT = 2**31 - 1  # a file's batch, heads or seqlen: the kernels index in int32
+# A config's field a file may leave out: files from before the sequence split ran one pass.
+OPTIONAL_CONFIG_FIELDS = ("segments",)
 
 
 class ExportError(ValueError):
@@ -39,7 +44,7 @@ def read_versioned(path: str | Path, what: str, fmt: str, version: int, items: s
         raise ExportError(f"a {what} is named by a path (str or Path), got {path!r}")
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ExportError(f"cannot read {what} {path}: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != fmt:
         raise ExportError(f"{path} is not a {fmt} file")
@@ -59,6 +64,39 @@ def saved_environment(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:
     return environment
 
 
+def file_arch(path: str | Path, environment: dict[str, Any]) -> str:
+    """The architecture a file's configs were tuned for: its environment's ``arch``, else
+    (files from before it was recorded) that of the GPU's ``capability``; ``ExportError``
+    where it records neither."""
+    arch, capability = environment.get("arch"), environment.get("capability")
+    if arch is None and isinstance(capability, str):
+        try:
+            arch = arch_of_capability(*map(int, capability.split("."))).name
+        except ValueError:
+            pass
+    if arch not in ARCHS:
+        raise ExportError(
+            f"{path} does not say which architecture it was tuned for (environment.arch {arch!r}, "
+            f"capability {capability!r}; architectures: {', '.join(ARCHS)})"
+        )
+    return arch
+
+
+def file_problem(value: Any, where: str) -> Problem:
+    """The problem a file records at ``where``: every field given, sizes the kernels index;
+    else ``ValueError`` naming what is wrong."""
+    problem = Problem.from_dict(fields(Problem, value, where))
+    if max(problem.batch, problem.heads, problem.seqlen) > MAX_EXTENT:
+        raise ValueError(f"{where}: {problem} has a size over {MAX_EXTENT}")
+    return problem
+
+
+def file_config(value: Any, where: str) -> KernelConfig:
+    """The config a file records at ``where``, every knob given (but
+    ``OPTIONAL_CONFIG_FIELDS``); else ``ValueError`` naming what it lacks."""
+    return KernelConfig.from_dict(fields(KernelConfig, value, where, every=True))
+
+
 def json_object(value: Any, where: str) -> dict[str, Any]:
     """``value``, a file's entry at ``where``, if it is a JSON object; else ``ValueError``."""
     if not isinstance(value, dict):
@@ -66,12 +104,16 @@ def json_object(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
-def fields(cls: type, value: Any, where: str) -> dict[str, Any]:
+def fields(cls: type, value: Any, where: str, *, every: bool = False) -> dict[str, Any]:
     """``value``, a file's JSON object at ``where``, holding every field the dataclass
-    ``cls`` has no default for; else ``ValueError`` naming what it lacks."""
+    ``cls`` has no default for (with ``every``, every field but ``OPTIONAL_CONFIG_FIELDS``);
+    else ``ValueError`` naming what it lacks."""
     found = json_object(value, where)
     missing = [
-        f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in found
+        f.name
+        for f in dataclasses.fields(cls)
+        if (every and f.name not in OPTIONAL_CONFIG_FIELDS or f.default is dataclasses.MISSING)
+        and f.name not in found
     ]
     if missing:
         raise ValueError(f"{where} lacks {', '.join(missing)}")
@@ -89,8 +131,9 @@ def load_config(
     """The best config of a file, checked against this machine and ``problem``.
 
     ``problem`` defaults to the file's own. Raises ``ExportError`` for a compile-only
-    file (its ranking is predicted), and on a mismatch of environment or problem unless
-    ``allow_mismatch``.
+    file (its ranking is predicted), for a config this machine's architecture cannot run
+    on ``problem`` (``kernel.defaults.config_error``), and on a mismatch of environment or
+    problem unless ``allow_mismatch``.
     """
     data = read_export(path)
     if data.get("sweep", "forward") != "forward":
@@ -103,24 +146,21 @@ def load_config(
             f"{path} holds configs ranked by predicted time (a compile-only study), never measured: "
             "tune on the GPU (python -m tuner run) for a file to load"
         )
-    environment = saved_environment(path, data)
+    saved_env = saved_environment(path, data)
     try:
-        saved = Problem.from_dict(fields(Problem, data.get("problem"), "problem"))
-        first = json_object(data["configs"][0], "configs[0]")
-        config = KernelConfig.from_dict(fields(KernelConfig, first.get("config"), "configs[0].config"))
+        saved = file_problem(data.get("problem"), "problem")
+        config = file_config(json_object(data["configs"][0], "configs[0]").get("config"), "configs[0].config")
     except (TypeError, ValueError) as exc:
         raise ExportError(f"{path}: malformed entry: {exc}") from None
     problem = problem or saved
     if not allow_mismatch:
-        check_environment(path, environment)
+        check_environment(path, saved_env)
         if problem != saved:
             raise ExportError(
                 f"{path} was tuned for {saved}, not {problem}; pass allow_mismatch=True to use it anyway"
             )
-    try:
-        config.check_fits(problem)
-    except ValueError as exc:
-        raise ExportError(f"{path}: the config cannot run this problem: {exc}") from None
+    if reason := config_error(problem, config, environment()["arch"]):
+        raise ExportError(f"{path}: the config cannot run {problem} here: {reason}")
     return problem, config
 
 

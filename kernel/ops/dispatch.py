@@ -6,14 +6,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel.arch import ARCHS
 from kernel.builder import ScalarDecayKernel, build, constant_decay
 from kernel.config import SWEEPS, KernelConfig, Problem
-from kernel.defaults import nearest_grid, runs, shorter_pipeline, tiling_error
+from kernel.defaults import config_error, nearest_grid, runs, shorter_pipeline
 from kernel.ops.deploy import (
     ExportError,
     check_environment,
-    fields,
+    file_arch,
+    file_config,
+    file_problem,
     json_object,
     read_versioned,
     saved_environment,
@@ -132,32 +133,31 @@ def same_wave(entry: DispatchEntry, problem: Problem) -> KernelConfig | None:
 
 
 def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch:
-    """Read a dispatch table; ``ExportError`` if it is malformed (an entry whose config
-    its architecture cannot compile, ``kernel.defaults.tiling_error``, included) or,
-    unless ``allow_mismatch``, measured in another environment."""
+    """Read a dispatch table; ``ExportError`` if it is malformed (no architecture recorded,
+    ``deploy.file_arch``, or an entry whose config that architecture's kernels cannot run
+    on its problem, ``kernel.defaults.config_error``, included) or, unless
+    ``allow_mismatch``, measured in another environment."""
     data = read_versioned(path, "dispatch table", DISPATCH_FORMAT, DISPATCH_VERSION, "entries")
     environment = saved_environment(path, data)
+    arch = file_arch(path, environment)
+    entries = []
     try:
-        found = [json_object(e, f"entries[{i}]") for i, e in enumerate(data["entries"])]
-        entries = [
-            DispatchEntry(
-                Problem.from_dict(fields(Problem, e.get("problem"), f"entries[{i}].problem")),
-                KernelConfig.from_dict(fields(KernelConfig, e.get("config"), f"entries[{i}].config")),
+        for i, e in enumerate(data["entries"]):
+            e = json_object(e, f"entries[{i}]")
+            entry = DispatchEntry(
+                file_problem(e.get("problem"), f"entries[{i}].problem"),
+                file_config(e.get("config"), f"entries[{i}].config"),
                 e.get("median_ms"),
                 e.get("sweep", "forward"),
             )
-            for i, e in enumerate(found)
-        ]
-        arch = (environment or {}).get("arch")
-        for e in entries:
-            if e.sweep not in SWEEPS:
-                raise ValueError(f"sweep {e.sweep!r}, expected one of {list(SWEEPS)}")
-            e.config.check_fits(e.problem)
-            ms = e.median_ms
+            if entry.sweep not in SWEEPS:
+                raise ValueError(f"sweep {entry.sweep!r}, expected one of {list(SWEEPS)}")
+            ms = entry.median_ms
             if ms is not None and not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0):
                 raise ValueError(f"median_ms {ms!r}, expected a time in ms")
-            if arch in ARCHS and (reason := tiling_error(arch, e.problem, e.config)):
-                raise ValueError(reason)
+            if reason := config_error(entry.problem, entry.config, arch, entry.sweep):
+                raise ValueError(f"entries[{i}]: {reason}")
+            entries.append(entry)
     except (TypeError, ValueError) as exc:
         raise ExportError(f"{path}: malformed entry: {exc}") from None
     if not allow_mismatch:

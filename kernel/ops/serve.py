@@ -195,10 +195,19 @@ def warmup_jobs(
     (``served_table``; else the rule) on ``arch`` with ``sms`` SMs (default: its reference
     GPU's): the forward of fla's defaults (scale ``DK^-1/2``, no state in; the final state
     returned, or not) dense over the shapes above and packed, and with ``backward`` each
-    sweep of their backward. One per compiled kernel (``kernel.variants.shape_generic``):
-    where shapes are symbolic, a few configs for every shape. ``ValueError`` for a head
-    count, head sizes or dtype ``Problem`` refuses."""
+    sweep of their backward. One per compiled kernel (``kernel.variants.shape_generic``): a
+    few configs for every shape. ``ValueError`` for a head count, head sizes or dtype
+    ``Problem`` refuses, an SM count that is no positive integer, and an architecture
+    whose kernels are compiled per shape (``kernel.arch.Arch.symbolic_shapes``: there is no
+    set of kernels to warm ahead)."""
     Problem(1, heads, 64, dk, dv, dtype)  # checks them, before any arithmetic on them
+    if not get_arch(arch).symbolic_shapes:
+        raise ValueError(
+            f"on {arch} the kernels are compiled per shape (kernel.arch: Arch.symbolic_shapes): "
+            "there is no set of kernels to warm ahead"
+        )
+    if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or sms < 1):
+        raise ValueError(f"sms wants a positive number of SMs, got {sms!r}")
     sms = sms or get_arch(arch).sms
     batches = [2**i for i in range(WARMUP_MAX_ROWS.bit_length()) if heads * 2**i <= WARMUP_MAX_ROWS] or [1]
     lengths = sorted(
@@ -235,6 +244,9 @@ def warmup(
     """Compile every kernel of ``warmup_jobs`` into TileLang's disk cache, in ``workers``
     parallel processes (default: one per CPU core), with no GPU needed: a later process
     that serves those calls on an ``arch`` GPU loads them instead of compiling. Returns each
-    job's probe, a failure as a value."""
+    job's probe, a failure as a value; ``ValueError`` for what ``warmup_jobs`` refuses and
+    a ``workers`` that is no positive integer."""
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers wants a positive number of processes, got {workers!r}")
     jobs = warmup_jobs(heads, dk, dv, dtype, backward=backward, arch=arch, sms=sms)
     return precompile(jobs, arch=arch, workers=workers)

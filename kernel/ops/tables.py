@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel.environment import ENVIRONMENT_KEYS, environment
-from kernel.ops.deploy import ExportError
+from kernel.ops.deploy import ExportError, file_arch
 from kernel.ops.dispatch import Dispatch, load_dispatch
 
 TABLE_VARIABLE = "DECAY_TUNER_TABLE"  # a user's dispatch table, served before the shipped one
@@ -33,7 +33,7 @@ def shipped_table(here: dict[str, Any], directory: Path = SHIPPED) -> Dispatch |
     for path in sorted(directory.glob("*.json")):
         table = load_dispatch(path, allow_mismatch=True)
         saved = table.environment
-        if saved.get("arch") != here["arch"] or here["gpu"] not in (None, saved.get("gpu")):
+        if file_arch(path, saved) != here["arch"] or here["gpu"] not in (None, saved.get("gpu")):
             continue
         if saved.get("kernel") != here["kernel"]:
             _once(
@@ -51,8 +51,8 @@ def user_table(path: str | Path, here: dict[str, Any]) -> Dispatch:
     """The dispatch table at ``path``, which ``ExportError`` refuses where it is unreadable
     or tuned for another architecture."""
     table = load_dispatch(path, allow_mismatch=True)
-    arch = table.environment.get("arch")
-    if arch not in (None, here["arch"]):
+    arch = file_arch(path, table.environment)
+    if arch != here["arch"]:
         raise ExportError(f"{path} was tuned for {arch}, this machine is {here['arch']}: tune here")
     _note_versions(path, table.environment, here)
     return table

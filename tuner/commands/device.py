@@ -7,9 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from kernel.arch import get_arch, resolve
+from kernel.arch import resolve
 from kernel.config import Problem, model_call
-from kernel.defaults import default_config
+from kernel.defaults import default_config, violated
 from tuner.commands.args import problem_of
 from tuner.options import BENCH_PACKED, UsageError, parse_archs, parse_config, parse_shapes
 
@@ -24,7 +24,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
     architecture's default config (kernel.defaults.default_config)."""
     from kernel.resources import ProbeFailure, probe  # a slow import; probe alone needs it
     from kernel.trial_schema import predicted_text
-    from tuner import space  # loads Optuna
     from tuner.latency import latency_model
     from tuner.occupancy import Figures
 
@@ -47,7 +46,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     for i, (arch, config) in enumerate(configs.items(), 1):
         print(f"compiling {config.label} for {arch} ({i} of {len(archs)})", file=sys.stderr, flush=True)
         label = None if given is not None else config.label
-        reasons = space.violated(problem, config, arch)
+        reasons = violated(problem, config, arch)
         res = None if reasons else probe(problem, config, arch=arch, call=model_call(problem))
         if res is None or isinstance(res, ProbeFailure):
             why = "; ".join(reasons) if res is None else f"{res.stage}: {res.error_type}: {res.message}"
@@ -81,8 +80,9 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from kernel.builder import precompile
-    from kernel.ops.dispatch import load_dispatch
+    from kernel.environment import environment
     from kernel.ops.serve import use_table, warmup_jobs
+    from kernel.ops.tables import user_table
     from kernel.resources import ProbeFailure
 
     Problem(1, args.heads, 1, args.dk, args.dv, args.dtype)  # validates the flags up front
@@ -91,13 +91,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     arch, gpu = resolve(args.arch)
     if args.arch is None and not gpu:
         print(f"no CUDA device: compiling ahead for {arch} (pass --arch for another)", file=sys.stderr)
-    if not get_arch(arch).symbolic_shapes:
-        raise UsageError(
-            f"on {arch} the kernels are compiled per shape (kernel.arch: Arch.symbolic_shapes): "
-            "there is no set of kernels to warm ahead"
-        )
-    if args.dispatch:
-        use_table(load_dispatch(args.dispatch, allow_mismatch=args.allow_mismatch))
+    if args.dispatch:  # as a process on that architecture would serve it
+        use_table(user_table(args.dispatch, environment(arch)))
     jobs = warmup_jobs(args.heads, args.dk, args.dv, args.dtype, backward=args.backward, arch=arch)
     start = time.perf_counter()
     with tqdm(total=len(jobs), unit="kernel", desc=f"compiling for {arch}", dynamic_ncols=True) as bar:
