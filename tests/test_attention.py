@@ -55,6 +55,61 @@ def test_a_wrong_q_is_refused_with_one_line(q, message):
         decay_attention(q, q, q, 0.9)
 
 
+def meta(*shape: int, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+Q = meta(1, 8, 2, 64)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: decay_attention(meta(8, 2, 64), Q, Q, 0.9), "q must be a 4-d tensor"),
+        (lambda: decay_attention(torch.tensor(1.0), Q, Q, 0.9), "q must be a 4-d tensor"),
+        (lambda: decay_attention(Q.float(), Q.float(), Q.float(), 0.9), "q must be float16 or bfloat16"),
+        (lambda: decay_attention(Q, meta(1, 9, 2, 64), Q, 0.9), "k must be shaped as q"),
+        (lambda: decay_attention(Q, Q, Q, meta(3)), r"decay must be a float or a tensor of 2 alphas \[H\]"),
+        (lambda: decay_attention(Q, Q, Q, meta(2, dtype=torch.int32)), "decay must be a floating-point"),
+        (lambda: decay_attention(Q, Q, Q, 1.5), r"decay must be in \(0, 1\], got 1.5"),
+        (
+            lambda: decay_attention(Q, Q, Q, None),
+            r"a tensor \[H\] of them \(1.0 for no decay\), got NoneType",
+        ),
+        (lambda: decay_attention(Q, Q, Q, [0.9, 0.9]), "decay must be a float .* got list"),
+        (lambda: decay_attention(Q, Q, Q, True), "decay must be a float .* got bool"),
+        (lambda: decay_attention(Q, Q, Q, 0.9, scale=True), "scale wants a finite number, got True"),
+        (
+            lambda: decay_attention(Q, Q, Q, 0.9, output_final_state="no"),
+            "output_final_state must be True or",
+        ),
+        (lambda: decay_attention(Q, Q, Q, 0.9, initial_state=[0]), "initial_state must be a tensor or None"),
+        (lambda: decay_attention(Q, Q, Q, 0.9, initial_state=meta(3, 3)), "initial_state must be float32"),
+        (lambda: decay_attention(Q, Q, Q, 0.9, cu_seqlens=[0, 8]), "cu_seqlens must be a tensor or None"),
+        (
+            lambda: decay_attention(Q, Q, Q, 0.9, cu_seqlens=meta(3, dtype=torch.float32)),
+            "cu_seqlens must be an int32 or int64 tensor",
+        ),
+        (
+            lambda: decay_attention(meta(2, 8, 2, 64), *[meta(2, 8, 2, 64)] * 2, 0.9, cu_seqlens=meta(3)),
+            "with cu_seqlens, q, k, v must be",
+        ),
+    ],
+)
+def test_a_wrong_argument_is_one_value_error_traced_or_not(call, message):
+    """On meta tensors (what a traced call sees) the op's checks that need no values run as
+    they do on a GPU's: every wrong type or shape is one ValueError."""
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_meta_tensors_give_the_shapes_and_a_numpy_decay_is_a_float():
+    import numpy as np
+
+    o, state = decay_attention(Q, Q, meta(1, 8, 2, 32), np.float32(0.9), output_final_state=True)
+    assert o.shape == (1, 8, 2, 32) and state.shape == (1, 2, 64, 32)
+
+
 @pytest.mark.parametrize("scale", ["x", None.__class__, math.nan, math.inf])
 def test_a_scale_that_is_no_finite_number_is_refused_naming_it(scale):
     q = torch.randn(1, 8, 2, 64, dtype=torch.float16)

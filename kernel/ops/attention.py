@@ -15,7 +15,6 @@ same, and the state is fp32 ``[B, H, DK, DV]`` in both; ``cu_seqlens`` packs seq
 fla's does (q, k, v ``[1, T, H, D]``, states ``[N, H, DK, DV]``).
 """
 
-import math
 from typing import Any, NamedTuple
 
 import torch
@@ -58,23 +57,17 @@ def decay_attention(
         ``(o, final_state)``: ``o`` ``[B, S, H, DV]`` in q's dtype, and the fp32
         ``[B, H, DK, DV]`` state after the last token when ``output_final_state``, else None.
 
-    A wrong input raises ``ValueError`` before anything is launched.
+    A wrong input raises ``ValueError`` before anything is launched. Each scale is a
+    constant of the kernels (compiled once per value), where the decay is read at run time.
     """
-    if scale is None:  # a q that is no tensor is refused with the other checks
-        scale = q.shape[-1] ** -0.5 if isinstance(q, torch.Tensor) else 1.0
-    alpha, per_head = (float(decay), None) if isinstance(decay, (int, float)) else (1.0, decay)
-    try:
-        scale = float(scale)
-    except (TypeError, ValueError):
-        raise ValueError(f"scale wants a finite number, got {scale!r}") from None
-    if not math.isfinite(scale):
-        raise ValueError(f"scale wants a finite number, got {scale!r}")
+    inputs.check_arguments(decay, scale, initial_state, output_final_state, cu_seqlens)
+    problem = inputs.check_qkv(q, k, v)
+    scale = float(problem.dk**-0.5 if scale is None else scale)
+    alpha, per_head = (1.0, decay) if isinstance(decay, torch.Tensor) else (float(decay), None)
     args = (q, k, v, per_head, alpha, scale, initial_state, output_final_state, cu_seqlens)
     # Traced (torch.compile, fake or meta tensors): the op, whose fake implementation gives
     # the shapes. Called on real tensors: the same implementation, without the op's dispatch.
-    traced = torch.compiler.is_compiling() or (
-        isinstance(q, torch.Tensor) and (type(q) is not torch.Tensor or q.is_meta)
-    )
+    traced = torch.compiler.is_compiling() or type(q) is not torch.Tensor or q.is_meta
     o, final = (torch.ops.decay_tuner.decay_attention if traced else _Eager.apply)(*args)
     return o, (final if output_final_state else None)
 
@@ -126,8 +119,14 @@ _attention_op = torch.library.custom_op("decay_tuner::decay_attention", mutates_
 
 @_attention_op.register_fake
 def _(q, k, v, decay, alpha, scale, initial_state, output_final_state, cu_seqlens):
+    problem = inputs.check_qkv(q, k, v)  # the checks that need no values, as _forward's
+    inputs.check_decay(decay, alpha, problem.heads, q.device)
+    n = problem.batch
+    if cu_seqlens is not None:
+        inputs.check_offsets_shape(cu_seqlens, problem, q.device)
+        n = cu_seqlens.shape[0] - 1
+    inputs.check_state(initial_state, problem, n, q.device)
     b, s, h, dk = q.shape
-    n = b if cu_seqlens is None else cu_seqlens.shape[0] - 1
     final = q.new_empty((n, h, dk, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
     return q.new_empty(b, s, h, v.shape[-1]), final
 

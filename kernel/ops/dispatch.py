@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel.builder import ScalarDecayKernel, build, constant_decay
+import torch
+
+from kernel.builder import ScalarDecayKernel, build
 from kernel.config import SWEEPS, KernelConfig, Problem
 from kernel.defaults import config_error, nearest_grid, runs, shorter_pipeline
 from kernel.ops.deploy import (
@@ -19,7 +21,7 @@ from kernel.ops.deploy import (
     read_versioned,
     saved_environment,
 )
-from kernel.ops.inputs import check_qkv
+from kernel.ops.inputs import check_arguments, check_decay, check_qkv, decay_tensor
 
 DISPATCH_FORMAT = "decay-tuner/dispatch"
 DISPATCH_VERSION = 1
@@ -110,14 +112,15 @@ class Dispatch:
     def __call__(self, q, k, v, *, decay=None, out=None):
         """``o = kernel(q, k, v)`` with the problem read off the tensors ``[B, S, H, D]``.
 
-        ``decay``: a float for every head, or an fp32 ``[H]`` tensor of one per head, on
-        q's device (default: RetNet's, ``kernel.config.retnet_decay``)."""
-        constant = isinstance(decay, (int, float))
-        if constant and not (math.isfinite(decay) and 0.0 < decay <= 1.0):
-            raise ValueError(f"decay must be in (0, 1], got {decay}")
-        problem = check_qkv(q, k, v)  # decay_attention's checks
-        if constant:
-            decay = constant_decay(float(decay), problem.heads, q.device)
+        ``decay``: a float for every head, or a tensor ``[H]`` of one per head, on q's
+        device, each in (0, 1] (default: RetNet's, ``kernel.config.retnet_decay``)."""
+        if decay is None:  # RetNet's
+            return self.kernel(check_qkv(q, k, v))(q, k, v, out=out)
+        check_arguments(decay, None, None, False, None)  # decay_attention's checks
+        per_head, alpha = (decay, 1.0) if isinstance(decay, torch.Tensor) else (None, float(decay))
+        check_decay(None, alpha, 0, None)
+        problem = check_qkv(q, k, v)
+        decay = decay_tensor(per_head, alpha, problem.heads, q.device)
         return self.kernel(problem)(q, k, v, decay=decay, out=out)
 
 

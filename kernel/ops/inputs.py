@@ -1,8 +1,11 @@
 """The checks of a ``decay_attention`` call: one ``ValueError`` naming the expected and the
-actual value, before anything is launched."""
+actual value, before anything is launched. The checks of types and shapes run on every
+call, traced (fake and meta tensors) or not; those of the values in the decay and offset
+tensors where the values exist."""
 
 import functools
 import math
+import numbers
 import weakref
 from typing import Any
 
@@ -24,13 +27,33 @@ def shape_problem(q_shape: torch.Size, dv: int, dtype: torch.dtype) -> Problem:
     return Problem(b, h, s, dk, dv, DTYPE_NAMES[dtype])
 
 
+def check_arguments(
+    decay: Any, scale: Any, initial_state: Any, output_final_state: Any, cu_seqlens: Any
+) -> None:
+    """The types of a call's other arguments: a decay that is a real number or a tensor,
+    a scale that is a finite real number or None, a flag that is a bool, states and offsets that
+    are tensors or None."""
+    if not (_real(decay) or isinstance(decay, torch.Tensor)):
+        hint = " (1.0 for no decay)" if decay is None else ""
+        raise ValueError(
+            f"decay must be a float in (0, 1] or a tensor [H] of them{hint}, got {_describe(decay)}"
+        )
+    if not (scale is None or (_real(scale) and math.isfinite(scale))):
+        raise ValueError(f"scale wants a finite number, got {scale!r}"[:200])
+    if not isinstance(output_final_state, bool):
+        raise ValueError(f"output_final_state must be True or False, got {_describe(output_final_state)}")
+    for name, t in (("initial_state", initial_state), ("cu_seqlens", cu_seqlens)):
+        if not (t is None or isinstance(t, torch.Tensor)):
+            raise ValueError(f"{name} must be a tensor or None, got {_describe(t)}")
+
+
 def check_qkv(q: Any, k: Any, v: Any) -> Problem:
     """The shape of the call: q, k ``[B, S, H, DK]`` and v ``[B, S, H, DV]``, fp16 or bf16
-    CUDA tensors of one dtype and device."""
+    CUDA (or meta) tensors of one dtype and device."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-d tensor [B, S, H, D], got {_describe(t)}")
-        if t.device.type != "cuda":
+        if t.device.type not in ("cuda", "meta"):
             raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
     if q.dtype not in DTYPE_NAMES:
         raise ValueError(f"q must be float16 or bfloat16, got {q.dtype}")
@@ -44,13 +67,13 @@ def check_qkv(q: Any, k: Any, v: Any) -> Problem:
     return shape_problem(q.shape, v.shape[-1], q.dtype)
 
 
-def decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: torch.device) -> torch.Tensor:
-    """The fp32 ``[H]`` decay the kernels read: ``decay``, or ``alpha`` for every head where
-    it is None, checked to lie in (0, 1]."""
+def check_decay(decay: torch.Tensor | None, alpha: float, heads: int, device: torch.device) -> None:
+    """``alpha`` in (0, 1] where ``decay`` is None, else ``decay`` a floating-point ``[H]``
+    tensor on q's device (its values: ``decay_tensor``)."""
     if decay is None:
         if not (math.isfinite(alpha) and 0.0 < alpha <= 1.0):
             raise ValueError(f"decay must be in (0, 1], got {alpha}")
-        return constant_decay(alpha, heads, device)
+        return
     if decay.shape != (heads,):
         raise ValueError(
             f"decay must be a float or a tensor of {heads} alphas [H], got shape {list(decay.shape)}"
@@ -59,6 +82,14 @@ def decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: t
         raise ValueError(f"decay must be a floating-point tensor, got {decay.dtype}")
     if decay.device != device:
         raise ValueError(f"decay is on {decay.device} but q is on {device}")
+
+
+def decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: torch.device) -> torch.Tensor:
+    """The fp32 ``[H]`` decay the kernels read: ``decay``, or ``alpha`` for every head where
+    it is None, checked (``check_decay``) and its values to lie in (0, 1]."""
+    check_decay(decay, alpha, heads, device)
+    if decay is None:
+        return constant_decay(alpha, heads, device)
     alphas = decay.to(torch.float32).contiguous()
     # The values as the kernels read them, checked once per caller's tensor and version
     # (a decay of another dtype is cast anew on every call), never while a graph is captured.
@@ -73,9 +104,9 @@ def decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: t
     return alphas
 
 
-def check_offsets(cu_seqlens: torch.Tensor, problem: Problem, device: torch.device) -> torch.Tensor:
-    """The int32 offsets the packed kernel reads: ``[N + 1]``, 0 first, T last, strictly
-    increasing (values checked once per tensor and version, as the decay's are)."""
+def check_offsets_shape(cu_seqlens: torch.Tensor, problem: Problem, device: torch.device) -> None:
+    """Packed sequences: q, k, v ``[1, T, H, D]`` and ``cu_seqlens`` an int32 or int64
+    ``[N + 1]`` tensor on q's device (its values: ``check_offsets``)."""
     if problem.batch != 1:
         raise ValueError(f"with cu_seqlens, q, k, v must be [1, T, H, D], got a batch of {problem.batch}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype not in (torch.int32, torch.int64):
@@ -85,6 +116,13 @@ def check_offsets(cu_seqlens: torch.Tensor, problem: Problem, device: torch.devi
         )
     if cu_seqlens.device != device:
         raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {device}")
+
+
+def check_offsets(cu_seqlens: torch.Tensor, problem: Problem, device: torch.device) -> torch.Tensor:
+    """The int32 offsets the packed kernel reads: ``[N + 1]`` (``check_offsets_shape``), 0
+    first, T last, strictly increasing (values checked once per tensor and version, as the
+    decay's are)."""
+    check_offsets_shape(cu_seqlens, problem, device)
     if not _checked_before(cu_seqlens) and not torch.cuda.is_current_stream_capturing():
         offsets = cu_seqlens.tolist()
         steps = [b - a for a, b in zip(offsets, offsets[1:])]
@@ -121,9 +159,14 @@ def _remember(tensor: torch.Tensor) -> None:
     _CHECKED[key] = (weakref.ref(tensor, lambda _: _CHECKED.pop(key, None)), tensor._version)
 
 
+def _real(x: Any) -> bool:
+    """A real number that is no bool (numpy's scalars included)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
 def _clip(values: list[int]) -> str:
     return str(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:4]))}, ..., {values[-1]}]"
 
 
 def _describe(x: Any) -> str:
-    return f"shape {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+    return f"shape {list(x.shape)}" if isinstance(x, torch.Tensor) else f"{type(x).__name__} {x!r}"[:120]
