@@ -170,6 +170,8 @@ def test_a_second_process_waits_for_the_first_and_finds_its_entry(tmp_path, fres
 def test_use_table_with_autotune_takes_a_path(tmp_path, fresh_server):
     with pytest.raises(ValueError, match="takes the path"):
         serve.use_table(None, autotune=True)
+    with pytest.raises(ValueError, match="autotune must be True or False, got 'no'"):
+        serve.use_table(tmp_path / "nothing.json", autotune="no")
     with pytest.raises(ExportError, match="nothing.json"):
         serve.use_table(tmp_path / "nothing.json")  # no autotune: the file must exist
     serve.use_table(tmp_path / "nothing.json", autotune=True)  # tuned into on first use

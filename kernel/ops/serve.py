@@ -57,6 +57,8 @@ def use_table(table: Dispatch | str | Path | None, *, autotune: bool = False) ->
         raise ValueError(
             f"use_table wants a Dispatch, a table file's path, None or {DEFAULT!r}, got {table!r}"
         )
+    if not isinstance(autotune, bool):
+        raise ValueError(f"use_table's autotune must be True or False, got {autotune!r}")
     path = None
     if isinstance(table, (str, Path)) and table != DEFAULT:
         path = Path(table)
