@@ -107,15 +107,20 @@ def gpu_study(
     storage: str | None = None,
     name: str | None = None,
     env: dict | None = None,
+    sweep: str = "forward",
 ) -> optuna.Study:
     """A hand-built GPU study of ``SMALL_PROBLEM``: one trial per latency (None: failed to
-    compile), on the configs of ``GRID`` in order."""
+    compile), on the configs of ``GRID`` in order (the fused sweep's: its grid, unsplit
+    first)."""
     study = optuna.create_study(storage=storage, study_name=name)
     study.set_user_attr("problem", SMALL_PROBLEM.to_dict())
     study.set_user_attr("mode", "gpu")
     study.set_user_attr("objectives", ["median_ms"])
-    dists = space.distributions(SMALL_PROBLEM)
-    for config, ms in zip(GRID, latencies):
+    if sweep != "forward":
+        study.set_user_attr("sweep", sweep)
+    dists = space.distributions(SMALL_PROBLEM, sweep)
+    configs = GRID if sweep == "forward" else space.grid(SMALL_PROBLEM, sweep)
+    for config, ms in zip(configs, latencies):
         attrs = {"mode": "gpu", "status": "ok" if ms else "compile_failed", "environment": env}
         state = optuna.trial.TrialState.COMPLETE if ms else optuna.trial.TrialState.FAIL
         study.add_trial(

@@ -6,6 +6,7 @@ from helpers import GRID, SMALL_PROBLEM, gpu_study
 from kernel.environment import environment
 from kernel.ops.deploy import load_config, read_export
 from kernel.ops.dispatch import load_dispatch
+from tuner import space
 from tuner.export import export_best, export_dispatch
 
 
@@ -42,13 +43,12 @@ def test_a_fused_sweep_study_s_best_is_marked_in_the_table(tmp_path):
     """A study of the backward's fused sweep (``--sweep dkdv``) writes its entry marked, so
     that the table serves it to the fused sweep (``Dispatch.fused``) and not to the forward."""
     env = environment()
-    forward, fused = gpu_study([0.5, 0.2], env=env), gpu_study([0.1, 0.3], env=env)
-    fused.set_user_attr("sweep", "dkdv")
+    forward, fused = gpu_study([0.5, 0.2], env=env), gpu_study([0.1, 0.3], env=env, sweep="dkdv")
     data = export_dispatch([forward, fused], tmp_path / "dispatch.json")
     assert ["sweep" in e for e in data["entries"]] == [False, True] and data["entries"][1]["sweep"] == "dkdv"
     table = load_dispatch(tmp_path / "dispatch.json")
-    configs = GRID
-    assert table.pick(SMALL_PROBLEM).config == configs[1] and table.fused(SMALL_PROBLEM) == configs[0]
+    assert table.pick(SMALL_PROBLEM).config == GRID[1]
+    assert table.fused(SMALL_PROBLEM) == space.grid(SMALL_PROBLEM, "dkdv")[0]
 
 
 def test_dispatch_refuses_compile_only_and_mixed_studies(tmp_path):
