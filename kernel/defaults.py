@@ -33,6 +33,19 @@ STATIC_SMEM = 1024  # bytes: TileLang's barriers where it warp-specialises the p
 WGMMA_DK, WGMMA_BLOCK_DV, WGMMA_WIDEST_SHARED = 64, 32, 224
 
 
+# The kernels take the batch size and sequence length as 32-bit ints (their generated
+# signatures: ``int batch, int seqlen``), and TMA's coordinates are 32-bit.
+MAX_EXTENT = 2**31 - 1
+
+
+def size_error(problem: Problem) -> str | None:
+    """Why no kernel runs ``problem``'s batch, heads or sequence length, in one line; None
+    where one does."""
+    if max(problem.batch, problem.heads, problem.seqlen) > MAX_EXTENT:
+        return f"{problem}: batch, heads and seqlen must be at most {MAX_EXTENT} (the kernels' 32-bit sizes)"
+    return None
+
+
 def head_size_error(arch: str, dk: int, dv: int) -> str | None:
     """Why ``arch``'s kernels cannot run DK x DV, in one line; None where they can."""
     if not get_arch(arch).wgmma:

@@ -311,6 +311,18 @@ def test_probe_without_a_config_compiles_the_rule_s_config_per_architecture(caps
     assert "(default: each architecture's config of the rule kernel.defaults.default_config" in help_text
 
 
+def test_probe_of_several_architectures_names_those_the_rule_refuses_and_goes_on(capsys):
+    """An architecture whose rule has no config for the head sizes is a row saying why, not
+    the end of the table; asked of one architecture alone, it is one line and exit 2."""
+    args = ["probe", "--dk", "48", "--dv", "48", "--batch", "1", "--heads", "2", "--seqlen", "256"]
+    assert main([*args, "--arch", "sm_90a,sm_80"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [r.split()[:3] for r in rows] == [["-", "sm_90a", "restricted"], ["-", "sm_80", "restricted"]]
+    assert "DK a multiple of 64" in rows[0] and "tiles its MMA across 8 warps" in rows[1], rows
+    assert main([*args, "--arch", "sm_90a"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
 # Runs ``python -m tuner ARGV`` (ARGV as JSON) and prints, last, its exit code and which
 # heavy libraries it imported.
 HELP_PROBE = """

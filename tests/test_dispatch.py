@@ -146,7 +146,7 @@ def test_dispatch_loader_refuses_bad_tables(tmp_path):
             {"config": {"chunk": 64, "block_dv": 64, "num_stages": 1, "scores": "smem"}},
             "config lacks threads",
         ),
-        ({"problem": SMALL_PROBLEM.to_dict() | {"batch": 10**400}}, "has a size over 2147483647"),
+        ({"problem": SMALL_PROBLEM.to_dict() | {"batch": 10**400}}, "must be at most 2147483647"),
     ):
         bad = dispatch_file(tmp_path, entry, environment=hopper, entries=[good | broken])
         with pytest.raises(ExportError, match=f"dispatch.json: malformed entry: .*{said}"):

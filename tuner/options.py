@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from kernel.arch import ARCHS, DEFAULT_ARCH
 from kernel.config import HEADLINE, SWEEPS, KernelConfig
+from kernel.defaults import MAX_EXTENT
 from refs import TOLERANCE
 
 SAMPLERS = ("tpe", "nsga2", "gp", "grid")
@@ -170,8 +171,12 @@ def parse_shapes(text: str, flag: str = "--shapes") -> list[tuple[int, int, int]
         shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
     except ValueError:
         shapes = []
-    if not shapes or any(len(shape) != 3 or min(shape) < 1 for shape in shapes):
-        raise UsageError(f"{flag} wants BxHxS[,BxHxS...] of positive integers, got {text!r}")
+    if not shapes or any(
+        len(shape) != 3 or not 1 <= min(shape) <= max(shape) <= MAX_EXTENT for shape in shapes
+    ):
+        raise UsageError(
+            f"{flag} wants BxHxS[,BxHxS...] of positive integers up to {MAX_EXTENT}, got {text!r}"[:300]
+        )
     return list(dict.fromkeys(shapes))  # type: ignore[arg-type]
 
 

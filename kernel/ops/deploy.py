@@ -23,12 +23,11 @@ from typing import Any
 from kernel.arch import ARCHS, arch_of_capability
 from kernel.builder import ScalarDecayKernel, build
 from kernel.config import KernelConfig, Problem
-from kernel.defaults import config_error
+from kernel.defaults import config_error, size_error
 from kernel.environment import environment, mismatches
 
 FORMAT = "decay-tuner/best-configs"
 VERSION = 1
-MAX_EXTENT = 2**31 - 1  # a file's batch, heads or seqlen: the kernels index in int32
 # A config's field a file may leave out: files from before the sequence split ran one pass.
 OPTIONAL_CONFIG_FIELDS = ("segments",)
 
@@ -83,11 +82,11 @@ def file_arch(path: str | Path, environment: dict[str, Any]) -> str:
 
 
 def file_problem(value: Any, where: str) -> Problem:
-    """The problem a file records at ``where``: every field given, sizes the kernels index;
-    else ``ValueError`` naming what is wrong."""
+    """The problem a file records at ``where``: every field given, sizes the kernels take
+    (``kernel.defaults.size_error``); else ``ValueError`` naming what is wrong."""
     problem = Problem.from_dict(fields(Problem, value, where))
-    if max(problem.batch, problem.heads, problem.seqlen) > MAX_EXTENT:
-        raise ValueError(f"{where}: {problem} has a size over {MAX_EXTENT}")
+    if reason := size_error(problem):
+        raise ValueError(f"{where}: {reason}")
     return problem
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernel.config import KernelConfig, Problem
+from kernel.defaults import size_error
 from tuner import options
 from tuner.options import Options, UsageError, default_storage, parse_config
 
@@ -14,23 +15,32 @@ if TYPE_CHECKING:
 
 
 def problem_of(args: argparse.Namespace) -> Problem:
-    return Problem(args.batch, args.heads, args.seqlen, args.dk, args.dv, args.dtype)
+    problem = Problem(args.batch, args.heads, args.seqlen, args.dk, args.dv, args.dtype)
+    if reason := size_error(problem):
+        raise UsageError(reason)
+    return problem
 
 
 def configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:
-    """The configs of best-config JSON files (``export``), to measure first."""
-    from kernel.ops.deploy import read_export  # loads torch
+    """The configs of best-config JSON files (``export``), to measure first: each file's
+    problem and every knob of each config given (``kernel.ops.deploy``'s checks); the
+    problem may be another than the study's."""
+    from kernel.ops.deploy import file_config, file_problem, json_object, read_export  # loads torch
 
     configs = []
     for path in paths:
-        entries = read_export(path)["configs"]
+        data = read_export(path)
+        entries = data["configs"]
         if not isinstance(entries, list):
             raise UsageError(f"{path}: 'configs' is not a list of entries")
-        for entry in entries:
-            try:
-                configs.append(KernelConfig.from_dict(entry["config"]))
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise UsageError(f"{path}: malformed config entry: {exc}") from None
+        try:
+            file_problem(data.get("problem"), "problem")
+            for i, entry in enumerate(entries):
+                configs.append(
+                    file_config(json_object(entry, f"configs[{i}]").get("config"), f"configs[{i}].config")
+                )
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"{path}: malformed entry: {exc}") from None
     return tuple(configs)
 
 

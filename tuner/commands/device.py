@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from kernel.arch import resolve
-from kernel.config import Problem, model_call
+from kernel.config import KernelConfig, Problem, model_call
 from kernel.defaults import default_config, violated
 from tuner.commands.args import problem_of
 from tuner.options import BENCH_PACKED, UsageError, parse_archs, parse_config, parse_shapes
@@ -30,9 +30,16 @@ def cmd_probe(args: argparse.Namespace) -> int:
     problem = problem_of(args)
     given = None if args.config is None else parse_config(args.config, "--config")
     archs = [resolve(None)[0]] if args.arch is None else parse_archs(args.arch)
-    configs = {arch: given or default_config(problem, arch) for arch in archs}
-    for config in configs.values():
-        config.check_fits(problem)
+    if given is not None:
+        given.check_fits(problem)
+    configs: dict[str, KernelConfig | str] = {}  # an architecture's config, or why it has none
+    for arch in archs:
+        try:
+            configs[arch] = given or default_config(problem, arch)
+        except ValueError as exc:  # the rule's refusal: one line where one architecture was asked
+            if len(archs) == 1:
+                raise
+            configs[arch] = str(exc)
     if given is not None:
         print(f"{given.label} for {problem} in the model form, compile-only", flush=True)
         print(_probe_row("arch", "status", PROBE_HEADS, PROBE_LAST), flush=True)
@@ -44,6 +51,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
         )
         print(_probe_row("arch", "status", PROBE_HEADS, PROBE_LAST, config="config"), flush=True)
     for i, (arch, config) in enumerate(configs.items(), 1):
+        if isinstance(config, str):
+            print(_probe_row(arch, "restricted", [""] * 5, config[:160], config="-"), flush=True)
+            continue
         print(f"compiling {config.label} for {arch} ({i} of {len(archs)})", file=sys.stderr, flush=True)
         label = None if given is not None else config.label
         reasons = violated(problem, config, arch)
