@@ -196,9 +196,12 @@ def objectives_of(info: StudyInfo) -> list[str]:
 
 def best_feasible(frame: pd.DataFrame, objectives: Sequence[str]) -> pd.DataFrame:
     """The feasible trials, best first by the objectives in order, then by trial number (as
-    ``export`` ranks them)."""
+    ``export`` ranks them, ``tuner.trials.best_trials``): a predicted ratio to the floor
+    ranks the configs the latency model covers first (``predicted_rank``), then its
+    extrapolations among themselves."""
     ok = frame[frame.feasible.astype(bool) & (frame.state == "COMPLETE")]
-    return ok.sort_values([*objectives, "number"], kind="stable")
+    keys = [k for o in objectives for k in (("predicted_rank", o) if o == "predicted_x_floor" else (o,))]
+    return ok.sort_values([*keys, "number"], kind="stable")
 
 
 def summary(frame: pd.DataFrame, info: StudyInfo) -> Summary:

@@ -418,9 +418,14 @@ def test_a_compile_only_study_with_predictions_plots_them_labelled_as_prediction
     trials.loc[ok, "predicted_ms"] = 0.14
     trials.loc[ok, "predicted_by"] = "latency model of NVIDIA H200"
     trials.loc[trials.number == 0, "predicted_by"] = "latency model of NVIDIA H200" + OUTSIDE
-    frame, info = _report((trials, info))
+    frame, info = _report((trials, info._replace(objectives=("predicted_x_floor",))))
     s = data.summary(frame, info)
     assert s.metric == "predicted_rank" and frame.predicted_rank[frame.number == 0].isna().all()
+    # the best is what export picks: the model's best among the configs it covers, never the
+    # extrapolation (trial 0's 1.10x is the least prediction)
+    covered = frame[frame.feasible & (frame.state == "COMPLETE") & frame.predicted_rank.notna()]
+    assert s.best == covered.sort_values(["predicted_rank", "number"]).number.iloc[0] != 0
+    assert frame.feasible[frame.number == 0].item()
     infos = [search.pareto_info(frame, x=r, y=s.metric) for r in data.RESOURCES]
     names = {t.name for t in figures.resources_figure(infos, s).data}
     assert "outside the latency model's knobs (drawn at the top)" in names
