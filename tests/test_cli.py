@@ -651,3 +651,32 @@ def test_a_problem_flag_the_named_study_contradicts_exits_2(command, tmp_path, c
     assert "\n" not in err
     assert err.endswith("--seqlen 512 contradicts it (drop the flag, or name another --study)")
     assert "--dk" not in err
+
+
+def test_a_ctrl_c_dropped_in_a_weak_reference_s_callback_is_raised_again_in_the_main_thread(capsys):
+    """Where a Ctrl-C lands in a callback (SQLAlchemy's, as ``export`` closes its storage),
+    Python prints it and goes on; the CLI's hook raises it again once the callback is done,
+    and prints nothing for it."""
+    import sys
+    import time
+    import weakref
+
+    from tuner.cli import _ctrl_c_unraised
+
+    class Owner:
+        pass
+
+    def callback(_):
+        raise KeyboardInterrupt
+
+    sys.unraisablehook = _ctrl_c_unraised
+    try:
+        owner = Owner()
+        ref = weakref.ref(owner, callback)
+        with pytest.raises(KeyboardInterrupt):
+            del owner
+            for _ in range(100):  # the main thread's work, where the Ctrl-C lands again
+                time.sleep(0.01)
+    finally:
+        sys.unraisablehook = sys.__unraisablehook__
+    assert ref() is None and capsys.readouterr().err == ""

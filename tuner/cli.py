@@ -5,9 +5,12 @@ Optuna) load inside the command that needs them, so --help and argument errors a
 once.
 """
 
+import _thread
 import argparse
 import inspect
 import sys
+import threading
+import time
 import typing
 from collections.abc import Callable
 
@@ -251,8 +254,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ctrl_c_unraised(unraisable) -> None:
+    """``sys.unraisablehook``: a Ctrl-C that lands in a finaliser or a weak reference's
+    callback (SQLAlchemy's, Optuna's), where Python would print it and drop it, is raised
+    again in the main thread a moment later, once the callback is done; anything else is
+    printed as Python does."""
+    if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
+        return
+
+    def again() -> None:
+        time.sleep(0.05)  # past the callback: raised there, it would be dropped again
+        _thread.interrupt_main()
+
+    threading.Thread(target=again, daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     command = None
+    sys.unraisablehook = _ctrl_c_unraised
     try:
         args = build_parser().parse_args(argv)
         command = args.command
@@ -273,3 +293,5 @@ def main(argv: list[str] | None = None) -> int:
         said = f"interrupted: {kept}; run the same command to go on" if kept else "interrupted"
         print(said, file=sys.stderr)
         return 130
+    finally:
+        sys.unraisablehook = sys.__unraisablehook__
