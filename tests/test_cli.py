@@ -680,3 +680,11 @@ def test_a_ctrl_c_dropped_in_a_weak_reference_s_callback_is_raised_again_in_the_
     finally:
         sys.unraisablehook = sys.__unraisablehook__
     assert ref() is None and capsys.readouterr().err == ""
+
+
+def test_version_prints_the_package_s_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"decay-tuner {version('decay-tuner')}\n"

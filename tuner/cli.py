@@ -156,11 +156,21 @@ def _plain(doc: str | None) -> str:
     return inspect.cleandoc(doc or "").replace("``", "")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("decay-tuner")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command. Each command's arguments carry ``studies_dir``: the
     folder of the studies' files, ``STUDIES_DIR`` as it is when the parser is built."""
     parser = _Parser(prog="python -m tuner", description=_plain(__doc__), formatter_class=_Help)
     parser.set_defaults(studies_dir=STUDIES_DIR)
+    parser.add_argument("--version", action="version", version=f"decay-tuner {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     for name, (func, groups) in COMMANDS.items():
         doc = _plain(func.__doc__)

@@ -53,7 +53,11 @@ class Options:
         minimum=1e-3,
     )
     sampler: str = option("tpe", "Optuna sampler", choices=SAMPLERS)
-    multi_objective: bool = option(False, "minimise latency and relative L2 error together (Pareto front)")
+    multi_objective: bool = option(
+        False,
+        "minimise latency and relative L2 error together (Pareto front); compile-only, "
+        "the predicted time and shared memory",
+    )
     tolerance: float = option(
         TOLERANCE, "relative L2 bound against reference C", minimum=1e-12, maximum=1.0
     )  # 1: the error of an output of zeros
@@ -140,8 +144,8 @@ PROBLEM_FLAGS = {
     "batch": "sequences per call (B)",
     "heads": "attention heads (H)",
     "seqlen": "tokens per sequence (S)",
-    "dk": "query/key head dimension (DK), a multiple of 16 up to 256",
-    "dv": "value head dimension (DV), a multiple of 16 up to 256",
+    "dk": "query/key head dimension (DK), a multiple of 16 up to 256; on Hopper (sm_90a) of 64",
+    "dv": "value head dimension (DV), a multiple of 16 up to 256; on Hopper (sm_90a) of 32",
     "dtype": "element type of Q, K, V and O: float16 or bfloat16",
 }
 
