@@ -155,6 +155,8 @@ def test_dispatch_loader_refuses_bad_tables(tmp_path):
         load_dispatch(dispatch_file(tmp_path, entry, environment="x"), allow_mismatch=True)
     with pytest.raises(ExportError, match="is not a decay-tuner/dispatch file"):
         load_dispatch(best_config_file(tmp_path))
+    with pytest.raises(ExportError, match="dispatch.json: entries is not a list, got 'x'"):
+        load_dispatch(dispatch_file(tmp_path, entry, entries="x"))
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ExportError, match="cannot read dispatch table .*deep.json"):

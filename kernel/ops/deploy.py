@@ -37,8 +37,8 @@ class ExportError(ValueError):
 
 
 def read_versioned(path: str | Path, what: str, fmt: str, version: int, items: str) -> dict[str, Any]:
-    """Read a JSON file of format ``fmt`` and ``version`` holding a non-empty ``items``
-    list; ``ExportError`` says what is wrong with it."""
+    """Read a JSON file of format ``fmt`` and ``version`` holding a non-empty list
+    ``items``; ``ExportError`` says what is wrong with it."""
     if not isinstance(path, (str, os.PathLike)):
         raise ExportError(f"a {what} is named by a path (str or Path), got {path!r}")
     try:
@@ -51,6 +51,8 @@ def read_versioned(path: str | Path, what: str, fmt: str, version: int, items: s
         raise ExportError(f"{path} has version {data.get('version')!r}; this tool reads version {version}")
     if not data.get(items):
         raise ExportError(f"{path} holds no {items}")
+    if not isinstance(data[items], list):
+        raise ExportError(f"{path}: {items} is not a list, got {data[items]!r}"[:200])
     return data
 
 

@@ -30,12 +30,9 @@ def configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:
     configs = []
     for path in paths:
         data = read_export(path)
-        entries = data["configs"]
-        if not isinstance(entries, list):
-            raise UsageError(f"{path}: 'configs' is not a list of entries")
         try:
             file_problem(data.get("problem"), "problem")
-            for i, entry in enumerate(entries):
+            for i, entry in enumerate(data["configs"]):
                 configs.append(
                     file_config(json_object(entry, f"configs[{i}]").get("config"), f"configs[{i}].config")
                 )
