@@ -71,9 +71,8 @@ def _env(args: argparse.Namespace, study: "optuna.Study") -> str | None:
 def _env_line(study: "optuna.Study", env: str | None) -> str:
     from tuner.trials import describe_env, environments  # loads Optuna and pandas
 
-    saved = environments(study).get(env, (None, 0))[0]
-    done = "compiled" if saved is not None and not saved.get("gpu") else "measured"  # compile-only: no GPU
-    return f"{done} in environment {describe_env(env, saved)}"
+    done = "compiled" if study.user_attrs.get("mode") == "compile-only" else "measured"
+    return f"{done} in environment {describe_env(env, environments(study).get(env, (None, 0))[0])}"
 
 
 def cmd_export(args: argparse.Namespace) -> int:
