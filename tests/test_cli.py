@@ -220,6 +220,7 @@ def test_best_prints_the_columns_of_trials(explored, capsys):
     assert main(_on(explored, "best", "--top", "1")) == 0
     heading, header, rows = _table_lines(capsys.readouterr().out)
     assert heading.startswith("study 'e2e' (compile-only") and header == trials_header
+    assert ", compiled in environment " in heading and "measured in" not in heading
     (best,) = rows
     cells = len(TABLE) - 1  # the same cells as in `trials`, but the reason, cut to each table's width
     assert best.split()[:cells] in [row.split()[:cells] for row in trials_rows]
