@@ -31,6 +31,11 @@ STATIC_SMEM = 1024  # bytes: TileLang's barriers where it warp-specialises the p
 # (experiments/cpu/head_sizes/wide.txt).
 # (Here, not in kernel.arch, which keys the kernels' code: what compiles is no part of it.)
 WGMMA_DK, WGMMA_BLOCK_DV, WGMMA_WIDEST_SHARED = 64, 32, 224
+# Scores in registers lay out for no more than 128 threads on any architecture ("Layout
+# infer conflict between A and A_cast": 132 of 132 such trials of the H200 studies in
+# experiments/, and every architecture, experiments/cpu/regs_threads/). (At chunks of 32
+# tokens they fail too; that failure is left to the compiler: the tests' compile failure.)
+REGS_MAX_THREADS = 128
 
 
 # The kernels take the batch size and sequence length as 32-bit ints (their generated
@@ -121,8 +126,13 @@ def violated(
     needs at the least (``KernelConfig.smem_floor``; the fused sweep's,
     ``kernel.dkdv.smem_bytes``) must fit one block of ``arch``; the fused sweep must serve
     the problem on ``arch`` (``dkdv_config``); and the head sizes and block_dv must be ones
-    ``arch``'s MMA tiles (``tiling_error``). Cheap: no compile."""
+    ``arch``'s MMA tiles (``tiling_error``), and scores in registers need no more than
+    ``REGS_MAX_THREADS`` threads. Cheap: no compile."""
     reasons = [reason] if (reason := tiling_error(arch, problem, config)) else []
+    if config.scores == "regs" and config.threads > REGS_MAX_THREADS:
+        reasons.append(
+            f"scores in registers lay out for at most {REGS_MAX_THREADS} threads, not {config.threads}"
+        )
     limit = get_arch(arch).smem_per_block
     floor = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else config.smem_floor(problem)
     if sweep == "dkdv" and dkdv_config(problem, arch) is None:

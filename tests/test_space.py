@@ -87,3 +87,14 @@ def test_ampere_refuses_before_any_compile_what_its_warps_cannot_tile():
     assert reason.startswith("block_dv 32: 8 warps cannot share its products with DK = 48")
     assert violated(problem, KernelConfig(64, 64, 1, 256, "smem"), "sm_80") == []
     assert violated(Problem(1, 2, 512, 64, 64), KernelConfig(32, 16, 1, 256, "regs"), "sm_80")
+
+
+def test_register_scores_past_128_threads_are_restricted_everywhere():
+    """They never compile (tests/test_kernel_cpu.py's layout failure, experiments/cpu/
+    regs_threads/): refused untried on every architecture; 128 threads are left to compile."""
+    problem = Problem(1, 2, 512, 64, 64)
+    for arch in ("sm_80", "sm_90a", "sm_120"):
+        assert violated(problem, KernelConfig(64, 64, 2, 256, "regs"), arch) == [
+            "scores in registers lay out for at most 128 threads, not 256"
+        ]
+        assert violated(problem, KernelConfig(64, 64, 2, 128, "regs"), arch) == []
