@@ -525,7 +525,12 @@ def test_unreadable_json_exits_2(tmp_path, capsys):
     assert "cannot read best-config file" in capsys.readouterr().err
     assert main(["run", "--enqueue-from", str(tmp_path / "missing.json")]) == 2
     capsys.readouterr()
-    for configs, said in (("abc", "'configs' is not a list"), (["abc"], "malformed config entry")):
+    incomplete = [{"config": {"chunk": 64, "block_dv": 64, "num_stages": 1, "scores": "smem"}}]
+    for configs, said in (
+        ("abc", "configs is not a list"),
+        (["abc"], "malformed entry: configs[0] is not a JSON object"),
+        (incomplete, "malformed entry: configs[0].config lacks threads"),  # no default filled in
+    ):
         assert main(["run", "--enqueue-from", str(best_config_file(tmp_path, configs=configs))]) == 2
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1
