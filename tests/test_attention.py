@@ -218,3 +218,21 @@ def test_warmup_refuses_an_architecture_that_compiles_per_shape_and_a_table_of_a
     assert main([*args, "--arch", "sm_100a"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "was tuned for sm_90a, this machine is sm_100a" in err, err
+
+
+def test_torch_compile_traces_the_checks_in_one_graph_without_a_warning():
+    """``torch.compile(fullgraph=True)`` traces ``decay_attention``'s checks (on meta
+    tensors, on the CPU): one graph, no warning, and a wrong input's error names it."""
+    import traceback
+    import warnings
+
+    compiled = torch.compile(
+        lambda q, d: decay_attention(q, q, q, d, output_final_state=True), backend="aot_eager", fullgraph=True
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        o, state = compiled(Q, meta(2, dtype=torch.float32))
+    assert o.shape == Q.shape and state.shape == (1, 2, 64, 64)
+    with pytest.raises(Exception) as refused:
+        compiled(Q[0], meta(2, dtype=torch.float32))
+    assert "q must be a 4-d tensor" in "".join(traceback.format_exception(refused.value))

@@ -61,8 +61,8 @@ def decay_attention(
     constant of the kernels (compiled once per value), where the decay is read at run time.
     """
     inputs.check_arguments(decay, scale, initial_state, output_final_state, cu_seqlens)
-    problem = inputs.check_qkv(q, k, v)
-    scale = float(problem.dk**-0.5 if scale is None else scale)
+    inputs.check_tensors(q, k, v)  # no Problem: torch.compile traces this function
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     alpha, per_head = (1.0, decay) if isinstance(decay, torch.Tensor) else (float(decay), None)
     args = (q, k, v, per_head, alpha, scale, initial_state, output_final_state, cu_seqlens)
     # Traced (torch.compile, fake or meta tensors): the op, whose fake implementation gives

@@ -48,8 +48,14 @@ def check_arguments(
 
 
 def check_qkv(q: Any, k: Any, v: Any) -> Problem:
-    """The shape of the call: q, k ``[B, S, H, DK]`` and v ``[B, S, H, DV]``, fp16 or bf16
-    CUDA (or meta) tensors of one dtype and device."""
+    """The problem of the call (``check_tensors``)."""
+    check_tensors(q, k, v)
+    return shape_problem(q.shape, v.shape[-1], q.dtype)
+
+
+def check_tensors(q: Any, k: Any, v: Any) -> None:
+    """q, k ``[B, S, H, DK]`` and v ``[B, S, H, DV]``, fp16 or bf16 CUDA (or meta) tensors
+    of one dtype and device."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-d tensor [B, S, H, D], got {_describe(t)}")
@@ -64,7 +70,6 @@ def check_qkv(q: Any, k: Any, v: Any) -> Problem:
     if not (k.dtype == v.dtype == q.dtype) or not (k.device == v.device == q.device):
         got = ", ".join(f"{t.dtype} on {t.device}" for t in (q, k, v))
         raise ValueError(f"q, k, v must share dtype and device, got {got}")
-    return shape_problem(q.shape, v.shape[-1], q.dtype)
 
 
 def check_decay(decay: torch.Tensor | None, alpha: float, heads: int, device: torch.device) -> None:
