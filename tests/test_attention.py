@@ -236,3 +236,9 @@ def test_torch_compile_traces_the_checks_in_one_graph_without_a_warning():
     with pytest.raises(Exception) as refused:
         compiled(Q[0], meta(2, dtype=torch.float32))
     assert "q must be a 4-d tensor" in "".join(traceback.format_exception(refused.value))
+    # a scale and a decay passed in as floats (dynamo traces them, unspecialised) trace too
+    scaled = torch.compile(
+        lambda q, d, s: decay_attention(q, q, q, d, scale=s)[0], backend="aot_eager", fullgraph=True
+    )
+    for d, s in ((0.9, 0.125), (0.8, 0.25)):
+        assert scaled(Q, d, s).shape == Q.shape

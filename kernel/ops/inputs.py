@@ -38,7 +38,7 @@ def check_arguments(
         raise ValueError(
             f"decay must be a float in (0, 1] or a tensor [H] of them{hint}, got {_describe(decay)}"
         )
-    if not (scale is None or (_real(scale) and math.isfinite(scale))):
+    if not (scale is None or (_real(scale) and abs(scale) < math.inf)):  # finite; traceable
         raise ValueError(f"scale wants a finite number, got {scale!r}"[:200])
     if not isinstance(output_final_state, bool):
         raise ValueError(f"output_final_state must be True or False, got {_describe(output_final_state)}")
