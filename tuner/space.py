@@ -1,9 +1,10 @@
 """The search space: the kernels' knobs for the problem (``kernel.defaults.knobs``), plus
 named restrictions (``kernel.defaults.violated``).
 
-Restrictions are cheap predicates on a config, checked before any compile. Everything the
-compiler decides (layout failures, spills, shared memory) is left to the probe, which
-records it as a value.
+Restrictions are cheap predicates on a config, checked before any compile: the compiler
+failures known ahead (layouts that never lower, the least shared memory) among them.
+Everything else the compiler decides (other failures, spills, shared memory) is left to the
+probe, which records it as a value.
 
 Two kernels are tuned (``sweep``): the forward (``"forward"``, every knob of
 ``kernel.config``), and the backward's fused dk and dv sweep (``"dkdv"``, ``kernel.dkdv``),
