@@ -5,7 +5,8 @@ the table on disk, and is served from it.
 
 - The study is ``python -m tuner dispatch`` for that one shape in a child process: at most
   ``TRIALS`` configs and ``SECONDS`` of asking (then the trials in flight finish), each
-  checked against reference C as ``run`` checks it, its studies beside the table (``my-table.json``: ``my-table.studies/``).
+  checked against reference C as ``run`` checks it, its studies beside the table
+  (``my-table.json``: ``my-table.studies/``).
 - A bucket: an entry of the same DK, DV and dtype serves a call within ``COVERS`` of its
   tuned shape (log2 of B*H plus log2 of S, ``DispatchEntry.distance``): a table grows by
   about one entry for each doubling of B*H or S a model meets.
