@@ -21,7 +21,7 @@ from kernel.ops.deploy import (
     read_versioned,
     saved_environment,
 )
-from kernel.ops.inputs import check_arguments, check_decay, check_qkv, decay_tensor
+from kernel.ops.inputs import check_alpha, check_arguments, check_qkv, decay_tensor
 
 DISPATCH_FORMAT = "decay-tuner/dispatch"
 DISPATCH_VERSION = 1
@@ -118,7 +118,8 @@ class Dispatch:
             return self.kernel(check_qkv(q, k, v))(q, k, v, out=out)
         check_arguments(decay, None, None, False, None)  # decay_attention's checks
         per_head, alpha = (decay, 1.0) if isinstance(decay, torch.Tensor) else (None, float(decay))
-        check_decay(None, alpha, 0, None)
+        if per_head is None:
+            check_alpha(alpha)  # before q's checks
         problem = check_qkv(q, k, v)
         decay = decay_tensor(per_head, alpha, problem.heads, q.device)
         return self.kernel(problem)(q, k, v, decay=decay, out=out)

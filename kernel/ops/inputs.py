@@ -72,12 +72,17 @@ def check_tensors(q: Any, k: Any, v: Any) -> None:
         raise ValueError(f"q, k, v must share dtype and device, got {got}")
 
 
+def check_alpha(alpha: float) -> None:
+    """One decay for every head, in (0, 1]."""
+    if not (math.isfinite(alpha) and 0.0 < alpha <= 1.0):
+        raise ValueError(f"decay must be in (0, 1], got {alpha}")
+
+
 def check_decay(decay: torch.Tensor | None, alpha: float, heads: int, device: torch.device) -> None:
     """``alpha`` in (0, 1] where ``decay`` is None, else ``decay`` a floating-point ``[H]``
     tensor on q's device (its values: ``decay_tensor``)."""
     if decay is None:
-        if not (math.isfinite(alpha) and 0.0 < alpha <= 1.0):
-            raise ValueError(f"decay must be in (0, 1], got {alpha}")
+        check_alpha(alpha)
         return
     if decay.shape != (heads,):
         raise ValueError(
