@@ -222,7 +222,9 @@ def test_warmup_refuses_an_architecture_that_compiles_per_shape_and_a_table_of_a
 
 def test_torch_compile_traces_the_checks_in_one_graph_without_a_warning():
     """``torch.compile(fullgraph=True)`` traces ``decay_attention``'s checks (on meta
-    tensors, on the CPU): one graph, no warning, and a wrong input's error names it."""
+    tensors, on the CPU): one graph, no warning, a wrong input's error names it, floats
+    passed in trace, and so does a new length, symbolic (the fake implementation builds no
+    ``Problem``, which takes ints)."""
     import traceback
     import warnings
 
@@ -242,3 +244,8 @@ def test_torch_compile_traces_the_checks_in_one_graph_without_a_warning():
     )
     for d, s in ((0.9, 0.125), (0.8, 0.25)):
         assert scaled(Q, d, s).shape == Q.shape
+    # a new length recompiles with the length symbolic (torch's automatic dynamic shapes)
+    for length in (64, 100, 257):
+        q = meta(2, length, 2, 64)
+        o, state = compiled(q, meta(2, dtype=torch.float32))
+        assert o.shape == q.shape and state.shape == (2, 2, 64, 64)

@@ -60,10 +60,10 @@ def decay_attention(
     A wrong input raises ``ValueError`` before anything is launched. Each scale is a
     constant of the kernels (compiled once per value), where the decay is read at run time.
     """
-    inputs.check_arguments(decay, scale, initial_state, output_final_state, cu_seqlens)
+    per_head, alpha = inputs.decay_parts(decay)
+    inputs.check_arguments(scale, initial_state, output_final_state, cu_seqlens)
     inputs.check_tensors(q, k, v)  # no Problem: torch.compile traces this function
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    alpha, per_head = (1.0, decay) if isinstance(decay, torch.Tensor) else (float(decay), None)
     args = (q, k, v, per_head, alpha, scale, initial_state, output_final_state, cu_seqlens)
     # Traced (torch.compile, fake or meta tensors): the op, whose fake implementation gives
     # the shapes. Called on real tensors: the same implementation, without the op's dispatch.
@@ -119,16 +119,16 @@ _attention_op = torch.library.custom_op("decay_tuner::decay_attention", mutates_
 
 @_attention_op.register_fake
 def _(q, k, v, decay, alpha, scale, initial_state, output_final_state, cu_seqlens):
-    problem = inputs.check_qkv(q, k, v)  # the checks that need no values, as _forward's
-    inputs.check_decay(decay, alpha, problem.heads, q.device)
-    n = problem.batch
+    inputs.check_tensors(q, k, v)  # the checks that need no values, as _forward's
+    p = inputs.sizes(q, v)
+    inputs.check_decay(decay, alpha, p.heads, q.device)
+    n = p.batch
     if cu_seqlens is not None:
-        inputs.check_offsets_shape(cu_seqlens, problem, q.device)
+        inputs.check_offsets_shape(cu_seqlens, p, q.device)
         n = cu_seqlens.shape[0] - 1
-    inputs.check_state(initial_state, problem, n, q.device)
-    b, s, h, dk = q.shape
-    final = q.new_empty((n, h, dk, v.shape[-1]) if output_final_state else (0,), dtype=torch.float32)
-    return q.new_empty(b, s, h, v.shape[-1]), final
+    inputs.check_state(initial_state, p, n, q.device)
+    final = q.new_empty((n, p.heads, p.dk, p.dv) if output_final_state else (0,), dtype=torch.float32)
+    return q.new_empty(p.batch, p.seqlen, p.heads, p.dv), final
 
 
 class _Grads(NamedTuple):

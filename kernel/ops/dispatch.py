@@ -6,8 +6,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from kernel.builder import ScalarDecayKernel, build
 from kernel.config import SWEEPS, KernelConfig, Problem
 from kernel.defaults import config_error, nearest_grid, runs, shorter_pipeline
@@ -21,7 +19,7 @@ from kernel.ops.deploy import (
     read_versioned,
     saved_environment,
 )
-from kernel.ops.inputs import check_alpha, check_arguments, check_qkv, decay_tensor
+from kernel.ops.inputs import check_qkv, decay_parts, decay_tensor
 
 DISPATCH_FORMAT = "decay-tuner/dispatch"
 DISPATCH_VERSION = 1
@@ -116,10 +114,7 @@ class Dispatch:
         device, each in (0, 1] (default: RetNet's, ``kernel.config.retnet_decay``)."""
         if decay is None:  # RetNet's
             return self.kernel(check_qkv(q, k, v))(q, k, v, out=out)
-        check_arguments(decay, None, None, False, None)  # decay_attention's checks
-        per_head, alpha = (decay, 1.0) if isinstance(decay, torch.Tensor) else (None, float(decay))
-        if per_head is None:
-            check_alpha(alpha)  # before q's checks
+        per_head, alpha = decay_parts(decay)  # decay_attention's checks
         problem = check_qkv(q, k, v)
         decay = decay_tensor(per_head, alpha, problem.heads, q.device)
         return self.kernel(problem)(q, k, v, decay=decay, out=out)

@@ -7,7 +7,7 @@ import functools
 import math
 import numbers
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -20,6 +20,22 @@ DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 _CHECKED: dict[int, tuple[weakref.ref, int]] = {}
 
 
+class Sizes(NamedTuple):
+    """A call's sizes as its tensors hold them: symbolic where torch.compile traces a new
+    length (a ``Problem`` takes ints), for the checks that read only sizes."""
+
+    batch: Any
+    heads: Any
+    seqlen: Any
+    dk: Any
+    dv: Any
+
+
+def sizes(q: torch.Tensor, v: torch.Tensor) -> Sizes:
+    b, s, h, dk = q.shape
+    return Sizes(b, h, s, dk, v.shape[-1])
+
+
 @functools.lru_cache(maxsize=256)
 def shape_problem(q_shape: torch.Size, dv: int, dtype: torch.dtype) -> Problem:
     """The problem of checked tensors (q's shape, v's last dimension, their dtype)."""
@@ -27,17 +43,25 @@ def shape_problem(q_shape: torch.Size, dv: int, dtype: torch.dtype) -> Problem:
     return Problem(b, h, s, dk, dv, DTYPE_NAMES[dtype])
 
 
-def check_arguments(
-    decay: Any, scale: Any, initial_state: Any, output_final_state: Any, cu_seqlens: Any
-) -> None:
-    """The types of a call's other arguments: a decay that is a real number or a tensor,
-    a scale that is a finite real number or None, a flag that is a bool, states and offsets that
-    are tensors or None."""
-    if not (_real(decay) or isinstance(decay, torch.Tensor)):
+def decay_parts(decay: Any) -> tuple[torch.Tensor | None, float]:
+    """A call's decay as (its tensor of one alpha per head, else None; its one alpha for
+    every head, else 1.0): a real number in (0, 1] or a tensor (whose shape and values
+    ``decay_tensor`` checks)."""
+    if isinstance(decay, torch.Tensor):
+        return decay, 1.0
+    if not _real(decay):
         hint = " (1.0 for no decay)" if decay is None else ""
         raise ValueError(
             f"decay must be a float in (0, 1] or a tensor [H] of them{hint}, got {_describe(decay)}"
         )
+    check_alpha(decay)
+    return None, float(decay)
+
+
+def check_arguments(scale: Any, initial_state: Any, output_final_state: Any, cu_seqlens: Any) -> None:
+    """The types of a call's arguments but the tensors and the decay: a scale that is a
+    finite real number or None, a flag that is a bool, states and offsets that are tensors
+    or None."""
     if not (scale is None or (_real(scale) and abs(scale) < math.inf)):  # finite; traceable
         raise ValueError(f"scale wants a finite number, got {scale!r}"[:200])
     if not isinstance(output_final_state, bool):
@@ -73,8 +97,8 @@ def check_tensors(q: Any, k: Any, v: Any) -> None:
 
 
 def check_alpha(alpha: float) -> None:
-    """One decay for every head, in (0, 1]."""
-    if not (math.isfinite(alpha) and 0.0 < alpha <= 1.0):
+    """One decay for every head, in (0, 1] (NaN is not: a comparison, which torch.compile traces)."""
+    if not 0.0 < alpha <= 1.0:
         raise ValueError(f"decay must be in (0, 1], got {alpha}")
 
 
@@ -114,7 +138,7 @@ def decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: t
     return alphas
 
 
-def check_offsets_shape(cu_seqlens: torch.Tensor, problem: Problem, device: torch.device) -> None:
+def check_offsets_shape(cu_seqlens: torch.Tensor, problem: Problem | Sizes, device: torch.device) -> None:
     """Packed sequences: q, k, v ``[1, T, H, D]`` and ``cu_seqlens`` an int32 or int64
     ``[N + 1]`` tensor on q's device (its values: ``check_offsets``)."""
     if problem.batch != 1:
@@ -144,7 +168,9 @@ def check_offsets(cu_seqlens: torch.Tensor, problem: Problem, device: torch.devi
     return cu_seqlens.to(torch.int32).contiguous()
 
 
-def check_state(state: torch.Tensor | None, problem: Problem, sequences: int, device: torch.device) -> None:
+def check_state(
+    state: torch.Tensor | None, problem: Problem | Sizes, sequences: int, device: torch.device
+) -> None:
     """An initial state is fp32 ``[B, H, DK, DV]``, or ``[N, H, DK, DV]`` for N packed sequences."""
     if state is None:
         return
