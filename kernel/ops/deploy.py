@@ -95,7 +95,8 @@ def file_problem(value: Any, where: str) -> Problem:
 def file_config(value: Any, where: str) -> KernelConfig:
     """The config a file records at ``where``, every knob given (but
     ``OPTIONAL_CONFIG_FIELDS``); else ``ValueError`` naming what it lacks."""
-    return KernelConfig.from_dict(fields(KernelConfig, value, where, every=True))
+    knobs = [f.name for f in dataclasses.fields(KernelConfig) if f.name not in OPTIONAL_CONFIG_FIELDS]
+    return KernelConfig.from_dict(fields(KernelConfig, value, where, knobs))
 
 
 def json_object(value: Any, where: str) -> dict[str, Any]:
@@ -105,17 +106,14 @@ def json_object(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
-def fields(cls: type, value: Any, where: str, *, every: bool = False) -> dict[str, Any]:
-    """``value``, a file's JSON object at ``where``, holding every field the dataclass
-    ``cls`` has no default for (with ``every``, every field but ``OPTIONAL_CONFIG_FIELDS``);
-    else ``ValueError`` naming what it lacks."""
+def fields(cls: type, value: Any, where: str, required: list[str] | None = None) -> dict[str, Any]:
+    """``value``, a file's JSON object at ``where``, holding the ``required`` fields
+    (default: those the dataclass ``cls`` has no default for); else ``ValueError`` naming
+    what it lacks."""
     found = json_object(value, where)
-    missing = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if (every and f.name not in OPTIONAL_CONFIG_FIELDS or f.default is dataclasses.MISSING)
-        and f.name not in found
-    ]
+    if required is None:
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+    missing = [name for name in required if name not in found]
     if missing:
         raise ValueError(f"{where} lacks {', '.join(missing)}")
     return found
