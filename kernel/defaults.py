@@ -32,7 +32,7 @@ STATIC_SMEM = 1024  # bytes: TileLang's barriers where it warp-specialises the p
 # (Here, not in kernel.arch, which keys the kernels' code: what compiles is no part of it.)
 WGMMA_DK, WGMMA_BLOCK_DV, WGMMA_WIDEST_SHARED = 64, 32, 224
 # Scores in registers lay out for no more than 128 threads on any architecture ("Layout
-# infer conflict between A and A_cast": 132 of 132 such trials of the H200 studies in
+# infer conflict between A and A_cast": all 132 compiled in the H200 studies in
 # experiments/, and every architecture, experiments/cpu/regs_threads/). (At chunks of 32
 # tokens they fail too; that failure is left to the compiler: the tests' compile failure.)
 REGS_MAX_THREADS = 128
