@@ -34,13 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 ACCUM = "float32"
 
 
-def cluster_fwd(*, heads: int, dk: int, dv: int, dtype: str, block_dv: int = 64, stages: int = 3, scale: float):
+def cluster_fwd(
+    *, heads: int, dk: int, dv: int, dtype: str, scale: float, block_dv: int = 64, stages: int = 3
+):
     C = 64
     cluster = dv // block_dv
     mask = (1 << cluster) - 1
     batch, seqlen = T.dynamic("batch, seqlen")
     rows = T.GemmWarpPolicy.FullRow
-    tile_bytes = (2 * C * dk + C * block_dv) * 2
 
     @T.prim_func
     def main(
@@ -60,7 +61,7 @@ def cluster_fwd(*, heads: int, dk: int, dv: int, dtype: str, block_dv: int = 64,
             Kw_s = T.alloc_shared([C, dk], dtype)
             AT_cast = T.alloc_shared([C, C], dtype)
             O_s = T.alloc_shared([C, block_dv], dtype)
-            full = T.alloc_barrier([128] * stages)  # every producer thread arrives, the elected one after its expect-tx
+            full = T.alloc_barrier([128] * stages)  # all producer threads arrive, one after its expect-tx
             empty = T.alloc_cluster_barrier([cluster] * stages)
 
             ST_f = T.alloc_fragment([block_dv, dk], ACCUM)
@@ -77,9 +78,15 @@ def cluster_fwd(*, heads: int, dk: int, dv: int, dtype: str, block_dv: int = 64,
                 for c in T.serial(n_chunks):
                     s = c % stages
                     T.mbarrier_wait_parity(empty[s], ((c // stages) % 2) ^ 1)
-                    T.tma_copy(Q[bb, c * C : (c + 1) * C, bh, :], Q_s[s, :, :], barrier=full[s], cluster_mask=mask)
-                    T.tma_copy(K[bb, c * C : (c + 1) * C, bh, :], K_s[s, :, :], barrier=full[s], cluster_mask=mask)
-                    T.tma_copy(V[bb, c * C : (c + 1) * C, bh, v0 : v0 + block_dv], V_s[s, :, :], barrier=full[s])
+                    T.tma_copy(
+                        Q[bb, c * C : (c + 1) * C, bh, :], Q_s[s, :, :], barrier=full[s], cluster_mask=mask
+                    )
+                    T.tma_copy(
+                        K[bb, c * C : (c + 1) * C, bh, :], K_s[s, :, :], barrier=full[s], cluster_mask=mask
+                    )
+                    T.tma_copy(
+                        V[bb, c * C : (c + 1) * C, bh, v0 : v0 + block_dv], V_s[s, :, :], barrier=full[s]
+                    )
                     T.barrier_arrive(full[s])
             else:  # the consumer warpgroup
                 lg[0] = T.log2(Decay[bh])
@@ -131,13 +138,15 @@ def compile_for(arch: str = "sm_90a", **problem):
 
 def main(specs: list[str]) -> None:
     """Per ``BxHxS:DKxDV``: the prototype at each stage count beside the served forward
-    (the rule's config, ``kernel.ops.serve.kernel_for``), both checked against reference C
-    into NaN-filled outputs and timed in one process (``kernel.timing.time_gpu``, the host
-    queued ahead, L2 flushed, median)."""
+    (the rule's config, ``kernel.ops.serve.kernel_for``) and the product's kernel of the
+    prototype's CTAs without the cluster (64/64/3/128/smem/1: Q and K read per CTA), all
+    checked against reference C into NaN-filled outputs and timed in one process
+    (``kernel.timing.time_gpu``, the host queued ahead, L2 flushed, median)."""
     import torch
 
     import refs
-    from kernel.config import Call, Problem, model_call, retnet_decay
+    from kernel.builder import build
+    from kernel.config import Call, KernelConfig, Problem, model_call, retnet_decay
     from kernel.environment import environment
     from kernel.ops.serve import kernel_for
     from kernel.timing import time_gpu
@@ -154,12 +163,17 @@ def main(specs: list[str]) -> None:
         scale = model_call(problem).scale
         ref = refs.kernel_mimic(q.double(), k.double(), v.double(), decay.double(), 64, scale=scale)
         served = kernel_for(problem, Call(scale), b)
-        runs = {"served " + served.config.label(): lambda: served.run(q, k, v, decay)[0]}
+        unshared = build(problem, KernelConfig(64, 64, 3, 128, "smem", 1), Call(scale))
+        runs = {
+            "served " + served.config.label(): lambda: served.run(q, k, v, decay)[0],
+            "unshared " + unshared.config.label(): lambda: unshared.run(q, k, v, decay)[0],
+        }
         for stages in (2, 3, 4):
             try:
                 kern = compile_for(heads=h, dk=dk, dv=dv, dtype="bfloat16", stages=stages, scale=scale)
             except Exception as e:  # noqa: BLE001 - a prototype's compile failure is a row
-                print(json.dumps({"kind": "compile_failed", "spec": spec, "stages": stages, "error": str(e)[-300:]}))
+                failed = {"kind": "compile_failed", "spec": spec, "stages": stages, "error": str(e)[-300:]}
+                print(json.dumps(failed))
                 continue
 
             def cluster(kern=kern):
