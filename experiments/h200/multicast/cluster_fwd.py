@@ -16,7 +16,8 @@ CTA that every consumer of the cluster arrives on, so a stage is refilled (multi
 every CTA) only once all of them have read it. The consumer's chunk step is the
 transposed step of ``kernel.scalar_decay`` (state ``S^T`` in registers).
 
-Scope of the prototype: dense, no state in or out, S a multiple of the chunk, chunk 64.
+Scope of the prototype: dense, no state in, the final state out (as a model's call), any S,
+chunk 64.
 Checked against reference C (``refs``) on the GPU; timed beside the served forward.
 
     python3 experiments/h200/multicast/cluster_fwd.py 4x16x8192:128x128 4x8x8192:128x256 ...
@@ -50,6 +51,7 @@ def cluster_fwd(
         V: T.Tensor([batch, seqlen, heads, dv], dtype),
         Decay: T.Tensor([heads], ACCUM),
         O: T.Tensor([batch, seqlen, heads, dv], dtype),
+        HT: T.Tensor([batch * heads, dk, dv], ACCUM),
     ):
         with T.Kernel(cluster, batch * heads, threads=256, cluster_dims=(cluster, 1, 1)) as (bv, bbh):
             bb = bbh // heads
@@ -102,8 +104,11 @@ def cluster_fwd(
                     T.wgmma_gemm(K_s[s, :, :], Q_s[s, :, :], AT, transpose_B=True, clear_accum=True)
                     T.wgmma_gemm(ST_h, Q_s[s, :, :], OT, transpose_B=True, clear_accum=True, policy=rows)
                     T.wait_wgmma(1)
-                    for r, d in T.Parallel(C, dk):
-                        Kw_s[r, d] = K_s[s, r, d] * T.exp2(lg[0] * T.Cast(ACCUM, C - 1 - r))
+                    m = T.min(C, seqlen - c * C)  # tokens of this chunk: C but at a ragged end
+                    for r, d in T.Parallel(C, dk):  # rows past m: 0, never alpha^(negative)
+                        Kw_s[r, d] = T.if_then_else(
+                            r < m, K_s[s, r, d] * T.exp2(lg[0] * T.Cast(ACCUM, m - 1 - r)), T.Cast(dtype, 0)
+                        )
                     for j, i in T.Parallel(C, C):
                         AT_cast[j, i] = AT[j, i] * GammaT[j, i]
                     T.wait_wgmma(0)
@@ -111,7 +116,7 @@ def cluster_fwd(
                         OT[v, i] *= scale * T.exp2(lg[0] * T.Cast(ACCUM, i + 1))
                     T.wgmma_gemm(V_s[s, :, :], AT_cast, OT, transpose_A=True, policy=rows)
                     for v, d in T.Parallel(block_dv, dk):
-                        ST_f[v, d] *= T.exp2(lg[0] * T.Cast(ACCUM, C))
+                        ST_f[v, d] *= T.exp2(lg[0] * T.Cast(ACCUM, m))
                     T.wgmma_gemm(V_s[s, :, :], Kw_s, ST_f, transpose_A=True, policy=rows)
                     T.wait_wgmma(1)
                     for i, v in T.Parallel(C, block_dv):
@@ -122,6 +127,8 @@ def cluster_fwd(
                     if tx == 0:
                         for r in T.serial(cluster):
                             T.mbarrier_arrive(empty[s], r)
+                for v, d in T.Parallel(block_dv, dk):
+                    HT[bbh, d, v0 + v] = ST_f[v, d]
             T.cluster_sync()  # no CTA leaves while a peer may still arrive on its barriers
 
     return main
@@ -161,12 +168,16 @@ def main(specs: list[str]) -> None:
         q, k, v = random_qkv(problem, seed=3)
         decay = torch.tensor(retnet_decay(h), dtype=torch.float32, device="cuda")
         scale = model_call(problem).scale
-        ref = refs.kernel_mimic(q.double(), k.double(), v.double(), decay.double(), 64, scale=scale)
-        served = kernel_for(problem, Call(scale), b)
-        unshared = build(problem, KernelConfig(64, 64, 3, 128, "smem", 1), Call(scale))
+        ref, ref_state = refs.kernel_mimic(
+            q.double(), k.double(), v.double(), decay.double(), 64, scale=scale, output_final_state=True
+        )
+        call = Call(scale, final_state=True)  # a model's call: the state comes out
+        served = kernel_for(problem, call, b)
+        unshared = build(problem, KernelConfig(64, 64, 3, 128, "smem", 1), call)
+        state = torch.full((b, h, dk, dv), float("nan"), device="cuda")  # NaN until written
         runs = {
-            "served " + served.config.label(): lambda: served.run(q, k, v, decay)[0],
-            "unshared " + unshared.config.label(): lambda: unshared.run(q, k, v, decay)[0],
+            "served " + served.config.label(): lambda: served.run(q, k, v, decay, final_state=state)[0],
+            "unshared " + unshared.config.label(): lambda: unshared.run(q, k, v, decay, final_state=state)[0],
         }
         for stages in (2, 3, 4):
             try:
@@ -175,22 +186,23 @@ def main(specs: list[str]) -> None:
                 failed = {"kind": "compile_failed", "spec": spec, "stages": stages, "error": str(e)[-300:]}
                 print(json.dumps(failed))
                 continue
-
             nan_out = torch.full_like(v, float("nan"))  # NaN until the first call writes it
 
             def cluster(kern=kern, out=nan_out):
-                kern(q, k, v, decay, out)
+                kern(q, k, v, decay, out, state.view(b * h, dk, dv))
                 return out
 
             runs[f"cluster 64/64/{stages}"] = cluster
-        bytes_moved = b * s * h * (2 * dk + 2 * dv) * 2
+        bytes_moved = b * s * h * (2 * dk + 2 * dv) * 2 + b * h * dk * dv * 4  # and the state
         for name, run in runs.items():
+            state.fill_(float("nan"))
             out = run()
             torch.cuda.synchronize()
             err = refs.rel_l2(out.double(), ref)
+            state_err = refs.rel_l2(state.double(), ref_state)
             t = time_gpu(run, host_ahead=True)
             print(json.dumps({
-                "kind": "time", "spec": spec, "impl": name, "rel_l2_ref_c": err,
+                "kind": "time", "spec": spec, "impl": name, "rel_l2_ref_c": err, "state_rel_l2": state_err,
                 "nan": int(out.isnan().sum()), **t.to_dict(),
                 "floor_ms": bytes_moved / 4.24e9,
             }), flush=True)  # fmt: skip

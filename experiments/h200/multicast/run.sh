@@ -5,6 +5,6 @@ set -uo pipefail
 source .gpu/setup.sh
 export PYTHONUNBUFFERED=1
 timeout "${CLUSTER_S:-200}" python3 experiments/h200/multicast/cluster_fwd.py \
-    2x3x320:128x128 1x2x192:128x256 4x16x8192:128x128 2x16x16384:128x128 8x16x4096:128x128 \
+    2x3x333:128x128 1x2x200:128x256 4x16x8192:128x128 2x16x16384:128x128 8x16x4096:128x128 \
     16x16x2048:128x128 4x8x8192:128x256 2>"$OUT/cluster_fwd.err"
 tail -3 "$OUT/cluster_fwd.err" >&2
