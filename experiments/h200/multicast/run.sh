@@ -5,7 +5,7 @@
 set -uo pipefail
 source .gpu/setup.sh
 export PYTHONUNBUFFERED=1
-timeout "${CLUSTER_S:-260}" python3 experiments/h200/multicast/cluster_fwd.py \
+timeout "${CLUSTER_S:-420}" python3 experiments/h200/multicast/cluster_fwd.py \
     4x16x8192:128x128 4x8x8192:128x256 8x16x4096:128x128 2x16x16384:128x128 3x12x6000:128x128 \
     2>"$OUT/cluster_fwd.err"
 echo "cluster_fwd: exit $?" >&2
