@@ -4,10 +4,11 @@ kernel must move. From the committed bench rows (no GPU):
     python3 experiments/h200/outofbox/bounds.py > experiments/h200/outofbox/bounds.txt
 
 The HBM floor (``tuner.occupancy.traffic_bytes``) reads Q, K and V once and writes O and
-the final state once. A config split into segments (``kernel.seq_split``) reads K and V a
-second time (its states pass, then its outputs pass) and moves the segments' fp32 states
-(written, read by the carry, written again, read): it cannot run faster than those bytes
-at the bench's measured copy rate. Per shape: ours (the out-of-the-box config) and fla over
+the final state once. A config whose block_dv is under DV reads Q and K once per DV block;
+one split into P segments (``kernel.seq_split``) reads K and V of the first P - 1
+segments a second time (its states pass, then its outputs pass) and moves the segments'
+fp32 states (written, read by the carry, written again, read): it cannot run faster than
+those bytes at the bench's measured copy rate. Per shape: ours (the out-of-the-box config) and fla over
 the floor, the split's own bound over the floor, ours over that bound, and fla's time over
 the bound: the most any kernel that splits as ours does could be faster than fla. Then,
 from the 16-head sweep at 4x16x8192, the unsplit configs over the fastest split.
@@ -27,13 +28,18 @@ STATE_BYTES = 4
 
 
 def split_bytes(problem: Problem, config: KernelConfig) -> int:
-    """The bytes a forward with ``config``'s segments moves at the least."""
-    p, n = problem, config.segments
+    """The bytes a forward with ``config`` moves at the least: the floor, plus Q and K read
+    again by each further DV block; split, K (per DV block) and V of every segment but the
+    last read again by the states kernel (``kernel.seq_split``: one block per segment but
+    the last), and the segments' fp32 states moved four times."""
+    p, n = problem, config.segment_count(problem.seqlen)
+    dv_blocks = p.dv // config.block_dv
+    total = traffic_bytes(p) + p.batch * p.seqlen * p.heads * 2 * p.dk * (dv_blocks - 1) * 2
     if n == 1:
-        return traffic_bytes(p)
-    again = p.batch * p.seqlen * p.heads * (p.dk + p.dv) * 2  # K and V read by the states pass
+        return total
+    again = p.batch * p.heads * (n - 1) * config.segment_length(p.seqlen) * (p.dk * dv_blocks + p.dv) * 2
     states = 4 * p.batch * p.heads * n * p.dk * p.dv * STATE_BYTES
-    return traffic_bytes(p) + again + states
+    return total + again + states
 
 
 def main() -> None:
