@@ -109,7 +109,17 @@ def test_dispatch_loader_refuses_bad_tables(tmp_path):
     assert load_dispatch(
         dispatch_file(tmp_path, entry, environment=here | {"gpu": "x"}), allow_mismatch=True
     ).entries
-    for unknown in ({"gpu": "x"}, None, {"arch": "sm_91"}, {"capability": "7.0"}):  # never served
+    # never served; nor a malformed arch or capability (once a TypeError)
+    for unknown in (
+        {"gpu": "x"},
+        None,
+        {"arch": "sm_91"},
+        {"capability": "7.0"},
+        {"arch": ["sm_90a"]},
+        {"arch": {}},
+        {"capability": "9"},
+        {"capability": "9.0.1"},
+    ):
         with pytest.raises(ExportError, match="does not say which architecture it was tuned for"):
             load_dispatch(dispatch_file(tmp_path, entry, environment=unknown), allow_mismatch=True)
     with pytest.raises(ExportError, match="version"):

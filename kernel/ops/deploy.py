@@ -71,11 +71,12 @@ def file_arch(path: str | Path, environment: dict[str, Any]) -> str:
     where it records neither."""
     arch, capability = environment.get("arch"), environment.get("capability")
     if arch is None and isinstance(capability, str):
+        parts = capability.split(".")
         try:
-            arch = arch_of_capability(*map(int, capability.split("."))).name
+            arch = arch_of_capability(*map(int, parts)).name if len(parts) == 2 else None
         except ValueError:
             pass
-    if arch not in ARCHS:
+    if not isinstance(arch, str) or arch not in ARCHS:
         raise ExportError(
             f"{path} does not say which architecture it was tuned for (environment.arch {arch!r}, "
             f"capability {capability!r}; architectures: {', '.join(ARCHS)})"
