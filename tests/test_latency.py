@@ -139,6 +139,10 @@ def _shipped_with(**changes) -> str:
     return json.dumps(json.loads(latency.MODEL_FILE.read_text()) | changes)
 
 
+def _shipped_domain_with(**changes) -> dict:
+    return json.loads(latency.MODEL_FILE.read_text())["domain"] | changes
+
+
 @pytest.mark.parametrize(
     "content",
     [
@@ -151,6 +155,11 @@ def _shipped_with(**changes) -> str:
         _shipped_with(trees=[[[0, 1.5, 1, 9, 0]]]),  # a child the tree lacks
         _shipped_with(trees=[[[0, 1.5, 0, 0, 0]]]),  # a node that is its own child: a loop
         _shipped_with(trees=[[]]),
+        _shipped_with(baseline=math.nan),  # Optuna would refuse every prediction
+        _shipped_with(trees=[[[-1, 0, 0, 0, math.inf]]]),
+        _shipped_with(domain=_shipped_domain_with(chunk=64)),  # a value, not a list of them
+        _shipped_with(domain=_shipped_domain_with(dk_dv=None)),
+        _shipped_with(domain=_shipped_domain_with(dk_dv=[128, 128])),
     ],
 )
 def test_a_model_file_missing_or_corrupt_falls_back_to_the_analytic_part(

@@ -161,18 +161,26 @@ class LatencyModel:
 
     def check(self) -> None:
         """``ValueError`` unless every field is what ``predict`` can use: a positive
-        bandwidth, an interval of two, a domain of every knob, trees whose nodes each hold
-        five numbers and point at features that exist and at nodes further down."""
+        bandwidth, a finite baseline, an interval of two, a domain that lists each knob's
+        values and the [DK, DV] pairs, trees whose nodes each hold five finite numbers and
+        point at features that exist and at nodes further down."""
         if not (self.bandwidth > 0 and math.isfinite(self.bandwidth)) or len(self.interval) != 2:
             raise ValueError(f"bandwidth {self.bandwidth} or interval {self.interval} out of range")
+        if not all(math.isfinite(x) for x in (self.baseline, *self.interval)):
+            raise ValueError(f"baseline {self.baseline} or interval {self.interval} not finite")
         if not isinstance(self.domain, dict) or set(self.domain) != {*KernelConfig().to_dict(), "dk_dv"}:
             raise ValueError("its domain does not name every knob and the head sizes")
+        pairs = self.domain["dk_dv"]
+        if not all(isinstance(values, list) for values in self.domain.values()) or not all(
+            isinstance(pair, list) and len(pair) == 2 for pair in pairs
+        ):
+            raise ValueError("its domain does not list each knob's values and the [DK, DV] pairs")
         for tree in self.trees:
             if not tree:
                 raise ValueError("an empty tree")
             for at, node in enumerate(tree):
-                if len(node) != 5:
-                    raise ValueError(f"a tree node of {len(node)} numbers, not 5")
+                if len(node) != 5 or not all(math.isfinite(x) for x in node):
+                    raise ValueError(f"a tree node {list(node)[:5]}: not 5 finite numbers")
                 feature, _, left, right, _ = node
                 children = at < min(left, right) and max(left, right) < len(tree)  # down the tree only
                 if feature >= 0 and not (feature < len(FEATURES) and children):
