@@ -120,6 +120,9 @@ def test_bad_model_input_is_one_line(tmp_path, monkeypatch, capsys):
         (["--out", str(TRAIN / "m.json")], "is a file, not a folder"),
         (["--bandwidth", "0"], "--bandwidth wants the GPU's copy rate in bytes/s (> 0), got 0.0"),
         (["--bandwidth", "nan"], "--bandwidth wants"),
+        (["--bandwidth", "inf"], "--bandwidth wants"),
+        (["--hold-out", ""], "--hold-out wants BxHxS"),  # not the leave-each-out fit
+        (["--storage", ""], "--storage wants"),
     ):
         assert main([*fit, *extra]) == 2
         err = capsys.readouterr().err
@@ -133,6 +136,26 @@ def test_bad_model_input_is_one_line(tmp_path, monkeypatch, capsys):
     assert main(["model", "fit", "--data", str(rows), "--hold-out", "1x8x256"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {rows}: not a sweep's JSON lines: KeyError") and err.count("\n") == 1
+    lines = TRAIN.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if '"kind": "time"' in line)
+    for field, value, said in (
+        ("median_ms", "0.1", "median_ms '0.1', not a positive time in ms"),
+        ("median_ms", None, "median_ms None"),
+        ("median_ms", 0, "median_ms 0"),
+        ("median_ms", math.nan, "median_ms nan"),
+        ("median_ms", True, "median_ms True"),
+        ("config", "64/64/9/999/xx", "its config 64/64/9/999/xx: scores"),  # no --enqueue: a field
+    ):
+        row = json.loads(lines[at]) | {field: value}
+        rows.write_text("\n".join([*lines[:at], json.dumps(row), *lines[at + 1 :]]))
+        assert main(["model", "fit", "--data", str(rows), "--hold-out", "1x8x256"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {rows}: not a sweep's JSON lines") and said in err, err
+        assert err.count("\n") == 1
+    fits = ["model", "fit", "--data", str(TRAIN), "--hold-out", "1x16x512", "--out", "/proc/m.json"]
+    assert main(fits) == 2  # after the fit: one line, no traceback
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("error: cannot write /proc/m.json") and not any("Traceback" in e for e in err)
 
 
 def _shipped_with(**changes) -> str:

@@ -70,15 +70,23 @@ def from_sweep(path: Path) -> tuple[list[Sample], str]:
                 figures[key] = Figures.of(r["resources"])
             elif r.get("kind") == "time" and "median_ms" in r:
                 p = Problem(r["b"], r["h"], r["s"], r["dk"], r["dv"], r["dtype"])
-                config, key = parse_config(r["config"]), (r["dk"], r["dv"], r["h"], r["sweep"], r["config"])
+                config = parse_config(r["config"], "its config")
+                key = (r["dk"], r["dv"], r["h"], r["sweep"], r["config"])
                 # the figures of S's chunk class; a sweep that probed only whole chunks, of that class
                 fig = figures.get((*key, not whole_chunks(p, config.chunk))) or figures[(*key, False)]
-                samples.append(Sample(p, config, r["sweep"], fig, r["median_ms"], arch))
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                samples.append(Sample(p, config, r["sweep"], fig, measured_ms(r["median_ms"]), arch))
+    except (KeyError, TypeError, AttributeError, ValueError, UsageError) as exc:
         raise UsageError(f"{path}: not a sweep's JSON lines: {type(exc).__name__}: {exc}") from None
     if not samples:
         raise UsageError(f"{path}: no timed rows (a sweep's JSON lines have 'probe' and 'time' rows)")
     return samples, gpu
+
+
+def measured_ms(value: Any) -> float:
+    """A measured time in ms: a positive finite number; else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, float | int) or not 0 < value < math.inf:
+        raise ValueError(f"median_ms {value!r}, not a positive time in ms")
+    return float(value)
 
 
 def from_storage(url: str) -> tuple[list[Sample], str]:
@@ -95,12 +103,19 @@ def from_storage(url: str) -> tuple[list[Sample], str]:
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         if study.user_attrs.get("mode") != "gpu" or "problem" not in study.user_attrs:
             continue
-        problem = Problem.from_dict(study.user_attrs["problem"])
+        try:
+            problem = Problem.from_dict(study.user_attrs["problem"])
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise UsageError(
+                f"{url}: study {summary.study_name!r} records a malformed problem: {exc}"
+            ) from None
         sweep = study.user_attrs.get("sweep", "forward")
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            ms = t.user_attrs.get("median_ms")
-            measured = isinstance(ms, float | int) and math.isfinite(ms) and "cached_from" not in t.user_attrs
-            if not (measured and is_feasible(t)):
+            if "cached_from" in t.user_attrs or not is_feasible(t):
+                continue
+            try:
+                ms = measured_ms(t.user_attrs.get("median_ms"))
+            except ValueError:  # no measured time
                 continue
             try:
                 fig = Figures.of(t.user_attrs)
@@ -109,7 +124,7 @@ def from_storage(url: str) -> tuple[list[Sample], str]:
             env = t.user_attrs.get("environment") or {}
             gpus.append(env.get("gpu", ""))
             arch = t.user_attrs.get("arch", study.user_attrs.get("arch", ""))
-            samples.append(Sample(problem, trial_config(t), sweep, fig, float(ms), arch))
+            samples.append(Sample(problem, trial_config(t), sweep, fig, ms, arch))
     if not samples:
         raise UsageError(f"{url}: no GPU trials to fit to")
     return samples, next((g for g in gpus if g), "")

@@ -3,6 +3,7 @@ held-out shapes, or show the model in use."""
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ def cmd_model(args: argparse.Namespace) -> int:
     from tuner import latency
 
     if args.action == "show":
-        if args.data or args.storage or args.hold_out:
+        if args.data or args.storage is not None or args.hold_out is not None:
             raise UsageError("model show takes no --data, --storage or --hold-out: they are model fit's")
         model = latency.LatencyModel.load(latency.model_path())
         print(f"{latency.model_path()}: {model.gpu} ({model.arch}), {len(model.trees)} trees")
@@ -31,14 +32,16 @@ def cmd_model(args: argparse.Namespace) -> int:
     from tuner.commands.args import out_file
 
     out = out_file(args, Path(args.out), (".json",))  # before the fit, not after it
-    if not args.bandwidth > 0:
+    if not 0 < args.bandwidth < math.inf:
         raise UsageError(f"--bandwidth wants the GPU's copy rate in bytes/s (> 0), got {args.bandwidth}")
     samples, gpus = [], []
     for path in args.data or []:
         found, gpu = latency_fit.from_sweep(Path(path))
         samples += found
         gpus.append(gpu)
-    if args.storage:
+    if args.storage == "":
+        raise UsageError("--storage wants a name, got ''")
+    if args.storage is not None:
         found, gpu = latency_fit.from_storage(args.storage)
         samples += found
         gpus.append(gpu)
@@ -49,7 +52,7 @@ def cmd_model(args: argparse.Namespace) -> int:
         "bandwidth": args.bandwidth,
         "sources": [*(args.data or []), *([args.storage] if args.storage else [])],
     }
-    if args.hold_out:
+    if args.hold_out is not None:
         held = set(parse_shapes(args.hold_out, "--hold-out"))
         model, rows = latency_fit.fit_and_judge(
             samples, lambda s: (s.problem.batch, s.problem.heads, s.problem.seqlen) in held, **made
@@ -67,9 +70,12 @@ def cmd_model(args: argparse.Namespace) -> int:
         cells = ("-" if row[c] is None else row[c] for c in JUDGED)  # None: a rank no fit gives
         print("  ".join(f"{v:>12.3f}" if isinstance(v, float) else f"{v!s:>12}" for v in cells))
     print(json.dumps(model.trained["held_out"]))
-    model.save(out)
+    try:
+        model.save(out)
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
     fitted, held_out = model.trained["timings"], model.trained["held_out_timings"]
-    how = f"{held_out} held out" if args.hold_out else "each shape judged by a fit to the others"
+    how = f"{held_out} held out" if args.hold_out is not None else "each shape judged by a fit to the others"
     print(f"wrote {out} ({fitted} timings fitted, {how})")
     print(f"use it: {latency.MODEL_VARIABLE}={out}", file=sys.stderr)
     return 0
