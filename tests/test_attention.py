@@ -94,6 +94,12 @@ Q = meta(1, 8, 2, 64)
             lambda: decay_attention(meta(2, 8, 2, 64), *[meta(2, 8, 2, 64)] * 2, 0.9, cu_seqlens=meta(3)),
             "with cu_seqlens, q, k, v must be",
         ),
+        # sizes the kernels refuse on a GPU (a Problem's checks)
+        (lambda: decay_attention(*[meta(1, 8, 2, 20)] * 3, 0.9), "dk must be a multiple of 16 .* got 20"),
+        (lambda: decay_attention(*[meta(1, 8, 2, 512)] * 3, 0.9), "dk must be a multiple of 16 .* got 512"),
+        (lambda: decay_attention(*[meta(1, 0, 2, 64)] * 3, 0.9), "seqlen must be a positive integer"),
+        (lambda: decay_attention(*[meta(0, 8, 2, 64)] * 3, 0.9), "batch must be a positive integer"),
+        (lambda: decay_attention(*[meta(1, 8, 0, 64)] * 3, 0.9), "heads must be a positive integer"),
     ],
 )
 def test_a_wrong_argument_is_one_value_error_traced_or_not(call, message):

@@ -32,8 +32,13 @@ class Sizes(NamedTuple):
 
 
 def sizes(q: torch.Tensor, v: torch.Tensor) -> Sizes:
+    """The sizes of checked tensors, each one a ``Problem`` takes (else ``ValueError``
+    naming the first it refuses). A symbolic size (torch.compile's) is left to the call
+    on real tensors, which checks it."""
     b, s, h, dk = q.shape
-    return Sizes(b, h, s, dk, v.shape[-1])
+    found = Sizes(b, h, s, dk, v.shape[-1])
+    Problem(*(x if type(x) is int else 64 for x in found))
+    return found
 
 
 @functools.lru_cache(maxsize=256)
