@@ -265,6 +265,11 @@ def test_a_storage_s_gpu_trials_are_timings_to_fit_to(tmp_path, samples):
     assert not (tmp_path / "typo.db").exists()  # reading never creates a storage
     model = latency.latency_model()
     assert latency_fit.summary(latency_fit.judge(model, read)) == model.trained["held_out"]
+    broken = optuna.create_study(storage=storage, study_name="broken")
+    broken.set_user_attr("mode", "gpu")
+    broken.set_user_attr("problem", {"batch": 1})
+    with pytest.raises(UsageError, match="study 'broken' records a malformed problem"):
+        latency_fit.from_storage(storage)
 
 
 def test_a_study_measures_first_what_the_model_predicts_fastest(samples):

@@ -53,7 +53,9 @@ def user_table(path: str | Path, here: dict[str, Any]) -> Dispatch:
     table = load_dispatch(path, allow_mismatch=True)
     arch = file_arch(path, table.environment)
     if arch != here["arch"]:
-        raise ExportError(f"{path} was tuned for {arch}, this machine is {here['arch']}: tune here")
+        raise ExportError(
+            f"{path} was tuned for {arch}, not for {here['arch']}, which is to be served: tune it there"
+        )
     _note_versions(path, table.environment, here)
     return table
 
