@@ -59,11 +59,12 @@ def cmd_model(args: argparse.Namespace) -> int:
         )
     else:
         groups = len({s.shape for s in samples})
-        print(
-            f"judging by leaving each of {groups} shapes out in turn (per sweep; one of under 3 configs "
-            "is fitted to, not judged)",
-            file=sys.stderr,
-        )
+        if groups > 1:  # else the fit refuses, in one line
+            print(
+                f"judging by leaving each of {groups} shapes out in turn (per sweep; one of under 3 "
+                "configs is fitted to, not judged)",
+                file=sys.stderr,
+            )
         model, rows = latency_fit.fit_each_shape_out(samples, **made)
     print("  ".join(f"{c:>12}" for c in JUDGED))
     for row in rows:
