@@ -118,7 +118,7 @@ def test_bad_model_input_is_one_line(tmp_path, monkeypatch, capsys):
     for extra, said in (
         (["--out", str(tmp_path)], "--out wants a .json file path"),  # refused before the fit
         (["--out", str(TRAIN / "m.json")], "is a file, not a folder"),
-        (["--bandwidth", "0"], "--bandwidth wants the GPU's copy rate in bytes/s (> 0), got 0.0"),
+        (["--bandwidth", "0"], "--bandwidth wants the GPU's copy rate in bytes/s (finite, > 0), got 0.0"),
         (["--bandwidth", "nan"], "--bandwidth wants"),
         (["--bandwidth", "inf"], "--bandwidth wants"),
         (["--hold-out", ""], "--hold-out wants BxHxS"),  # not the leave-each-out fit

@@ -33,7 +33,9 @@ def cmd_model(args: argparse.Namespace) -> int:
 
     out = out_file(args, Path(args.out), (".json",))  # before the fit, not after it
     if not 0 < args.bandwidth < math.inf:
-        raise UsageError(f"--bandwidth wants the GPU's copy rate in bytes/s (> 0), got {args.bandwidth}")
+        raise UsageError(
+            f"--bandwidth wants the GPU's copy rate in bytes/s (finite, > 0), got {args.bandwidth}"
+        )
     samples, gpus = [], []
     for path in args.data or []:
         found, gpu = latency_fit.from_sweep(Path(path))
