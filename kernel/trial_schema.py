@@ -4,6 +4,7 @@ trial log (``tuner.trials``) writes these columns and the report (``reports.data
 them."""
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +13,16 @@ from kernel.environment import ENVIRONMENT_KEYS
 
 PARAMS = tuple(f.name for f in dataclasses.fields(KernelConfig))
 TIMES = ("median_ms", "p20_ms", "p80_ms")
+
+
+def measured_ms(value: Any) -> float:
+    """A recorded time in ms (a table's entry, a sweep's row): a positive finite number,
+    no bool; else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"median_ms {value!r}, expected a time in ms")
+    return float(value)
+
+
 # What a GPU measurement records (a cached trial copies them, with "finite").
 MEASURES = (*TIMES, "reps", "rel_l2", "nan_count")
 RESOURCES = (

@@ -139,7 +139,7 @@ def test_bad_model_input_is_one_line(tmp_path, monkeypatch, capsys):
     lines = TRAIN.read_text().splitlines()
     at = next(i for i, line in enumerate(lines) if '"kind": "time"' in line)
     for field, value, said in (
-        ("median_ms", "0.1", "median_ms '0.1', not a positive time in ms"),
+        ("median_ms", "0.1", "median_ms '0.1', expected a time in ms"),
         ("median_ms", None, "median_ms None"),
         ("median_ms", 0, "median_ms 0"),
         ("median_ms", math.nan, "median_ms nan"),

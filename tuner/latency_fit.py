@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel.config import KernelConfig, Problem, whole_chunks
+from kernel.trial_schema import measured_ms
 from tuner.latency import LatencyModel, features
 from tuner.occupancy import Figures, floor_bytes
 from tuner.options import UsageError, parse_config
@@ -80,13 +81,6 @@ def from_sweep(path: Path) -> tuple[list[Sample], str]:
     if not samples:
         raise UsageError(f"{path}: no timed rows (a sweep's JSON lines have 'probe' and 'time' rows)")
     return samples, gpu
-
-
-def measured_ms(value: Any) -> float:
-    """A measured time in ms: a positive finite number; else ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, float | int) or not 0 < value < math.inf:
-        raise ValueError(f"median_ms {value!r}, not a positive time in ms")
-    return float(value)
 
 
 def from_storage(url: str) -> tuple[list[Sample], str]:

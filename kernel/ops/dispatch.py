@@ -20,6 +20,7 @@ from kernel.ops.deploy import (
     saved_environment,
 )
 from kernel.ops.inputs import check_qkv, decay_parts, decay_tensor
+from kernel.trial_schema import measured_ms
 
 DISPATCH_FORMAT = "decay-tuner/dispatch"
 DISPATCH_VERSION = 1
@@ -151,9 +152,8 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
             )
             if entry.sweep not in SWEEPS:
                 raise ValueError(f"sweep {entry.sweep!r}, expected one of {list(SWEEPS)}")
-            ms = entry.median_ms
-            if ms is not None and not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0):
-                raise ValueError(f"median_ms {ms!r}, expected a time in ms")
+            if entry.median_ms is not None:
+                measured_ms(entry.median_ms)
             if reason := config_error(entry.problem, entry.config, arch, entry.sweep):
                 raise ValueError(f"entries[{i}]: {reason}")
             entries.append(entry)
