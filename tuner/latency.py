@@ -170,9 +170,8 @@ class LatencyModel:
             raise ValueError(f"baseline {self.baseline} or interval {self.interval} not finite")
         if not isinstance(self.domain, dict) or set(self.domain) != {*KernelConfig().to_dict(), "dk_dv"}:
             raise ValueError("its domain does not name every knob and the head sizes")
-        pairs = self.domain["dk_dv"]
         if not all(isinstance(values, list) for values in self.domain.values()) or not all(
-            isinstance(pair, list) and len(pair) == 2 for pair in pairs
+            isinstance(pair, list) and len(pair) == 2 for pair in self.domain["dk_dv"]
         ):
             raise ValueError("its domain does not list each knob's values and the [DK, DV] pairs")
         for tree in self.trees:

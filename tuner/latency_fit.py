@@ -76,7 +76,7 @@ def from_sweep(path: Path) -> tuple[list[Sample], str]:
                 # the figures of S's chunk class; a sweep that probed only whole chunks, of that class
                 fig = figures.get((*key, not whole_chunks(p, config.chunk))) or figures[(*key, False)]
                 samples.append(Sample(p, config, r["sweep"], fig, measured_ms(r["median_ms"]), arch))
-    except (KeyError, TypeError, AttributeError, ValueError, UsageError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:  # UsageError too
         raise UsageError(f"{path}: not a sweep's JSON lines: {type(exc).__name__}: {exc}") from None
     if not samples:
         raise UsageError(f"{path}: no timed rows (a sweep's JSON lines have 'probe' and 'time' rows)")

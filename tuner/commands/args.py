@@ -62,13 +62,18 @@ def options_of(args: argparse.Namespace) -> Options:
     return Options(**values, enqueue=enqueue)
 
 
+def named(args: argparse.Namespace, *flags: str) -> None:
+    """``UsageError`` for a name flag given as the empty string."""
+    for flag in flags:
+        if getattr(args, flag) == "":
+            raise UsageError(f"--{flag} wants a name, got ''")
+
+
 def where(args: argparse.Namespace) -> tuple[str, str]:
     """(study name, storage URL) from the flags, defaulting to the problem's study in studies/."""
     from tuner.studies import check_study_name, default_study_name  # loads Optuna
 
-    for flag in ("study", "storage"):
-        if getattr(args, flag) == "":
-            raise UsageError(f"--{flag} wants a name, got ''")
+    named(args, "study", "storage")
     sweep = getattr(args, "sweep", "forward")  # run's; the read-only commands name a dkdv study with --study
     return check_study_name(
         args.study or default_study_name(problem_of(args), sweep)

@@ -29,7 +29,7 @@ def cmd_model(args: argparse.Namespace) -> int:
         print(json.dumps(model.trained, indent=1))
         return 0
     from tuner import latency_fit
-    from tuner.commands.args import out_file
+    from tuner.commands.args import named, out_file
 
     out = out_file(args, Path(args.out), (".json",))  # before the fit, not after it
     if not 0 < args.bandwidth < math.inf:
@@ -41,8 +41,7 @@ def cmd_model(args: argparse.Namespace) -> int:
         found, gpu = latency_fit.from_sweep(Path(path))
         samples += found
         gpus.append(gpu)
-    if args.storage == "":
-        raise UsageError("--storage wants a name, got ''")
+    named(args, "storage")
     if args.storage is not None:
         found, gpu = latency_fit.from_storage(args.storage)
         samples += found
