@@ -449,7 +449,11 @@ def test_every_flag_has_help_and_shows_its_default(command):
         (["run", "--storage", "sqlite://"], "keeps nothing"),
         (["run", "--study", ""], "--study wants a name, got ''"),
         (["run", "--study", "storages/j-1/b1"], "is reserved: the studies folder's storages/ holds"),
-        (["model", "show", "--data", "x.jsonl"], "model show takes no --data, --storage or --hold-out"),
+        (["model", "show", "--data", "x.jsonl"], "model show takes no --data: model fit's"),
+        (
+            ["model", "show", "--out", "m.json", "--bandwidth", "3e12"],
+            "takes no --bandwidth, --out: model fit's",
+        ),
         (["best", "--storage", ""], "--storage wants a name, got ''"),
         (["bench", "--dispatch", "/nonexistent/table.json"], "cannot read dispatch table"),
         (["bench", "--shapes", "8x16"], "--shapes wants BxHxS"),

@@ -234,11 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--bandwidth",
         type=float,
-        default=H200_BANDWIDTH,
-        help="the GPU's copy rate in bytes/s, for the floor",
+        help=f"the GPU's copy rate in bytes/s, for the floor (default: the H200's, {H200_BANDWIDTH:.3g})",
     )
     model.add_argument(
-        "--out", default=str(STUDIES_DIR / "latency_model.json"), help="path of the fitted model"
+        "--out", help="path of the fitted model (default: latency_model.json in the studies' folder)"
     )
     bench = sub.choices["bench"]
     _shape_flags(bench, "the shapes to time")

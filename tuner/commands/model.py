@@ -9,6 +9,8 @@ from pathlib import Path
 
 from tuner.options import UsageError, parse_shapes
 
+# The flags only a fit takes.
+FIT_ONLY = ("data", "storage", "hold_out", "bandwidth", "out")
 # The columns of the held-out table.
 JUDGED = ("shape", "dk", "dv", "sweep", "configs", "spearman", "top1_over_best", "top5_best_over_best")
 
@@ -22,8 +24,9 @@ def cmd_model(args: argparse.Namespace) -> int:
     from tuner import latency
 
     if args.action == "show":
-        if args.data or args.storage is not None or args.hold_out is not None:
-            raise UsageError("model show takes no --data, --storage or --hold-out: they are model fit's")
+        given = [f"--{k.replace('_', '-')}" for k in FIT_ONLY if getattr(args, k) is not None]
+        if given:
+            raise UsageError(f"model show takes no {', '.join(given)}: model fit's")
         model = latency.LatencyModel.load(latency.model_path())
         print(f"{latency.model_path()}: {model.gpu} ({model.arch}), {len(model.trees)} trees")
         print(json.dumps(model.trained, indent=1))
@@ -31,11 +34,10 @@ def cmd_model(args: argparse.Namespace) -> int:
     from tuner import latency_fit
     from tuner.commands.args import named, out_file
 
-    out = out_file(args, Path(args.out), (".json",))  # before the fit, not after it
-    if not 0 < args.bandwidth < math.inf:
-        raise UsageError(
-            f"--bandwidth wants the GPU's copy rate in bytes/s (finite, > 0), got {args.bandwidth}"
-        )
+    out = out_file(args, Path(args.studies_dir) / "latency_model.json", (".json",))  # before the fit
+    bandwidth = latency.H200_BANDWIDTH if args.bandwidth is None else args.bandwidth
+    if not 0 < bandwidth < math.inf:
+        raise UsageError(f"--bandwidth wants the GPU's copy rate in bytes/s (finite, > 0), got {bandwidth}")
     samples, gpus = [], []
     for path in args.data or []:
         found, gpu = latency_fit.from_sweep(Path(path))
@@ -50,7 +52,7 @@ def cmd_model(args: argparse.Namespace) -> int:
         raise UsageError("model fit wants timings: --data SWEEP.jsonl and/or --storage URL")
     made = {
         "gpu": next((g for g in gpus if g), ""),
-        "bandwidth": args.bandwidth,
+        "bandwidth": bandwidth,
         "sources": [*(args.data or []), *([args.storage] if args.storage else [])],
     }
     if args.hold_out is not None:
