@@ -45,6 +45,11 @@ MIN_WAVES, MAX_WAVES = 0.4, 5.0  # blocks per SM a segment count may give at a s
 # SWEEP_SEGMENTS=1: only the rule's configs at each segment count (the knob the rule's
 # segment count chooses; a short device call)
 SEGMENTS_ONLY = os.environ.get("SWEEP_SEGMENTS") == "1"
+# SWEEP_THREADS=128: instead of the bases below, one consumer warpgroup (128 threads) at 2 and
+# 3 stages, at the widths whose state it holds without spilling (DK x block_dv <= 128 x 64:
+# ptxas spills 1,372 B at 128 x 128, `python -m tuner probe --config 64/128/3/128/smem/2`),
+# beside the rule's config; and no fused sweep (its threads are fixed)
+THREADS_128 = os.environ.get("SWEEP_THREADS") == "128"
 
 
 START = time.time()
@@ -61,6 +66,11 @@ def bases(dk: int, dv: int) -> list[KernelConfig]:
     widths = [d for d in (32, 64, 128, 256) if dv % d == 0 and d <= dv and dk * d <= 2 * 128 * 128]
     widths = [d for d in widths if d >= 64] if dv > 64 else widths
     knobs = [(64, 2, 256, "smem"), (64, 3, 256, "smem"), (64, 1, 256, "smem"), (128, 2, 256, "smem")]
+    if THREADS_128:
+        widths, knobs = (
+            [d for d in widths if dk * d <= 128 * 64],
+            [(64, 2, 128, "smem"), (64, 3, 128, "smem")],
+        )
     return [KernelConfig(c, d, st, th, sc, 1) for d in widths for c, st, th, sc in knobs]
 
 
@@ -91,8 +101,8 @@ def main(heads: list[tuple[int, int]], dtype: str, shapes: list[tuple[int, int, 
             candidates = [dataclasses.replace(rule, segments=1)] if SEGMENTS_ONLY else bases(dk, dv)
             forward = {c for base in candidates for c in splits(base, p, sms)} | {rule, legacy_config(p, sms)}
             plan += [(p, c, model_call(p), "forward") for c in sorted(forward, key=lambda c: c.label)]
-            fused_rule = dkdv_config(p, "sm_90a", sms)
-            fused_bases = dkdv_bases(p)
+            fused_rule = None if THREADS_128 else dkdv_config(p, "sm_90a", sms)
+            fused_bases = [] if THREADS_128 else dkdv_bases(p)
             if SEGMENTS_ONLY and fused_rule:
                 fused_bases = [dataclasses.replace(fused_rule, segments=1)]
             fused = {c for base in fused_bases for c in splits(base, p, sms)} | {fused_rule}
