@@ -41,6 +41,20 @@ REGS_MAX_THREADS = 128
 # The kernels take the batch size and sequence length as 32-bit ints (their generated
 # signatures: ``int batch, int seqlen``), and TMA's coordinates are 32-bit.
 MAX_EXTENT = 2**31 - 1
+# The forward kernels launch a row of blocks per (batch, head) pair, or per (sequence, head)
+# pair of packed sequences, along their grid's y axis, which CUDA caps at 65535.
+MAX_ROWS = 65535
+
+
+def rows_error(rows: int, heads: int, what: str = "batch") -> str | None:
+    """Why no kernel runs ``rows`` (batch or packed sequences) x ``heads`` pairs in one call,
+    in one line; None where one does."""
+    if rows * heads > MAX_ROWS:
+        return (
+            f"{what} x heads = {rows} x {heads} = {rows * heads}: the kernels take at most {MAX_ROWS} "
+            f"({what}, head) pairs per call (CUDA's grid); split the {what}"
+        )
+    return None
 
 
 def size_error(problem: Problem) -> str | None:
@@ -48,7 +62,7 @@ def size_error(problem: Problem) -> str | None:
     where one does."""
     if max(problem.batch, problem.heads, problem.seqlen) > MAX_EXTENT:
         return f"{problem}: batch, heads and seqlen must be at most {MAX_EXTENT} (the kernels' 32-bit sizes)"
-    return None
+    return rows_error(problem.batch, problem.heads)
 
 
 def head_size_error(arch: str, dk: int, dv: int) -> str | None:

@@ -100,6 +100,17 @@ Q = meta(1, 8, 2, 64)
         (lambda: decay_attention(*[meta(1, 0, 2, 64)] * 3, 0.9), "seqlen must be a positive integer"),
         (lambda: decay_attention(*[meta(0, 8, 2, 64)] * 3, 0.9), "batch must be a positive integer"),
         (lambda: decay_attention(*[meta(1, 8, 0, 64)] * 3, 0.9), "heads must be a positive integer"),
+        # more (batch, head) pairs than CUDA's grid takes along y
+        (
+            lambda: decay_attention(*[meta(4096, 1, 16, 64)] * 3, 0.9),
+            r"batch x heads = 4096 x 16 = 65536: the kernels take at most 65535 \(batch, head\) pairs",
+        ),
+        (
+            lambda: decay_attention(
+                *[meta(1, 8192, 16, 64)] * 3, 0.9, cu_seqlens=meta(4097, dtype=torch.int32)
+            ),
+            r"sequences x heads = 4096 x 16 = 65536: .* split the sequences",
+        ),
     ],
 )
 def test_a_wrong_argument_is_one_value_error_traced_or_not(call, message):

@@ -443,6 +443,10 @@ def test_every_flag_has_help_and_shows_its_default(command):
             "need DK a multiple of 64 (their warpgroup MMA), got 96",
         ),
         (["run", "--seed", "-1"], "--seed must be >= 0"),
+        (
+            ["run", "--batch", "4096", "--heads", "16"],
+            "batch x heads = 4096 x 16 = 65536: the kernels take at most",
+        ),
         (["run", "--tolerance", "inf"], "--tolerance must be at most 1"),
         (["run", "--max-registers", "100000"], "--max-registers must be at most 255"),
         (["run", "--heartbeat", "100", "--grace", "10"], "--grace (10 s) must be longer than --heartbeat"),
@@ -457,6 +461,7 @@ def test_every_flag_has_help_and_shows_its_default(command):
         (["best", "--storage", ""], "--storage wants a name, got ''"),
         (["bench", "--dispatch", "/nonexistent/table.json"], "cannot read dispatch table"),
         (["bench", "--shapes", "8x16"], "--shapes wants BxHxS"),
+        (["dispatch", "--shapes", "8x16x64,4096x32x64"], "--shapes: batch x heads = 4096 x 32 = 131072"),
     ],
 )
 def test_user_mistakes_exit_2_with_one_line(argv, message, capsys):

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from kernel.arch import ARCHS, DEFAULT_ARCH
 from kernel.config import HEADLINE, SWEEPS, KernelConfig
-from kernel.defaults import MAX_EXTENT
+from kernel.defaults import MAX_EXTENT, rows_error
 from refs import TOLERANCE
 
 SAMPLERS = ("tpe", "nsga2", "gp", "grid")
@@ -170,7 +170,8 @@ def parse_config(text: str, flag: str = "--enqueue") -> KernelConfig:
 
 def parse_shapes(text: str, flag: str = "--shapes") -> list[tuple[int, int, int]]:
     """'8x16x4096,2x16x16384' -> [(8, 16, 4096), (2, 16, 16384)], each shape once;
-    ``UsageError`` naming ``flag`` if malformed."""
+    ``UsageError`` naming ``flag`` if malformed, or for more (batch, head) pairs than a
+    kernel takes (``kernel.defaults.rows_error``)."""
     try:
         shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
     except ValueError:
@@ -181,6 +182,9 @@ def parse_shapes(text: str, flag: str = "--shapes") -> list[tuple[int, int, int]
         raise UsageError(
             f"{flag} wants BxHxS[,BxHxS...] of positive integers up to {MAX_EXTENT}, got {text!r}"[:300]
         )
+    for b, h, _ in shapes:  # type: ignore[misc]
+        if reason := rows_error(b, h):
+            raise UsageError(f"{flag}: {reason}")
     return list(dict.fromkeys(shapes))  # type: ignore[arg-type]
 
 

@@ -13,6 +13,7 @@ import torch
 
 from kernel.builder import TORCH_DTYPES, constant_decay
 from kernel.config import Problem
+from kernel.defaults import rows_error
 
 DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 # id -> (weak reference, version) of the decay and cu_seqlens tensors whose values passed
@@ -38,6 +39,8 @@ def sizes(q: torch.Tensor, v: torch.Tensor) -> Sizes:
     b, s, h, dk = q.shape
     found = Sizes(b, h, s, dk, v.shape[-1])
     Problem(*(x if type(x) is int else 64 for x in found))
+    if type(b) is int and type(h) is int:
+        _check_rows(b, h, "batch")
     return found
 
 
@@ -77,9 +80,12 @@ def check_arguments(scale: Any, initial_state: Any, output_final_state: Any, cu_
 
 
 def check_qkv(q: Any, k: Any, v: Any) -> Problem:
-    """The problem of the call (``check_tensors``)."""
+    """The problem of the call (``check_tensors``), of at most ``MAX_ROWS`` (batch, head)
+    pairs."""
     check_tensors(q, k, v)
-    return shape_problem(q.shape, v.shape[-1], q.dtype)
+    problem = shape_problem(q.shape, v.shape[-1], q.dtype)
+    _check_rows(problem.batch, problem.heads, "batch")
+    return problem
 
 
 def check_tensors(q: Any, k: Any, v: Any) -> None:
@@ -155,6 +161,8 @@ def check_offsets_shape(cu_seqlens: torch.Tensor, problem: Problem | Sizes, devi
         )
     if cu_seqlens.device != device:
         raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {device}")
+    if type(n := cu_seqlens.numel() - 1) is int and type(problem.heads) is int:  # symbolic: traced
+        _check_rows(n, problem.heads, "sequences")
 
 
 def check_offsets(cu_seqlens: torch.Tensor, problem: Problem, device: torch.device) -> torch.Tensor:
@@ -187,6 +195,11 @@ def check_state(
         )
     if state.device != device:
         raise ValueError(f"initial_state is on {state.device} but q is on {device}")
+
+
+def _check_rows(rows: int, heads: int, what: str) -> None:
+    if reason := rows_error(rows, heads, what):
+        raise ValueError(reason)
 
 
 def _checked_before(tensor: torch.Tensor) -> bool:
