@@ -253,6 +253,11 @@ def test_compare_checks_its_out_path_before_comparing(tmp_path, capsys):
         assert said in err and err.count("\n") == 1
     assert main([*argv, "--out", str(tmp_path / "c.json")]) == 0
     assert json.loads((tmp_path / "c.json").read_text())["study"] == "a"
+    capsys.readouterr()
+    assert main([*argv, "--out", "/proc/c.json"]) == 2  # a folder no one writes into: after comparing
+    err = capsys.readouterr().err
+    assert err.endswith("\n") and err.splitlines()[-1].startswith("error: cannot write /proc/c.json")
+    assert "Traceback" not in err
 
 
 def test_compare_refuses_a_compile_only_study(explored, capsys):
@@ -452,6 +457,7 @@ def test_every_flag_has_help_and_shows_its_default(command):
         (["run", "--heartbeat", "100", "--grace", "10"], "--grace (10 s) must be longer than --heartbeat"),
         (["run", "--storage", "sqlite://"], "keeps nothing"),
         (["run", "--study", ""], "--study wants a name, got ''"),
+        (["compare", "--against", ""], "--against wants a name, got ''"),
         (["run", "--study", "storages/j-1/b1"], "is reserved: the studies folder's storages/ holds"),
         (["model", "show", "--data", "x.jsonl"], "model show takes no --data: model fit's"),
         (
@@ -631,6 +637,15 @@ def test_best_and_export_rank_each_environment_apart(tmp_path, capsys, monkeypat
     assert main(["report", *on, "--env", env_key(h200)[:6], "--out", str(tmp_path / "h200.html")]) == 0
     assert f"measured in environment {env_key(h200)}" in capsys.readouterr().err
     assert sorted(trials_frame(study, env=env_key(h200)).median_ms) == [0.2, 0.4]
+    # compare: the yardstick's trials of the same environment, never another GPU's.
+    gpu_study([0.39], storage=get_storage(storage), name="yard", env=h100)
+    against = ["compare", *on, "--against", "yard"]
+    assert main([*against, "--env", env_key(h100)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["best_ms"], summary["yardstick_best_ms"], summary["gpu_evaluations"]) == (0.3, 0.39, 2)
+    assert main([*against, "--env", env_key(h200)]) == 2
+    err = capsys.readouterr().err
+    assert f"names no environment of study 'yard'; it has: {env_key(h100)}" in err and err.count("\n") == 1
 
 
 def test_a_study_of_other_environments_asks_which(tmp_path, capsys, monkeypatch):

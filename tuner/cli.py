@@ -135,7 +135,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], tuple[Callable, .
     "trials": (cmd_trials, (_study_flags, _problem_flags)),
     "best": (cmd_best, (_study_flags, _problem_flags, _env_flag)),
     "export": (cmd_export, (_study_flags, _problem_flags, _env_flag)),
-    "compare": (cmd_compare, (_study_flags, _problem_flags)),
+    "compare": (cmd_compare, (_study_flags, _problem_flags, _env_flag)),
     "report": (cmd_report, (_study_flags, _problem_flags, _env_flag)),
     "bench": (cmd_bench, ()),
     "probe": (cmd_probe, (_problem_flags,)),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from kernel.config import KernelConfig, Problem
 from kernel.environment import env_key, environment, write_json
 from kernel.trial_schema import NO_MODEL, UNCALIBRATED
-from tuner.commands.args import default_out, open_study, out_file
+from tuner.commands.args import default_out, named, open_study, out_file
 from tuner.options import UsageError
 
 if TYPE_CHECKING:
@@ -62,7 +62,8 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 
 def _env(args: argparse.Namespace, study: "optuna.Study") -> str | None:
-    """The environment ``best``, ``export`` and ``report`` report (``tuner.trials.choose_env``)."""
+    """The environment ``best``, ``export``, ``compare`` and ``report`` report
+    (``tuner.trials.choose_env``)."""
     from tuner.trials import choose_env  # loads Optuna and pandas
 
     return choose_env(study, args.env, lambda: env_key(environment()))
@@ -95,13 +96,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Compare a study with a yardstick study (e.g. the exhaustive grid) of the same problem.
+    """Compare a study with a yardstick study (e.g. the exhaustive grid) of the same problem,
+    on the trials both measured in one environment (as ``best`` chooses it, ``--env``).
 
     With ``--remeasure`` on a GPU, both best configs are timed again, alternately, in this
     one process, so the final ratio does not depend on when each study ran.
     """
-    from tuner.trials import compare, trials_frame  # loads Optuna and pandas
+    from tuner.trials import choose_env, compare, trials_frame  # loads Optuna and pandas
 
+    named(args, "against")
     out = out_file(args, Path(), (".json",)) if args.out else None
     study, yardstick = open_study(args), open_study(args, args.against)
     if study.user_attrs.get("problem") != yardstick.user_attrs.get("problem"):
@@ -109,12 +112,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for s in (study, yardstick):
         if s.user_attrs.get("mode") != "gpu":
             raise UsageError(f"study {s.study_name!r} is compile-only: it timed nothing to compare")
+    env = _env(args, study)
+    if env is not None:  # the yardstick's trials of the same environment, or one line naming its own
+        choose_env(yardstick, env, lambda: env)
     try:
-        summary = compare(trials_frame(study), trials_frame(yardstick))
+        summary = compare(trials_frame(study, env=env), trials_frame(yardstick, env=env))
     except LookupError as exc:
-        print(str(exc), file=sys.stderr)
+        print(f"{exc} ({study.study_name!r} against {args.against!r})", file=sys.stderr)
         return 1
-    summary |= {"study": study.study_name, "yardstick": args.against}
+    summary |= {"study": study.study_name, "yardstick": args.against, "env": env}
+    print(_env_line(study, env), file=sys.stderr)
     if args.remeasure:
         from tuner.remeasure import remeasure  # loads torch and TileLang
 
@@ -124,7 +131,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
             KernelConfig(**summary["yardstick_best_config"]),
         )
     if out is not None:
-        write_json(out, summary)
+        try:
+            write_json(out, summary)
+        except OSError as exc:
+            raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(json.dumps(summary, indent=1))
     return 0
 
