@@ -459,6 +459,8 @@ def test_every_flag_has_help_and_shows_its_default(command):
         (["run", "--study", ""], "--study wants a name, got ''"),
         (["compare", "--against", ""], "--against wants a name, got ''"),
         (["run", "--study", "storages/j-1/b1"], "is reserved: the studies folder's storages/ holds"),
+        (["run", "--study", "decay-tuner.db-journal"], "is reserved: SQLite's file of the default storage"),
+        (["trials", "--study", "decay-tuner.db-wal/x"], "is reserved: SQLite's file of the default storage"),
         (["model", "show", "--data", "x.jsonl"], "model show takes no --data: model fit's"),
         (
             ["model", "show", "--out", "m.json", "--bandwidth", "3e12"],

@@ -9,12 +9,14 @@ import optuna
 from optuna.storages import BaseStorage
 
 from kernel.config import LEGACY_FIELDS, Problem
-from tuner.options import STUDIES_DIR, STUDIES_VARIABLE, UsageError, default_storage
+from tuner.options import DEFAULT_DB, STUDIES_DIR, STUDIES_VARIABLE, UsageError, default_storage
 from tuner.storage import get_storage, storage_key
 
 # Where claims (``tuner.claims``) live inside a study's name; refused in a user's study name.
 CLAIM_MARK = "/claim/"
 STORAGES = "storages"  # the studies folder's folder of other storages' study files
+# The default storage's file and those SQLite keeps beside it, which no study folder may take
+DB_FILES = tuple(DEFAULT_DB + end for end in ("", "-journal", "-wal", "-shm"))
 
 
 def default_study_name(problem: Problem, sweep: str = "forward") -> str:
@@ -39,6 +41,8 @@ def check_study_name(name: str) -> str:
             f"study name {name!r} is reserved: the studies folder's {STORAGES}/ holds the files of "
             "studies in other storages"
         )
+    if parts[0] in DB_FILES:
+        raise UsageError(f"study name {name!r} is reserved: SQLite's file of the default storage")
     if not name.isprintable():
         raise UsageError(f"study name {name!r} holds a character that does not print: it names folders")
     return name
