@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
@@ -239,6 +240,28 @@ def test_an_empty_study_s_trials_and_a_report_of_no_environment(tmp_path, capsys
     assert "--env 'nosuchenv' names no environment" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    "storage, said",
+    [
+        ("journal:/proc/1/j.log", "cannot write the storage '/proc/1/j.log': '/proc/1' is read-only"),
+        ("sqlite:////proc/1/db.sqlite", "storage '/proc/1/db.sqlite': '/proc/1' is read-only"),
+    ],
+)
+def test_a_storage_or_studies_folder_it_cannot_write_is_one_line_before_any_trial(
+    storage, said, tmp_path, capsys, monkeypatch
+):
+    """/proc/1 refuses writes to everyone, root too (as a read-only mount does)."""
+    assert main(["run", *SMALL, "--storage", storage, "--n-trials", "1"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", Path("/proc/1/studies"))
+    argv = ["run", *SMALL, "--storage", f"journal:{tmp_path / 'j.log'}", "--n-trials", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the study's files into '/proc/1/studies/storages/" in err and err.count("\n") == 1
+    assert not (tmp_path / "j.log").exists()  # refused before the storage was made
+
+
 def test_compare_checks_its_out_path_before_comparing(tmp_path, capsys):
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     for name in ("a", "b"):
@@ -459,8 +482,8 @@ def test_every_flag_has_help_and_shows_its_default(command):
         (["run", "--study", ""], "--study wants a name, got ''"),
         (["compare", "--against", ""], "--against wants a name, got ''"),
         (["run", "--study", "storages/j-1/b1"], "is reserved: the studies folder's storages/ holds"),
-        (["run", "--study", "decay-tuner.db-journal"], "is reserved: SQLite's file of the default storage"),
-        (["trials", "--study", "decay-tuner.db-wal/x"], "is reserved: SQLite's file of the default storage"),
+        (["run", "--study", "decay-tuner.db-journal"], "names the storage's file '"),
+        (["export", "--study", "decay-tuner.db-wal/x"], "decay-tuner.db-wal': choose another --study"),
         (["model", "show", "--data", "x.jsonl"], "model show takes no --data: model fit's"),
         (
             ["model", "show", "--out", "m.json", "--bandwidth", "3e12"],

@@ -334,8 +334,9 @@ def test_a_trial_its_worker_died_asking_for_is_failed_and_queued_again(kind, tmp
 def test_a_study_folder_that_cannot_be_made_is_refused_before_any_work(tmp_path, studies_dir):
     """The study named as its storage's file, or a studies folder that is a file: one line."""
     storage = f"sqlite:///{studies_dir / 'decay-tuner.db'}"  # the default storage
-    with pytest.raises(UsageError, match="names the storage's file"):
-        export_dir(storage, "decay-tuner.db", studies_dir)
+    for name in ("decay-tuner.db", "decay-tuner.db-journal", "decay-tuner.db-wal/x"):  # SQLite's files
+        with pytest.raises(UsageError, match="names the storage's file"):
+            export_dir(storage, name, studies_dir)
     afile = tmp_path / "afile"
     afile.write_text("x")
     with pytest.raises(UsageError, match="'.*afile' is a file .*DECAY_TUNER_STUDIES moves it"):

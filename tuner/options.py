@@ -20,11 +20,8 @@ STUDIES_VARIABLE = "DECAY_TUNER_STUDIES"
 STUDIES_DIR = Path(os.environ.get(STUDIES_VARIABLE) or Path(__file__).resolve().parent.parent / "studies")
 
 
-DEFAULT_DB = "decay-tuner.db"  # the default storage, in the studies folder
-
-
 def default_storage() -> str:
-    return f"sqlite:///{STUDIES_DIR / DEFAULT_DB}"
+    return f"sqlite:///{STUDIES_DIR / 'decay-tuner.db'}"
 
 
 class UsageError(ValueError):

@@ -9,14 +9,15 @@ import optuna
 from optuna.storages import BaseStorage
 
 from kernel.config import LEGACY_FIELDS, Problem
-from tuner.options import DEFAULT_DB, STUDIES_DIR, STUDIES_VARIABLE, UsageError, default_storage
+from tuner.options import STUDIES_DIR, STUDIES_VARIABLE, UsageError, default_storage
 from tuner.storage import get_storage, storage_key
 
 # Where claims (``tuner.claims``) live inside a study's name; refused in a user's study name.
 CLAIM_MARK = "/claim/"
 STORAGES = "storages"  # the studies folder's folder of other storages' study files
-# The default storage's file and those SQLite keeps beside it, which no study folder may take
-DB_FILES = tuple(DEFAULT_DB + end for end in ("", "-journal", "-wal", "-shm"))
+# What a file storage keeps beside its file, which no study's folder may take: SQLite's
+# journals, and the lock of Optuna's journal file
+BESIDE = {"sqlite": ("-journal", "-wal", "-shm"), "journal": (".lock",)}
 
 
 def default_study_name(problem: Problem, sweep: str = "forward") -> str:
@@ -41,8 +42,6 @@ def check_study_name(name: str) -> str:
             f"study name {name!r} is reserved: the studies folder's {STORAGES}/ holds the files of "
             "studies in other storages"
         )
-    if parts[0] in DB_FILES:
-        raise UsageError(f"study name {name!r} is reserved: SQLite's file of the default storage")
     if not name.isprintable():
         raise UsageError(f"study name {name!r} holds a character that does not print: it names folders")
     return name
@@ -65,8 +64,13 @@ def export_dir(storage: str, name: str, studies: Path | None = None) -> Path:
     out = (root / name).resolve()
     if not out.is_relative_to(studies.resolve()):
         raise UsageError(f"study name {name!r} would leave the studies folder {str(studies)!r}")
-    if key.startswith(("sqlite:", "journal:")) and Path(key.split(":", 1)[1]) == out:
-        raise UsageError(f"study name {name!r} names the storage's file {str(out)!r}: choose another --study")
+    if key.startswith(("sqlite:", "journal:")):
+        kind, file = key.split(":", 1)
+        taken = {file + end for end in ("", *BESIDE[kind])}
+        if clash := next((p for p in (out, *out.parents) if str(p) in taken), None):
+            raise UsageError(
+                f"study name {name!r} names the storage's file {str(clash)!r}: choose another --study"
+            )
     blocked = next((p for p in (root / name, *(root / name).parents) if p.exists() and not p.is_dir()), None)
     if blocked is not None:
         raise UsageError(

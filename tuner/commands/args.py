@@ -2,6 +2,7 @@
 the study and its storage, and where the study's files go."""
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -80,12 +81,21 @@ def where(args: argparse.Namespace) -> tuple[str, str]:
     ), args.storage or default_storage()
 
 
-def exports(studies: Path, storage: str, name: str) -> Path:
+def exports(studies: Path, storage: str, name: str, *, write: bool = False) -> Path:
     """The folder of the study's files under ``studies``, keyed by storage and study
-    (``tuner.studies.export_dir``)."""
+    (``tuner.studies.export_dir``); with ``write``, a ``UsageError`` where it could not be
+    made or written (its nearest existing folder is read-only), before any work."""
     from tuner.studies import export_dir  # loads Optuna
 
-    return export_dir(storage, name, studies)
+    folder = export_dir(storage, name, studies)
+    if write:
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        if not os.access(existing, os.W_OK):
+            raise UsageError(
+                f"cannot write the study's files into {str(folder)!r}: {str(existing)!r} is read-only "
+                f"({options.STUDIES_VARIABLE} moves the studies folder)"
+            )
+    return folder
 
 
 def open_study(args: argparse.Namespace, name: str | None = None) -> "optuna.Study":

@@ -27,7 +27,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tuner.study import Tuner  # loads torch, Optuna and pandas
 
     name, storage = where(args)
-    folder = exports(args.studies_dir, storage, name)  # refuses a folder it cannot make, before any work
+    folder = exports(
+        args.studies_dir, storage, name, write=True
+    )  # refuses one it cannot write, before any work
     if args.gpus is not None:
         return _run_on_gpus(args, name, storage, folder)
     tuner = Tuner(problem_of(args), options_of(args), name=name, storage=storage)
@@ -141,7 +143,8 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     else:
         studies = [
             _run_and_log(
-                Tuner(problem, o, name=name, storage=storage), exports(args.studies_dir, storage, name)
+                Tuner(problem, o, name=name, storage=storage),
+                exports(args.studies_dir, storage, name, write=True),
             )
             for (problem, o), name in zip(tasks, names)
         ]
@@ -199,7 +202,7 @@ def _explore_shapes(tasks: list[tuple[Problem, Options]], arch: str, storage: st
     for problem, opts in tasks:
         name = default_study_name(problem, opts.sweep)
         tuner = Tuner(problem, opts, name=name, storage=storage)
-        study = _run_and_log(tuner, exports(studies, storage, name))
+        study = _run_and_log(tuner, exports(studies, storage, name, write=True))
         best = best_trials(study, tuner.env_key)
         found = (
             f"{trial_config(best[0]).label} ({predicted_text(best[0].user_attrs)}, "
