@@ -110,10 +110,12 @@ def _header(s: Summary, frame: pd.DataFrame, *, archs: bool) -> str:
             if s.metric == "predicted_rank"
             else f"resources ({markup.escape(style.LABELS[s.metric])}), not latency"
         )
-        parts.append(
-            '<div class="banner">Compile-only study: nothing was timed (no GPU). The fronts and knob '
-            f"plots are over {over}.</div>"
+        what = (
+            "GPU study: no trial was timed yet"
+            if s.mode == "gpu"
+            else "Compile-only study: nothing was timed (no GPU)"
         )
+        parts.append(f'<div class="banner">{what}. The fronts and knob plots are over {over}.</div>')
     parts.append(f'<p class="headline">{_headline(s, frame)}</p>')
     links = {
         "fronts": "Pareto fronts",
@@ -166,7 +168,7 @@ def _fronts(s: Summary, frame: pd.DataFrame, metric: str) -> str:
         )
     else:
         parts.append(
-            '<p class="note">Compile-only: no latency or error was measured, so there is no '
+            '<p class="note">No latency or error was measured, so there is no '
             "latency-against-error front.</p>"
         )
     infos = [search.pareto_info(frame, x=r, y=metric) for r in data.RESOURCES if r != metric]

@@ -532,6 +532,13 @@ def test_compile_only_page_says_so():
     assert "Compile-only study: nothing was timed" in page and "no latency-against-error front" in page
 
 
+def test_a_gpu_study_that_timed_nothing_yet_is_not_called_compile_only():
+    frame, info = synthetic_trials(20)
+    frame["median_ms"] = math.nan  # every trial failed before its timing
+    page = render_report(frame, info)
+    assert "GPU study: no trial was timed yet" in page and "Compile-only" not in page
+
+
 def test_empty_trial_log_is_refused(study, info):
     with pytest.raises(ValueError, match="study 'hand' has no trials: nothing to report"):
         render_report(trials_frame(study).iloc[:0], info)
