@@ -129,8 +129,9 @@ def hold(
     study: optuna.Study, storage: str, *, objectives: list[str], sweep: str, mode: str, arch: str
 ) -> None:
     """Record in ``study`` what a run's trials are (their objectives, the kernel's sweep, the
-    mode, the architecture); a ``UsageError`` when it holds trials of other objectives or
-    of another sweep."""
+    mode, the architecture); a ``UsageError`` when it holds trials of other objectives, of
+    another sweep, or compiled for another architecture (compile-only: its trials rank by
+    figures of one architecture; a GPU study keeps each GPU's trials apart by environment)."""
     name = study.study_name
     held_objectives = study.user_attrs.get("objectives", objectives)
     if held_objectives != objectives:
@@ -148,6 +149,12 @@ def hold(
     if held not in (None, sweep):
         raise UsageError(
             f"study {name!r} tunes the {held} kernel; this run asks for --sweep {sweep}: use another --study"
+        )
+    held_arch = study.user_attrs.get("arch")
+    if mode == "compile-only" and study.user_attrs.get("mode") == mode and held_arch not in (None, arch):
+        raise UsageError(
+            f"study {name!r} was explored compile-only for {held_arch}; this run compiles for {arch}: "
+            "use another --study"
         )
     for key, value in (("sweep", sweep), ("objectives", objectives), ("mode", mode), ("arch", arch)):
         study.set_user_attr(key, value)

@@ -88,12 +88,14 @@ def environments(study: optuna.Study) -> dict[str | None, tuple[dict[str, Any] |
 
 
 def describe_env(key: str | None, env: dict[str, Any] | None) -> str:
-    """'3f2a... (NVIDIA H200, torch 2.9.0, kernel 1a2b3c)', one line."""
+    """'3f2a... (NVIDIA H200, torch 2.9.0, kernel 1a2b3c)', one line; without a GPU, the
+    architecture compiled for."""
     if key is None:
         return "an unrecorded environment"
     env = env or {}
     libraries = ", ".join(f"{k} {env.get(k)}" for k in ("torch", "tilelang", "kernel"))
-    return f"{key} ({env.get('gpu') or 'no GPU: compile-only'}, {libraries})"
+    where = env.get("gpu") or f"no GPU: compile-only for {env.get('arch')}"
+    return f"{key} ({where}, {libraries})"
 
 
 def choose_env(study: optuna.Study, wanted: str | None, here: Callable[[], str]) -> str | None:
