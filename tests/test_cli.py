@@ -292,6 +292,21 @@ def test_a_compile_only_study_resumed_for_another_architecture_exits_2(explored,
     assert optuna.load_study(study_name="e2e", storage=explored.storage).user_attrs["arch"] == "sm_90a"
 
 
+def test_a_compile_only_study_resumed_under_another_latency_model_exits_2(
+    explored, tmp_path, capsys, monkeypatch
+):
+    from tuner import latency
+
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", explored.dir)
+    monkeypatch.setenv(latency.MODEL_VARIABLE, str(tmp_path / "none.json"))  # unreadable: the analytic part
+    assert main(_on(explored, "run", "--n-trials", "1")) == 2
+    warning, said = capsys.readouterr().err.splitlines()
+    assert "predictions are the analytic part alone" in warning
+    shipped = latency.LatencyModel.load(latency.MODEL_FILE).key
+    assert said.startswith(f"error: study 'e2e' was ranked by the latency model {shipped}; the model")
+    assert f"in use is {latency.ANALYTIC_ONLY.key} (DECAY_TUNER_LATENCY_MODEL names it)" in said
+
+
 def test_compare_refuses_a_compile_only_study(explored, capsys):
     """Whichever side is compile-only, the error names it."""
     storage = explored.storage

@@ -11,6 +11,7 @@ pipelines.
 """
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -127,6 +128,13 @@ class LatencyModel:
     interval: tuple[float, float]  # log residual quantiles on held-out shapes
     trained: dict[str, Any]  # provenance: data, held-out shapes and their accuracy
     domain: dict[str, list]  # each knob's values, and the [DK, DV] pairs, it was fitted to
+
+    @functools.cached_property
+    def key(self) -> str:
+        """The model's identity (its numbers, not its provenance): a compile-only study's
+        ranks compare only under one (``tuner.studies.hold``)."""
+        numbers = (self.arch, self.gpu, self.bandwidth, self.baseline, self.trees, self.interval, self.domain)
+        return hashlib.sha256(repr(numbers).encode()).hexdigest()[:12]
 
     def covers(self, problem: Problem, config: KernelConfig) -> bool:
         """Whether ``config``'s knobs and the head sizes are all among those fitted to: a

@@ -126,12 +126,20 @@ def load_study(name: str, storage: str) -> optuna.Study:
 
 
 def hold(
-    study: optuna.Study, storage: str, *, objectives: list[str], sweep: str, mode: str, arch: str
+    study: optuna.Study,
+    storage: str,
+    *,
+    objectives: list[str],
+    sweep: str,
+    mode: str,
+    arch: str,
+    ranked_by: str | None = None,
 ) -> None:
     """Record in ``study`` what a run's trials are (their objectives, the kernel's sweep, the
     mode, the architecture); a ``UsageError`` when it holds trials of other objectives, of
-    another sweep, or compiled for another architecture (compile-only: its trials rank by
-    figures of one architecture; a GPU study keeps each GPU's trials apart by environment)."""
+    another sweep, or compiled for another architecture or ranked by another latency model
+    (compile-only, ``ranked_by`` the model's ``key``: its trials rank by one architecture's
+    figures under one model; a GPU study keeps each GPU's trials apart by environment)."""
     name = study.study_name
     held_objectives = study.user_attrs.get("objectives", objectives)
     if held_objectives != objectives:
@@ -156,5 +164,14 @@ def hold(
             f"study {name!r} was explored compile-only for {held_arch}; this run compiles for {arch}: "
             "use another --study"
         )
+    held_model = study.user_attrs.get("ranked_by")
+    if mode == "compile-only" and held_model not in (None, ranked_by) and study.get_trials(deepcopy=False):
+        raise UsageError(
+            f"study {name!r} was ranked by the latency model {held_model}; the model in use is "
+            f"{ranked_by} (DECAY_TUNER_LATENCY_MODEL names it), and the ranks of two models do not "
+            "compare: use another --study"
+        )
+    if mode == "compile-only":
+        study.set_user_attr("ranked_by", ranked_by)
     for key, value in (("sweep", sweep), ("objectives", objectives), ("mode", mode), ("arch", arch)):
         study.set_user_attr(key, value)

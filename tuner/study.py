@@ -89,7 +89,15 @@ class Tuner:
                 options.sampler, problem, options.seed + self.worker_index, self.sweep
             )
         mode = "gpu" if self.gpu else "compile-only"
-        hold(self.study, storage, objectives=self.objectives, sweep=self.sweep, mode=mode, arch=self.arch)
+        hold(
+            self.study,
+            storage,
+            objectives=self.objectives,
+            sweep=self.sweep,
+            mode=mode,
+            arch=self.arch,
+            ranked_by=self.model.key,
+        )
         self.interrupted = fail_interrupted(self.study) + fail_stale(self.study, options.grace_s)
         self.claims = Claims(self.study, self.env_key, options.grace_s)
         self._live: set[int] = set()  # ids of this worker's trials in flight, kept alive by heartbeats
