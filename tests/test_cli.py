@@ -262,6 +262,19 @@ def test_a_storage_or_studies_folder_it_cannot_write_is_one_line_before_any_tria
     assert not (tmp_path / "j.log").exists()  # refused before the storage was made
 
 
+@pytest.mark.parametrize("command", ["trials", "best", "report", "run"])
+def test_a_study_of_another_program_is_one_line(command, tmp_path, capsys):
+    """An Optuna study of its own parameters in the same storage: never read as configs."""
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    raw = optuna.create_study(storage=storage, study_name="raw")
+    raw.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert main([command, *SMALL, "--storage", storage, "--study", "raw"]) == 2
+    err = capsys.readouterr().err
+    assert "study 'raw'" in err and "is no decay-tuner study (parameters ['x'])" in err
+    assert err.count("\n") == 1
+    assert "problem" not in optuna.load_study(study_name="raw", storage=storage).user_attrs
+
+
 def test_compare_checks_its_out_path_before_comparing(tmp_path, capsys):
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     for name in ("a", "b"):

@@ -2,13 +2,14 @@
 it for a run (and recording what its trials are), and loading it for the commands that
 read it."""
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
 import optuna
 from optuna.storages import BaseStorage
 
-from kernel.config import LEGACY_FIELDS, Problem
+from kernel.config import LEGACY_FIELDS, KernelConfig, Problem
 from tuner.options import STUDIES_DIR, STUDIES_VARIABLE, UsageError, default_storage
 from tuner.storage import get_storage, storage_key
 
@@ -102,6 +103,7 @@ def open_study(
         )
     except ValueError as exc:  # e.g. the study exists with other directions
         raise UsageError(f"cannot open study {name!r}: {exc}") from None
+    _check_ours(study, storage if isinstance(storage, str) else None)
     saved = study.user_attrs.get("problem")
     if saved is None:
         study.set_user_attr("problem", problem.to_dict())
@@ -120,9 +122,25 @@ def load_study(name: str, storage: str) -> optuna.Study:
     Creates nothing, not even an empty storage."""
     check_study_name(name)
     try:
-        return optuna.load_study(study_name=name, storage=get_storage(storage, create=False))
+        study = optuna.load_study(study_name=name, storage=get_storage(storage, create=False))
     except KeyError:
         raise UsageError(f"no study {name!r} in {storage}") from None
+    _check_ours(study, storage)
+    return study
+
+
+KNOBS = frozenset(f.name for f in dataclasses.fields(KernelConfig))
+
+
+def _check_ours(study: optuna.Study, storage: str | None) -> None:
+    """``UsageError`` for a study of another program in the storage: trials but no problem
+    recorded (``open_study`` records it first), or a trial of parameters that are no knobs."""
+    trials = study.get_trials(deepcopy=False)
+    params = {p for t in trials for p in (t.params or t.system_attrs.get("fixed_params", {}))}
+    if trials and (study.user_attrs.get("problem") is None or not params <= KNOBS):
+        why = f"parameters {sorted(params - KNOBS)}" if params - KNOBS else "no problem recorded"
+        where = f" in {storage}" if storage else ""
+        raise UsageError(f"study {study.study_name!r}{where} is no decay-tuner study ({why})")
 
 
 def hold(
