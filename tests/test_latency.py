@@ -178,6 +178,7 @@ def _shipped_domain_with(**changes) -> dict:
         _shipped_with(trees=[[[0, 1.5, 1, 9, 0]]]),  # a child the tree lacks
         _shipped_with(trees=[[[0, 1.5, 0, 0, 0]]]),  # a node that is its own child: a loop
         _shipped_with(trees=[[]]),
+        _shipped_with(trees=[]),  # no trees: every prediction the baseline's
         _shipped_with(baseline=math.nan),  # Optuna would refuse every prediction
         _shipped_with(trees=[[[-1, 0, 0, 0, math.inf]]]),
         _shipped_with(domain=_shipped_domain_with(chunk=64)),  # a value, not a list of them
@@ -204,6 +205,14 @@ def test_a_model_file_missing_or_corrupt_falls_back_to_the_analytic_part(
     assert prediction.record()["predicted_by"] == "analytic part alone: no latency model could be read"
     assert main(["model", "show"]) == 2  # asked for by name: refused
     assert "bad.json" in capsys.readouterr().err
+
+
+def test_a_model_file_without_a_field_names_it(tmp_path):
+    data = json.loads(latency.MODEL_FILE.read_text())
+    del data["trained"]
+    (tmp_path / "m.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"m\.json: cannot read the latency model: no field 'trained'$"):
+        LatencyModel.load(tmp_path / "m.json")
 
 
 def test_a_model_round_trips_through_its_file(tmp_path):

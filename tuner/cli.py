@@ -180,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
         for group in groups:
             group(p)
     _shape_flags(sub.choices["dispatch"], "the shapes to tune, one study each")
-    sub.choices["dispatch"].add_argument("--out", help="path of the table (default: studies/dispatch.json)")
+    sub.choices["dispatch"].add_argument(
+        "--out", help="path of the table (default: dispatch.json in the studies folder)"
+    )
     sub.choices["dispatch"].add_argument(
         "--backward",
         action="store_true",

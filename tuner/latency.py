@@ -164,7 +164,9 @@ class LatencyModel:
             )
             model.check()
             return model
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except KeyError as exc:
+            raise ValueError(f"{path}: cannot read the latency model: no field {exc}") from None
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ValueError(f"{path}: cannot read the latency model: {exc}") from None
 
     def check(self) -> None:
@@ -182,6 +184,8 @@ class LatencyModel:
             isinstance(pair, list) and len(pair) == 2 for pair in self.domain["dk_dv"]
         ):
             raise ValueError("its domain does not list each knob's values and the [DK, DV] pairs")
+        if not self.trees:
+            raise ValueError("no trees")
         for tree in self.trees:
             if not tree:
                 raise ValueError("an empty tree")
