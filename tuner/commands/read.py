@@ -66,6 +66,7 @@ def _env(args: argparse.Namespace, study: "optuna.Study") -> str | None:
     (``tuner.trials.choose_env``)."""
     from tuner.trials import choose_env  # loads Optuna and pandas
 
+    named(args, "env")
     return choose_env(study, args.env, lambda: env_key(environment()))
 
 
