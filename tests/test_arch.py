@@ -216,7 +216,7 @@ def test_packed_sequences_take_one_stage_where_tilelang_does_not_warp_specialise
     assert isinstance(probe(problem, packed_config(config, "sm_80"), arch="sm_80", call=call), Resources)
 
 
-def test_a_second_architecture_on_one_study_measures_the_seeds_for_itself(tmp_path, monkeypatch):
+def test_a_second_architecture_on_one_study_measures_the_seeds_for_itself(tmp_path, monkeypatch, capsys):
     """The seed config (and wave seeds) are queued per environment: a worker for sm_89
     joining a study that sm_80 explored compiles the seed config for sm_89 too."""
     import optuna
@@ -231,3 +231,12 @@ def test_a_second_architecture_on_one_study_measures_the_seeds_for_itself(tmp_pa
     trials = optuna.load_study(study_name="both", storage=get_storage(storage)).trials
     seeds = [t for t in trials if t.params == SEED_CONFIG.to_dict() and "env_key" in t.user_attrs]
     assert {t.user_attrs["env_key"] for t in seeds} == {env_key(environment(a)) for a in ("sm_80", "sm_89")}
+    capsys.readouterr()
+    shown = []
+    for arch in ("sm_80", "sm_89"):  # each architecture's own, and named so, whichever ran last
+        key = env_key(environment(arch))
+        if main(["best", "--storage", storage, "--study", "both", *SMALL, "--env", key]) == 0:
+            heading = capsys.readouterr().out.splitlines()[0]
+            assert f"(compile-only for {arch}:" in heading and f"no GPU: compile-only for {arch}," in heading
+            shown.append(arch)
+    assert "sm_80" in shown  # the first run's, which the second's --arch once relabelled

@@ -295,15 +295,6 @@ def test_compare_checks_its_out_path_before_comparing(tmp_path, capsys):
     assert err == "error: cannot write --out '/proc/1/c.json': '/proc/1' is read-only\n"
 
 
-def test_a_compile_only_study_resumed_for_another_architecture_exits_2(explored, capsys, monkeypatch):
-    monkeypatch.setattr("tuner.cli.STUDIES_DIR", explored.dir)
-    assert main(_on(explored, "run", "--arch", "sm_80", "--n-trials", "1")) == 2
-    err = capsys.readouterr().err
-    assert "study 'e2e' was explored compile-only for sm_90a; this run compiles for sm_80" in err
-    assert err.count("\n") == 1
-    assert optuna.load_study(study_name="e2e", storage=explored.storage).user_attrs["arch"] == "sm_90a"
-
-
 def test_a_compile_only_study_resumed_under_another_latency_model_exits_2(
     explored, tmp_path, capsys, monkeypatch
 ):

@@ -154,10 +154,10 @@ def hold(
     ranked_by: str | None = None,
 ) -> None:
     """Record in ``study`` what a run's trials are (their objectives, the kernel's sweep, the
-    mode, the architecture); a ``UsageError`` when it holds trials of other objectives, of
-    another sweep, or compiled for another architecture or ranked by another latency model
-    (compile-only, ``ranked_by`` the model's ``key``: its trials rank by one architecture's
-    figures under one model; a GPU study keeps each GPU's trials apart by environment)."""
+    mode, the architecture of its last run); a ``UsageError`` when it holds trials of other
+    objectives, of another sweep, or ranked by another latency model (compile-only,
+    ``ranked_by`` the model's ``key``: ranks of two models do not compare). Workers on
+    other architectures or GPUs may share a study: their trials stay apart by environment."""
     name = study.study_name
     held_objectives = study.user_attrs.get("objectives", objectives)
     if held_objectives != objectives:
@@ -175,12 +175,6 @@ def hold(
     if held not in (None, sweep):
         raise UsageError(
             f"study {name!r} tunes the {held} kernel; this run asks for --sweep {sweep}: use another --study"
-        )
-    held_arch = study.user_attrs.get("arch")
-    if mode == "compile-only" and study.user_attrs.get("mode") == mode and held_arch not in (None, arch):
-        raise UsageError(
-            f"study {name!r} was explored compile-only for {held_arch}; this run compiles for {arch}: "
-            "use another --study"
         )
     held_model = study.user_attrs.get("ranked_by")
     if mode == "compile-only" and held_model not in (None, ranked_by) and study.get_trials(deepcopy=False):

@@ -18,9 +18,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-def _heading(study: "optuna.Study", frame: "pd.DataFrame") -> str:
-    """The study's name, kernel and mode; a compile-only study says that nothing was timed."""
-    mode, arch = study.user_attrs.get("mode", "unknown mode"), study.user_attrs.get("arch")
+def _heading(study: "optuna.Study", frame: "pd.DataFrame", arch: str | None = None) -> str:
+    """The study's name, kernel and mode; a compile-only study says that nothing was timed.
+    ``arch``: the architecture of the trials shown (default: the study's last run's)."""
+    mode, arch = study.user_attrs.get("mode", "unknown mode"), arch or study.user_attrs.get("arch")
     where = f" for {arch}" if arch and mode == "compile-only" else f" on {arch}" if arch else ""
     note = ": no latency measured, ranked by predicted time" if mode == "compile-only" else ""
     by = frame.predicted_by.astype(str)
@@ -56,7 +57,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         print(f"study {study.study_name!r} has no feasible, correct trial yet", file=sys.stderr)
         return 1
     frame = trials_frame(study).set_index("number", drop=False).loc[best]
-    print(f"{_heading(study, frame)}, {_env_line(study, env)}")
+    print(f"{_heading(study, frame, _saved_env(study, env).get('arch'))}, {_env_line(study, env)}")
     print(table(frame))
     return 0
 
@@ -70,11 +71,18 @@ def _env(args: argparse.Namespace, study: "optuna.Study") -> str | None:
     return choose_env(study, args.env, lambda: env_key(environment()))
 
 
+def _saved_env(study: "optuna.Study", env: str | None) -> dict:
+    """The environment ``env`` (a key) as the study's trials recorded it; {} where none did."""
+    from tuner.trials import environments  # loads Optuna and pandas
+
+    return environments(study).get(env, (None, 0))[0] or {}
+
+
 def _env_line(study: "optuna.Study", env: str | None) -> str:
-    from tuner.trials import describe_env, environments  # loads Optuna and pandas
+    from tuner.trials import describe_env  # loads Optuna and pandas
 
     done = "compiled" if study.user_attrs.get("mode") == "compile-only" else "measured"
-    return f"{done} in environment {describe_env(env, environments(study).get(env, (None, 0))[0])}"
+    return f"{done} in environment {describe_env(env, _saved_env(study, env) or None)}"
 
 
 def cmd_export(args: argparse.Namespace) -> int:
