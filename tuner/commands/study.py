@@ -27,9 +27,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tuner.study import Tuner  # loads torch, Optuna and pandas
 
     name, storage = where(args)
-    folder = exports(
-        args.studies_dir, storage, name, write=True
-    )  # refuses one it cannot write, before any work
+    # refuses a folder it cannot make or write, before any work
+    folder = exports(args.studies_dir, storage, name, write=True)
     if args.gpus is not None:
         return _run_on_gpus(args, name, storage, folder)
     tuner = Tuner(problem_of(args), options_of(args), name=name, storage=storage)

@@ -32,9 +32,7 @@ def main() -> None:
 
         def best(sweep: str, **match) -> float | None:
             found = [
-                r["median_ms"]
-                for r in at
-                if r["sweep"] == sweep and all(r[k] == v for k, v in match.items())
+                r["median_ms"] for r in at if r["sweep"] == sweep and all(r[k] == v for k, v in match.items())
             ]
             return min(found) if found else None
 
