@@ -4,9 +4,10 @@ fill them? A CPU estimate from the committed H200 sweep rows, no GPU:
 
     python3 experiments/h200/backward/concurrent.py > experiments/h200/backward/concurrent.txt
 
-Per shape whose two unsplit kernels fit the SMs side by side (128/128, bf16) it prints, from the sweep's medians: the served
-order (the forward's rule config as the dq sweep, then the fused sweep's rule config),
-and the two unsplit kernels side by side, whose time is at best the slower of the two
+Per shape whose two unsplit kernels fit the SMs side by side (128/128, bf16) it prints,
+from the sweep's medians: the served order (the forward's rule config as the dq sweep,
+then the fused sweep's rule config), and the two unsplit kernels side by side, whose
+time is at best the slower of the two
 (each block's chunks run one after another, so an unsplit block takes as long alone as
 beside another kernel), and the milliseconds per chunk of one unsplit block. The dq
 sweep of an eager call runs only the split forward's outputs kernel (it reads the
