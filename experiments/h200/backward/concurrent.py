@@ -9,7 +9,7 @@ from the sweep's medians: the served order (the forward's rule config as the dq 
 then the fused sweep's rule config), and the two unsplit kernels side by side, whose
 time is at best the slower of the two
 (each block's chunks run one after another, so an unsplit block takes as long alone as
-beside another kernel), and the milliseconds per chunk of one unsplit block. The dq
+beside another kernel), and the microseconds per chunk of one unsplit block. The dq
 sweep of an eager call runs only the split forward's outputs kernel (it reads the
 forward's states), so the served sum overstates it; the estimate favours the two streams.
 """
