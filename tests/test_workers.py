@@ -167,6 +167,25 @@ def test_ctrl_c_then_resume_measures_the_interrupted_configs(tmp_path):
         assert any(u.user_attrs.get("status") in MEASURED for u in again), t.params
 
 
+def test_a_sigterm_stops_as_a_ctrl_c_does_and_says_so(tmp_path):
+    """``kill`` (a scheduler's, ``timeout``'s) to the run alone, mid-compile: it stops where
+    a Ctrl-C would, in one line, exit 143, no trial left running."""
+    storage = f"journal:{tmp_path / 'j.log'}"
+    backend = get_storage(storage)
+    run = _worker(storage, tmp_path, 8, cache=tmp_path / "cold-cache")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and run.poll() is None and not _compiling(backend):
+        time.sleep(0.1)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 143 and "Traceback" not in err, err[-2000:]
+    assert (
+        err.splitlines()[-1]
+        == "terminated: finished trials are kept in the study; run the same command to go on"
+    )
+    assert not [t for t in _study(backend).get_trials() if t.state == TrialState.RUNNING]
+
+
 def _compiling(backend: BaseStorage) -> bool:
     """Whether a trial has been compiling for over a second (a cold compile takes several)."""
     study = _study(backend)

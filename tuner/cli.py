@@ -8,6 +8,7 @@ once.
 import _thread
 import argparse
 import inspect
+import signal
 import sys
 import threading
 import time
@@ -281,9 +282,25 @@ def _ctrl_c_unraised(unraisable) -> None:
     threading.Thread(target=again, daemon=True).start()
 
 
+class _Terminated:
+    """Whether a SIGTERM (a scheduler's kill, ``timeout``) stopped the command: it is turned
+    into the Ctrl-C of the process, so that the command stops where a Ctrl-C would, saying
+    what it keeps, and exits 143 as a terminated process does."""
+
+    seen = False
+
+    @classmethod
+    def handle(cls, signum: int, frame: object) -> None:
+        cls.seen = True
+        signal.raise_signal(signal.SIGINT)
+
+
 def main(argv: list[str] | None = None) -> int:
     command = None
     sys.unraisablehook = _ctrl_c_unraised
+    main_thread = threading.current_thread() is threading.main_thread()
+    term = signal.signal(signal.SIGTERM, _Terminated.handle) if main_thread else None
+    _Terminated.seen = False
     try:
         args = build_parser().parse_args(argv)
         command = args.command
@@ -297,12 +314,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        import signal
-
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # one line, however often Ctrl-C is pressed now
+        how = "terminated" if _Terminated.seen else "interrupted"
         kept = RESUMES.get(command)
-        said = f"interrupted: {kept}; run the same command to go on" if kept else "interrupted"
-        print(said, file=sys.stderr)
-        return 130
+        print(f"{how}: {kept}; run the same command to go on" if kept else how, file=sys.stderr)
+        return 143 if _Terminated.seen else 130
     finally:
         sys.unraisablehook = sys.__unraisablehook__
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if term is None else term)
