@@ -14,12 +14,14 @@ sweep of an eager call runs only the split forward's outputs kernel (it reads th
 forward's states), so the served sum overstates it; the estimate favours the two streams.
 """
 
+import csv
 import json
 import sys
 from pathlib import Path
 
 SMS = 132  # the H200's: two unsplit kernels run side by side only where 2 * B * H fits them
 SWEEP = Path(__file__).parents[1] / "shipped" / "sweep-128x128_128x256_64x64_256x256-bfloat16.jsonl"
+BENCH = Path(__file__).parents[1] / "outofbox" / "bench_bf16" / "bench.csv"  # the served backward, timed
 GAP = Path(__file__).parents[1] / "costmodel" / "gap-128x128-bfloat16.jsonl"
 
 
@@ -27,7 +29,7 @@ def main() -> None:
     rows = [json.loads(line) for path in (SWEEP, GAP) for line in path.open()]
     times = [r for r in rows if r["kind"] == "time" and r["dk"] == r["dv"] == 128]
     shapes = sorted({(r["b"], r["h"], r["s"]) for r in times if 2 * r["b"] * r["h"] <= SMS})
-    print("shape        B*H  served dq+dkdv ms  unsplit max(dq, dkdv) ms  ratio  ms/chunk dq, dkdv")
+    print("shape        B*H  served dq+dkdv ms  unsplit max(dq, dkdv) ms  ratio  us/chunk dq, dkdv")
     for b, h, s in shapes:
         at = [r for r in times if (r["b"], r["h"], r["s"]) == (b, h, s)]
 
@@ -49,6 +51,14 @@ def main() -> None:
             f"{b}x{h}x{s:<6} {b * h:>4}  {served:>17.4f}  {side:>24.4f}  {side / served:>5.2f}"
             f"  {1e3 * dq1 / chunks:.2f} us, {1e3 * dkdv1 / chunks:.2f} us"
         )
+
+    with BENCH.open() as f:
+        for row in csv.DictReader(f):
+            if row["impl"] == "out of the box backward":
+                print(
+                    f"bench, the served backward at {row['batch']}x{row['heads']}x{row['seqlen']}: "
+                    f"{float(row['median_ms']):.4f} ms ({row['config']})"
+                )
 
 
 if __name__ == "__main__":
