@@ -28,6 +28,17 @@ class UsageError(ValueError):
     """A mistake in what the user asked for: one line on stderr, exit code 2."""
 
 
+def check_writable(path: Path, what: str, hint: str = "") -> None:
+    """``UsageError`` where ``path``, a file or a folder, could not be written, checked
+    before any work: it, or for a file the nearest of its folders that exists (where a new
+    file, an atomic write's temporary or SQLite's journal goes), is read-only
+    (``os.access``: a read-only mount too)."""
+    into = [path] if path.is_dir() else [path, next(p for p in path.parents if p.exists())]
+    for p in into:
+        if p.exists() and not os.access(p, os.W_OK):
+            raise UsageError(f"cannot write {what} {str(path)!r}: {str(p)!r} is read-only{hint}")
+
+
 def option(
     default: Any,
     help: str,

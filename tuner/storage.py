@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial
 
 from kernel.processes import ctrl_c_at_checkpoints
 from tuner.liveness import requeue
-from tuner.options import STUDIES_DIR, UsageError
+from tuner.options import STUDIES_DIR, UsageError, check_writable
 
 
 def _kind(url: str) -> tuple[str, str]:
@@ -114,14 +114,6 @@ def get_storage(
         ) from None
 
 
-def _check_writable(file: Path) -> None:
-    """``UsageError`` where a file storage cannot be written: the file, or its folder, where
-    the journal's lock and SQLite's journal go (``os.access``: a read-only mount too)."""
-    for p in (file, file.parent):
-        if p.exists() and not os.access(p, os.W_OK):
-            raise UsageError(f"cannot write the storage {str(file)!r}: {str(p)!r} is read-only")
-
-
 def _missing(url: str) -> UsageError:
     return UsageError(f"no storage at {url!r} (read-only commands create none; `run` makes one)")
 
@@ -143,7 +135,7 @@ def _journal(path: str, create: bool) -> BaseStorage:
     elif not file.parent.is_dir():
         raise UsageError(f"no folder {str(file.parent)!r} for the journal file {path!r}: make it first")
     if create:
-        _check_writable(file)
+        check_writable(file, "the storage")
     # Optuna's default lock (a symlink), the one optuna-dashboard and Optuna scripts take too.
     return JournalStorage(_JournalFile(str(file)))
 
@@ -224,7 +216,7 @@ def _open_rdb(url: str, create: bool, heartbeat_s: int | None, grace_s: int | No
         return optuna.storages.RDBStorage(url, skip_table_creation=True, **kwargs)
     if path is not None:  # one creator at a time: SQLite's schema set-up is not atomic
         path.parent.mkdir(parents=True, exist_ok=True)
-        _check_writable(path)
+        check_writable(path, "the storage")
         with _folder_lock(path.parent):
             return optuna.storages.RDBStorage(url, **kwargs)
     for attempt in range(5):  # a server's schema set-up can race with another creator's

@@ -2,14 +2,13 @@
 the study and its storage, and where the study's files go."""
 
 import argparse
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernel.config import KernelConfig, Problem
 from kernel.defaults import size_error
 from tuner import options
-from tuner.options import Options, UsageError, default_storage, parse_config
+from tuner.options import Options, UsageError, check_writable, default_storage, parse_config
 
 if TYPE_CHECKING:
     import optuna
@@ -89,18 +88,8 @@ def exports(studies: Path, storage: str, name: str, *, write: bool = False) -> P
 
     folder = export_dir(storage, name, studies)
     if write:
-        _check_writable(
-            folder, "the study's files", f" ({options.STUDIES_VARIABLE} moves the studies folder)"
-        )
+        check_writable(folder, "the study's files", f" ({options.STUDIES_VARIABLE} moves the studies folder)")
     return folder
-
-
-def _check_writable(path: Path, what: str, hint: str = "") -> None:
-    """``UsageError`` where ``path`` could not be written: it, or its nearest folder that
-    exists, is read-only (``os.access``: a read-only mount too), checked before any work."""
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not os.access(existing, os.W_OK):
-        raise UsageError(f"cannot write {what} {str(path)!r}: {str(existing)!r} is read-only{hint}")
 
 
 def open_study(args: argparse.Namespace, name: str | None = None) -> "optuna.Study":
@@ -136,5 +125,5 @@ def out_file(args: argparse.Namespace, default: Path, suffixes: tuple[str, ...])
     blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocked is not None:
         raise UsageError(f"--out {str(out)!r}: {str(blocked)!r} is a file, not a folder")
-    _check_writable(out, "--out")
+    check_writable(out, "--out")
     return out
