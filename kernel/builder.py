@@ -212,6 +212,15 @@ def sm_count() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
+@functools.cache
+def memory_bandwidth() -> float | None:
+    """The current device's peak memory bandwidth in bytes/s, from its memory clock and bus
+    width (double data rate); None where the driver reports neither."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    rate = 2 * getattr(props, "memory_clock_rate", 0) * 1e3 * getattr(props, "memory_bus_width", 0) / 8
+    return rate or None
+
+
 def build(
     problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, *, lower_for: str | None = None
 ) -> ScalarDecayKernel:

@@ -218,14 +218,17 @@ def family(problem: Problem, arch: str) -> KernelConfig:
     )
 
 
-def default_config(problem: Problem, arch: str, sms: int | None = None) -> KernelConfig:
+def default_config(
+    problem: Problem, arch: str, sms: int | None = None, bandwidth: float | None = None
+) -> KernelConfig:
     """The forward's config for ``problem`` on ``arch`` (a name of ``kernel.arch.ARCHS``):
     ``family``'s, at the block_dv (its own or, for DK <= ``MAX_NARROW_DK`` and sequences
     shorter than ``NARROW_BELOW`` tokens, half of it) and segment count whose grid comes
     nearest one block per SM in log2 without a split past it (``sms``; default: ``arch``'s
     reference GPU), with a pipeline no deeper than a segment's chunks. Of grids as near,
     the unsplit one wins, then the wider block_dv, then fewer segments (which read K and V
-    less often)."""
+    less often). On a GPU whose memory is slower than ``SLOW_MEMORY`` (``bandwidth``, peak
+    bytes/s; None: the H200's), ``unsplit_on_slow_memory`` may trade a split for ``CHAIN``."""
     base = family(problem, arch)
     blocks = sms or get_arch(arch).sms
     widths = [base.block_dv]
@@ -243,7 +246,28 @@ def default_config(problem: Problem, arch: str, sms: int | None = None) -> Kerne
         far = abs(math.log2(c.blocks(problem) / blocks))
         return far, c.segments > 1, c.block_dv != base.block_dv, c.segments
 
-    return min(picks, key=order)
+    pick = min(picks, key=order)
+    if bandwidth is not None and bandwidth < SLOW_MEMORY:
+        return unsplit_on_slow_memory(pick, problem, arch, blocks)
+    return pick
+
+
+# The H200's rule splits a sequence in two where that grid comes nearest one block per SM.
+# The split reads K and V twice; on the H100 (3.35 TB/s peak, the H200 4.8) that costs more
+# than running the sequence unsplit at half the block_dv, as many blocks, with one consumer
+# warpgroup (``CHAIN``): 1.08x to 1.26x faster at DK = DV = 128 where the split's grid
+# passes 3/4 of the SMs; at 96 blocks of 132 the two are even (experiments/h200/threads128/).
+SLOW_MEMORY = 4e12  # bytes/s, peak: between the H100's and the H200's
+MEMORY_CLASSES = (None, 3.35e12)  # a bandwidth of each side: the H200's rule, the H100's
+CHAIN = KernelConfig(64, 64, 3, 128, SCORES, 1)
+
+
+def unsplit_on_slow_memory(pick: KernelConfig, problem: Problem, arch: str, sms: int) -> KernelConfig:
+    """``CHAIN`` where ``pick`` splits a DK = DV = 128 problem of Hopper in two at block_dv
+    128 and its grid passes 3/4 of ``sms``, the case measured on the H100; else ``pick``."""
+    measured = get_arch(arch).wgmma and problem.dk == problem.dv == 128
+    split = pick.segments == 2 and pick.block_dv == 128 and 4 * pick.blocks(problem) > 3 * sms
+    return CHAIN if measured and split and runs(CHAIN, problem) else pick
 
 
 def dkdv_config(problem: Problem, arch: str, sms: int | None = None) -> KernelConfig | None:

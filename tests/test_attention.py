@@ -8,7 +8,7 @@ import torch
 from helpers import dispatch_file
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from kernel.config import Call, KernelConfig, Problem
+from kernel.config import Call, KernelConfig, Problem, model_call
 from kernel.ops.attention import decay_attention
 
 
@@ -189,7 +189,7 @@ def test_a_kernel_refuses_arguments_it_was_not_compiled_for():
 def test_warmup_holds_the_kernel_of_every_call_of_its_head_size(heads, dk, dv):
     """Whatever batch size and length a call has, forward or backward, dense or packed, the
     kernel serving it (its ``shape_generic`` key) is one ``warmup_jobs`` compiles: after a
-    warm-up no call compiles."""
+    warm-up no call compiles, on the H100 (its bandwidth) as on the H200."""
     import random
 
     from kernel.arch import get_arch
@@ -202,15 +202,22 @@ def test_warmup_holds_the_kernel_of_every_call_of_its_head_size(heads, dk, dv):
         for p, c, call in warmup_jobs(heads, dk, dv, "bfloat16", backward=True, arch=arch)
     }
     rng = random.Random(0)
+    chain = Problem(max(1, 64 // heads), heads, 8192, dk, dv, "bfloat16")  # where the H100's pick differs
+    for rate in (3.35e12, 4.8e12):
+        for p, c, call in [
+            kernel_job(chain, model_call(chain), chain.batch, arch=arch, sms=sms, bandwidth=rate)
+        ]:
+            assert (shape_generic(p, c, arch), c, call) in warmed, (rate, c)
     for _ in range(60):
         batch, seqlen = rng.randint(1, max(1, 512 // heads)), rng.randint(1, 65536)
         p, n = Problem(batch, heads, seqlen, dk, dv, "bfloat16"), batch
         call = Call(dk**-0.5, False, rng.random() < 0.5, packed=rng.random() < 0.3)
         if call.packed:
             p, n = Problem(1, heads, seqlen, dk, dv, "bfloat16"), rng.randint(1, min(64, seqlen))
+        rate = rng.choice([None, 3.35e12, 4.8e12])  # ahead, an H100's, an H200's
         for job in [
-            kernel_job(p, call, n, arch=arch, sms=sms),
-            *backward_jobs(p, call, n, arch=arch, sms=sms),
+            kernel_job(p, call, n, arch=arch, sms=sms, bandwidth=rate),
+            *backward_jobs(p, call, n, arch=arch, sms=sms, bandwidth=rate),
         ]:
             assert (shape_generic(job[0], job[1], arch), job[1], job[2]) in warmed, (p, call, job)
 

@@ -5,7 +5,7 @@ import pytest
 
 from kernel.arch import ARCHS
 from kernel.config import KernelConfig, Problem, model_call
-from kernel.defaults import STATIC_SMEM, default_config, dkdv_config, runs, smem_bytes
+from kernel.defaults import CHAIN, STATIC_SMEM, default_config, dkdv_config, runs, smem_bytes
 
 HEADS = [(64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128), (256, 256)]
 SHAPES = [(1, 1, 1), (1, 2, 65), (4, 16, 512), (1, 8, 1000), (8, 16, 4096), (2, 16, 16384), (1, 8, 131072)]
@@ -68,6 +68,29 @@ def test_a_split_never_passes_one_block_per_sm():
     assert default_config(Problem(3, 24, 6000, 128, 128), "sm_90a", 132).segments == 1
     assert dkdv_config(Problem(3, 24, 6000, 128, 128), "sm_90a", 132).segments == 1
     assert default_config(Problem(1, 40, 8192, 128, 128), "sm_90a", 132).segments == 2  # 80 blocks: one wave
+
+
+def test_slower_memory_runs_unsplit_where_the_h200_splits_in_two_past_three_quarters_of_the_sms():
+    """experiments/h200/threads128/: on the H100 the unsplit half-width config at 128 threads
+    beat the split in two at DK = DV = 128 where its grid passed 3/4 of 132 SMs (B*H 56, 64),
+    and was even at 96 blocks (B*H 48). Elsewhere, and on the H200, the rule is unchanged."""
+    h100, h200 = 3.35e12, 4.8e12
+    for b, h, s in [(4, 16, 8192), (4, 16, 2048), (7, 8, 8192), (2, 32, 4096), (4, 16, 32768)]:
+        problem = Problem(b, h, s, 128, 128, "bfloat16")
+        split = default_config(problem, "sm_90a", 132)
+        assert split.segments == 2 and split.block_dv == 128
+        assert default_config(problem, "sm_90a", 132, h200) == split
+        assert default_config(problem, "sm_90a", 132, h100) == CHAIN
+        assert CHAIN.blocks(problem) == split.blocks(problem)
+    for b, h, s, dk, dv in [(3, 16, 8192, 128, 128), (6, 8, 4096, 128, 128), (8, 16, 4096, 128, 128)]:
+        problem = Problem(b, h, s, dk, dv)  # 96 blocks, and no split
+        assert default_config(problem, "sm_90a", 132, h100) == default_config(problem, "sm_90a", 132)
+    for dk, dv in [(64, 64), (128, 256), (256, 256)]:
+        problem = Problem(4, 16, 8192, dk, dv)  # unmeasured head sizes keep the rule
+        assert default_config(problem, "sm_90a", 132, h100) == default_config(problem, "sm_90a", 132)
+    ampere = Problem(3, 16, 8192, 128, 128)  # split in two, 96 blocks of 108: unmeasured there
+    assert default_config(ampere, "sm_80", 108).segments == 2
+    assert default_config(ampere, "sm_80", 108, 2e12) == default_config(ampere, "sm_80", 108)
 
 
 @pytest.mark.parametrize(

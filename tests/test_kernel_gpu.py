@@ -177,3 +177,13 @@ def test_a_trial_measures_the_model_form():
     assert result["nan_count"] == 0 and result["finite"], result
     assert result["state_rel_l2"] is not None and result["state_rel_l2"] <= result["rel_l2"] < TOLERANCE
     assert result["median_ms"] > 0
+
+
+def test_memory_bandwidth_is_the_peak_a_copy_comes_near():
+    """``memory_bandwidth`` (which picks the rule's configs for slower memory) reads the
+    GPU's peak: a device copy moves bytes below it, but at more than half of it."""
+    from kernel.builder import memory_bandwidth
+    from tuner.bench_rows import copy_bandwidth
+
+    peak, copy = memory_bandwidth(), copy_bandwidth()
+    assert peak is not None and copy < peak < 2 * copy, (peak, copy)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import refs
-from kernel.builder import build, constant_decay, cuda_arch, precompile, sm_count
+from kernel.builder import build, constant_decay, cuda_arch, memory_bandwidth, precompile, sm_count
 from kernel.config import SEED_CONFIG, Call, Problem, model_call, retnet_decay
 from kernel.environment import environment
 from kernel.ops.dispatch import Dispatch
@@ -82,10 +82,10 @@ def run(
 
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
-    arch, sms = cuda_arch(), sm_count()
+    arch, sms, rate = cuda_arch(), sm_count(), memory_bandwidth()
     table, source = out_of_the_box()
     problems = [Problem(b, h, s, dk, dv, dtype) for b, h, s in shapes]
-    default = {p: config_for(p, table, arch=arch, sms=sms) for p in problems}
+    default = {p: config_for(p, table, arch=arch, sms=sms, bandwidth=rate) for p in problems}
     candidates = {
         p: [dispatch.pick(p).config] if dispatch else space.wave_seeds(p, arch=arch, sms=sms)
         for p in problems

@@ -34,7 +34,12 @@ def grid(problem: Problem, sweep: str = "forward") -> list[KernelConfig]:
 
 
 def wave_seeds(
-    problem: Problem, *, arch: str = DEFAULT_ARCH, sms: int | None = None, sweep: str = "forward"
+    problem: Problem,
+    *,
+    arch: str = DEFAULT_ARCH,
+    sms: int | None = None,
+    sweep: str = "forward",
+    bandwidth: float | None = None,
 ) -> list[KernelConfig]:
     """Configs worth measuring first: the rule's config (``kernel.defaults``: the forward's
     ``default_config``, the fused sweep's ``dkdv_config``), whose segment count gives the
@@ -42,10 +47,13 @@ def wave_seeds(
     counts on either side of it; for the forward each also at the other depth of 2 and 3
     stages (2 where the rule runs 1). ``sms``: the GPU's SM count; by default that of
     ``arch``'s reference GPU (``kernel.arch.Arch.sms``), as a compile-only run assumes.
-    Configs restricted on ``arch`` are left out; the sampler explores everything else as
-    before."""
+    ``bandwidth``: the GPU's peak bytes/s, where known; where the rule's config for it is
+    not the H200's, the H200's follows the rest (``default_config``). Configs restricted
+    on ``arch`` are left out; the sampler explores everything else as before."""
     sms = sms or get_arch(arch).sms
-    rule = dkdv_config(problem, arch, sms) if sweep == "dkdv" else default_config(problem, arch, sms)
+    rule = (
+        dkdv_config(problem, arch, sms) if sweep == "dkdv" else default_config(problem, arch, sms, bandwidth)
+    )
     if rule is None:
         return []
     counts = knobs(problem, sweep)["segments"]
@@ -56,6 +64,8 @@ def wave_seeds(
         for n in (counts[i], *counts[max(0, i - 1) : i], *counts[i + 1 : i + 2])
         for s in stages
     ]
+    if sweep == "forward":
+        configs.append(default_config(problem, arch, sms))
     return [c for c in dict.fromkeys(configs) if not violated(problem, c, arch, sweep)]
 
 
@@ -107,7 +117,13 @@ def check_in_space(problem: Problem, configs: list[KernelConfig], sweep: str = "
 
 
 def first_configs(
-    problem: Problem, model: LatencyModel, options: Options, *, arch: str, sms: int | None
+    problem: Problem,
+    model: LatencyModel,
+    options: Options,
+    *,
+    arch: str,
+    sms: int | None,
+    bandwidth: float | None = None,
 ) -> list[KernelConfig]:
     """What a study measures before its sampler proposes, in order: the seed's config (a
     forward's, where DV admits its block_dv), the user's ``--enqueue`` configs, then,
@@ -118,5 +134,5 @@ def first_configs(
     first = [*seed, *options.enqueue]
     if not options.wave_seeds or options.sampler == "grid":
         return first
-    seeds = wave_seeds(problem, arch=arch, sms=sms, sweep=sweep)
+    seeds = wave_seeds(problem, arch=arch, sms=sms, sweep=sweep, bandwidth=bandwidth)
     return [*first, *seeds, *predicted_first(problem, model, arch=arch, sweep=sweep, sms=sms)]

@@ -32,7 +32,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 import optuna
 
 from kernel.arch import resolve
-from kernel.builder import sm_count
+from kernel.builder import memory_bandwidth, sm_count
 from kernel.config import KernelConfig, Problem, dkdv_call, model_call
 from kernel.defaults import dkdv_config, head_size_error, violated
 from kernel.environment import env_key, environment
@@ -104,7 +104,10 @@ class Tuner:
         self._pool: ProcessPoolExecutor | None = None
         self._checkpoint: Callable[[], None] = lambda: None  # raises for a Ctrl-C (run's)
         self.sms = sm_count() if self.gpu else None  # None: the architecture's reference GPU's
-        first = space.first_configs(problem, self.model, options, arch=self.arch, sms=self.sms)
+        rate = memory_bandwidth() if self.gpu else None
+        first = space.first_configs(
+            problem, self.model, options, arch=self.arch, sms=self.sms, bandwidth=rate
+        )
         enqueue(self.study, first, self.env_key)
         self.distributions = space.distributions(problem, self.sweep)
         cores = os.cpu_count() or 1

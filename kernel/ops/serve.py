@@ -3,6 +3,7 @@ shape, else ``kernel.defaults``), and the kernels built for it, kept for the pro
 
 import dataclasses
 import functools
+import itertools
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -11,9 +12,9 @@ from pathlib import Path
 import torch
 
 from kernel.arch import get_arch
-from kernel.builder import ScalarDecayKernel, build, cuda_arch, precompile, sm_count
+from kernel.builder import ScalarDecayKernel, build, cuda_arch, memory_bandwidth, precompile, sm_count
 from kernel.config import Call, KernelConfig, Problem
-from kernel.defaults import default_config, dkdv_config
+from kernel.defaults import MEMORY_CLASSES, default_config, dkdv_config
 from kernel.environment import environment
 from kernel.ops import autotune
 from kernel.ops.backward import sweep_calls
@@ -102,16 +103,25 @@ def kernel_for(problem: Problem, call: Call, sequences: int) -> ScalarDecayKerne
 
 
 def kernel_job(
-    problem: Problem, call: Call, sequences: int, *, arch: str | None = None, sms: int | None = None
+    problem: Problem,
+    call: Call,
+    sequences: int,
+    *,
+    arch: str | None = None,
+    sms: int | None = None,
+    bandwidth: float | None = None,
 ) -> Job:
-    """What a call compiles: the table's config for its shape on ``arch`` with ``sms`` SMs
-    (default: this GPU's). Packed sequences run the single-pass kernel with the config
-    picked for ``sequences`` sequences of the mean length (``kernel.variants.packed_config``);
-    a compiled kernel serves every T and N, so packed calls compile at most once per config
-    the table holds, as dense calls do (``kernel.variants.shape_generic``)."""
+    """What a call compiles: the table's config for its shape on ``arch`` with ``sms`` SMs and
+    ``bandwidth`` (``kernel.defaults.default_config``; on this GPU, default: its own;
+    compiling ahead for ``arch``, default: the H200's). Packed sequences run the single-pass
+    kernel with the config picked for ``sequences`` sequences of the mean length
+    (``kernel.variants.packed_config``); a compiled kernel serves every T and N, so packed
+    calls compile at most once per config the table holds, as dense calls do
+    (``kernel.variants.shape_generic``)."""
     p, table, ahead = problem, served_table(arch), arch is not None
     arch = arch or cuda_arch()
     sms = sms or sm_count()
+    bandwidth = bandwidth if ahead else bandwidth or memory_bandwidth()
     if call.dkdv:  # the table's dk+dv entry, else the rule's; packed sequences run one pass
         config = dkdv_config(p, arch, None if call.packed else sms)
         if config is None:
@@ -128,15 +138,17 @@ def kernel_job(
                 table = _SERVER.table = autotune.tuned(_SERVER.autotune, shape, table)
             if not autotune.covered(table, shape):  # no study, or it gave nothing: the rule, as warned
                 table = None
-        config = config_for(shape, table, arch=arch, sms=sms)
+        config = config_for(shape, table, arch=arch, sms=sms, bandwidth=bandwidth)
     if call.packed:
         return dataclasses.replace(p, seqlen=1), packed_config(config, arch), call
     return p, config, call
 
 
-def config_for(problem: Problem, table: Dispatch | None, *, arch: str, sms: int) -> KernelConfig:
+def config_for(
+    problem: Problem, table: Dispatch | None, *, arch: str, sms: int, bandwidth: float | None = None
+) -> KernelConfig:
     """The table's pick for ``problem``; where there is no table, or it holds no entry of
-    the problem's DK, DV and dtype, the rule's for ``arch`` and ``sms`` SMs
+    the problem's DK, DV and dtype, the rule's for ``arch``, ``sms`` SMs and ``bandwidth``
     (``kernel.defaults.default_config``), with a warning naming the command that tunes it."""
     if table is not None:
         try:
@@ -148,7 +160,7 @@ def config_for(problem: Problem, table: Dispatch | None, *, arch: str, sms: int)
                 f"--dk {p.dk} --dv {p.dv} --dtype {p.dtype}",
                 stacklevel=3,
             )
-    return default_config(problem, arch, sms)
+    return default_config(problem, arch, sms, bandwidth)
 
 
 def fuses(problem: Problem, arch: str) -> bool:
@@ -164,11 +176,20 @@ def fuses_here(problem: Problem) -> bool:
 
 
 def backward_jobs(
-    problem: Problem, call: Call, sequences: int, *, arch: str | None = None, sms: int | None = None
+    problem: Problem,
+    call: Call,
+    sequences: int,
+    *,
+    arch: str | None = None,
+    sms: int | None = None,
+    bandwidth: float | None = None,
 ) -> list[Job]:
     """The ``kernel_job`` of each sweep the backward of ``call`` runs, in order."""
     fused = fuses_here(problem) if arch is None else fuses(problem, arch)
-    return [kernel_job(p, c, sequences, arch=arch, sms=sms) for p, c in sweep_calls(problem, call, fused)]
+    return [
+        kernel_job(p, c, sequences, arch=arch, sms=sms, bandwidth=bandwidth)
+        for p, c in sweep_calls(problem, call, fused)
+    ]
 
 
 def backward_configs(problem: Problem, call: Call, sequences: int) -> dict[str, KernelConfig]:
@@ -184,24 +205,34 @@ def training_jobs(problem: Problem, call: Call, sequences: int) -> set[Job]:
     return {kernel_job(problem, call, sequences), *backward_jobs(problem, call, sequences)}
 
 
-# The shapes ``warmup_jobs`` serves: every power of two of B*H up to this many, every S of
-# the form 2^k or 3 * 2^k up to ``WARMUP_MAX_SEQLEN`` and one more (a ragged last chunk),
-# and these packed sequence counts.
-WARMUP_MAX_ROWS, WARMUP_MAX_SEQLEN, WARMUP_SEQUENCES = 512, 65536, (2, 8, 64)
+# The shapes ``warmup_jobs`` serves: B in steps of a quarter octave (every B up to 5, then
+# 6, 7, 8, 10, 11, 13, 16, ...: the rule's choices change at factors of 4/3 of B*H or more)
+# with B*H up to this many, every S of the form 2^k or 3 * 2^k up to ``WARMUP_MAX_SEQLEN``
+# and one more (a ragged last chunk), dense, and packed as B sequences of S tokens on average.
+WARMUP_MAX_ROWS, WARMUP_MAX_SEQLEN = 512, 65536
 
 
 def warmup_jobs(
-    heads: int, dk: int, dv: int, dtype: str, *, backward: bool, arch: str, sms: int | None = None
+    heads: int,
+    dk: int,
+    dv: int,
+    dtype: str,
+    *,
+    backward: bool,
+    arch: str,
+    sms: int | None = None,
+    bandwidth: float | None = None,
 ) -> list[Job]:
     """Every job a model of ``heads`` heads of ``dk`` x ``dv`` calls under the table served
     (``served_table``; else the rule) on ``arch`` with ``sms`` SMs (default: its reference
-    GPU's): the forward of fla's defaults (scale ``DK^-1/2``, no state in; the final state
-    returned, or not) dense over the shapes above and packed, and with ``backward`` each
-    sweep of their backward. One per compiled kernel (``kernel.variants.shape_generic``): a
-    few configs for every shape. ``ValueError`` for a head count, head sizes or dtype
-    ``Problem`` refuses, an SM count that is no positive integer, and an architecture
-    whose kernels are compiled per shape (``kernel.arch.Arch.symbolic_shapes``: there is no
-    set of kernels to warm ahead)."""
+    GPU's) and ``bandwidth`` (default: each of ``kernel.defaults.MEMORY_CLASSES``, so that
+    both the H100 and the H200 find theirs): the forward of fla's defaults (scale
+    ``DK^-1/2``, no state in; the final state returned, or not) dense over the shapes above
+    and packed, and with ``backward`` each sweep of their backward. One per compiled kernel
+    (``kernel.variants.shape_generic``): a few configs for every shape. ``ValueError`` for a
+    head count, head sizes or dtype ``Problem`` refuses, an SM count that is no positive
+    integer, and an architecture whose kernels are compiled per shape
+    (``kernel.arch.Arch.symbolic_shapes``: there is no set of kernels to warm ahead)."""
     Problem(1, heads, 64, dk, dv, dtype)  # checks them, before any arithmetic on them
     if not get_arch(arch).symbolic_shapes:
         raise ValueError(
@@ -211,22 +242,25 @@ def warmup_jobs(
     if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or sms < 1):
         raise ValueError(f"sms wants a positive number of SMs, got {sms!r}")
     sms = sms or get_arch(arch).sms
-    batches = [2**i for i in range(WARMUP_MAX_ROWS.bit_length()) if heads * 2**i <= WARMUP_MAX_ROWS] or [1]
+    most = max(1, WARMUP_MAX_ROWS // heads)
+    batches = sorted(
+        {round(2 ** (i / 4)) for i in range(4 * most.bit_length()) if 2 ** (i / 4) <= most} | {most}
+    )
     lengths = sorted(
         {n + odd for k in range(WARMUP_MAX_SEQLEN.bit_length()) for n in (2**k, 3 * 2**k) for odd in (0, 1)}
     )
     shapes = [Problem(b, heads, s, dk, dv, dtype) for b in batches for s in lengths if s <= WARMUP_MAX_SEQLEN]
-    calls = [(p, Call(dk**-0.5, False, final), p.batch) for p in shapes for final in (False, True)]
-    calls += [
-        (Problem(1, heads, n * 1024, dk, dv, dtype), Call(dk**-0.5, False, final, packed=True), n)
-        for n in WARMUP_SEQUENCES
+    calls = [
+        (q, Call(dk**-0.5, False, final, packed), p.batch)
+        for p in shapes
+        for packed, q in ((False, p), (True, dataclasses.replace(p, batch=1, seqlen=p.batch * p.seqlen)))
         for final in (False, True)
     ]
     jobs: dict[tuple, Job] = {}
-    for p, call, n in calls:
-        found = [kernel_job(p, call, n, arch=arch, sms=sms)]
+    for (p, call, n), rate in itertools.product(calls, (bandwidth,) if bandwidth else MEMORY_CLASSES):
+        found = [kernel_job(p, call, n, arch=arch, sms=sms, bandwidth=rate)]
         if backward:
-            found += backward_jobs(p, call, n, arch=arch, sms=sms)
+            found += backward_jobs(p, call, n, arch=arch, sms=sms, bandwidth=rate)
         for job in found:
             jobs.setdefault((shape_generic(job[0], job[1], arch), *job[1:]), job)
     return list(jobs.values())
@@ -241,6 +275,7 @@ def warmup(
     backward: bool,
     arch: str,
     sms: int | None = None,
+    bandwidth: float | None = None,
     workers: int | None = None,
 ) -> list[ProbeResult]:
     """Compile every kernel of ``warmup_jobs`` into TileLang's disk cache, in ``workers``
@@ -250,5 +285,5 @@ def warmup(
     a ``workers`` that is no positive integer."""
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers wants a positive number of processes, got {workers!r}")
-    jobs = warmup_jobs(heads, dk, dv, dtype, backward=backward, arch=arch, sms=sms)
+    jobs = warmup_jobs(heads, dk, dv, dtype, backward=backward, arch=arch, sms=sms, bandwidth=bandwidth)
     return precompile(jobs, arch=arch, workers=workers)

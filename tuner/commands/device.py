@@ -89,7 +89,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     process loads them instead of compiling."""
     from tqdm import tqdm
 
-    from kernel.builder import precompile
+    from kernel.builder import memory_bandwidth, precompile, sm_count
     from kernel.environment import environment
     from kernel.ops.serve import use_table, warmup_jobs
     from kernel.ops.tables import user_table
@@ -103,7 +103,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         print(f"no CUDA device: compiling ahead for {arch} (pass --arch for another)", file=sys.stderr)
     if args.dispatch:  # as a process on that architecture would serve it
         use_table(user_table(args.dispatch, environment(arch)))
-    jobs = warmup_jobs(args.heads, args.dk, args.dv, args.dtype, backward=args.backward, arch=arch)
+    here = {"sms": sm_count(), "bandwidth": memory_bandwidth()} if gpu else {}  # else the arch's GPUs
+    jobs = warmup_jobs(args.heads, args.dk, args.dv, args.dtype, backward=args.backward, arch=arch, **here)
     start = time.perf_counter()
     with tqdm(total=len(jobs), unit="kernel", desc=f"compiling for {arch}", dynamic_ncols=True) as bar:
         results = precompile(jobs, arch=arch, workers=args.workers, done=bar.update)
