@@ -4,7 +4,7 @@ from helpers import SMALL_PROBLEM
 
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.config import SEGMENT_COUNTS
-from kernel.defaults import default_config, knobs, violated
+from kernel.defaults import CHAIN, default_config, knobs, violated
 from tuner import space
 
 SHALLOW = "num_stages={} is deeper than the {} chunk(s) of a segment"
@@ -63,6 +63,11 @@ def test_wave_seeds_launch_about_one_wave_and_are_allowed():
         == default_config(short, "sm_90a")
         == KernelConfig(64, 32, 3, 256, "smem", 1)
     )
+    # an H100's bandwidth: its rule's config leads, and the H200's split is seeded too
+    four = Problem(4, 16, 8192, 128, 128)
+    h100 = space.wave_seeds(four, sms=132, bandwidth=3.35e12)
+    assert h100[0] == CHAIN and default_config(four, "sm_90a", 132) in h100
+    assert space.wave_seeds(four, sms=132, bandwidth=4.8e12) == space.wave_seeds(four, sms=132)
 
 
 def test_hopper_refuses_before_any_compile_what_its_mma_cannot_tile():

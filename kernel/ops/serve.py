@@ -121,7 +121,8 @@ def kernel_job(
     p, table, ahead = problem, served_table(arch), arch is not None
     arch = arch or cuda_arch()
     sms = sms or sm_count()
-    bandwidth = bandwidth if ahead else bandwidth or memory_bandwidth()
+    if not ahead:
+        bandwidth = bandwidth or memory_bandwidth()
     if call.dkdv:  # the table's dk+dv entry, else the rule's; packed sequences run one pass
         config = dkdv_config(p, arch, None if call.packed else sms)
         if config is None:
