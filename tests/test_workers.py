@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import optuna
+import pandas
 import pytest
 from helpers import as_at_a_terminal, child_env
 from optuna.storages import BaseStorage
@@ -167,9 +168,9 @@ def test_ctrl_c_then_resume_measures_the_interrupted_configs(tmp_path):
         assert any(u.user_attrs.get("status") in MEASURED for u in again), t.params
 
 
-def test_a_sigterm_stops_as_a_ctrl_c_does_and_says_so(tmp_path):
+def test_a_sigterm_stops_as_a_ctrl_c_does_and_says_so(tmp_path, studies_dir):
     """``kill`` (a scheduler's, ``timeout``'s) to the run alone, mid-compile: it stops where
-    a Ctrl-C would, in one line, exit 143, no trial left running."""
+    a Ctrl-C would, in one line, exit 143, no trial left running, its trial log written."""
     storage = f"journal:{tmp_path / 'j.log'}"
     backend = get_storage(storage)
     run = _worker(storage, tmp_path, 8, cache=tmp_path / "cold-cache")
@@ -184,6 +185,8 @@ def test_a_sigterm_stops_as_a_ctrl_c_does_and_says_so(tmp_path):
         == "terminated: finished trials are kept in the study; run the same command to go on"
     )
     assert not [t for t in _study(backend).get_trials() if t.state == TrialState.RUNNING]
+    (log,) = studies_dir.glob("**/w/trials.csv")  # the folder of the study of that storage
+    assert len(pandas.read_csv(log)) == len(_study(backend).get_trials())
 
 
 def _compiling(backend: BaseStorage) -> bool:

@@ -82,8 +82,16 @@ def _export_run(study: "optuna.Study", out: Path, env: str) -> int:
 
 
 def _run_and_log(tuner: "Tuner", folder: Path) -> "optuna.Study":
-    """Run the study, then save its trial log (CSV and Parquet) in ``folder``, with its exports."""
-    study = tuner.run()
+    """Run the study, then save its trial log (CSV and Parquet) in ``folder``, with its
+    exports; a run stopped by Ctrl-C or SIGTERM saves the log of its trials so far first (a
+    second Ctrl-C cuts that short)."""
+    try:
+        study = tuner.run()
+    except KeyboardInterrupt:
+        _log(
+            tuner.study, folder, tuner.options.grace_s, f", {tuner.gpu_evaluations} GPU evaluations, stopped"
+        )
+        raise
     _log(study, folder, tuner.options.grace_s, f", {tuner.gpu_evaluations} GPU evaluations this run")
     return study
 
