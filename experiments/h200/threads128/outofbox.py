@@ -4,7 +4,9 @@ against the H200's rule (the same rule without a bandwidth, served as a table of
 configs for the forward and the backward's dq sweep), forward and forward plus backward,
 in one process.
 
-    python experiments/h200/threads128/outofbox.py > outofbox-h100.jsonl
+    python experiments/h200/threads128/outofbox.py [BxHxS[:N],...] > outofbox-h100.jsonl
+
+(an argument: those bf16 shapes alone, ``:N`` a packed batch of N sequences of S/N tokens)
 
 The call is a model's: ``decay_attention(q, k, v, decay, output_final_state=True)``, RetNet's
 decays, bf16 (one fp16 shape), dense and one packed batch. Before timing, each mode's output
@@ -15,6 +17,7 @@ median), the host's launches queued ahead, so the GPU's time.
 
 import dataclasses
 import json
+import sys
 
 import torch
 
@@ -46,10 +49,10 @@ SHAPES = [
 ]
 
 
-def h200_rule() -> Dispatch:
+def h200_rule(shapes: list[tuple]) -> Dispatch:
     """The rule without a bandwidth at each shape's forward and dq sweep (128/128: the same)."""
     problems = {
-        Problem(n or b, h, s // (n or 1), 128, 128, dtype) for b, h, s, dtype, n in SHAPES
+        Problem(n or b, h, s // (n or 1), 128, 128, dtype) for b, h, s, dtype, n in shapes
     }  # a packed batch is served as its sequences of the mean length
     entries = [
         DispatchEntry(p, default_config(p, cuda_arch(), sm_count())) for p in sorted(problems, key=str)
@@ -66,9 +69,21 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
+def shapes(argv: list[str]) -> list[tuple]:
+    """``SHAPES``, or those ``argv[0]`` names."""
+    if not argv:
+        return SHAPES
+    named = []
+    for item in argv[0].split(","):
+        shape, _, packed = item.partition(":")
+        b, h, s = map(int, shape.split("x"))
+        named.append((b, h, s, "bfloat16", int(packed or 0)))
+    return named
+
+
 def main() -> None:
     serve.use_table(None)  # no table: the rule, with this GPU's bandwidth
-    modes = {"out of the box": None, "h200 rule": h200_rule()}
+    modes = {"out of the box": None, "h200 rule": h200_rule(shapes(sys.argv[1:]))}
     props = torch.cuda.get_device_properties(0)
     print(
         json.dumps(
@@ -85,7 +100,7 @@ def main() -> None:
         flush=True,
     )
     calls = []
-    for b, h, s, dtype, n in SHAPES:
+    for b, h, s, dtype, n in shapes(sys.argv[1:]):
         p = Problem(1 if n else b, h, s, 128, 128, dtype)
         calls.append((p, n))
     jobs = set()
