@@ -253,10 +253,11 @@ def default_config(
 
 
 # The H200's rule splits a sequence in two where that grid comes nearest one block per SM.
-# The split reads K and V twice; on the H100 (3.35 TB/s peak, the H200 4.8) that costs more
-# than running the sequence unsplit at half the block_dv, as many blocks, with one consumer
-# warpgroup (``CHAIN``): 1.08x to 1.26x faster at DK = DV = 128 where the split's grid
-# passes 3/4 of the SMs; at 96 blocks of 132 the two are even (experiments/h200/threads128/).
+# The split reads K and V twice; on the H100 (3.35 TB/s peak by its datasheet, the H200 4.8)
+# that costs more than running the sequence unsplit at half the block_dv, as many blocks,
+# with one consumer warpgroup (``CHAIN``): its kernel was 1.08x to 1.26x faster at DK = DV =
+# 128 where the split's grid passes 3/4 of the SMs (at 96 blocks of 132 the two took the
+# same time), timed beside the split in one H100 sweep (experiments/h200/threads128/).
 SLOW_MEMORY = 4e12  # bytes/s, peak: between the H100's and the H200's
 MEMORY_CLASSES = (None, 3.35e12)  # a bandwidth of each side: the H200's rule, the H100's
 CHAIN = KernelConfig(64, 64, 3, 128, SCORES, 1)

@@ -134,10 +134,13 @@ KNOBS = frozenset(f.name for f in dataclasses.fields(KernelConfig))
 
 def _check_ours(study: optuna.Study, storage: str | None) -> None:
     """``UsageError`` for a study of another program in the storage: trials but no problem
-    recorded (``open_study`` records it first), or a trial of parameters that are no knobs."""
+    recorded (``open_study`` records it before any trial), named by its parameters that are
+    no knobs. A study of ours reads no trial here."""
+    if study.user_attrs.get("problem") is not None:
+        return
     trials = study.get_trials(deepcopy=False)
-    params = {p for t in trials for p in (t.params or t.system_attrs.get("fixed_params", {}))}
-    if trials and (study.user_attrs.get("problem") is None or not params <= KNOBS):
+    if trials:
+        params = {p for t in trials for p in (t.params or t.system_attrs.get("fixed_params", {}))}
         why = f"parameters {sorted(params - KNOBS)}" if params - KNOBS else "no problem recorded"
         where = f" in {storage}" if storage else ""
         raise UsageError(f"study {study.study_name!r}{where} is no decay-tuner study ({why})")

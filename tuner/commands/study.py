@@ -86,14 +86,14 @@ def _run_and_log(tuner: "Tuner", folder: Path) -> "optuna.Study":
     exports; a run stopped by Ctrl-C or SIGTERM saves the log of its trials so far first (a
     second Ctrl-C cuts that short)."""
     try:
-        study = tuner.run()
-    except KeyboardInterrupt:
+        tuner.run()
+    except KeyboardInterrupt:  # goes on after the log
         _log(
             tuner.study, folder, tuner.options.grace_s, f", {tuner.gpu_evaluations} GPU evaluations, stopped"
         )
         raise
-    _log(study, folder, tuner.options.grace_s, f", {tuner.gpu_evaluations} GPU evaluations this run")
-    return study
+    _log(tuner.study, folder, tuner.options.grace_s, f", {tuner.gpu_evaluations} GPU evaluations this run")
+    return tuner.study
 
 
 def _log(study: "optuna.Study", folder: Path, grace_s: float, note: str = "") -> None:
