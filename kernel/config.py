@@ -255,7 +255,7 @@ def whole_chunks(problem: Problem, chunk: int) -> bool:
     C). A kernel is compiled for one of the two classes (``kernel.variants.shape_generic``):
     of whole chunks, where each weight's exponent is a constant, as for a static length; or
     ragged, where each chunk counts its tokens at run time, which serves every length but
-    costs time (experiments/h200/generic/README.md)."""
+    costs time (experiments/generic/README.md)."""
     return problem.seqlen % chunk == 0
 
 

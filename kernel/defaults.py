@@ -4,7 +4,7 @@
 ``dkdv_config`` the backward's fused dk and dv sweep (``kernel.dkdv``). The tuner's first
 trials (``tuner.space.wave_seeds``) and the ops' fallback (``kernel.ops``) both derive
 from them. The rule was fitted to the sweeps of every candidate config across shapes on
-the H200 (``experiments/h200/shipped/README.md``, where ``rule.py`` scores it).
+the H200 (``experiments/shipped/README.md``, where ``rule.py`` scores it).
 """
 
 import dataclasses
@@ -25,15 +25,15 @@ STATIC_SMEM = 1024  # bytes: TileLang's barriers where it warp-specialises the p
 # Where the kernels issue the warpgroup MMA, TileLang 0.1.15 lowers the state's DK rows 64
 # at a time and a block's DV columns 32 at a time: DK = 16 to 48 fail its constraints, DK =
 # 80, 96, 112, 160 or 224 find no warp partition, block_dv = 16, 48, 80 or 112 no canonical
-# layout (experiments/cpu/head_sizes/).
+# layout (experiments/head_sizes/).
 # A block_dv of 256 lays out no state for two consumer warpgroups at chunks of 64 tokens or
 # more ("Layout infer conflict", at DK 64 and 128); 128 threads or 32-token chunks compile it
-# (experiments/cpu/head_sizes/wide.txt).
+# (experiments/head_sizes/wide.txt).
 # (Here, not in kernel.arch, which keys the kernels' code: what compiles is no part of it.)
 WGMMA_DK, WGMMA_BLOCK_DV, WGMMA_WIDEST_SHARED = 64, 32, 224
 # Scores in registers lay out for no more than 128 threads on any architecture ("Layout
 # infer conflict between A and A_cast": all 132 compiled in the H200 studies in
-# experiments/, and every architecture, experiments/cpu/regs_threads/). (At chunks of 32
+# experiments/, and every architecture, experiments/regs_threads/). (At chunks of 32
 # tokens they fail too; that failure is left to the compiler: the tests' compile failure.)
 REGS_MAX_THREADS = 128
 
@@ -85,7 +85,7 @@ def block_dv_error(arch: str, dk: int, config: KernelConfig) -> str | None:
     for two consumer warpgroups at most 224 of them at chunks of 64 tokens or more;
     elsewhere the warps of ``mma.sync`` share the state's DK x block_dv and the output's
     chunk x block_dv in whole 16 x 8 tiles, or TileLang 0.1.15 finds no warp partition
-    (experiments/cpu/head_sizes/)."""
+    (experiments/head_sizes/)."""
     bdv = config.block_dv
     if get_arch(arch).wgmma:
         if bdv % WGMMA_BLOCK_DV:
@@ -257,7 +257,7 @@ def default_config(
 # that costs more than running the sequence unsplit at half the block_dv, as many blocks,
 # with one consumer warpgroup (``CHAIN``): its kernel was 1.08x to 1.26x faster at DK = DV =
 # 128 where the split's grid passes 3/4 of the SMs (at 96 blocks of 132 the two took the
-# same time), timed beside the split in one H100 sweep (experiments/h200/threads128/).
+# same time), timed beside the split in one H100 sweep (experiments/threads128/).
 SLOW_MEMORY = 4e12  # bytes/s, peak: between the H100's and the H200's
 MEMORY_CLASSES = (None, 3.35e12)  # a bandwidth of each side: the H200's rule, the H100's
 CHAIN = KernelConfig(64, 64, 3, 128, SCORES, 1)

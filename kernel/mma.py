@@ -5,7 +5,7 @@ overlaps the tensor cores until a ``wait`` retires it. Elsewhere the same statem
 TileLang's ``T.gemm``, which TileLang lowers per target (``mma.sync`` on Ampere, Ada and
 Blackwell) and which returns with its result ready: every ``wait`` becomes no statement at
 all. One kernel source therefore serves every architecture, and the CUDA generated for
-``sm_90a`` is what the Hopper-only source generated (experiments/cpu/arch/).
+``sm_90a`` is what the Hopper-only source generated (experiments/portable_codegen/).
 """
 
 from dataclasses import dataclass

@@ -4,7 +4,7 @@ One block owns one ``[DK, block_DV]`` slice of one (batch, head) state and walks
 sequence chunk by chunk in a ``T.Pipelined`` loop; the state stays in registers.
 
 Departures from the seed code of docs/design.md, each measured on the H200
-(experiments/h200/README.md):
+(experiments/notebook/README.md):
 
 * The seed scales ``Q_s`` and ``K_s`` in place. TileLang 0.1.15 puts those loops inside a
   branch only half of the consumer threads take, around a named barrier that waits for all

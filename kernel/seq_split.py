@@ -21,7 +21,7 @@ Every decay weight stays ``<= 1`` and is computed at run time from the head's al
 (``alpha^L`` too: ``exp2`` of a large negative number is 0, never inf). K and V of all
 segments but the last are read twice, so the HBM traffic is ``1 + (P - 1) / (2P)`` times
 the single-pass kernel's: the variant pays where ``B*H`` is too small to fill the GPU. Its
-measurements, and the designs measured and not kept, are in experiments/h200/README.md.
+measurements, and the designs measured and not kept, are in experiments/notebook/README.md.
 """
 
 import tilelang.language as T

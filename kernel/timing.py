@@ -6,7 +6,7 @@ plus backward through autograd) times the host too, unevenly: the GPU waits for 
 whenever the host falls behind. ``time_gpu(host_ahead=True)`` queues a GPU sleep before each
 repetition's start event, twice the host's time per call, so that the whole call is queued
 before the GPU reaches it: the kernels' time alone, and the host's (``host_time``)
-reported beside it (measured: ``experiments/h200/backward/``, ``gap_cause.py``)."""
+reported beside it (measured: ``experiments/backward/``, ``gap_cause.py``)."""
 
 import functools
 import time

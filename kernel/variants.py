@@ -13,7 +13,7 @@ from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, whole_chunks
 # statement that names the buffer, but a wgmma issued there reads its operands after it.
 # Where a sequence has one chunk the chunk loop is unrolled, and with reuse on, O_s took
 # Kw_s's memory while the state's MMA still read Kw_s (and AT_cast K_s's): output and state
-# wrong (measured: experiments/h200/model/README.md). Where the loop is kept, no buffer is
+# wrong (measured: experiments/model/README.md). Where the loop is kept, no buffer is
 # shared: reuse buys no memory there.
 PASS_CONFIGS = {"tl.disable_shared_memory_reuse": True}
 

@@ -40,7 +40,7 @@ def test_the_estimate_is_the_shared_memory_the_lowered_kernels_declare(arch, dk,
 
 
 def test_the_rule_keeps_the_choices_the_sweeps_fitted():
-    """experiments/h200/shipped/README.md: 3 stages up to DK = 128 and 1 beyond; a short
+    """experiments/shipped/README.md: 3 stages up to DK = 128 and 1 beyond; a short
     sequence halves block_dv before it splits; a long one splits at the widest block_dv;
     where 64-token chunks do not fit the shared memory, 32-token ones serve."""
     rule = lambda b, h, s, dk, dv, arch="sm_90a": default_config(Problem(b, h, s, dk, dv), arch, 132)  # noqa: E731
@@ -58,7 +58,7 @@ def test_the_rule_keeps_the_choices_the_sweeps_fitted():
 def test_a_split_never_passes_one_block_per_sm():
     """A grid past the SM count runs a second wave: at 3x24x6000 (72 blocks on 132 SMs) the
     split in two, 144 blocks, took 1.48x the unsplit forward and 1.19x the unsplit fused
-    sweep (experiments/h200/costmodel/README.md). Unsplit grids may be larger."""
+    sweep (experiments/costmodel/README.md). Unsplit grids may be larger."""
     for dk, dv in HEADS:
         for b, h, s in [*SHAPES, (3, 24, 6000), (1, 40, 8192), (5, 17, 3000), (1, 3, 65536)]:
             problem = Problem(b, h, s, dk, dv)
@@ -71,7 +71,7 @@ def test_a_split_never_passes_one_block_per_sm():
 
 
 def test_slower_memory_runs_unsplit_where_the_h200_splits_in_two_past_three_quarters_of_the_sms():
-    """experiments/h200/threads128/: on the H100 the unsplit half-width config at 128 threads
+    """experiments/threads128/: on the H100 the unsplit half-width config at 128 threads
     beat the split in two at DK = DV = 128 where its grid passed 3/4 of 132 SMs (B*H 56, 64),
     and was even at 96 blocks (B*H 48). Elsewhere, and on the H200, the rule is unchanged."""
     h100, h200 = 3.35e12, 4.8e12
@@ -114,7 +114,7 @@ def test_the_rule_s_config_compiles_for_hopper_at_head_sizes_off_the_bench(dk, d
     """At 512 tokens the rule halves block_dv (DV = 96 gave 48, which sm_90a's warpgroup MMA
     cannot lay out): on sm_90a it keeps multiples of 32, and the kernels it picks compile,
     forward and fused sweep. At DK = 64, DV = 256 its widest block_dv was 256, which two
-    warpgroups cannot lay out (experiments/cpu/head_sizes/wide.txt)."""
+    warpgroups cannot lay out (experiments/head_sizes/wide.txt)."""
     from kernel.config import dkdv_call
     from kernel.resources import Resources, probe
 

@@ -95,7 +95,7 @@ def test_ampere_refuses_before_any_compile_what_its_warps_cannot_tile():
 
 
 def test_register_scores_past_128_threads_are_restricted_everywhere():
-    """They never compile (tests/test_kernel_cpu.py's layout failure, experiments/cpu/
+    """They never compile (tests/test_kernel_cpu.py's layout failure, experiments/
     regs_threads/): refused untried on every architecture; 128 threads are left to compile."""
     problem = Problem(1, 2, 512, 64, 64)
     for arch in ("sm_80", "sm_90a", "sm_120"):

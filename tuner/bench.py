@@ -163,7 +163,7 @@ def run_backward(
     ``chunk_simple_gla``, with the same arguments (RetNet's decays, scale, no state), each
     row's gradients checked against reference E. Their kernels compile first, in parallel
     processes, never inside the timing process, where a compile slows the timings
-    (measured: experiments/h200/backward/README.md)."""
+    (measured: experiments/backward/README.md)."""
     from kernel.ops import decay_attention, serve
 
     rows = []

@@ -62,7 +62,7 @@ class Dispatch:
     segment count is set so that the grid launches about as many blocks on the new shape
     as it did on the tuned one (``same_wave``). The grid is what the segment count tunes:
     the best count gives about one block per SM, the worse counts fall off on both sides
-    (measured: experiments/h200/README.md, "oos"). The kernels
+    (measured: experiments/notebook/README.md, "oos"). The kernels
     read the decay at run time, so an entry serves every decay. When no segment count can
     run the problem with the nearest config (a sequence too short for its pipeline), it
     runs as the single-pass kernel with a pipeline no deeper than the sequence's chunks.
