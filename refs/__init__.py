@@ -4,6 +4,9 @@ Layout ``[B, S, H, D]`` everywhere, as the kernel. The ladder of trust (seed sec
 ``recurrent`` (A, the definition) checks ``chunked`` (B), ``kernel_mimic`` (C) and
 ``factorised`` (D); ``plain_chunked`` is the no-decay case they reduce to at alpha = 1.
 ``chunked_backward`` (E) is the chunked backward pass, checked against autograd through A.
+``gated_recurrent``, ``gated_chunked``, ``gated_kernel_mimic`` are A, B and C for a decay that
+changes per token (fla's log-gate ``g``, groups of q and k); ``gated_chunked_backward`` their
+backward, the gate's gradient included.
 """
 
 import importlib
@@ -19,6 +22,8 @@ _LAZY = {
         ("ChunkWeights", "chunk_weights", "chunked", "factorised", "intra_chunk", "kernel_mimic"), "chunk"
     ),
     "chunked_backward": "backward",
+    **dict.fromkeys(("gated_chunked", "gated_kernel_mimic", "gated_recurrent"), "gated"),
+    "gated_chunked_backward": "gated_backward",
     "rel_l2": "metrics",
     **dict.fromkeys(("decay_mask", "parallel", "plain_chunked", "recurrent"), "naive"),
     **dict.fromkeys(
