@@ -1,6 +1,6 @@
-"""The latency model: the shipped file is what ``model fit`` makes of the committed H200
-sweeps, its JSON trees predict what scikit-learn's do, it keeps its held-out accuracy,
-and it says so where it is not calibrated."""
+"""The latency model: the shipped file is what ``model fit`` makes of the package's sweeps
+(``tuner/data/``), its JSON trees predict what scikit-learn's do, it keeps its held-out
+accuracy, and it says so where it is not calibrated."""
 
 import json
 import math
@@ -9,31 +9,20 @@ from pathlib import Path
 import numpy as np
 import optuna
 import pytest
-from helpers import REPO
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from kernel.config import KernelConfig, Problem
-from tuner import latency, latency_fit, occupancy, space
+from tuner import latency, latency_fit, occupancy, space, sweep_data
 from tuner.cli import main
 from tuner.latency import LatencyModel
 from tuner.occupancy import Figures
 from tuner.options import UsageError
 
-H200 = REPO / "experiments" / "h200"
-TRAIN = H200 / "shipped" / "sweep-128x128_128x256_64x64_256x256-bfloat16.jsonl"  # 16 heads
-EIGHT_HEADS = H200 / "shipped" / "sweep-128x128_128x256-bfloat16-heldout.jsonl"
+TRAIN = sweep_data.path(sweep_data.RULE_GRID)  # 16 heads
 # what the shipped model was fitted to, less the shapes held out (docs/tuning.md)
-SWEEPS = [TRAIN, EIGHT_HEADS] + [
-    H200 / "costmodel" / f"{name}.jsonl"
-    for name in (
-        "gap-128x128-bfloat16",
-        "heldout-128x128-bfloat16",
-        "heldout-64x64-bfloat16-64x8x512",
-        "heldout-64x64-bfloat16-8x24x1000",
-        "heldout-128x128-bfloat16-3x12x6000_1x4x65536_2x32x3000",
-    )
-]
-HELD_OUT = "3x24x6000,1x4x65536,64x8x512,8x24x1000,2x32x3000,3x12x6000"
+SWEEPS = [sweep_data.path(name) for name in sweep_data.MODEL_SWEEPS]
+EIGHT_HEADS = sweep_data.path("sweep-128x128_128x256-bfloat16-heldout.jsonl")
+HELD_OUT = sweep_data.MODEL_HELD_OUT
 
 
 def bhs(s: latency_fit.Sample) -> str:
@@ -48,10 +37,9 @@ def samples() -> tuple[list, list]:
     return [s for s in every if bhs(s) not in held], [s for s in every if bhs(s) in held]
 
 
-def test_the_shipped_model_is_what_model_fit_makes_of_the_sweeps(tmp_path, capsys):
+def test_the_shipped_model_is_what_model_fit_makes_of_the_package_s_sweeps(tmp_path, capsys):
     out = tmp_path / "model.json"
-    args = ["model", "fit", *(a for path in SWEEPS for a in ("--data", str(path))), "--out", str(out)]
-    assert main([*args, "--hold-out", HELD_OUT]) == 0
+    assert main(["model", "fit", *sweep_data.model_fit_args(), "--out", str(out)]) == 0
     made, shipped = json.loads(out.read_text()), json.loads(latency.MODEL_FILE.read_text())
     assert made["trees"] == shipped["trees"] and made["interval"] == shipped["interval"]
     names = lambda trained: [Path(p).name for p in trained.pop("data")]  # noqa: E731
@@ -137,7 +125,7 @@ def test_bad_model_input_is_one_line(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {rows}: not a sweep's JSON lines: KeyError") and err.count("\n") == 1
     lines = TRAIN.read_text().splitlines()
-    at = next(i for i, line in enumerate(lines) if '"kind": "time"' in line)
+    at = next(i for i, line in enumerate(lines) if json.loads(line)["kind"] == "time")
     for field, value, said in (
         ("median_ms", "0.1", "median_ms '0.1', expected a time in ms"),
         ("median_ms", None, "median_ms None"),
@@ -331,7 +319,7 @@ def test_a_fit_that_ranks_nothing_writes_plain_json_and_says_so(tmp_path, capsys
     """Two shapes' sweeps, of which one has two timings: each fit to the other predicts its
     configs alike, so no rank correlation exists; the row and the file say none, never NaN."""
     out = tmp_path / "small.json"
-    assert main(["model", "fit", "--data", str(H200 / "costmodel" / "heldout-64x64-bfloat16-64x8x512.jsonl"),
+    assert main(["model", "fit", "--data", str(sweep_data.path("heldout-64x64-bfloat16-64x8x512.jsonl")),
                  "--out", str(out)]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     row = printed.splitlines()[1].split()
