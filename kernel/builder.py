@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from kernel import loader
 from kernel.arch import local_arch
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, retnet_decay, whole_chunks
 from kernel.processes import compile_pool
@@ -38,9 +39,12 @@ class ScalarDecayKernel:
 
     problem: Problem
     config: KernelConfig
-    compiled: tuple[Any, ...]  # tilelang.JITKernel per kernel, in launch order
+    compiled: tuple[
+        Any, ...
+    ]  # tilelang.JITKernel (or kernel.loader.LoadedKernel) per kernel, in launch order
     call: Call = PLAIN_CALL
     lowered_for: str | None = None  # the architecture lowered for (``build``'s); None: this GPU's
+    launchers: tuple[Any, ...] | None = None  # what launches each kernel (default: ``compiled``)
 
     def __call__(
         self,
@@ -131,7 +135,9 @@ class ScalarDecayKernel:
             out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         h0, ht = self._states(initial_state, final_state, q.device)
         p, c = self.problem, self.config
-        used = launch(p, c, self.call, self.compiled, q, k, v, decay, h0, out, ht, cu_seqlens, states)
+        used = launch(
+            p, c, self.call, self.launchers or self.compiled, q, k, v, decay, h0, out, ht, cu_seqlens, states
+        )
         return out, used
 
     def run_dkdv(
@@ -155,7 +161,9 @@ class ScalarDecayKernel:
         dv = torch.empty_like(v) if dv is None else dv
         h0, ht = self._states(initial_state, final_state, q.device)
         p, c = self.problem, self.config
-        launch_dkdv(p, c, self.call, self.compiled, q, k, v, do, decay, h0, ht, dk, dv, cu_seqlens)
+        launch_dkdv(
+            p, c, self.call, self.launchers or self.compiled, q, k, v, do, decay, h0, ht, dk, dv, cu_seqlens
+        )
         return dk, dv
 
     def _states(self, initial: torch.Tensor | None, final: torch.Tensor | None, device: torch.device):
@@ -235,12 +243,25 @@ def build(
     """
     here = cuda_arch()
     key = (shape_generic(problem, config, lower_for or here), config, call, lower_for or here, here)
+    config.check_fits(problem)
     compiled = _COMPILED.get(key)
     if compiled is None:
-        compiled = _COMPILED[key] = compile_class(problem, config, call, lower_for or here, run_on=here)
-    else:
-        config.check_fits(problem)
-    return ScalarDecayKernel(problem, config, compiled, call, lower_for)
+        compiled = _COMPILED[key] = _load_or_compile(*key, problem)
+    return ScalarDecayKernel(problem, config, compiled[0], call, lower_for, compiled[1])
+
+
+def _load_or_compile(
+    generic: Problem, config: KernelConfig, call: Call, arch: str, here: str, problem: Problem
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(the kernels, what launches each: ``kernel.loader.fast_functions``): opened from
+    TileLang's disk cache by our index where an earlier process compiled them (no TileLang
+    imported, no program built), else compiled (or found) by TileLang and indexed."""
+    index = loader.index_path(generic, config, call, arch, here)
+    kernels = loader.load(index)
+    if kernels is None:
+        kernels = compile_class(problem, config, call, arch, run_on=here)
+        loader.remember(index, kernels)
+    return kernels, loader.fast_functions(kernels)
 
 
 def compile_class(
@@ -302,7 +323,12 @@ def _probe(
     problem: Problem, config: KernelConfig, call: Call, *, arch: str, run_on: str | None
 ) -> ProbeResult:
     res = probe(problem, config, arch=arch, call=call)
-    if run_on not in (None, arch) and not isinstance(res, ProbeFailure):
+    if not isinstance(res, ProbeFailure):
+        here = run_on or arch
         with contextlib.suppress(Exception):  # ahead of time only: the build raises it again
-            compile_class(problem, config, call, arch, run_on=run_on)
+            # The probe's kernels (TileLang's memory cache), or those of the GPU it runs on,
+            # indexed for a later process's ``build`` (``kernel.loader``).
+            kernels = compile_class(problem, config, call, arch, run_on=here)
+            index = loader.index_path(shape_generic(problem, config, arch), config, call, arch, here)
+            loader.remember(index, kernels)
     return res

@@ -64,8 +64,10 @@ def default_table(arch: str | None = None) -> Dispatch | None:
     """What a process serves before any ``use_table``: the table ``DECAY_TUNER_TABLE``
     names, else the shipped table of this GPU (or of ``arch``, compiling ahead without
     one), else None."""
-    here = environment(arch)
     named = os.environ.get(TABLE_VARIABLE)
+    if not named and not any(SHIPPED.glob("*.json")):
+        return None  # nothing to match: no environment to read (it imports TileLang)
+    here = environment(arch)
     if not named:
         return shipped_table(here)
     try:
