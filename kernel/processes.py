@@ -1,7 +1,8 @@
 """Child processes that die with their parent and leave Ctrl-C to it: the compile pool
 (``compile_pool``) and the tuner's GPU worker (``tuner.worker``) start theirs here; and
 the blocks where Ctrl-C waits (``ctrl_c_ignored``) or takes effect where they say, else
-at their end (``ctrl_c_at_checkpoints``)."""
+at their end (``ctrl_c_at_checkpoints``). A SIGTERM handled by ``sigterm_stops`` stops
+where a Ctrl-C would, also where SIGINT is ignored (``nohup``, ``cmd &`` in a script)."""
 
 import contextlib
 import ctypes
@@ -18,6 +19,41 @@ from typing import Any
 
 PR_SET_PDEATHSIG = 1  # Linux's prctl option: a signal for this process when its parent dies
 CHECKPOINT_S = 0.2  # the longest a wait goes between two checks for a Ctrl-C (ctrl_c_at_checkpoints)
+
+
+class Stop:
+    """The signal that stopped the process last: SIGINT (Ctrl-C) unless a SIGTERM did."""
+
+    signal: int = signal.SIGINT
+
+    @classmethod
+    def words(cls) -> tuple[str, str]:
+        """What the stop was, and what stops now instead of waiting: ``("interrupted",
+        "Ctrl-C")`` or ``("terminated", "SIGTERM (or kill -9)")``."""
+        if cls.signal == signal.SIGTERM:
+            return "terminated", "SIGTERM (or kill -9)"
+        return "interrupted", "Ctrl-C"
+
+
+def sigterm_stops(signum: int, frame: object) -> None:
+    """SIGTERM's handler: it stops the main thread as a Ctrl-C does (``KeyboardInterrupt``),
+    whatever SIGINT's handler; the blocks below treat it as they treat Ctrl-C."""
+    Stop.signal = signal.SIGTERM
+    raise KeyboardInterrupt
+
+
+# Each stop signal's handler where it raises at once.
+_RAISING: dict[int, Callable[[int, Any], Any]] = {
+    signal.SIGINT: signal.default_int_handler,
+    signal.SIGTERM: sigterm_stops,
+}
+
+
+def _raising() -> list[int]:
+    """The stop signals that raise ``KeyboardInterrupt`` now (none outside the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return []
+    return [s for s, handler in _RAISING.items() if signal.getsignal(s) is handler]
 
 
 @contextlib.contextmanager
@@ -103,9 +139,10 @@ def compile_pool(workers: int) -> Iterator[CompilePool]:
         flying = [f for f in pool.futures if not f.done()]
         if flying:
             n = len(flying)
+            what, again = Stop.words()
             print(
-                f"interrupted: waiting for {n} compile{'s' * (n != 1)} in flight to finish "
-                "(Ctrl-C again to stop now)",
+                f"{what}: waiting for {n} compile{'s' * (n != 1)} in flight to finish "
+                f"({again} again to stop now)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -121,45 +158,66 @@ def compile_pool(workers: int) -> Iterator[CompilePool]:
 
 @contextlib.contextmanager
 def ctrl_c_ignored() -> Iterator[None]:
-    """Ctrl-C does nothing in the block (in the main thread; elsewhere it cannot arrive)."""
+    """Ctrl-C does nothing in the block (in the main thread; elsewhere it cannot arrive); a
+    SIGTERM (``sigterm_stops``) waits for its end, where it raises unless the block did."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    term = signal.getsignal(signal.SIGTERM) is sigterm_stops
+    came = threading.Event()
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if term:
+        signal.signal(signal.SIGTERM, lambda signum, frame: came.set())
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, before)
+        if term:
+            signal.signal(signal.SIGTERM, sigterm_stops)
+    if came.is_set():
+        Stop.signal = signal.SIGTERM
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def ctrl_c_at_checkpoints() -> Iterator[Callable[[], None]]:
-    """Ctrl-C in the block is noted, never raised where it lands (a storage write cut in two,
-    or a garbage collector's callback, which swallows it with a traceback). The block calls
-    the function it is given where it can stop cleanly, at least every ``CHECKPOINT_S`` in its
-    waits: for a noted Ctrl-C it raises ``KeyboardInterrupt`` and gives Ctrl-C back to Python,
-    so a second one raises at once. A Ctrl-C noted when the block ends raises there, so a
-    block that never calls it is one that Ctrl-C does not cut. Main thread only, and only
-    where Ctrl-C raises: inside ``ctrl_c_ignored`` it stays ignored, and inside another such
-    block the outer one notes it."""
-    main = threading.current_thread() is threading.main_thread()
-    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    """Ctrl-C (or a SIGTERM, ``sigterm_stops``) in the block is noted, never raised where it
+    lands (a storage write cut in two, or a garbage collector's callback, which swallows it
+    with a traceback). The block calls the function it is given where it can stop cleanly,
+    at least every ``CHECKPOINT_S`` in its waits: for a noted signal it raises
+    ``KeyboardInterrupt`` and gives the signals back to Python, so a second one raises at
+    once. A signal noted when the block ends raises there, so a block that never calls it
+    is one that they do not cut. Main thread only, and only for the signals that raise:
+    inside ``ctrl_c_ignored`` Ctrl-C stays ignored, and inside another such block the outer
+    one notes it."""
+    raising = _raising()
+    if not raising:
         yield lambda: None
         return
-    pressed = threading.Event()
-    signal.signal(signal.SIGINT, lambda signum, frame: pressed.set())
+    noted = threading.Event()
+
+    def note(signum: int, frame: object) -> None:
+        Stop.signal = signum
+        noted.set()
+
+    for s in raising:
+        signal.signal(s, note)
+
+    def give_back() -> None:
+        for s in raising:
+            signal.signal(s, _RAISING[s])
 
     def checkpoint() -> None:
-        if pressed.is_set():
-            pressed.clear()
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if noted.is_set():
+            noted.clear()
+            give_back()
             raise KeyboardInterrupt
 
     try:
         yield checkpoint
         checkpoint()
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        give_back()
 
 
 def result_of(future: Future, checkpoint: Callable[[], None]) -> Any:

@@ -1,9 +1,10 @@
-"""Test set-up: the gpu marker, a temporary studies folder for every test, and a
-PostgreSQL server of the session's own."""
+"""Test set-up: the gpu marker, a temporary studies folder for every test, Ctrl-C that
+raises in this process, and a PostgreSQL server of the session's own."""
 
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +41,18 @@ def studies_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
         if isinstance(getattr(module, "STUDIES_DIR", None), Path):
             monkeypatch.setattr(module, "STUDIES_DIR", folder)
     return folder
+
+
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """Ctrl-C raises in this process for the test, as at a terminal: a shell that starts the
+    tests as a background job (or ``nohup``) has them ignore SIGINT, where a test's
+    ``os.kill(os.getpid(), signal.SIGINT)`` would do nothing."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _pg_bin() -> Path | None:

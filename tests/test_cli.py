@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import math
+import os
 import re
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from helpers import (
     SMALL,
     SMALL_PROBLEM,
     add_small_trial,
+    as_at_a_terminal,
     best_config_file,
     child_env,
     gpu_study,
@@ -737,7 +739,9 @@ def test_a_problem_flag_the_named_study_contradicts_exits_2(command, tmp_path, c
     assert "--dk" not in err
 
 
-def test_a_ctrl_c_dropped_in_a_weak_reference_s_callback_is_raised_again_in_the_main_thread(capsys):
+def test_a_ctrl_c_dropped_in_a_weak_reference_s_callback_is_raised_again_in_the_main_thread(
+    capsys, ctrl_c_raises
+):
     """Where a Ctrl-C lands in a callback (SQLAlchemy's, as ``export`` closes its storage),
     Python prints it and goes on; the CLI's hook raises it again once the callback is done,
     and prints nothing for it."""
@@ -772,3 +776,60 @@ def test_version_prints_the_package_s_version(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out == f"decay-tuner {version('decay-tuner')}\n"
+
+
+def _sigint_ignored() -> None:
+    """A child's SIGINT as ``nohup``, a scheduler or ``cmd &`` in a script leave it: ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    "stop, code, said",
+    [
+        ("sigterm, sigint ignored", 143, "terminated: finished trials are kept in the study"),
+        ("ctrl-c, stdout's reader gone", 130, "interrupted: finished trials are kept in the study"),
+    ],
+)
+def test_a_run_stopped_mid_study_exits_with_its_signal_s_code_and_keeps_its_log(
+    stop, code, said, tmp_path, studies_dir
+):
+    """A SIGTERM stops a run whose SIGINT was ignored from its start (``nohup``); a Ctrl-C
+    that also stopped the reader of its output (``run ... | tee log``) loses nothing: each
+    exits with its code, in one line, no traceback, its trial log written."""
+    import time
+
+    from tuner.storage import get_storage
+
+    storage = f"journal:{tmp_path / 'j.log'}"
+    backend = get_storage(storage)
+    argv = ["run", *SMALL, "--storage", storage, "--study", "s", "--workers", "1", "--no-progress"]
+    ctrl_c = stop.startswith("ctrl-c")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner", *argv, "--n-trials", "40"],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=as_at_a_terminal if ctrl_c else _sigint_ignored,
+    )
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if any(t.state.is_finished() for t in optuna.load_study(study_name="s", storage=backend).trials):
+                break
+        except KeyError:  # not created yet
+            pass
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    if ctrl_c:
+        proc.stdout.close()  # tee died of the same Ctrl-C
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == code, err[-2000:]
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-2000:]
+    assert err.splitlines()[-1].startswith(said), err[-2000:]
+    (log,) = studies_dir.glob("**/s/trials.csv")
+    assert len(pd.read_csv(log)) == len(optuna.load_study(study_name="s", storage=backend).trials)

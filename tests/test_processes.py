@@ -10,7 +10,7 @@ import time
 import pytest
 from helpers import as_at_a_terminal, child_env
 
-from kernel.processes import ctrl_c_at_checkpoints
+from kernel.processes import Stop, ctrl_c_at_checkpoints, ctrl_c_ignored, sigterm_stops
 
 
 def _ctrl_c() -> None:
@@ -25,7 +25,7 @@ class _Finalised:
         _ctrl_c()
 
 
-def test_a_ctrl_c_is_raised_at_the_next_checkpoint_even_one_a_finaliser_met():
+def test_a_ctrl_c_is_raised_at_the_next_checkpoint_even_one_a_finaliser_met(ctrl_c_raises):
     steps = []
     with pytest.raises(KeyboardInterrupt):
         with ctrl_c_at_checkpoints() as checkpoint:
@@ -38,7 +38,7 @@ def test_a_ctrl_c_is_raised_at_the_next_checkpoint_even_one_a_finaliser_met():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_second_ctrl_c_after_a_checkpoint_raised_raises_at_once():
+def test_a_second_ctrl_c_after_a_checkpoint_raised_raises_at_once(ctrl_c_raises):
     with ctrl_c_at_checkpoints() as checkpoint:
         _ctrl_c()
         with pytest.raises(KeyboardInterrupt):
@@ -47,7 +47,7 @@ def test_a_second_ctrl_c_after_a_checkpoint_raised_raises_at_once():
             _ctrl_c()  # Python's handler again: the waits for compiles in flight rely on it
 
 
-def test_a_ctrl_c_no_checkpoint_saw_is_raised_as_the_block_ends_and_an_ignored_one_never():
+def test_a_ctrl_c_no_checkpoint_saw_is_raised_as_the_block_ends_and_an_ignored_one_never(ctrl_c_raises):
     steps = []
     with pytest.raises(KeyboardInterrupt):
         with ctrl_c_at_checkpoints():
@@ -61,6 +61,47 @@ def test_a_ctrl_c_no_checkpoint_saw_is_raised_as_the_block_ends_and_an_ignored_o
             checkpoint()
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
+def sigterm_stops_with_sigint_ignored():
+    """SIGTERM handled as a command handles it, SIGINT ignored as ``nohup`` leaves it."""
+    term = signal.signal(signal.SIGTERM, sigterm_stops)
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    Stop.signal = signal.SIGINT
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, term)
+        signal.signal(signal.SIGINT, sigint)
+
+
+def _sigterm() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)
+
+
+def test_a_sigterm_stops_at_checkpoints_and_after_an_ignoring_block_where_sigint_is_ignored(
+    sigterm_stops_with_sigint_ignored,
+):
+    """Where SIGINT is ignored from the start, a SIGTERM still takes effect where a Ctrl-C
+    would: at the next checkpoint, at once after one raised, and as a block that ignores
+    Ctrl-C ends; and says so (``Stop``)."""
+    steps = []
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_at_checkpoints() as checkpoint:
+            _sigterm()
+            steps.append("after the SIGTERM")
+            checkpoint()
+    assert steps == ["after the SIGTERM"] and Stop.words() == ("terminated", "SIGTERM (or kill -9)")
+    with pytest.raises(KeyboardInterrupt):
+        _sigterm()  # raises at once again: a second SIGTERM stops the waits for compiles in flight
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_ignored():
+            _sigterm()
+            steps.append("rest of the ignoring block")
+    assert steps[-1] == "rest of the ignoring block"
+    assert signal.getsignal(signal.SIGTERM) is sigterm_stops
 
 
 _POOL_SCRIPT = """

@@ -354,7 +354,7 @@ def test_a_folder_named_as_storage_exits_2_saying_so(command, prefix, tmp_path, 
     ]
 
 
-def test_a_ctrl_c_during_a_journal_append_takes_effect_once_the_append_is_done(tmp_path):
+def test_a_ctrl_c_during_a_journal_append_takes_effect_once_the_append_is_done(tmp_path, ctrl_c_raises):
     """Ctrl-C while a worker holds the journal's lock: the append finishes and drops the lock
     (others would wait 30 s for it to go stale), then the KeyboardInterrupt goes on."""
     storage = get_storage(f"journal:{tmp_path / 'j.log'}")

@@ -8,15 +8,18 @@ once.
 import _thread
 import argparse
 import inspect
+import os
 import signal
 import sys
 import threading
 import time
 import typing
 from collections.abc import Callable
+from typing import TextIO
 
 from kernel.arch import ARCHS
 from kernel.config import HEADLINE
+from kernel.processes import Stop, sigterm_stops
 from tuner import options
 from tuner.commands.device import cmd_bench, cmd_probe, cmd_warmup
 from tuner.commands.model import cmd_model
@@ -277,30 +280,52 @@ def _ctrl_c_unraised(unraisable) -> None:
 
     def again() -> None:
         time.sleep(0.05)  # past the callback: raised there, it would be dropped again
-        _thread.interrupt_main()
+        _thread.interrupt_main(Stop.signal)  # its handler's: SIGINT may be ignored, SIGTERM not
 
     threading.Thread(target=again, daemon=True).start()
 
 
-class _Terminated:
-    """Whether a SIGTERM (a scheduler's kill, ``timeout``) stopped the command: it is turned
-    into the Ctrl-C of the process, so that the command stops where a Ctrl-C would, saying
-    what it keeps, and exits 143 as a terminated process does."""
+class _ReaderMayLeave:
+    """An output stream whose reader may go away (``run ... | tee log``, stopped by the same
+    Ctrl-C): from then on what is written to it is dropped, where Python would raise a
+    ``BrokenPipeError`` in the middle of what the command keeps."""
 
-    seen = False
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
 
-    @classmethod
-    def handle(cls, signum: int, frame: object) -> None:
-        cls.seen = True
-        signal.raise_signal(signal.SIGINT)
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        """Point the stream's file at /dev/null: its buffer and later writes go there."""
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, self._stream.fileno())
+        finally:
+            os.close(null)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
 
 
 def main(argv: list[str] | None = None) -> int:
     command = None
     sys.unraisablehook = _ctrl_c_unraised
     main_thread = threading.current_thread() is threading.main_thread()
-    term = signal.signal(signal.SIGTERM, _Terminated.handle) if main_thread else None
-    _Terminated.seen = False
+    term = signal.signal(signal.SIGTERM, sigterm_stops) if main_thread else None
+    Stop.signal = signal.SIGINT
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ReaderMayLeave(out), _ReaderMayLeave(err)
     try:
         args = build_parser().parse_args(argv)
         command = args.command
@@ -314,12 +339,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # one line, however often Ctrl-C is pressed now
-        how = "terminated" if _Terminated.seen else "interrupted"
+        if main_thread:  # one line, however often Ctrl-C is pressed or SIGTERM sent now
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        how = Stop.words()[0]
         kept = RESUMES.get(command)
         print(f"{how}: {kept}; run the same command to go on" if kept else how, file=sys.stderr)
-        return 143 if _Terminated.seen else 130
+        return 143 if Stop.signal == signal.SIGTERM else 130
     finally:
         sys.unraisablehook = sys.__unraisablehook__
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = out, err
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if term is None else term)

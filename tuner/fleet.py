@@ -7,8 +7,8 @@ Its output is relayed whole line by whole line, prefixed with its GPU and job, s
 never interleave inside a line (a progress bar's redraw is a line: the progress of every
 worker shows as it goes); a traceback goes to the child's log file only, and a
 child that fails is reported in one line while the others go on. Ctrl-C (or SIGTERM) is
-passed on to every child as SIGINT, as a terminal passes it to a lone ``run``, so each
-fails its trials in flight and queues their configs again; a second Ctrl-C kills them.
+passed on to every child, as a terminal passes it to a lone ``run``, so each fails its
+trials in flight and queues their configs again; a second one kills them.
 """
 
 import dataclasses
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from kernel.config import Problem
+from kernel.processes import Stop, sigterm_stops
 from tuner import options
 from tuner.options import PROBLEM_FLAGS, Options, UsageError
 
@@ -162,7 +163,7 @@ def run_jobs(jobs: list[Job], gpus: list[int], *, log_dir: Path) -> list[Outcome
     live: list[_Child] = []
     outcomes: list[Outcome] = []
     lock = threading.Lock()
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops them too
+    previous = signal.signal(signal.SIGTERM, sigterm_stops)  # SIGTERM stops them too
     try:
         while queue or live:
             while queue and free:
@@ -201,12 +202,14 @@ def _ended(child: _Child, returncode: int, lock: threading.Lock, *, others: int)
 
 
 def _stop(live: list[_Child], lock: threading.Lock) -> None:
-    """Ctrl-C every child (its whole process group, as a terminal would), wait for them;
-    kill them on a second Ctrl-C or after ``STOP_S``."""
+    """Pass the signal that stopped this process (Ctrl-C or SIGTERM) to every child (its
+    whole process group, as a terminal would), wait for them; kill them on a second one or
+    after ``STOP_S``. A child that inherited SIGINT ignored (``nohup``) still stops: this
+    process got a SIGTERM then, and passes that on."""
     with lock:
         print(f"stopping {len(live)} worker(s): their trials in flight are queued again", file=sys.stderr)
     for child in live:
-        child.signal(signal.SIGINT)
+        child.signal(Stop.signal)
     deadline = time.monotonic() + STOP_S
     try:
         while any(c.proc.poll() is None for c in live) and time.monotonic() < deadline:
