@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
+from kernel import formats
 from kernel.config import KernelConfig
 from kernel.trial_schema import MEASURES, OUTSIDE, PARAMS, PREDICTED, TRIAL_COLUMNS
 from kernel.trial_schema import RESOURCES as RESOURCES_ALL
@@ -42,7 +43,9 @@ class StudyInfo(NamedTuple):
     ``problem``: ``Problem.to_dict()`` of the tuned problem; ``mode``: "gpu" or
     "compile-only" (None: read from the trials); ``objectives``: the frame columns the
     study minimised, in order (None: ``["median_ms"]``); ``peers``: peer timings,
-    ``{name: median_ms}`` measured in the same run (validated by ``peers``).
+    ``{name: median_ms}`` measured in the same run (validated by ``peers``); ``decays``:
+    the one decay an early study checked its trials with (``kernel.formats.study_record``;
+    None: RetNet's per head, ``reports.decays.study_decays``).
     """
 
     name: str
@@ -50,18 +53,21 @@ class StudyInfo(NamedTuple):
     mode: str | None = None
     objectives: tuple[str, ...] | None = None
     peers: Any = None
+    decays: tuple[float, ...] | None = None
 
     @classmethod
     def from_attrs(cls, name: str, attrs: Mapping[str, Any]) -> "StudyInfo":
-        """From a study's name and user attrs ("problem", "mode", "objectives", "peers");
-        other attrs are ignored."""
-        objectives = attrs.get("objectives")
+        """From a study's name and user attrs ("problem", "mode", "objectives", "peers"),
+        of any version (``kernel.formats.study_record``); other attrs are ignored."""
+        record = formats.study_record(dict(attrs), name=name)
+        objectives, decays = record.get("objectives"), record.get("decays")
         return cls(
             name=name,
-            problem=dict(attrs.get("problem") or {}),
-            mode=attrs.get("mode"),
+            problem=dict(record.get("problem") or {}),
+            mode=record.get("mode"),
             objectives=tuple(objectives) if objectives else None,
-            peers=attrs.get("peers"),
+            peers=record.get("peers"),
+            decays=tuple(decays) if decays else None,
         )
 
 
@@ -80,6 +86,7 @@ class Summary(NamedTuple):
     best: int | None  # trial number of the best feasible config (as ``export`` picks it)
     baseline: int | None  # trial number of the seed's default config
     budgets: dict[str, float]  # frame column -> the limit its constraint used
+    decays: tuple[float, ...] | None = None  # StudyInfo's
 
 
 def report_frame(frame: pd.DataFrame, info: StudyInfo) -> pd.DataFrame:
@@ -99,7 +106,7 @@ def report_frame(frame: pd.DataFrame, info: StudyInfo) -> pd.DataFrame:
     frame["violated"] = [
         ", ".join(k for k, v in sorted(constraints(c).items()) if v > 0) for c in frame.constraints
     ]
-    frame["decay"] = decay_label(info.problem)
+    frame["decay"] = decay_label(info.problem, info.decays)
     outside = frame.predicted_by.fillna("").astype(str).str.endswith(OUTSIDE)
     frame["predicted_rank"] = frame.predicted_x_floor.where(~outside)
     frame["hover"] = [_hover(row) for row in frame.to_dict("records")]
@@ -223,6 +230,7 @@ def summary(frame: pd.DataFrame, info: StudyInfo) -> Summary:
         best=int(best.number.iloc[0]) if len(best) else None,
         baseline=int(baseline.number.iloc[0]) if len(baseline) else None,
         budgets=budgets(frame),
+        decays=info.decays,
     )
 
 

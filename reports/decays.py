@@ -49,20 +49,20 @@ def overflow_map(
     return OverflowInfo(tuple(alphas), tuple(chunks), peak, peak > limit, float(limit))
 
 
-def study_decays(problem: Mapping[str, Any]) -> tuple[float, ...]:
-    """The decays a study checked its trials with: RetNet's per head
-    (``kernel.config.retnet_decay``, what the tuner uses), or the one ``alpha`` a study
-    made before the decay became a run-time input names in its problem."""
-    if "alpha" in problem:
-        return (float(problem["alpha"]),)
+def study_decays(problem: Mapping[str, Any], decays: Sequence[float] | None = None) -> tuple[float, ...]:
+    """The decays a study checked its trials with: ``decays`` where its record names them
+    (``reports.data.StudyInfo``), else RetNet's per head (``kernel.config.retnet_decay``,
+    what the tuner uses)."""
+    if decays:
+        return tuple(float(d) for d in decays)
     return retnet_decay(int(problem.get("heads", 1)))
 
 
-def decay_label(problem: Mapping[str, Any]) -> str:
+def decay_label(problem: Mapping[str, Any], decays: Sequence[float] | None = None) -> str:
     """The study's decays in a few characters: ``α = 0.99``, or ``RetNet γ, H = 16: 0.969-1``."""
-    if "alpha" in problem:
-        return f"α = {float(problem['alpha']):g}"
-    decays = study_decays(problem)
+    if decays and len(decays) == 1:
+        return f"α = {float(decays[0]):g}"
+    decays = study_decays(problem, decays)
     return f"RetNet γ, H = {len(decays)}: {min(decays):.3g}-{max(decays):.3g}"
 
 

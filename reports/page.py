@@ -79,7 +79,7 @@ def _header(s: Summary, frame: pd.DataFrame, *, archs: bool) -> str:
     problem = (
         (
             f"B={p.get('batch')} H={p.get('heads')} S={p.get('seqlen')} DK={p.get('dk')} "
-            f"DV={p.get('dv')} {decays.decay_label(p)} {p.get('dtype')}"
+            f"DV={p.get('dv')} {decays.decay_label(p, s.decays)} {p.get('dtype')}"
         )
         if p
         else "unknown"

@@ -12,7 +12,7 @@ from reports.peers import peers as peer_bars
 def numerics(s: Summary, frame: pd.DataFrame) -> str:
     """The decay's numerics: the mask, where the factorised form overflows fp16, the error
     by decay, the registers per config."""
-    alpha = min(decays.study_decays(s.problem))  # the fastest decay: the smallest weights
+    alpha = min(decays.study_decays(s.problem, s.decays))  # the fastest decay: the smallest weights
     best = frame[frame.number == s.best]
     chunk = int(best.chunk.iloc[0]) if len(best) else SEED_CONFIG.chunk
     chunks = tuple(sorted({int(c) for c in frame.chunk.dropna()}))

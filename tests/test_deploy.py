@@ -67,5 +67,5 @@ def test_a_file_written_with_one_alpha_loads_without_it(tmp_path):
     its problem: it is read and the alpha ignored (the config serves every decay)."""
     from helpers import SMALL_PROBLEM
 
-    old = best_config_file(tmp_path, problem=SMALL_PROBLEM.to_dict() | {"alpha": 0.99})
+    old = best_config_file(tmp_path, version=1, problem=SMALL_PROBLEM.to_dict() | {"alpha": 0.99})
     assert load_config(old) == (SMALL_PROBLEM, KernelConfig(64, 64, 1, 128))

@@ -338,12 +338,14 @@ def test_gamma_is_the_seeds_panel():
 
 def test_the_decays_a_study_used():
     """RetNet's per head (what the tuner checks with); a study from before the run-time
-    decay: its one alpha."""
+    decay (its record's version 1 names one alpha in its problem): that alpha."""
     new = PROBLEM.to_dict()
     assert decays.study_decays(new) == (0.96875, 0.984375)
     assert decays.decay_label(new) == "RetNet γ, H = 2: 0.969-0.984"
-    old = new | {"alpha": 0.9}
-    assert decays.study_decays(old) == (0.9,) and decays.decay_label(old) == "α = 0.9"
+    old = StudyInfo.from_attrs("old", {"problem": new | {"alpha": 0.9}})
+    assert old.problem == new and old.decays == (0.9,)
+    assert decays.study_decays(old.problem, old.decays) == (0.9,)
+    assert decays.decay_label(old.problem, old.decays) == "α = 0.9"
 
 
 def test_overflow_map_matches_the_seeds_table():

@@ -6,6 +6,7 @@ from typing import Any
 
 import optuna
 
+from kernel import formats
 from kernel.environment import write_json
 from kernel.ops.deploy import FORMAT, VERSION
 from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
@@ -19,13 +20,13 @@ def export_best(study: optuna.Study, path: Path, *, env: str | None = None, top:
     best = best_trials(study, env)
     if not best:
         raise LookupError(f"study {study.study_name!r} has no feasible, correct trial{_in(env)} to export")
-    first = best[0].user_attrs
+    first, record = best[0].user_attrs, _record(study)
     data = {
         "format": FORMAT,
         "version": VERSION,
         "study": study.study_name,
-        "problem": study.user_attrs["problem"],
-        **_sweep_mark(study),
+        "problem": record["problem"],
+        "sweep": record["sweep"],
         "mode": study.user_attrs.get("mode"),
         "objectives": study.user_attrs.get("objectives"),
         "environment": first.get("environment"),
@@ -47,8 +48,8 @@ def export_best(study: optuna.Study, path: Path, *, env: str | None = None, top:
 
 def export_dispatch(studies: list[optuna.Study], path: Path, *, env: str | None = None) -> dict[str, Any]:
     """Write the dispatch table (``kernel.ops.dispatch.Dispatch``): the best config of each
-    study measured in environment ``env`` (None: any), one entry per tuned shape (marked
-    ``"sweep": "dkdv"`` for a study of the backward's fused sweep). All
+    study measured in environment ``env`` (None: any), one entry per tuned shape (its
+    ``sweep``: "forward", or "dkdv" for a study of the backward's fused sweep). All
     studies must be GPU studies measured in one environment; a study with no feasible
     trial is a ``LookupError``."""
     entries, environments = [], []
@@ -62,13 +63,13 @@ def export_dispatch(studies: list[optuna.Study], path: Path, *, env: str | None 
             raise LookupError(
                 f"study {study.study_name!r} timed nothing (compile-only): no latency to rank by"
             )
-        t = best[0]
+        t, record = best[0], _record(study)
         environments.append(t.user_attrs.get("environment"))
         entries.append(
             {
-                "problem": study.user_attrs["problem"],
+                "problem": record["problem"],
                 "config": trial_config(t).to_dict(),
-                **_sweep_mark(study),
+                "sweep": record["sweep"],
                 "study": study.study_name,
                 "trial": t.number,
                 **{k: t.user_attrs.get(k) for k in (*TIMES, "rel_l2")},
@@ -90,7 +91,7 @@ def _in(env: str | None) -> str:
     return "" if env is None else f" in environment {env}"
 
 
-def _sweep_mark(study: optuna.Study) -> dict[str, str]:
-    """``{"sweep": "dkdv"}`` for a study of the backward's fused sweep, else nothing: a
-    forward's file or entry reads as before the fused sweep was tunable."""
-    return {"sweep": "dkdv"} if study.user_attrs.get("sweep") == "dkdv" else {}
+def _record(study: optuna.Study) -> dict[str, Any]:
+    """The study's record in the current version (``kernel.formats.study_record``): a study
+    with a trial to export has trials."""
+    return formats.study_record(study.user_attrs, name=study.study_name, has_trials=lambda: True)

@@ -9,7 +9,8 @@ from pathlib import Path
 import optuna
 from optuna.storages import BaseStorage
 
-from kernel.config import LEGACY_FIELDS, KernelConfig, Problem
+from kernel import formats
+from kernel.config import KernelConfig, Problem
 from tuner.options import STUDIES_DIR, STUDIES_VARIABLE, UsageError, default_storage
 from tuner.storage import get_storage, storage_key
 
@@ -103,13 +104,14 @@ def open_study(
         )
     except ValueError as exc:  # e.g. the study exists with other directions
         raise UsageError(f"cannot open study {name!r}: {exc}") from None
-    _check_ours(study, storage if isinstance(storage, str) else None)
-    saved = study.user_attrs.get("problem")
+    record = _check_ours(study, storage if isinstance(storage, str) else None)
+    saved = record.get("problem")
     if saved is None:
+        study.set_user_attr(formats.STUDY_VERSION_ATTR, formats.VERSIONS[formats.STUDY])
         study.set_user_attr("problem", problem.to_dict())
-    elif any(key in saved for key in LEGACY_FIELDS):
+    elif record.get("decays"):
         raise UsageError(
-            f"study {name!r} was tuned with one compile-time alpha ({saved.get('alpha')}) and the plain "
+            f"study {name!r} was tuned with one compile-time alpha ({record['decays'][0]}) and the plain "
             "call; the tuner now measures the model form (kernel.config.model_call): use another --study"
         )
     elif saved != problem.to_dict():
@@ -132,18 +134,25 @@ def load_study(name: str, storage: str) -> optuna.Study:
 KNOBS = frozenset(f.name for f in dataclasses.fields(KernelConfig))
 
 
-def _check_ours(study: optuna.Study, storage: str | None) -> None:
-    """``UsageError`` for a study of another program in the storage: trials but no problem
-    recorded (``open_study`` records it before any trial), named by its parameters that are
-    no knobs. A study of ours reads no trial here."""
-    if study.user_attrs.get("problem") is not None:
-        return
+def _check_ours(study: optuna.Study, storage: str | None) -> dict:
+    """The study's record (``kernel.formats.study_record``: its sweep is left unread); a
+    ``UsageError`` for a study of another program in the storage (trials but no problem
+    recorded, which ``open_study`` records before any trial: named by its parameters that
+    are no knobs) or of a record version this tool does not read. A study of ours reads no
+    trial here."""
+    try:
+        record = formats.study_record(study.user_attrs, name=study.study_name)
+    except formats.FormatError as exc:
+        raise UsageError(str(exc)) from None
+    if record.get("problem") is not None:
+        return record
     trials = study.get_trials(deepcopy=False)
     if trials:
         params = {p for t in trials for p in (t.params or t.system_attrs.get("fixed_params", {}))}
         why = f"parameters {sorted(params - KNOBS)}" if params - KNOBS else "no problem recorded"
         where = f" in {storage}" if storage else ""
         raise UsageError(f"study {study.study_name!r}{where} is no decay-tuner study ({why})")
+    return record
 
 
 def hold(
@@ -173,8 +182,8 @@ def hold(
             f"study {name!r} is {why}; this run records {objectives} ({mode} mode): use another "
             f"--study, or delete it (optuna delete-study --study-name {name} --storage {storage})"
         )
-    # A study from before the fused sweep was tunable holds forward trials.
-    held = study.user_attrs.get("sweep", "forward" if study.get_trials(deepcopy=False) else None)
+    trials = lambda: bool(study.get_trials(deepcopy=False))  # noqa: E731
+    held = formats.study_record(study.user_attrs, name=name, has_trials=trials)["sweep"]
     if held not in (None, sweep):
         raise UsageError(
             f"study {name!r} tunes the {held} kernel; this run asks for --sweep {sweep}: use another --study"

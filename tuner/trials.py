@@ -11,15 +11,13 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
+from kernel import formats
 from kernel.config import SEED_CONFIG, KernelConfig
 from kernel.environment import ENVIRONMENT_KEYS, env_key, replacing
 from kernel.trial_schema import MEASURES, PARAMS, PREDICTED, RESOURCES, TRIAL_COLUMNS
 from tuner.claims import interrupted
 from tuner.options import UsageError
 
-# The knobs' defaults: a study made before a knob existed ran it at its default
-# (segments: the single-pass kernel).
-PARAM_DEFAULTS = KernelConfig().to_dict()
 # Outcomes that cost a GPU launch (a cached trial reuses an earlier launch and costs none).
 GPU_OUTCOMES = ("ok", "incorrect", "runtime_failed")
 # The trial table's columns, as `trials` and `best` print them, and its widest line.
@@ -129,8 +127,8 @@ def trial_params(trial: FrozenTrial) -> dict[str, Any]:
 
 
 def trial_config(trial: FrozenTrial) -> KernelConfig:
-    """The trial's config; knobs a study made before they existed ran at their defaults."""
-    return KernelConfig(**(PARAM_DEFAULTS | trial_params(trial)))
+    """The trial's config (``kernel.formats.trial_knobs``: of any study version)."""
+    return KernelConfig(**formats.trial_knobs(trial_params(trial)))
 
 
 def measured_before(study: optuna.Study, params: dict[str, Any], key: str) -> FrozenTrial | None:
@@ -160,7 +158,7 @@ def trials_frame(study: optuna.Study, *, env: str | None = None) -> pd.DataFrame
             or {"RUNNING": "running", "WAITING": "queued", "FAIL": "interrupted"}.get(t.state.name),
             "reason": attrs.get("reason")
             or ("no heartbeat within the grace period: its worker died" if t.state.name == "FAIL" else None),
-            **{k: params.get(k, PARAM_DEFAULTS[k]) for k in PARAMS},
+            **{k: v for k, v in formats.trial_knobs(params).items() if k in PARAMS},
             **{k: attrs.get(k) for k in (*MEASURES, *RESOURCES, *PREDICTED)},
             "feasible": is_feasible(t),
             "baseline": bool(attrs.get("baseline", False)),

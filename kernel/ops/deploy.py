@@ -1,9 +1,10 @@
 """The best-config JSON: written by the tuner, loaded back here into a ready kernel.
 
-Format ``decay-tuner/best-configs`` version 1::
+Format ``decay-tuner/best-configs`` version 2 (``kernel.formats`` reads version 1 too)::
 
-    {"format": "decay-tuner/best-configs", "version": 1,
-     "problem": {batch, heads, seqlen, dk, dv, dtype},   # earlier files: an alpha too, ignored
+    {"format": "decay-tuner/best-configs", "version": 2,
+     "problem": {batch, heads, seqlen, dk, dv, dtype},
+     "sweep": "forward" | "dkdv",
      "environment": {gpu, capability, arch, tilelang, torch, cuda, nvcc, kernel},
      "mode": "gpu" | "compile-only",
      "configs": [{"config": {...}, "median_ms": .., "p20_ms": .., "p80_ms": .., "rel_l2": ..,
@@ -15,45 +16,31 @@ ranking may not hold here.
 """
 
 import dataclasses
-import json
-import os
 from pathlib import Path
 from typing import Any
 
-from kernel.arch import ARCHS, arch_of_capability
+from kernel import formats
+from kernel.arch import ARCHS
 from kernel.builder import ScalarDecayKernel, build
 from kernel.config import KernelConfig, Problem
 from kernel.defaults import config_error, size_error
 from kernel.environment import environment, mismatches
 
-FORMAT = "decay-tuner/best-configs"
-VERSION = 1
-# A config's field a file may leave out: files from before the sequence split ran one pass.
-OPTIONAL_CONFIG_FIELDS = ("segments",)
+FORMAT = formats.BEST_CONFIGS
+VERSION = formats.VERSIONS[FORMAT]
 
 
 class ExportError(ValueError):
     """A best-config file that cannot be used as asked: unreadable, or for elsewhere."""
 
 
-def read_versioned(path: str | Path, what: str, fmt: str, version: int, items: str) -> dict[str, Any]:
-    """Read a JSON file of format ``fmt`` and ``version`` holding a non-empty list
-    ``items``; ``ExportError`` says what is wrong with it."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise ExportError(f"a {what} is named by a path (str or Path), got {path!r}")
+def read_versioned(path: str | Path, what: str, fmt: str, items: str) -> dict[str, Any]:
+    """A JSON file of format ``fmt`` holding a non-empty list ``items``, in the format's
+    current version (``kernel.formats.read_file``); ``ExportError`` says what is wrong with it."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ExportError(f"cannot read {what} {path}: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != fmt:
-        raise ExportError(f"{path} is not a {fmt} file")
-    if data.get("version") != version:
-        raise ExportError(f"{path} has version {data.get('version')!r}; this tool reads version {version}")
-    if not data.get(items):
-        raise ExportError(f"{path} holds no {items}")
-    if not isinstance(data[items], list):
-        raise ExportError(f"{path}: {items} is not a list, got {data[items]!r}"[:200])
-    return data
+        return formats.read_file(path, fmt=fmt, what=what, items=items)
+    except formats.FormatError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def saved_environment(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:
@@ -66,20 +53,13 @@ def saved_environment(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def file_arch(path: str | Path, environment: dict[str, Any]) -> str:
-    """The architecture a file's configs were tuned for: its environment's ``arch``, else
-    (files from before it was recorded) that of the GPU's ``capability``; ``ExportError``
-    where it records neither."""
-    arch, capability = environment.get("arch"), environment.get("capability")
-    if arch is None and isinstance(capability, str):
-        parts = capability.split(".")
-        try:
-            arch = arch_of_capability(*map(int, parts)).name if len(parts) == 2 else None
-        except ValueError:
-            pass
+    """The architecture a file's configs were tuned for, its environment's ``arch``;
+    ``ExportError`` where it records none this tool knows."""
+    arch = environment.get("arch")
     if not isinstance(arch, str) or arch not in ARCHS:
         raise ExportError(
             f"{path} does not say which architecture it was tuned for (environment.arch {arch!r}, "
-            f"capability {capability!r}; architectures: {', '.join(ARCHS)})"
+            f"capability {environment.get('capability')!r}; architectures: {', '.join(ARCHS)})"
         )
     return arch
 
@@ -94,9 +74,9 @@ def file_problem(value: Any, where: str) -> Problem:
 
 
 def file_config(value: Any, where: str) -> KernelConfig:
-    """The config a file records at ``where``, every knob given (but
-    ``OPTIONAL_CONFIG_FIELDS``); else ``ValueError`` naming what it lacks."""
-    knobs = [f.name for f in dataclasses.fields(KernelConfig) if f.name not in OPTIONAL_CONFIG_FIELDS]
+    """The config a file records at ``where``, every knob given; else ``ValueError``
+    naming what it lacks."""
+    knobs = [f.name for f in dataclasses.fields(KernelConfig)]
     return KernelConfig.from_dict(fields(KernelConfig, value, where, knobs))
 
 
@@ -122,7 +102,7 @@ def fields(cls: type, value: Any, where: str, required: list[str] | None = None)
 
 def read_export(path: str | Path) -> dict[str, Any]:
     """Read and check a best-config file; ``ExportError`` says what is wrong with it."""
-    return read_versioned(path, "best-config file", FORMAT, VERSION, "configs")
+    return read_versioned(path, "best-config file", FORMAT, "configs")
 
 
 def load_config(
@@ -136,7 +116,7 @@ def load_config(
     problem unless ``allow_mismatch``.
     """
     data = read_export(path)
-    if data.get("sweep", "forward") != "forward":
+    if data.get("sweep") != "forward":
         raise ExportError(
             f"{path} holds configs of the backward's fused dk and dv sweep, not of a forward kernel: "
             "serve them through a dispatch table (python -m tuner dispatch --backward)"

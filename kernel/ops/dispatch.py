@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernel import formats
 from kernel.builder import ScalarDecayKernel, build
 from kernel.config import SWEEPS, KernelConfig, Problem
 from kernel.defaults import config_error, nearest_grid, runs, shorter_pipeline
@@ -22,8 +23,8 @@ from kernel.ops.deploy import (
 from kernel.ops.inputs import check_qkv, decay_parts, decay_tensor
 from kernel.trial_schema import measured_ms
 
-DISPATCH_FORMAT = "decay-tuner/dispatch"
-DISPATCH_VERSION = 1
+DISPATCH_FORMAT = formats.DISPATCH
+DISPATCH_VERSION = formats.VERSIONS[DISPATCH_FORMAT]
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,11 @@ class DispatchEntry:
 class Dispatch:
     """Picks a config by shape, and builds (once per problem) the kernel to run it.
 
-    Format ``decay-tuner/dispatch`` version 1::
+    Format ``decay-tuner/dispatch`` version 2 (``kernel.formats`` reads version 1 too)::
 
-        {"format": "decay-tuner/dispatch", "version": 1, "environment": {...},
-         "entries": [{"problem": {...}, "config": {...}, "median_ms": .., "study": ..}, ...]}
+        {"format": "decay-tuner/dispatch", "version": 2, "environment": {...},
+         "entries": [{"problem": {...}, "config": {...}, "sweep": "forward", "median_ms": ..,
+                      "study": ..}, ...]}
 
     An entry marked ``"sweep": "dkdv"`` holds the config of the backward's fused dk and dv
     sweep (``kernel.dkdv``, tuned by ``dispatch --backward``), picked among those entries
@@ -137,7 +139,7 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
     ``deploy.file_arch``, or an entry whose config that architecture's kernels cannot run
     on its problem, ``kernel.defaults.config_error``, included) or, unless
     ``allow_mismatch``, measured in another environment."""
-    data = read_versioned(path, "dispatch table", DISPATCH_FORMAT, DISPATCH_VERSION, "entries")
+    data = read_versioned(path, "dispatch table", DISPATCH_FORMAT, "entries")
     environment = saved_environment(path, data)
     arch = file_arch(path, environment)
     entries = []
@@ -148,7 +150,7 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
                 file_problem(e.get("problem"), f"entries[{i}].problem"),
                 file_config(e.get("config"), f"entries[{i}].config"),
                 e.get("median_ms"),
-                e.get("sweep", "forward"),
+                e.get("sweep"),
             )
             if entry.sweep not in SWEEPS:
                 raise ValueError(f"sweep {entry.sweep!r}, expected one of {list(SWEEPS)}")
