@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -142,6 +142,12 @@ def compile_kernel(
     return _compile(prim_funcs(problem, config, call, arch=arch), target(arch, run_on=run_on))
 
 
+def compile_funcs(funcs: list, arch: str, *, run_on: str | None = None) -> tuple[Any, ...]:
+    """TileLang-compile prim funcs built for ``arch`` (any kernel family's: the decode
+    step's, ``kernel.decode_build``), as ``compile_kernel`` compiles a config's."""
+    return _compile(funcs, target(arch, run_on=run_on))
+
+
 def _compile(funcs: list, cuda: dict) -> tuple[Any, ...]:
     import tilelang
 
@@ -170,11 +176,24 @@ def probe(
     compiler findings.
     """
     config.check_fits(problem)
+    return probe_funcs(
+        lambda: prim_funcs(problem, config, call, arch=arch),
+        arch=arch,
+        seed_register_estimate=config.seed_register_estimate(problem),
+    )
+
+
+def probe_funcs(
+    make: Callable[[], list], *, arch: str = DEFAULT_ARCH, seed_register_estimate: int = 0
+) -> ProbeResult:
+    """``probe`` of the prim funcs ``make()`` returns (made inside, where a TileLang
+    failure to build them is a finding): any kernel family's, the decode step's too
+    (``kernel.decode_build.probe_decode``)."""
     limit = get_arch(arch).smem_per_block
     start = time.perf_counter()
     try:
         with _captured_output() as printed:
-            funcs = prim_funcs(problem, config, call, arch=arch)
+            funcs = make()
             kernels = _compile(funcs, target(arch))
     except Exception as exc:  # TVM raises many types; each is recorded, none is swallowed
         stage: FailureStage = "nvcc" if "Compilation error" in str(exc) else "lower"
@@ -195,7 +214,7 @@ def probe(
         static_smem=smem["static_smem"],
         dynamic_smem=smem["dynamic_smem"],
         threads_launched=max(f["threads_launched"] for f in figures),
-        seed_register_estimate=config.seed_register_estimate(problem),
+        seed_register_estimate=seed_register_estimate,
         compile_seconds=time.perf_counter() - start,
         smem_limit=limit,
         arch=get_arch(arch).name,

@@ -1,0 +1,219 @@
+"""The decode step on a pool of states, in TileLang: one token per sequence, each
+sequence's state read from the slot a tensor names, updated in place.
+
+Per (sequence n, head h), with ``s = Slots[n]`` and ``S = Pool[s, h]`` (``[DK, DV]``)::
+
+    S' = alpha_h * S + k^T v          # [DK, 1] @ [1, DV] -> [DK, DV], fp32
+    o  = (scale * q) S'               # [1, DK] @ [DK, DV] -> [1, DV]
+    Pool[s, h] = S'
+
+A slot outside ``[0, slots)`` (-1, the padding of a batch, or any bad value) touches no
+state and gives a zero output row: the kernel never writes out of bounds, whatever the
+indices hold, without the host reading them.
+
+The grid is ``(N*H, DV / block_dv)``: one block per (sequence, head, value slice) owns a
+``[DK, block_dv]`` tile of the state, so that a small batch still spreads over the SMs.
+The state is not split along DK: each output column is a sum over all of DK, and a DK
+split would need a second pass (fp32 atomics into a zeroed buffer, then a cast), two more
+launches where a decode step at a small batch is mostly launch latency. ``block_dv`` down
+to 8 columns (32 bytes of fp32 a row, one DRAM sector) gives 16 blocks per (sequence,
+head) at DV = 128 instead.
+
+This module loads no TileLang until a kernel is made (``decode_step``), so that the
+config types serve a command line at once.
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Self
+
+from kernel.config import DTYPES, HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, MIN_HEAD_DIM
+
+ACCUM = "float32"
+POOL_DTYPES = ("float32", "bfloat16")  # the state pool: fp32, or bf16 to halve its bytes
+SLOT_DTYPES = ("int32", "int64")  # the slot indices, as torch hands them
+# The values each knob takes; block_dv runs over those that divide DV (``decode_choices``).
+DECODE_KNOBS: dict[str, tuple] = {
+    "block_dv": (8, 16, 32, 64, 128, 256),
+    "threads": (32, 64, 128, 256),
+}
+# fp32 state elements one thread holds at most: past 128, ptxas spills (the probe of
+# tests/test_decode.py, sm_90a).
+MAX_ELEMENTS_PER_THREAD = 128
+# The rule's aims, not fitted (the tuner ranks the knobs): blocks per SM, and the state
+# elements each thread holds.
+RULE_BLOCKS_PER_SM = 4
+RULE_ELEMENTS_PER_THREAD = 32
+
+
+@dataclass(frozen=True)
+class DecodeProblem:
+    """What one compiled decode kernel serves: every batch size N and pool size (both read
+    from the tensors at launch) of ``heads`` heads of ``dk`` x ``dv`` states. ``dtype``:
+    q, k, v and o; ``pool_dtype``: the states; ``slot_dtype``: the slot indices;
+    ``scale`` multiplies the queries, a constant of the kernel."""
+
+    heads: int
+    dk: int
+    dv: int
+    dtype: str = "float16"
+    pool_dtype: str = "float32"
+    slot_dtype: str = "int32"
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.heads, bool) or not isinstance(self.heads, int) or self.heads < 1:
+            raise ValueError(f"heads must be a positive integer, got {self.heads!r}")
+        for name in ("dk", "dv"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not (MIN_HEAD_DIM <= value <= MAX_HEAD_DIM and value % HEAD_DIM_MULTIPLE == 0)
+            ):
+                raise ValueError(
+                    f"{name} must be a multiple of {HEAD_DIM_MULTIPLE} in "
+                    f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {value!r}"
+                )
+        for name, allowed in (("dtype", DTYPES), ("pool_dtype", POOL_DTYPES), ("slot_dtype", SLOT_DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        scale = self.scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise ValueError(f"scale must be a finite number, got {scale!r}")
+        object.__setattr__(self, "scale", float(scale))
+
+    def state_bytes(self) -> int:
+        """Bytes of one (slot, head) state in the pool."""
+        return self.dk * self.dv * (4 if self.pool_dtype == "float32" else 2)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The knobs of the decode step. block_dv: the value columns one block owns (the grid
+    is ``(N*H, DV / block_dv)``); threads: per block."""
+
+    block_dv: int = 32
+    threads: int = 128
+
+    def __post_init__(self) -> None:
+        for name, allowed in DECODE_KNOBS.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+    @property
+    def label(self) -> str:
+        """'32/128': block_dv/threads."""
+        return f"{self.block_dv}/{self.threads}"
+
+    def blocks(self, rows: int, dv: int) -> int:
+        """Blocks one step launches for ``rows`` (sequence, head) pairs."""
+        return rows * (dv // self.block_dv)
+
+    def fits_error(self, problem: DecodeProblem) -> str | None:
+        """Why this config cannot run ``problem``, or None."""
+        if problem.dv % self.block_dv:
+            return f"block_dv={self.block_dv} must divide dv={problem.dv}"
+        per_thread = problem.dk * self.block_dv / self.threads
+        if per_thread > MAX_ELEMENTS_PER_THREAD:
+            return (
+                f"a [{problem.dk}, {self.block_dv}] state tile over {self.threads} threads holds "
+                f"{per_thread:g} elements a thread, over {MAX_ELEMENTS_PER_THREAD}"
+            )
+        if per_thread < 1:
+            return f"a [{problem.dk}, {self.block_dv}] state tile leaves threads of {self.threads} idle"
+        return None
+
+    def check_fits(self, problem: DecodeProblem) -> None:
+        """``ValueError`` where this config cannot run ``problem`` (``fits_error``)."""
+        if reason := self.fits_error(problem):
+            raise ValueError(reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        return cls(**data)
+
+
+def decode_choices(problem: DecodeProblem) -> list[DecodeConfig]:
+    """Every config that runs ``problem``, in a fixed order: the decode step's search space."""
+    return [
+        c
+        for c in (DecodeConfig(b, t) for b in DECODE_KNOBS["block_dv"] for t in DECODE_KNOBS["threads"])
+        if c.fits_error(problem) is None
+    ]
+
+
+def decode_config(problem: DecodeProblem, rows: int, sms: int) -> DecodeConfig:
+    """The rule's config for ``rows`` (sequence, head) pairs on a GPU of ``sms`` SMs: the
+    widest value slice whose grid gives every SM ``RULE_BLOCKS_PER_SM`` blocks, else the
+    narrowest (a small batch: as many blocks as the state's columns allow); threads for
+    about ``RULE_ELEMENTS_PER_THREAD`` state elements each, at least 64 (two warps' loads in
+    flight a block where the batch is small)."""
+    widths = [d for d in DECODE_KNOBS["block_dv"] if problem.dv % d == 0]
+    filling = [d for d in widths if rows * (problem.dv // d) >= RULE_BLOCKS_PER_SM * sms]
+    block_dv = max(filling) if filling else min(widths)
+    want = problem.dk * block_dv // RULE_ELEMENTS_PER_THREAD
+    threads = min((t for t in DECODE_KNOBS["threads"] if t >= min(max(want, 64), 256)), default=256)
+    config = DecodeConfig(block_dv, threads)
+    config.check_fits(problem)
+    return config
+
+
+def decode_step(problem: DecodeProblem, config: DecodeConfig):
+    """The ``@T.prim_func`` ``main(Q, K, V, Decay, Slots, Pool, O)`` of one step, for every
+    batch size N and pool size P (symbolic, read from the tensors at launch).
+
+    Q, K: ``[N, 1, H, DK]``; V, O: ``[N, 1, H, DV]``; all of ``dtype``. Decay: fp32 ``[H]``,
+    each head's alpha. Slots: ``[N]`` of ``slot_dtype``, the pool row of each sequence.
+    Pool: ``[P, H, DK, DV]`` of ``pool_dtype``, read and written in place at the valid
+    slots only. Accumulation is fp32; a bf16 pool is rounded once, on the store."""
+    import tilelang.language as T
+
+    config.check_fits(problem)
+    heads, dk, dv, dtype, scale = problem.heads, problem.dk, problem.dv, problem.dtype, problem.scale
+    block_dv, threads = config.block_dv, config.threads
+    batch, slots = T.dynamic("batch, slots")
+    pool_shape, slot_dtype, pool_dtype = [slots, heads, dk, dv], problem.slot_dtype, problem.pool_dtype
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([batch, 1, heads, dk], dtype), K: T.Tensor([batch, 1, heads, dk], dtype),
+        V: T.Tensor([batch, 1, heads, dv], dtype), Decay: T.Tensor([heads], ACCUM),
+        Slots: T.Tensor([batch], slot_dtype), Pool: T.Tensor(pool_shape, pool_dtype),
+        O: T.Tensor([batch, 1, heads, dv], dtype),
+    ):  # fmt: skip
+        with T.Kernel(batch * heads, dv // block_dv, threads=threads) as (bnh, bv):
+            n = bnh // heads
+            h = bnh % heads
+            v0 = bv * block_dv
+            S = T.alloc_fragment([dk, block_dv], ACCUM)
+            o = T.alloc_fragment([block_dv], ACCUM)
+            slot = Slots[n]
+            if slot >= 0 and slot < slots:
+                T.copy(Pool[slot, h, :, v0 : v0 + block_dv], S)
+                for d, j in T.Parallel(dk, block_dv):  # S' = alpha S + k^T v
+                    S[d, j] = S[d, j] * Decay[h] + T.Cast(ACCUM, K[n, 0, h, d]) * T.Cast(
+                        ACCUM, V[n, 0, h, v0 + j]
+                    )
+                T.copy(S, Pool[slot, h, :, v0 : v0 + block_dv])
+                for d, j in T.Parallel(dk, block_dv):  # the terms of q S', summed over DK
+                    S[d, j] = S[d, j] * T.Cast(ACCUM, Q[n, 0, h, d])
+                T.reduce_sum(S, o, dim=0)  # [DK, bDV] -> [bDV]
+                for j in T.Parallel(block_dv):
+                    O[n, 0, h, v0 + j] = T.Cast(dtype, o[j] * scale)
+            else:  # padding (-1) or out of range: no state touched, a zero row
+                for j in T.Parallel(block_dv):
+                    O[n, 0, h, v0 + j] = T.Cast(dtype, 0)
+
+    return main

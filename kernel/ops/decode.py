@@ -1,0 +1,185 @@
+"""The decode step a server calls: ``decay_decode``, one token per sequence, each
+sequence's state read from the row of a state pool that its slot names and updated there
+in place (``kernel.decode``). Registered as the torch custom op
+``decay_tuner::decay_decode``, which mutates the pool, so that it runs under
+``torch.compile(fullgraph=True)`` and inside a captured CUDA graph (the slots live in a
+tensor; pad the batch to the captured size with slot -1). An eager call on real tensors
+runs the implementation directly, without torch's dispatch of the op.
+
+The slot values stay on the GPU: reading them would wait for it on every call. The kernel
+never writes out of bounds whatever they hold (a slot outside ``[0, P)`` is skipped as -1
+is). ``DECAY_TUNER_CHECK_SLOTS=1``, for debugging, reads them on every call and refuses
+one out of range or repeated within the call.
+"""
+
+import os
+from typing import Any
+
+import torch
+
+from kernel.builder import sm_count
+from kernel.decode import DecodeProblem, decode_config
+from kernel.decode_build import DecodeKernel, build_decode
+from kernel.ops import inputs
+
+CHECK_VARIABLE = "DECAY_TUNER_CHECK_SLOTS"
+POOL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+SLOT_DTYPES = {torch.int32: "int32", torch.int64: "int64"}
+# (q's shape, DV, dtype, pool dtype, slot dtype, scale) -> the kernel serving it: the rule's
+# config depends on the batch, so each batch size a server pads to has its entry.
+_SERVED: dict[tuple, DecodeKernel] = {}
+_SERVED_MAX = 4096
+
+
+def decay_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: float | torch.Tensor,
+    *,
+    pool: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """One decode step: for each sequence n and head h, with ``S = pool[slots[n], h]``,
+    ``S <- decay_h * S + k^T v`` in place and ``o = (scale * q) S``.
+
+    Args:
+        q, k: ``[N, 1, H, DK]``; v: ``[N, 1, H, DV]``; float16 or bfloat16 CUDA tensors
+            (fla's ``[B, T, H, D]`` with T = 1).
+        decay: a float in (0, 1], or a tensor ``[H]`` of one alpha per head in (0, 1].
+        pool: the states, float32 (or bfloat16) ``[P, H, DK, DV]``, contiguous, on q's
+            device; the rows ``slots`` names are updated in place, no other.
+        slots: int32 (or int64) ``[N]`` on q's device, the pool row of each sequence; -1
+            (padding), like any value outside ``[0, P)``, touches no state and gives a
+            zero output row.
+        scale: multiplies the queries (default ``DK ** -0.5``, as fla).
+
+    Returns:
+        o ``[N, 1, H, DV]`` in q's dtype.
+
+    A wrong argument raises one ``ValueError`` before anything is launched, the pool
+    untouched. Repeated slots within one call race: ``DECAY_TUNER_CHECK_SLOTS=1`` refuses
+    them (and slots out of range), reading the slots on every call.
+    """
+    per_head, alpha = inputs.decay_parts(decay)
+    inputs.check_arguments(scale, None, False, None)
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError(f"q must be a 4-d tensor [N, 1, H, DK], got {_describe(q)}")
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    args = (q, k, v, per_head, alpha, scale, pool, slots)
+    if torch.compiler.is_compiling() or type(q) is not torch.Tensor or q.is_meta:
+        return torch.ops.decay_tuner.decay_decode(*args)
+    return _decode(*args)
+
+
+def check_step(q: Any, k: Any, v: Any, pool: Any, slots: Any) -> tuple[int, int, int, int, str, str]:
+    """The checks that need no values, of a traced call too: q, k ``[N, 1, H, DK]``, v
+    ``[N, 1, H, DV]`` (``inputs.check_tensors``; T = 1), the pool ``[P, H, DK, DV]`` of
+    float32 or bfloat16, contiguous, and the slots int32 or int64 ``[N]``, both on q's
+    device. Returns ``(N, H, DK, DV, pool dtype, slot dtype)``."""
+    inputs.check_tensors(q, k, v)
+    n, t, h, dk = q.shape
+    dv = v.shape[-1]
+    if t != 1:
+        raise ValueError(f"a decode step takes one token per sequence, q [N, 1, H, DK]; got T = {t}")
+    if type(n) is int and n < 1:  # symbolic where torch.compile traces a dynamic batch
+        raise ValueError(f"a decode step takes at least one sequence, got N = {n}")
+    if not isinstance(pool, torch.Tensor):
+        raise ValueError(f"pool must be a tensor [P, H, DK, DV], got {_describe(pool)}")
+    if pool.dim() != 4 or pool.shape[0] < 1 or tuple(pool.shape[1:]) != (h, dk, dv):
+        raise ValueError(f"pool must be [P, {h}, {dk}, {dv}] with P >= 1, got {list(pool.shape)}")
+    if pool.dtype not in POOL_DTYPES:
+        raise ValueError(f"pool must be float32 or bfloat16, got {pool.dtype}")
+    if pool.device != q.device:
+        raise ValueError(f"pool is on {pool.device} but q is on {q.device}")
+    if not pool.is_contiguous():
+        raise ValueError(
+            f"pool must be contiguous (it is written in place), got strides {list(pool.stride())}"
+        )
+    if not isinstance(slots, torch.Tensor):
+        raise ValueError(f"slots must be an int32 tensor [N], got {_describe(slots)}")
+    if slots.dtype not in SLOT_DTYPES or tuple(slots.shape) != (n,):
+        raise ValueError(
+            f"slots must be an int32 or int64 tensor [{n}], got {slots.dtype} {list(slots.shape)}"
+        )
+    if slots.device != q.device:
+        raise ValueError(f"slots is on {slots.device} but q is on {q.device}")
+    return n, h, dk, dv, POOL_DTYPES[pool.dtype], SLOT_DTYPES[slots.dtype]
+
+
+def check_slot_values(slots: torch.Tensor, pool_rows: int) -> None:
+    """``ValueError`` unless every slot is -1 or a row of the pool, no row twice: reads
+    the slots (waits for the GPU), what ``DECAY_TUNER_CHECK_SLOTS`` turns on."""
+    values = slots.tolist()
+    bad = [s for s in values if not -1 <= s < pool_rows]
+    if bad:
+        raise ValueError(f"slots must lie in [-1, {pool_rows}) (-1: skip), got {_clip(bad)}")
+    used = [s for s in values if s >= 0]
+    if len(set(used)) != len(used):
+        repeated = sorted({s for s in used if used.count(s) > 1})
+        raise ValueError(
+            f"slots must not repeat within one call (their states would race), got {_clip(repeated)}"
+        )
+
+
+def checking() -> bool:
+    """Whether ``CHECK_VARIABLE`` turns the check of the slot values on: ``1``, ``true``,
+    ``yes`` or ``on``; unset, empty, ``0``, ``false``, ``no`` or ``off`` leave it off (any
+    case); ``ValueError`` for any other value."""
+    value = os.environ.get(CHECK_VARIABLE, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{CHECK_VARIABLE} wants 1, true, yes or on, or 0, false, no or off, got {value!r}")
+
+
+def kernel_for(problem: DecodeProblem, batch: int) -> DecodeKernel:
+    """The kernel serving a step of ``batch`` sequences: the rule's config
+    (``kernel.decode.decode_config``) for this GPU's SMs, compiled on first use."""
+    return build_decode(problem, decode_config(problem, batch * problem.heads, sm_count()))
+
+
+def _decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor | None,
+    alpha: float,
+    scale: float,
+    pool: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """The op's implementation: checks, then one launch."""
+    n, h, dk, dv, pool_dtype, slot_dtype = check_step(q, k, v, pool, slots)
+    decay = inputs.decay_tensor(decay, alpha, h, q.device)
+    if checking() and not torch.cuda.is_current_stream_capturing():
+        check_slot_values(slots, pool.shape[0])
+    key = (q.shape, dv, q.dtype, pool.dtype, slots.dtype, scale)
+    kern = _SERVED.get(key)
+    if kern is None:  # checks the head sizes, which the key then stands for
+        problem = DecodeProblem(h, dk, dv, inputs.DTYPE_NAMES[q.dtype], pool_dtype, slot_dtype, scale)
+        if len(_SERVED) >= _SERVED_MAX:
+            _SERVED.clear()
+        kern = _SERVED[key] = kernel_for(problem, n)
+    return kern.run(q.contiguous(), k.contiguous(), v.contiguous(), decay, slots.contiguous(), pool)
+
+
+_decode_op = torch.library.custom_op("decay_tuner::decay_decode", mutates_args=("pool",))(_decode)
+
+
+@_decode_op.register_fake
+def _(q, k, v, decay, alpha, scale, pool, slots):
+    _, h, dk, dv, pool_dtype, slot_dtype = check_step(q, k, v, pool, slots)
+    inputs.check_decay(decay, alpha, h, q.device)
+    DecodeProblem(h, dk, dv, inputs.DTYPE_NAMES[q.dtype], pool_dtype, slot_dtype, scale)
+    return q.new_empty(v.shape)
+
+
+def _clip(values: list[int]) -> str:
+    return str(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ...] ({len(values)})"
+
+
+def _describe(x: Any) -> str:
+    return f"shape {list(x.shape)}" if isinstance(x, torch.Tensor) else f"{type(x).__name__} {x!r}"[:120]
