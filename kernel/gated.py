@@ -1,0 +1,219 @@
+"""The single-pass forward for a decay that changes per token: fla's log-gate ``g``.
+
+``S_t = exp(g_t) S_{t-1} + k_t^T v_t``, ``o_t = scale q_t S_t`` (``refs.gated``), with
+``g [B, S, H]`` fp32 per token and, where the call has one, a per-head ``g_gamma [H]``
+added to it (fla's ``chunk_simple_gla(g=..., g_gamma=...)``; Mamba2's ``dt * A``). q and k
+may come in groups (Mamba2's ``ngroups``): G heads, v and o H = G r, head h reading group
+``h // r``. The grid runs the r heads of a group in adjacent blocks, so a group's q and k
+tiles are read from memory once and from L2 by the other heads of the group.
+
+The block is ``kernel.scalar_decay``'s (one ``[DK, block_DV]`` state slice of one (batch,
+head), the sequence walked chunk by chunk in a ``T.Pipelined`` loop, the state in
+registers), and so are its ordering rules (docs/design.md section 4). What changes is where
+the weights come from: per chunk, the gates of its m real tokens (0 on the rows past m) are
+scanned in fp32 into ``G_r``, their cumulative sum up to row r, in shared memory, and
+
+* the mask ``exp(G_i - G_j)`` is evaluated only where ``j <= i``, fused into the fp32
+  scores before their cast (never "compute all, then mask");
+* query row r reads the state carried in with ``exp(G_r)``;
+* key row r writes the state carried out with ``exp(G_last - G_r)`` (0 past m);
+* the state is carried with ``exp(G_last)`` (``G_{C-1}``: the rows past m add nothing).
+
+Every exponent is a sum of gates, so for gates <= 0 every weight lies in [0, 1]: a gate of
+-20 per token underflows them to 0, never to inf. Every ``exp`` is ``exp2(x * log2(e))``.
+"""
+
+import math
+
+import tilelang.language as T
+
+from kernel.arch import get_arch
+from kernel.mma import mma_for
+from kernel.scalar_decay import ACCUM, staged_tiles, store_macro
+
+LOG2E = math.log2(math.e)
+
+
+def gate_weights_macro(*, chunk: int, heads: int, gamma: bool):
+    """The chunk's gate weights, as a ``@T.macro`` ``gate(Gate, Gamma, g_s, w_s, bb, s0, bh,
+    m)``: the gates of rows ``s0 : s0 + m`` of batch ``bb``, head ``bh`` (plus ``Gamma[bh]``
+    where ``gamma``; 0 on the rows past m) scanned into ``g_s[r] = G_r``, then ``w_s[0, r]
+    = exp(G_r)`` (the queries') and ``w_s[1, r] = exp(G_last - G_r)`` (the keys', 0 past
+    m), fp32 in shared memory."""
+    C = chunk
+
+    @T.macro
+    def gate(Gate, Gamma, g_s, w_s, bb, s0, bh, m):
+        for r in T.Parallel(C):
+            g_s[r] = T.if_then_else(
+                r < m, Gate[bb, s0 + r, bh] + (Gamma[bh] if gamma else T.Cast(ACCUM, 0)), T.Cast(ACCUM, 0)
+            )
+        T.cumsum(g_s, dim=0)  # G_r, in place
+        for r in T.Parallel(C):
+            w_s[0, r] = T.exp2(g_s[r] * LOG2E)
+            w_s[1, r] = T.if_then_else(r < m, T.exp2((g_s[C - 1] - g_s[r]) * LOG2E), T.Cast(ACCUM, 0))
+
+    return gate
+
+
+def gated_chunk_loop_macro(
+    *,
+    chunk: int,
+    heads: int,
+    group_size: int,
+    dk: int,
+    block_dv: int,
+    scale: float,
+    num_stages: int,
+    dtype: str,
+    arch: str,
+    gamma: bool,
+    packed: bool = False,
+):
+    """The chunk loop of one block, as a ``@T.macro`` ``chunk_loop(Q, K, V, O, Gate, Gamma,
+    bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh)``: ``n_chunks`` chunks from row
+    ``s_begin`` (tokens up to ``s_end``) of batch ``bb``, head ``bh`` (q and k of group ``bh //
+    group_size``), value columns ``v0 : v0 + block_dv``. ``State``/``Final``: None, or the
+    fp32 ``[N*H, 1, DK, DV]`` states in and out, row ``bbh``."""
+    mma = mma_for(arch, rows=chunk)
+    C, accum = chunk, ACCUM
+    store = store_macro(chunk=C, block_dv=block_dv, packed=packed)
+    gate = gate_weights_macro(chunk=C, heads=heads, gamma=gamma)
+
+    @T.macro
+    def chunk_loop(Q, K, V, O, Gate, Gamma, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh):
+        Q_s, K_s, Kw_s, V_s = staged_tiles(chunk=C, dk=dk, block_dv=block_dv, dtype=dtype)
+        S_s = T.alloc_shared([dk, block_dv], dtype)
+        O_s = T.alloc_shared([C, block_dv], dtype)
+        A_cast = T.alloc_shared([C, C], dtype)
+        g_s = T.alloc_shared([C], accum)  # the chunk's gates, then their scan G
+        w_s = T.alloc_shared([2, C], accum)  # exp(G_r); exp(G_last - G_r)
+
+        S_f = T.alloc_fragment([dk, block_dv], accum)  # carried across chunks
+        acc_o = T.alloc_fragment([C, block_dv], accum)
+        A = T.alloc_fragment([C, C], accum)
+        touch = T.alloc_local([1], dtype) if mma.asynchronous else None  # see the MMAs' waits
+        bg = bh // group_size  # the group whose q and k this head reads
+        if State is None:
+            T.clear(S_f)
+        else:
+            T.copy(State[bbh, 0, :, v0 : v0 + block_dv], S_f)
+
+        for c in T.Pipelined(n_chunks, num_stages=num_stages):
+            s0 = s_begin + c * C
+            m = T.max(T.min(C, s_end - s0), 0)  # tokens of this chunk: C but at the end
+            T.copy(Q[bb, s0 : s0 + C, bg, :], Q_s)
+            T.copy(K[bb, s0 : s0 + C, bg, :], K_s)
+            T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
+            gate(Gate, Gamma, g_s, w_s, bb, s0, bh, m)
+            T.copy(S_f, S_s)  # the state before this chunk
+            mma.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
+            mma.gemm(Q_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV]
+            mma.wait(1)  # A is ready and K_s free; Q @ S may still run
+            for r, d in T.Parallel(C, dk):
+                Kw_s[r, d] = K_s[r, d] * w_s[1, r]
+            for i, j in T.Parallel(C, C):  # the mask only where j <= i: its other exponents are > 0
+                A_cast[i, j] = T.if_then_else(
+                    j <= i, A[i, j] * (scale * T.exp2((g_s[i] - g_s[j]) * LOG2E)), T.Cast(accum, 0)
+                )
+            mma.wait(0)
+            if mma.asynchronous:
+                touch[0] = Q_s[0, 0]
+            for i, j in T.Parallel(C, block_dv):
+                acc_o[i, j] *= scale * w_s[0, i]
+            mma.gemm(A_cast, V_s, acc_o)  # [C, C] @ [C, bDV]
+            for i, j in T.Parallel(dk, block_dv):
+                S_f[i, j] *= w_s[0, C - 1]  # exp(G_last)
+            mma.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV]
+            mma.wait(1)  # the outputs are ready; the state update may still run
+            T.copy(acc_o, O_s)
+            store(O_s, O, bb, s0, m, bh, v0)
+            mma.wait(0)
+            if mma.asynchronous:
+                touch[0] = V_s[0, 0]
+        if Final is not None:
+            T.copy(S_f, Final[bbh, 0, :, v0 : v0 + block_dv])
+
+    return chunk_loop
+
+
+def gated_fwd(
+    *,
+    heads: int,
+    groups: int,
+    dk: int,
+    dv: int,
+    dtype: str,
+    chunk: int,
+    block_dv: int,
+    num_stages: int,
+    threads: int,
+    arch: str,
+    scale: float = 1.0,
+    gamma: bool = False,
+    initial_state: bool = False,
+    final_state: bool = False,
+    batch: int | None = None,
+    seqlen: int | None = None,
+):
+    """Return the ``@T.prim_func`` ``main(Q, K, V, Gate, Gamma, H0, O, HT)`` of the gated
+    forward for one config: one kernel for every B and S where ``arch`` has symbolic shapes,
+    else for the ``batch`` and ``seqlen`` given.
+
+    Q, K: ``[B, S, G, DK]``; V, O: ``[B, S, H, DV]``, H = ``heads`` a multiple of G =
+    ``groups``; all of ``dtype``. Gate: fp32 ``[B, S, H]``, the log-gates (<= 0). Gamma: fp32
+    ``[H]``, each head's log-decay added to its gates (read only with ``gamma``). H0, HT:
+    fp32 ``[B*H, 1, DK, DV]``, the state before the first token (read only with
+    ``initial_state``) and after the last (written only with ``final_state``).
+    """
+    if heads % groups:
+        raise ValueError(f"heads: expected a multiple of groups = {groups}, got {heads}")
+    if get_arch(arch).symbolic_shapes:
+        batch, seqlen = T.dynamic("batch, seqlen")
+    elif batch is None or seqlen is None:
+        raise ValueError(f"{arch} compiles per shape: batch and seqlen are needed")
+    chunk_loop = gated_chunk_loop_macro(
+        chunk=chunk,
+        heads=heads,
+        group_size=heads // groups,
+        dk=dk,
+        block_dv=block_dv,
+        scale=scale,
+        num_stages=num_stages,
+        dtype=dtype,
+        arch=arch,
+        gamma=gamma,
+    )
+    state_shape = [batch * heads, 1, dk, dv]
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([batch, seqlen, groups, dk], dtype), K: T.Tensor([batch, seqlen, groups, dk], dtype),
+        V: T.Tensor([batch, seqlen, heads, dv], dtype), Gate: T.Tensor([batch, seqlen, heads], ACCUM),
+        Gamma: T.Tensor([heads], ACCUM), H0: T.Tensor(state_shape, ACCUM),
+        O: T.Tensor([batch, seqlen, heads, dv], dtype), HT: T.Tensor(state_shape, ACCUM),
+    ):  # fmt: skip
+        # bbh = b * H + h: the r heads of a group run in adjacent blocks (their q and k from L2)
+        with T.Kernel(T.ceildiv(dv, block_dv), batch * heads, threads=threads) as (bv, bbh):
+            bb = bbh // heads
+            bh = bbh % heads
+            start, end = H0 if initial_state else None, HT if final_state else None
+            chunk_loop(
+                Q,
+                K,
+                V,
+                O,
+                Gate,
+                Gamma,
+                bb,
+                bh,
+                bv * block_dv,
+                0,
+                T.ceildiv(seqlen, chunk),
+                seqlen,
+                start,
+                end,
+                bbh,
+            )
+
+    return main
