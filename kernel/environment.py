@@ -129,8 +129,11 @@ def mismatches(saved: dict[str, Any], here: dict[str, Any] | None = None) -> lis
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[Path]:
     """A temporary file beside ``path`` for the block to write; it replaces ``path`` when
-    the block ends (``os.replace``: a killed writer never leaves half a file), or is removed
-    when the block raises."""
+    the block ends, or is removed when the block raises. The file reaches the disk before
+    it replaces ``path`` (``os.fsync``), and the replacement after (the folder's fsync,
+    where the platform allows one): a killed writer or a power cut leaves the old file or
+    the new one, never half a file or an empty one. Every file the product keeps is
+    written through here."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     umask = os.umask(0)
@@ -139,10 +142,23 @@ def replacing(path: Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        _fsync(tmp, os.O_RDONLY)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    try:
+        _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # a folder cannot be opened or synced here (Windows, some network filesystems)
+        pass
+
+
+def _fsync(path: str | Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -7,13 +7,12 @@ a call to ``Plotly.newPlot`` with a fixed id (``fig-...``), so the output is rep
 
 import html
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
+from kernel.environment import replacing
 from kernel.trial_schema import PARAMS, predicted_text
 from reports import compiled, data, decays, figures, markup, search, sections, style
 from reports.data import StudyInfo, Summary, plain_text
@@ -58,16 +57,8 @@ def write_report(
 ) -> Path:
     """``render_report(frame, info, across=across)`` written to ``out`` atomically; return ``out``."""
     text = render_report(frame, info, across=across)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; a report is for reading
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(out) as tmp:
+        tmp.write_text(text, encoding="utf-8")
     return out
 
 
@@ -276,9 +267,3 @@ def _tables(s: Summary, frame: pd.DataFrame) -> str:
             else '<p class="lede">Every finished trial was feasible.</p>',
         ]
     )
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -14,6 +14,7 @@ import torch
 
 import refs
 from kernel.config import KernelConfig, Problem
+from kernel.environment import replacing
 from kernel.timing import time_gpu
 
 COPY_BYTES = 1 << 30
@@ -105,8 +106,7 @@ def ratios(rows: list[dict]) -> list[dict]:
 
 def write_csv(rows: list[dict], path: Path) -> None:
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
+    with replacing(path) as tmp, tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
