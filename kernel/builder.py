@@ -207,7 +207,7 @@ def check_tensor(name: str, tensor: Any, shape: tuple[int, ...], dtype: torch.dt
 
 def cuda_arch() -> str:
     """The current device's architecture as ``kernel.arch`` names it (``sm_90a`` on
-    H100/H200); ``ValueError`` for a GPU the kernel does not target."""
+    Hopper); ``ValueError`` for a GPU the kernel does not target."""
     arch = local_arch()
     if arch is None:
         raise RuntimeError("no CUDA device is visible to torch")
@@ -236,7 +236,7 @@ def build(
 
     ``lower_for`` (an architecture of ``kernel.arch``) lowers the kernel as for that
     architecture and assembles it for this GPU: another architecture's code path, run
-    here (the Ampere path on an H200: ``lower_for="sm_80"``). Raises ``ValueError`` for a
+    here (the Ampere path on Hopper: ``lower_for="sm_80"``). Raises ``ValueError`` for a
     config that cannot tile the problem and ``RuntimeError`` when there is no CUDA device.
     Compiler failures propagate from TileLang; use :func:`kernel.probe` first to get them
     as values.

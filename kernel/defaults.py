@@ -3,8 +3,8 @@
 ``default_config`` serves the forward (and each backward sweep, which is a forward call),
 ``dkdv_config`` the backward's fused dk and dv sweep (``kernel.dkdv``). The tuner's first
 trials (``tuner.space.wave_seeds``) and the ops' fallback (``kernel.ops``) both derive
-from them. The rule was fitted to the sweeps of every candidate config across shapes on
-the H200 (``experiments/shipped/README.md``, where ``rule.py`` scores it).
+from them. The rule was fitted to sweeps of every candidate config across shapes
+(``tuner.sweep_data.rule_scores`` scores it; docs/evidence.md#rule-family).
 """
 
 import dataclasses
@@ -14,27 +14,22 @@ from kernel import dkdv
 from kernel.arch import DEFAULT_ARCH, get_arch
 from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem, knob_choices
 
-# The family that won across shapes on the H200: 64-token chunks (32 where 64 does not fit
-# the shared memory), 256 threads, scores in shared memory.
+# The family that won across shapes: 64-token chunks (32 where 64 does not fit the shared
+# memory), 256 threads, scores in shared memory. evidence: docs/evidence.md#rule-family
 CHUNKS, THREADS, SCORES = (64, 32), 256, "smem"
 MAX_BLOCK_STATE = 128 * 128  # DK * block_dv: past it the block's fp32 state spills
 MAX_DEEP_DK = 128  # 3 pipeline stages paid off up to this DK, 1 beyond
 MAX_NARROW_DK = 128  # halving block_dv paid off up to this DK ...
 NARROW_BELOW = 2048  # ... and in sequences shorter than this, more than splitting them did
 STATIC_SMEM = 1024  # bytes: TileLang's barriers where it warp-specialises the pipeline
-# Where the kernels issue the warpgroup MMA, TileLang 0.1.15 lowers the state's DK rows 64
-# at a time and a block's DV columns 32 at a time: DK = 16 to 48 fail its constraints, DK =
-# 80, 96, 112, 160 or 224 find no warp partition, block_dv = 16, 48, 80 or 112 no canonical
-# layout (experiments/head_sizes/).
-# A block_dv of 256 lays out no state for two consumer warpgroups at chunks of 64 tokens or
-# more ("Layout infer conflict", at DK 64 and 128); 128 threads or 32-token chunks compile it
-# (experiments/head_sizes/wide.txt).
+# What TileLang 0.1.15's warpgroup MMA lays out: the state's DK rows 64 at a time, a block's
+# DV columns 32 at a time, two consumer warpgroups at most 224 of them (at 64-token chunks).
+# evidence: docs/evidence.md#head-sizes
 # (Here, not in kernel.arch, which keys the kernels' code: what compiles is no part of it.)
 WGMMA_DK, WGMMA_BLOCK_DV, WGMMA_WIDEST_SHARED = 64, 32, 224
-# Scores in registers lay out for no more than 128 threads on any architecture ("Layout
-# infer conflict between A and A_cast": all 132 compiled in the H200 studies in
-# experiments/, and every architecture, experiments/regs_threads/). (At chunks of 32
-# tokens they fail too; that failure is left to the compiler: the tests' compile failure.)
+# Scores in registers lay out for no more than 128 threads on any architecture. (At chunks
+# of 32 tokens they fail too; that failure is left to the compiler: the tests' compile
+# failure.) evidence: docs/evidence.md#regs-threads
 REGS_MAX_THREADS = 128
 
 
@@ -85,7 +80,7 @@ def block_dv_error(arch: str, dk: int, config: KernelConfig) -> str | None:
     for two consumer warpgroups at most 224 of them at chunks of 64 tokens or more;
     elsewhere the warps of ``mma.sync`` share the state's DK x block_dv and the output's
     chunk x block_dv in whole 16 x 8 tiles, or TileLang 0.1.15 finds no warp partition
-    (experiments/head_sizes/)."""
+    (docs/evidence.md#head-sizes)."""
     bdv = config.block_dv
     if get_arch(arch).wgmma:
         if bdv % WGMMA_BLOCK_DV:
@@ -228,7 +223,7 @@ def default_config(
     reference GPU), with a pipeline no deeper than a segment's chunks. Of grids as near,
     the unsplit one wins, then the wider block_dv, then fewer segments (which read K and V
     less often). On a GPU whose memory is slower than ``SLOW_MEMORY`` (``bandwidth``, peak
-    bytes/s; None: the H200's), ``unsplit_on_slow_memory`` may trade a split for ``CHAIN``."""
+    bytes/s; None: fast memory's), ``unsplit_on_slow_memory`` may trade a split for ``CHAIN``."""
     base = family(problem, arch)
     blocks = sms or get_arch(arch).sms
     widths = [base.block_dv]
@@ -252,20 +247,17 @@ def default_config(
     return pick
 
 
-# The H200's rule splits a sequence in two where that grid comes nearest one block per SM.
-# The split reads K and V twice; on the H100 (3.35 TB/s peak by its datasheet, the H200 4.8)
-# that costs more than running the sequence unsplit at half the block_dv, as many blocks,
-# with one consumer warpgroup (``CHAIN``): its kernel was 1.08x to 1.26x faster at DK = DV =
-# 128 where the split's grid passes 3/4 of the SMs (at 96 blocks of 132 the two took the
-# same time), timed beside the split in one H100 sweep (experiments/threads128/).
-SLOW_MEMORY = 4e12  # bytes/s, peak: between the H100's and the H200's
-MEMORY_CLASSES = (None, 3.35e12)  # a bandwidth of each side: the H200's rule, the H100's
+# On slow memory a split in two, which reads K and V twice, costs more than running the
+# sequence unsplit at half the block_dv with one consumer warpgroup (``CHAIN``), as many
+# blocks. evidence: docs/evidence.md#rule-chain
+SLOW_MEMORY = 4e12  # bytes/s, peak: between the two memory classes measured
+MEMORY_CLASSES = (None, 3.35e12)  # a bandwidth of each side: None the fast memory's rule
 CHAIN = KernelConfig(64, 64, 3, 128, SCORES, 1)
 
 
 def unsplit_on_slow_memory(pick: KernelConfig, problem: Problem, arch: str, sms: int) -> KernelConfig:
     """``CHAIN`` where ``pick`` splits a DK = DV = 128 problem of Hopper in two at block_dv
-    128 and its grid passes 3/4 of ``sms``, the case measured on the H100; else ``pick``."""
+    128 and its grid passes 3/4 of ``sms``, the case measured; else ``pick``."""
     measured = get_arch(arch).wgmma and problem.dk == problem.dv == 128
     split = pick.segments == 2 and pick.block_dv == 128 and 4 * pick.blocks(problem) > 3 * sms
     return CHAIN if measured and split and runs(CHAIN, problem) else pick

@@ -12,8 +12,8 @@ fp32) and writes both gradients. Per chunk of ``m`` tokens, with the reversed we
 Seven MMAs per chunk where a sweep has four; it reads Q, K, V and dO once and writes dK
 and dV, 6 tensors where the two sweeps move 8. One block per (batch, head), or (sequence,
 head) for packed sequences, holds the whole ``[DK, DV]`` state, so it serves a problem
-only where that fits: ``kernel.defaults.dkdv_config``. On the H200 it is faster than the
-two sweeps (experiments/fused_sweep/README.md).
+only where that fits: ``kernel.defaults.dkdv_config``. It is faster than the two sweeps
+(docs/evidence.md#fused-sweep).
 
 Where one block per (batch, head) leaves SMs idle, the sweep is split along the sequence
 as ``kernel.seq_split`` splits the forward (``KernelConfig.segments > 1``, dense batches):
@@ -21,7 +21,7 @@ the dv sweep's reversed ``states`` and ``carry`` kernels on (K, V) := (Q, dO) gi
 entering each segment from its end, then one block per (batch, head, segment) runs the
 sweep over its segment from that state, and segment 0's blocks leave dS at the first
 token. It reads Q and dO twice: 8 tensor moves where the two split sweeps make 12, and
-on the H200 it is faster than they are (experiments/fused_sweep/README.md).
+it is faster than they are (docs/evidence.md#fused-sweep).
 
 The numerical rules of the forward hold, through its decay mask, weights and scores
 (``kernel.scalar_decay``): every weight is ``exp2(log2(alpha) * k)`` with ``k >= 0``,

@@ -159,8 +159,7 @@ def _compile(funcs: list, cuda: dict) -> tuple[Any, ...]:
     logging.getLogger("tilelang.cache.kernel_cache").setLevel(logging.ERROR)
     options = pass_configs(cuda["arch"])
     # A split's kernels compile in threads, as TileLang's autotuner compiles (its cache is
-    # thread-safe, nvcc runs outside the GIL): on the H200 a study's first split config
-    # waited 22 to 29 s for three kernels compiled one after another, with cores idle.
+    # thread-safe, nvcc runs outside the GIL). evidence: docs/evidence.md#compile-threads
     with ThreadPoolExecutor(len(funcs)) as threads:
         return tuple(threads.map(lambda f: tilelang.compile(f, target=cuda, pass_configs=options), funcs))
 

@@ -1,10 +1,10 @@
-"""The single-pass TileLang kernel of docs/design.md (section 4), corrected for the H200.
+"""The single-pass TileLang kernel of docs/design.md (section 4), corrected on the GPU.
 
 One block owns one ``[DK, block_DV]`` slice of one (batch, head) state and walks the whole
 sequence chunk by chunk in a ``T.Pipelined`` loop; the state stays in registers.
 
-Departures from the seed code of docs/design.md, each measured on the H200
-(experiments/notebook/README.md):
+Departures from the seed code of docs/design.md, each measured on a GPU
+(docs/evidence.md#kernel-departures):
 
 * The seed scales ``Q_s`` and ``K_s`` in place. TileLang 0.1.15 puts those loops inside a
   branch only half of the consumer threads take, around a named barrier that waits for all

@@ -18,7 +18,7 @@ import torch
 
 Key = TypeVar("Key", bound=Hashable)
 
-# Larger than the H200's 60 MiB L2, so each repetition starts cold.
+# Larger than the GPUs' L2, so each repetition starts cold. evidence: docs/evidence.md#l2-flush
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 

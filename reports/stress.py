@@ -29,7 +29,7 @@ from kernel.trial_schema import TRIAL_COLUMNS
 from refs import TOLERANCE
 from reports.data import StudyInfo
 
-SMEM_LIMIT = ARCHS["sm_90a"].smem_per_block  # the synthetic study is an H200's
+SMEM_LIMIT = ARCHS["sm_90a"].smem_per_block  # the synthetic study is of sm_90a
 MAX_REGISTERS = 255  # the register budget (registers / thread) the tuner checks by default
 ENVIRONMENT = {
     "gpu": "synthetic",

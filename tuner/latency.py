@@ -28,8 +28,8 @@ from tuner.occupancy import Figures, analytic_ratio, blocks_per_sm, floor_bytes,
 MODEL_FILE = Path(__file__).with_name("latency_model.json")
 MODEL_VARIABLE = "DECAY_TUNER_LATENCY_MODEL"  # a model file of the user's, fitted to their GPU
 MODEL_FORMAT = "decay-tuner-latency-model"
-# The H200's device-to-device copy rate as the bench measures it (experiments/outofbox/):
-# the floor its timings are divided by.
+# The shipped model's GPU's copy rate as the bench measures it: the floor its timings are
+# divided by. evidence: docs/evidence.md#model-bandwidth
 H200_BANDWIDTH = 4.22e12
 
 FEATURES = (

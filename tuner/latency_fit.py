@@ -1,7 +1,7 @@
 """Fitting the latency model (``tuner.latency``) to GPU timings, and judging it on shapes
 it never saw.
 
-Timings come from a sweep's JSON lines (``experiments/shipped/sweep.py``: "probe"
+Timings come from a sweep's JSON lines (``tuner.sweep_data``, the package's: "probe"
 rows with each kernel's figures, "time" rows with its median) or from the GPU trials of
 every study in a storage. Fitting needs scikit-learn (``pip install scikit-learn``): its
 ``HistGradientBoostingRegressor``, whose trees are then written out as plain JSON.
@@ -21,7 +21,7 @@ from tuner.latency import LatencyModel, features
 from tuner.occupancy import Figures, floor_bytes
 from tuner.options import UsageError, parse_config
 
-# Chosen among 7 settings by held-out accuracy (experiments/costmodel/README.md).
+# Chosen among 7 settings by held-out accuracy. evidence: docs/evidence.md#latency-model
 TREE_PARAMS = {
     "max_iter": 150,
     "learning_rate": 0.1,

@@ -15,8 +15,8 @@ REGISTERS_PER_SM, MAX_BLOCKS_PER_SM = 65536, 8
 # Resident threads per SM: 2,048 on the data-centre parts, 1,536 on these (CUDA's tables).
 THREADS_PER_SM, FEWER_THREADS_PER_SM = 2048, {"sm_86": 1536, "sm_89": 1536, "sm_120": 1536}
 SMEM_RESERVED = 1024  # bytes of an SM's shared memory a block cannot opt into
-# Registers per thread of the kernels the H200 sweeps timed (235): 168 for 218 of them; the
-# other 17, all split into 64 segments, have 224 (forward) or 228 (the fused dk+dv sweep).
+# Registers per thread of the swept kernels, and of those split into 64 segments.
+# evidence: docs/evidence.md#registers
 TYPICAL_REGISTERS, SEGMENTS_64_REGISTERS = 168, {"forward": 224, "dkdv": 228}
 PRODUCER_THREADS = 128  # the warp group TileLang adds where it warp-specialises
 
@@ -40,7 +40,7 @@ class Figures:
 def estimated_figures(problem: Problem, config: KernelConfig, sweep: str, arch: str) -> Figures:
     """The probe's figures before a compile: shared memory by the rule's arithmetic
     (``kernel.defaults.smem_bytes``; the fused sweep's, ``kernel.dkdv.smem_bytes``), equal to
-    the compiled kernels' at every config the H200 sweeps timed; the threads plus TileLang's
+    the compiled kernels' at every config the shipped sweeps timed; the threads plus TileLang's
     producer warp group where it warp-specialises; and the registers those kernels have
     (``TYPICAL_REGISTERS``, more split into 64 segments)."""
     smem = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else defaults.smem_bytes(problem, config)

@@ -48,7 +48,7 @@ def wave_seeds(
     stages (2 where the rule runs 1). ``sms``: the GPU's SM count; by default that of
     ``arch``'s reference GPU (``kernel.arch.Arch.sms``), as a compile-only run assumes.
     ``bandwidth``: the GPU's peak bytes/s, where known; where the rule's config for it is
-    not the H200's, the H200's follows the rest (``default_config``). Configs restricted
+    not fast memory's, fast memory's follows the rest (``default_config``). Configs restricted
     on ``arch`` are left out; the sampler explores everything else as before."""
     sms = sms or get_arch(arch).sms
     rule = (

@@ -86,7 +86,7 @@ def environments(study: optuna.Study) -> dict[str | None, tuple[dict[str, Any] |
 
 
 def describe_env(key: str | None, env: dict[str, Any] | None) -> str:
-    """'3f2a... (NVIDIA H200, torch 2.9.0, kernel 1a2b3c)', one line; without a GPU, the
+    """'3f2a... (GPU NAME, torch 2.9.0, kernel 1a2b3c)', one line; without a GPU, the
     architecture compiled for."""
     if key is None:
         return "an unrecorded environment"

@@ -59,7 +59,8 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
 
 def _warm() -> None:
     """Import what a measurement needs and make the CUDA context while the first configs
-    compile: on the H200 that took the first measurement 6 to 8 s, the others 0.2 to 0.6."""
+    compile, where the first measurement took many times the others
+    (docs/evidence.md#first-measurement)."""
     import torch
 
     import kernel.validate  # noqa: F401  (torch, TileLang)

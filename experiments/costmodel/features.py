@@ -15,7 +15,7 @@ import tuner.latency
 import tuner.latency_fit
 from tuner.cli import main
 
-H200 = "experiments/notebook"
+H200 = "experiments"
 DATA = [
     f"{H200}/shipped/sweep-128x128_128x256_64x64_256x256-bfloat16.jsonl",
     f"{H200}/shipped/sweep-128x128_128x256-bfloat16-heldout.jsonl",

@@ -113,7 +113,7 @@ def kernel_job(
 ) -> Job:
     """What a call compiles: the table's config for its shape on ``arch`` with ``sms`` SMs and
     ``bandwidth`` (``kernel.defaults.default_config``; on this GPU, default: its own;
-    compiling ahead for ``arch``, default: the H200's). Packed sequences run the single-pass
+    compiling ahead for ``arch``, default: its reference GPU's). Packed sequences run the single-pass
     kernel with the config picked for ``sequences`` sequences of the mean length
     (``kernel.variants.packed_config``); a compiled kernel serves every T and N, so packed
     calls compile at most once per config the table holds, as dense calls do
@@ -227,7 +227,7 @@ def warmup_jobs(
     """Every job a model of ``heads`` heads of ``dk`` x ``dv`` calls under the table served
     (``served_table``; else the rule) on ``arch`` with ``sms`` SMs (default: its reference
     GPU's) and ``bandwidth`` (default: each of ``kernel.defaults.MEMORY_CLASSES``, so that
-    both the H100 and the H200 find theirs): the forward of fla's defaults (scale
+    a GPU of either finds its own): the forward of fla's defaults (scale
     ``DK^-1/2``, no state in; the final state returned, or not) dense over the shapes above
     and packed, and with ``backward`` each sweep of their backward. One per compiled kernel
     (``kernel.variants.shape_generic``): a few configs for every shape. ``ValueError`` for a
