@@ -1,0 +1,118 @@
+"""Compile ``kernel.gated``'s forward for the local GPU and call it on torch tensors.
+
+The checks a model's call needs before the launch (``check_call``) raise one ``ValueError``
+each: a gate of the wrong shape, dtype or device, H not a multiple of G.
+"""
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from kernel.arch import local_arch
+from kernel.gated import gated_fwd
+from kernel.resources import compile_funcs
+
+TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+@dataclass(frozen=True)
+class GatedConfig:
+    """The knobs of the gated forward (as ``kernel.config.KernelConfig``'s single pass)."""
+
+    chunk: int = 64
+    block_dv: int = 64
+    num_stages: int = 1
+    threads: int = 128
+
+
+def check_call(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, g_gamma: torch.Tensor | None
+) -> int:
+    """r = H // G for q, k ``[B, S, G, DK]``, v ``[B, S, H, DV]`` (fp16 or bf16, contiguous,
+    one CUDA device), g fp32 ``[B, S, H]`` and g_gamma fp32 ``[H]`` (either may be None);
+    one ``ValueError`` per mistake, naming the expected and the actual value."""
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"q, k, v: expected [B, S, G, DK] twice and [B, S, H, DV], got {q.shape}, {k.shape}, {v.shape}"
+        )
+    b, s, groups, _ = q.shape
+    heads = v.shape[2]
+    if heads % groups:
+        raise ValueError(f"v: expected heads H a multiple of q and k's G = {groups}, got H = {heads}")
+    if q.dtype not in TORCH_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(
+            f"q, k, v: expected one dtype of float16, bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    for name, x, shape in (("g", g, (b, s, heads)), ("g_gamma", g_gamma, (heads,))):
+        if x is None:
+            continue
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name}: expected shape {shape}, got {tuple(x.shape)}")
+        if x.dtype != torch.float32:
+            raise ValueError(f"{name}: expected dtype torch.float32, got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} (as q), got {x.device}")
+    return heads // groups
+
+
+@functools.cache
+def compile_gated(
+    *, heads: int, groups: int, dk: int, dv: int, dtype: str, config: GatedConfig, scale: float,
+    gamma: bool, initial_state: bool, final_state: bool, arch: str,
+):  # fmt: skip
+    """The compiled kernel of ``kernel.gated.gated_fwd`` for these knobs (once per process;
+    TileLang's disk cache across processes)."""
+    func = gated_fwd(
+        heads=heads, groups=groups, dk=dk, dv=dv, dtype=dtype, chunk=config.chunk, block_dv=config.block_dv,
+        num_stages=config.num_stages, threads=config.threads, arch=arch, scale=scale, gamma=gamma,
+        initial_state=initial_state, final_state=final_state,
+    )  # fmt: skip
+    (kernel,) = compile_funcs([func], arch)
+    return kernel
+
+
+def gated_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    *,
+    g_gamma: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    config: GatedConfig = GatedConfig(),
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(o, final_state)`` of the gated recurrence (``refs.gated_recurrent``) on the GPU.
+
+    Args:
+        q, k: ``[B, S, G, DK]``; v: ``[B, S, H, DV]`` (fp16 or bf16, contiguous).
+        g: fp32 ``[B, S, H]`` log-gates (<= 0), or None; g_gamma: fp32 ``[H]``, or None.
+        scale: multiplies q (default DK^-1/2); initial_state: fp32 ``[B, H, DK, DV]``.
+        out: the output tensor to write (a NaN-filled one in the tests), else a new one.
+
+    Returns:
+        o ``[B, S, H, DV]`` and, with output_final_state, the fp32 state ``[B, H, DK, DV]``.
+    """
+    check_call(q, k, v, g, g_gamma)
+    b, s, groups, dk = q.shape
+    heads, dv = v.shape[2], v.shape[3]
+    kernel = compile_gated(
+        heads=heads, groups=groups, dk=dk, dv=dv, dtype=TORCH_DTYPES[q.dtype], config=config,
+        scale=dk**-0.5 if scale is None else float(scale), gamma=g_gamma is not None,
+        initial_state=initial_state is not None, final_state=output_final_state, arch=local_arch(),
+    )  # fmt: skip
+    f32 = dict(dtype=torch.float32, device=q.device)
+    gate = torch.zeros(b, s, heads, **f32) if g is None else g
+    gamma = torch.zeros(heads, **f32) if g_gamma is None else g_gamma
+    h0 = (
+        torch.empty(b * heads, 1, dk, dv, **f32)
+        if initial_state is None
+        else initial_state.reshape(-1, 1, dk, dv)
+    )
+    ht = torch.empty(b * heads, 1, dk, dv, **f32)
+    o = torch.empty_like(v) if out is None else out
+    kernel(q, k, v, gate, gamma, h0.contiguous(), o, ht)
+    return o, (ht.view(b, heads, dk, dv) if output_final_state else None)
