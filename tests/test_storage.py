@@ -242,8 +242,10 @@ def test_a_study_opens_in_optuna_dashboard(kind, tmp_path):
         server.wait()
 
 
-@pytest.mark.parametrize("url", ["journal:{}/no/dir/j.log", "{}/no/dir/j.log"])
+@pytest.mark.parametrize("url", ["journal:{}/no/dir/j.log", "{}/no/dir/j.log", "sqlite:///{}/no/dir/a.db"])
 def test_a_file_storage_in_a_missing_folder_exits_2_and_makes_none(url, tmp_path, capsys):
+    """Every kind of file storage alike: a missing folder other than the studies folder is
+    one line, where SQLite's made it and hid the new storage there."""
     argv = ["run", "--batch", "1", "--heads", "2", "--seqlen", "256", "--dk", "64", "--dv", "64"]
     assert main([*argv, "--storage", url.format(tmp_path), "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -251,11 +253,10 @@ def test_a_file_storage_in_a_missing_folder_exits_2_and_makes_none(url, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_studies_folder_is_made_for_a_journal_in_it(studies_dir):
-    from optuna.storages import JournalStorage
-
+@pytest.mark.parametrize("name", ["journal:{}/decay-tuner.journal", "sqlite:///{}/decay-tuner.db"])
+def test_the_studies_folder_is_made_for_a_storage_in_it(name, studies_dir):
     studies_dir.rmdir()
-    assert isinstance(get_storage(f"journal:{studies_dir / 'decay-tuner.journal'}"), JournalStorage)
+    get_storage(name.format(studies_dir))
     assert studies_dir.is_dir()
 
 

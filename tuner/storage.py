@@ -118,9 +118,19 @@ def _missing(url: str) -> UsageError:
     return UsageError(f"no storage at {url!r} (read-only commands create none; `run` makes one)")
 
 
+def _folder_of(file: Path, url: str) -> None:
+    """The folder of a storage's ``file`` exists, or is made where it is the studies
+    folder; any other missing folder is a ``UsageError`` (a typo would hide a new storage
+    where nobody looks), whatever the kind of storage."""
+    if file.parent.resolve() == STUDIES_DIR.resolve():
+        file.parent.mkdir(parents=True, exist_ok=True)
+    elif not file.parent.is_dir():
+        raise UsageError(f"no folder {str(file.parent)!r} for the storage {url!r}: make it first")
+
+
 def _journal(path: str, create: bool) -> BaseStorage:
     """The journal file ``path``; a ``UsageError`` for a file that is no journal, or a folder
-    that does not exist (only the studies folder is made, where missing)."""
+    that does not exist (``_folder_of``)."""
     file = Path(path)
     if file.is_dir():
         raise UsageError(
@@ -130,10 +140,7 @@ def _journal(path: str, create: bool) -> BaseStorage:
         raise _missing(path)
     if file.is_file() and not _journal_like(file):
         raise UsageError(f"{path!r} is neither an Optuna journal file nor an SQLite database")
-    if file.parent.resolve() == STUDIES_DIR.resolve():
-        file.parent.mkdir(parents=True, exist_ok=True)
-    elif not file.parent.is_dir():
-        raise UsageError(f"no folder {str(file.parent)!r} for the journal file {path!r}: make it first")
+    _folder_of(file, path)
     if create:
         check_writable(file, "the storage")
     # Optuna's default lock (a symlink), the one optuna-dashboard and Optuna scripts take too.
@@ -215,7 +222,7 @@ def _open_rdb(url: str, create: bool, heartbeat_s: int | None, grace_s: int | No
             engine.dispose()
         return optuna.storages.RDBStorage(url, skip_table_creation=True, **kwargs)
     if path is not None:  # one creator at a time: SQLite's schema set-up is not atomic
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _folder_of(path, url)
         check_writable(path, "the storage")
         with _folder_lock(path.parent):
             return optuna.storages.RDBStorage(url, **kwargs)
