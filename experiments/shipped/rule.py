@@ -9,14 +9,13 @@ times both rules' configs at every shape).
 """
 
 import dataclasses
-import json
 import math
 import statistics
 import sys
-from pathlib import Path
 
 from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
 from kernel.defaults import MAX_BLOCK_STATE, default_config, dkdv_config, runs, shorter_pipeline
+from tuner.sweep_data import timings  # the product's reader; its rule_scores gives the "now" rows
 
 
 def legacy_config(problem: Problem, sms: int) -> KernelConfig:
@@ -31,22 +30,6 @@ def legacy_config(problem: Problem, sms: int) -> KernelConfig:
     if not runnable:
         return shorter_pipeline(base, problem)
     return min(runnable, key=lambda c: (abs(math.log2(c.blocks(problem) / sms)), c.segments))
-
-
-def timings(paths: list[str]) -> tuple[dict[tuple, dict[str, float]], int]:
-    """The sweeps' timings, (DK, DV, dtype, sweep, B, H, S) -> config label -> median ms,
-    and the SMs of their GPU."""
-    times: dict[tuple, dict[str, float]] = {}
-    sms = 132
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            row = json.loads(line)
-            if row["kind"] == "env":
-                sms = row["sms"]
-            if row["kind"] == "time" and "median_ms" in row:
-                key = (row["dk"], row["dv"], row["dtype"], row["sweep"], row["b"], row["h"], row["s"])
-                times.setdefault(key, {})[row["config"]] = row["median_ms"]
-    return times, sms
 
 
 def main(paths: list[str]) -> None:
