@@ -40,7 +40,7 @@ def test_the_estimate_is_the_shared_memory_the_lowered_kernels_declare(arch, dk,
 
 
 def test_the_rule_keeps_the_choices_the_sweeps_fitted():
-    """experiments/shipped/README.md: 3 stages up to DK = 128 and 1 beyond; a short
+    """docs/evidence.md#rule-family: 3 stages up to DK = 128 and 1 beyond; a short
     sequence halves block_dv before it splits; a long one splits at the widest block_dv;
     where 64-token chunks do not fit the shared memory, 32-token ones serve."""
     rule = lambda b, h, s, dk, dv, arch="sm_90a": default_config(Problem(b, h, s, dk, dv), arch, 132)  # noqa: E731
@@ -71,7 +71,7 @@ def test_a_split_never_passes_one_block_per_sm():
 
 
 def test_slower_memory_runs_unsplit_where_the_h200_splits_in_two_past_three_quarters_of_the_sms():
-    """experiments/threads128/: on the H100 the unsplit half-width config at 128 threads
+    """docs/evidence.md#rule-chain: on the H100 the unsplit half-width config at 128 threads
     beat the split in two at DK = DV = 128 where its grid passed 3/4 of 132 SMs (B*H 56, 64),
     and was even at 96 blocks (B*H 48). Elsewhere, and on the H200, the rule is unchanged."""
     h100, h200 = 3.35e12, 4.8e12
@@ -114,7 +114,7 @@ def test_the_rule_s_config_compiles_for_hopper_at_head_sizes_off_the_bench(dk, d
     """At 512 tokens the rule halves block_dv (DV = 96 gave 48, which sm_90a's warpgroup MMA
     cannot lay out): on sm_90a it keeps multiples of 32, and the kernels it picks compile,
     forward and fused sweep. At DK = 64, DV = 256 its widest block_dv was 256, which two
-    warpgroups cannot lay out (experiments/head_sizes/wide.txt)."""
+    warpgroups cannot lay out (docs/evidence.md#head-sizes)."""
     from kernel.config import dkdv_call
     from kernel.resources import Resources, probe
 
