@@ -219,3 +219,33 @@ def test_gpu_a_first_call_tunes_its_shape_and_a_second_process_serves_it(tmp_pat
     assert second.returncode == 0, second.stderr[-3000:]
     assert float(second.stdout.split()[1]) < 2e-2
     assert path.stat().st_mtime_ns == written and float(second.stdout.split()[0]) < seconds / 3
+
+
+def test_the_child_imports_this_tuner_from_any_folder_or_says_in_one_line_it_cannot(
+    tmp_path, monkeypatch, fresh_server
+):
+    """The study's child is this interpreter's ``python -m tuner`` and imports the tuner
+    beside this package from a folder outside the checkout (an installed wheel: where it is
+    installed, ``.ci/run``); an interpreter that cannot import it is one line of warning."""
+    import tuner
+
+    monkeypatch.chdir(tmp_path)
+    cmd, env = autotune.child_command(PROBLEM, tmp_path / "t.json", tmp_path / "studies")
+    assert cmd[:4] == [sys.executable, "-m", "tuner", "dispatch"] and env["DECAY_TUNER_STUDIES"].endswith(
+        "studies"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", "import tuner; print(tuner.__file__)"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert found.stdout.strip() == tuner.__file__
+    real = autotune.child_command
+    no_site = lambda *args: ([sys.executable, "-I", "-S", *real(*args)[0][1:]], real(*args)[1])  # noqa: E731
+    monkeypatch.setattr(autotune, "child_command", no_site)
+    said = r"gave no config \(.* cannot import the tuner: install decay-tuner for it\): serving the rule"
+    with pytest.warns(UserWarning, match=said):
+        assert autotune.tuned(tmp_path / "mine.json", PROBLEM, None) is None

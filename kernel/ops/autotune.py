@@ -6,7 +6,9 @@ the table on disk, and is served from it.
 - The study is ``python -m tuner dispatch`` for that one shape in a child process: at most
   ``TRIALS`` configs and ``SECONDS`` of asking (then the trials in flight finish), each
   checked against reference C as ``run`` checks it, its studies beside the table
-  (``my-table.json``: ``my-table.studies/``).
+  (``my-table.json``: ``my-table.studies/``). The child is this interpreter in a
+  temporary folder beside the table; it imports the tuner installed with this package
+  (a checkout that is not installed: from the checkout, put on its ``PYTHONPATH``).
 - A bucket: an entry of the same DK, DV and dtype serves a call within ``COVERS`` of its
   tuned shape (log2 of B*H plus log2 of S, ``DispatchEntry.distance``): a table grows by
   about one entry for each doubling of B*H or S a model meets.
@@ -24,6 +26,7 @@ import contextlib
 import fcntl
 import json
 import os
+import site
 import subprocess
 import sys
 import tempfile
@@ -41,7 +44,7 @@ AUTOTUNE_VARIABLE = "DECAY_TUNER_AUTOTUNE"  # "1": tune on first use into DECAY_
 TRIALS, SECONDS = 24, 60
 COVERS = 1.0
 CHILD_LIMIT_S = 900  # the study's process: imports, compiles and measures beyond its asking time
-_REPO = Path(__file__).resolve().parents[2]  # where ``python -m tuner`` runs from a checkout
+_ROOT = Path(__file__).resolve().parents[2]  # the folder holding this package and the tuner
 
 _failed: set[tuple[Path, Problem]] = set()  # studies that failed in this process: their buckets run the rule
 
@@ -140,36 +143,46 @@ def merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
 
 def _study(path: Path, problem: Problem) -> tuple[dict[str, Any] | None, str]:
     """One short ``dispatch`` study of ``problem``'s shape: its table, or None and why not."""
-    p = problem
     studies = path.with_suffix(".studies")
     studies.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
         out = Path(tmp) / "table.json"
-        cmd = [
-            *(sys.executable, "-m", "tuner", "dispatch", "--shapes", f"{p.batch}x{p.heads}x{p.seqlen}"),
-            *("--dk", str(p.dk), "--dv", str(p.dv), "--dtype", p.dtype),
-            *("--n-trials", str(TRIALS), "--timeout", str(SECONDS), "--out", str(out), "--no-progress"),
-        ]
-        env = (
-            os.environ
-            | _this_gpu()
-            | {
-                AUTOTUNE_VARIABLE: "0",
-                "DECAY_TUNER_STUDIES": str(studies),
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")])),
-            }
-        )
-        try:  # run from the project's folder: a tuner/ in the caller's working directory is not it
+        cmd, env = child_command(problem, out, studies)
+        try:  # in an empty folder: a tuner/ in the caller's working directory is not the tuner
             done = subprocess.run(
-                cmd, env=env, cwd=_REPO, capture_output=True, text=True, timeout=CHILD_LIMIT_S
+                cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=CHILD_LIMIT_S
             )
         except subprocess.TimeoutExpired:
             return None, f"the study ran past {CHILD_LIMIT_S} s"
         if done.returncode != 0 or not out.exists():
+            if "No module named tuner" in done.stderr:
+                return None, f"{sys.executable} cannot import the tuner: install decay-tuner for it"
             last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
             return None, last[:300]
         load_dispatch(out, allow_mismatch=True)  # what is merged into the table is a table
         return json.loads(out.read_text()), ""
+
+
+def child_command(problem: Problem, out: Path, studies: Path) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of the study's child: ``python -m tuner dispatch`` of
+    this interpreter, writing the table ``out`` and its studies into ``studies``. Its
+    ``PYTHONPATH`` names this package's folder only where that is no site-packages folder
+    (a checkout run without an install); an installed package is found where it is."""
+    p = problem
+    cmd = [
+        *(sys.executable, "-m", "tuner", "dispatch", "--shapes", f"{p.batch}x{p.heads}x{p.seqlen}"),
+        *("--dk", str(p.dk), "--dv", str(p.dv), "--dtype", p.dtype),
+        *("--n-trials", str(TRIALS), "--timeout", str(SECONDS), "--out", str(out), "--no-progress"),
+    ]
+    installed = {Path(d).resolve() for d in (*site.getsitepackages(), site.getusersitepackages())}
+    path = [] if _ROOT in installed else [str(_ROOT)]
+    env = (
+        os.environ
+        | _this_gpu()
+        | {AUTOTUNE_VARIABLE: "0", "DECAY_TUNER_STUDIES": str(studies)}
+        | {"PYTHONPATH": os.pathsep.join(filter(None, [*path, os.environ.get("PYTHONPATH")]))}
+    )
+    return cmd, env
 
 
 def _this_gpu() -> dict[str, str]:
