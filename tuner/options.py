@@ -15,9 +15,15 @@ from kernel.defaults import MAX_EXTENT, rows_error
 from refs import TOLERANCE
 
 SAMPLERS = ("tpe", "nsga2", "gp", "grid")
-# Study storage and exports; DECAY_TUNER_STUDIES moves them (the tests use a temporary one).
+# Study storage and exports: the checkout's studies/, or the working directory's for an
+# installed package (never its site-packages); DECAY_TUNER_STUDIES moves them (the tests
+# use a temporary one).
 STUDIES_VARIABLE = "DECAY_TUNER_STUDIES"
-STUDIES_DIR = Path(os.environ.get(STUDIES_VARIABLE) or Path(__file__).resolve().parent.parent / "studies")
+_CHECKOUT = Path(__file__).resolve().parent.parent
+STUDIES_DIR = Path(
+    os.environ.get(STUDIES_VARIABLE)
+    or (_CHECKOUT if (_CHECKOUT / "pyproject.toml").is_file() else Path.cwd()) / "studies"
+)
 
 
 def default_storage() -> str:
