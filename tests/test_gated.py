@@ -1,0 +1,128 @@
+"""The gated forward (kernel.gated, kernel.gated_build): its input checks and its sm_90a
+compile here; on a GPU (marked ``gpu``), its outputs and final state against references B
+and C in fp64, on fresh random inputs into NaN-filled outputs, for gates from -1e-4 to -20
+per token, fp16 and bf16, grouped q and k, odd sequence lengths."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import refs
+from kernel.gated_build import GatedConfig, check_call
+
+# (B, S, G, r, DK, DV): one token, S < C, ragged last chunks, groups (Mamba2's G = 1), DK != DV
+SHAPES = [
+    (1, 1, 1, 1, 64, 64),
+    (2, 17, 2, 1, 128, 128),
+    (2, 300, 1, 3, 128, 64),
+    (1, 1000, 2, 2, 64, 64),
+    (3, 129, 4, 2, 128, 128),
+]
+GATES = {"-1e-4": (1e-4, 1e-4), "-20": (20.0, 20.0), "-1e-4..-20": (1e-4, 20.0)}
+DTYPES = [torch.float16, torch.bfloat16]
+CONFIGS = [GatedConfig(64, 64, 1, 128), GatedConfig(64, 64, 2, 256), GatedConfig(64, 128, 1, 128)]
+
+
+def make(b, s, groups, r, dk, dv, *, gates, dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(b, s, groups, dk, generator=gen) for _ in range(2))
+    v = torch.randn(b, s, groups * r, dv, generator=gen)
+    lo, hi = gates
+    u = torch.rand(b, s, groups * r, generator=gen, dtype=torch.float64)
+    g = -torch.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+    g_gamma = -0.05 * torch.rand(groups * r, generator=gen)
+    h0 = torch.randn(b, groups * r, dk, dv, generator=gen)
+    q, k, v = (x.to(device=device, dtype=dtype) for x in (q, k, v))
+    return q, k, v, g.float().to(device), g_gamma.to(device), h0.to(device)
+
+
+# ---- the checks (no GPU) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda q, k, v, g, gg: (q, k, v, g[:, :-1], gg), "g: expected shape"),
+        (lambda q, k, v, g, gg: (q, k, v, g.double(), gg), "g: expected dtype"),
+        (lambda q, k, v, g, gg: (q, k, v, g.to("meta"), gg), "g: expected device"),
+        (lambda q, k, v, g, gg: (q, k, v, g, gg[:2]), "g_gamma: expected shape"),
+        (lambda q, k, v, g, gg: (q, k, v[:, :, :5], g[..., :5], gg[:5]), "multiple of"),
+    ],
+)
+def test_bad_input_is_one_value_error(change, match):
+    q, k, v, g, gg, _ = make(1, 5, 2, 3, 64, 64, gates=(1e-4, 20), dtype=torch.float16, device="cpu", seed=0)
+    with pytest.raises(ValueError, match=match):
+        check_call(*change(q, k, v, g, gg))
+    assert check_call(q, k, v, g, gg) == 3
+
+
+def test_compiles_for_sm_90a():
+    """One config lowers and compiles with nvcc on a machine without a GPU."""
+    from kernel.gated import gated_fwd
+    from kernel.resources import compile_funcs
+
+    func = gated_fwd(
+        heads=4, groups=2, dk=64, dv=64, dtype="float16", chunk=64, block_dv=64, num_stages=1, threads=128,
+        arch="sm_90a", scale=0.125, gamma=True, initial_state=True, final_state=True,
+    )  # fmt: skip
+    (kernel,) = compile_funcs([func], "sm_90a")
+    source = kernel.get_kernel_source()
+    assert "CumSum" in source and "exp2f" in source
+
+
+# ---- on the GPU ------------------------------------------------------------------------------
+
+
+def run_case(shape, gates, dtype, config, *, seed, gamma=True, states=True):
+    from kernel.gated_build import gated_forward
+
+    b, s, groups, r, dk, dv = shape
+    q, k, v, g, gg, h0 = make(*shape, gates=gates, dtype=dtype, device="cuda", seed=seed)
+    out = torch.full_like(v, math.nan)
+    kw = dict(g_gamma=gg if gamma else None, scale=dk**-0.5, initial_state=h0 if states else None)
+    o, ht = gated_forward(q, k, v, g, **kw, output_final_state=True, config=config, out=out)
+    torch.cuda.synchronize()
+    assert o is out
+    ref_c, state_c = refs.gated_kernel_mimic(
+        q, k, v, g, config.chunk, block_dv=config.block_dv, **kw, output_final_state=True
+    )
+    ref_b = refs.gated_chunked(q, k, v, g, config.chunk, **kw)
+    label = f"{shape} gates {gates} {dtype} {config}"
+    for name, want, got in (("o vs C", ref_c, o), ("o vs B", ref_b, o), ("state vs C", state_c, ht)):
+        err = refs.rel_l2(got, want)
+        print(f"{label} {name}: rel L2 {err:.3e}")
+        assert bool(got.isfinite().all()), f"{label} {name}: non-finite"
+        assert err < refs.TOLERANCE, f"{label} {name}: rel L2 {err:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("gates", GATES.values(), ids=GATES.keys())
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_kernel_matches_references(shape, gates, dtype):
+    run_case(shape, gates, dtype, GatedConfig(), seed=sum(shape))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize("shape", [(2, 300, 2, 2, 128, 128), (2, 200, 1, 4, 64, 64)], ids=str)
+def test_configs_match_references(shape, config):
+    if config.block_dv > shape[-1]:
+        pytest.skip("block_dv wider than DV")
+    run_case(shape, (1e-4, 20.0), torch.float16, config, seed=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gamma, states", itertools.product((False, True), (False, True)))
+def test_without_g_gamma_or_states(gamma, states):
+    run_case(
+        (2, 100, 2, 2, 64, 64), (1e-3, 2.0), torch.bfloat16, GatedConfig(), seed=2, gamma=gamma, states=states
+    )
+
+
+@pytest.mark.gpu
+def test_goal_shape_mamba2_heads():
+    """A Mamba2 head layout at length: 24 heads of one group, DK = 128 (d_state), DV = 64."""
+    run_case((1, 2048, 1, 24, 128, 64), (1e-4, 20.0), torch.bfloat16, GatedConfig(), seed=3)
