@@ -64,13 +64,14 @@ def decay_decode(
     """
     per_head, alpha = inputs.decay_parts(decay)
     inputs.check_arguments(scale, None, False, None)
-    if not isinstance(q, torch.Tensor) or q.dim() != 4:
-        raise ValueError(f"q must be a 4-d tensor [N, 1, H, DK], got {_describe(q)}")
+    sizes = check_step(q, k, v, pool, slots)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     args = (q, k, v, per_head, alpha, scale, pool, slots)
+    # Traced (torch.compile, fake or meta tensors): the op, whose fake implementation gives
+    # the shape. On real tensors: its implementation, without the op's dispatch.
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor or q.is_meta:
         return torch.ops.decay_tuner.decay_decode(*args)
-    return _decode(*args)
+    return _step(sizes, *args)
 
 
 def check_step(q: Any, k: Any, v: Any, pool: Any, slots: Any) -> tuple[int, int, int, int, str, str]:
@@ -152,7 +153,22 @@ def _decode(
     slots: torch.Tensor,
 ) -> torch.Tensor:
     """The op's implementation: checks, then one launch."""
-    n, h, dk, dv, pool_dtype, slot_dtype = check_step(q, k, v, pool, slots)
+    return _step(check_step(q, k, v, pool, slots), q, k, v, decay, alpha, scale, pool, slots)
+
+
+def _step(
+    sizes: tuple[int, int, int, int, str, str],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor | None,
+    alpha: float,
+    scale: float,
+    pool: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """``_decode`` on tensors ``check_step`` passed, given its ``sizes``."""
+    n, h, dk, dv, pool_dtype, slot_dtype = sizes
     decay = inputs.decay_tensor(decay, alpha, h, q.device)
     if checking() and not torch.cuda.is_current_stream_capturing():
         check_slot_values(slots, pool.shape[0])
