@@ -123,14 +123,25 @@ def test_compile_only_study_end_to_end(explored, tmp_path, capsys, monkeypatch):
 
 
 def _table_lines(out: str) -> tuple[str, list[str], list[str]]:
-    """(heading, header columns, rows) of what `trials` or `best` printed."""
-    heading, header, *rows = out.splitlines()
+    """(heading, header columns, rows) of what `trials` or `best` printed, its notes left out."""
+    heading, header, *rows = out.partition("\n\n")[0].splitlines()
     return heading, header.split(), rows
+
+
+def _shown_whole(cell: str, whole: str, out: str) -> bool:
+    """Whether a reason's ``cell`` is ``whole``, or its start with a note in ``out`` that
+    holds ``whole``."""
+    if cell == whole:
+        return True
+    start, mark, n = cell.rpartition("... [")
+    notes = " ".join(out.partition("\n\n")[2].split())
+    return bool(mark) and whole.startswith(start) and f"[{n} {' '.join(whole.split())}" in notes
 
 
 def test_trials_prints_whole_numbers_blank_cells_and_first_lines(explored, capsys):
     assert main(_on(explored, "trials")) == 0
-    heading, header, rows = _table_lines(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    heading, header, rows = _table_lines(out)
     assert heading == "study 'e2e' (compile-only for sm_90a: no latency measured, ranked by predicted time)"
     assert header == list(TABLE) and len(rows) == 4
     printed = "\n".join(rows)
@@ -147,18 +158,18 @@ def test_trials_prints_whole_numbers_blank_cells_and_first_lines(explored, capsy
                 f"{trial.smem_bytes:.0f}",
                 f"{trial.registers:.0f}",
             ]
-            reason = " ".join(row.split()[7:])  # an extrapolation says how it is ranked
-            whole = trial.reason if isinstance(trial.reason, str) else ""
-            assert reason in (whole, whole[: len(reason) - 3] + "...")
+            reason = " ".join(row.split()[7:])  # an extrapolation says how it is ranked, in full
+            assert _shown_whole(reason, trial.reason if isinstance(trial.reason, str) else "", out)
     layout = frame[frame.status == "compile_failed"].reason.iloc[0].splitlines()
     shown = next(row for row in rows if "compile_failed" in row).split(maxsplit=3)[3]
-    assert len(layout) > 1 and shown in (layout[0], layout[0][: len(shown) - 3] + "...")  # the first line
-    assert layout[1].strip() not in printed and max(map(len, rows)) <= 120
+    assert len(layout) > 1 and _shown_whole(shown, layout[0], out)  # the first line
+    assert layout[1].strip() not in out and max(map(len, out.splitlines())) <= 120
 
 
 def test_trials_fits_its_width_and_the_log_keeps_the_whole_reason(tmp_path, capsys):
     """A compiler's message as long as TileLang's: `trials` cuts it to keep every line
-    within 120 characters, and marks the cut; the trial log's CSV holds it whole."""
+    within 120 characters, marks the cut with a note that holds it whole after the table;
+    the trial log's CSV holds it whole too."""
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     study = gpu_study([0.5, None], storage=storage, name="long")
     reason = "LoweringError: " + " ".join(f"buffer{i}[{i}:{i + 64}]" for i in range(24)) + "\n  at stage 2"
@@ -172,10 +183,11 @@ def test_trials_fits_its_width_and_the_log_keeps_the_whole_reason(tmp_path, caps
         )
     )
     assert main(["trials", *SMALL, "--storage", storage, "--study", "long"]) == 0
-    heading, header, *rows = capsys.readouterr().out.splitlines()
-    assert TABLE_WIDTH == 120 and max(len(line) for line in [header, *rows]) <= 120
+    out = capsys.readouterr().out
+    heading, header, rows = _table_lines(out)
+    assert TABLE_WIDTH == 120 and max(map(len, out.splitlines())) <= 120
     cut = rows[2].split(maxsplit=3)[3]
-    assert cut.endswith("...") and reason.startswith(cut.removesuffix("..."))
+    assert re.search(r"\.\.\. \[\d\]$", cut) and _shown_whole(cut, reason.splitlines()[0], out)
     assert len(rows[2]) == 120  # cut at the width, not before
     (csv, *_) = save_frame(trials_frame(study), tmp_path / "trials")
     assert pd.read_csv(csv).reason.tolist()[2] == reason
@@ -225,7 +237,9 @@ def test_best_prints_the_columns_of_trials(explored, capsys):
     assert heading.startswith("study 'e2e' (compile-only") and header == trials_header
     assert ", compiled in environment " in heading and "measured in" not in heading
     (best,) = rows
-    cells = len(TABLE) - 1  # the same cells as in `trials`, but the reason, cut to each table's width
+    # The same cells as in `trials` but the reason, cut to each table's width; compile-only:
+    # median_ms and rel_l2 blank.
+    cells = len(TABLE) - 3
     assert best.split()[:cells] in [row.split()[:cells] for row in trials_rows]
     assert best.split()[1] == "ok"
 

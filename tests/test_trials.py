@@ -62,15 +62,17 @@ def test_compare_against_yardstick():
         compare(trials_frame(gpu_study([None])), grid)
 
 
-def test_table_cuts_a_long_reason_to_its_width_and_keeps_short_ones_whole():
+def test_table_cuts_a_long_reason_to_its_width_and_keeps_it_whole_in_a_note():
     frame = trials_frame(gpu_study([0.5, None]))
     frame.loc[0, "reason"] = "short"
-    frame.loc[1, "reason"] = "CompileError: " + "x" * 200 + "\nsecond line"
+    first = "CompileError: " + "x" * 200
+    frame.loc[1, "reason"] = first + "\nsecond line"
     lines = table(frame, width=130).splitlines()
     assert max(map(len, lines)) == 130 and lines[0].split() == list(TABLE)
     assert lines[1].endswith(" short") and lines[2].endswith(
-        "CompileError: " + "x" * (lines[2].count("x")) + "..."
+        "CompileError: " + "x" * (lines[2].count("x")) + "... [1]"
     )
+    assert lines[3] == "" and "".join(line.strip() for line in lines[4:]) == f"[1] {first}"
     assert "second line" not in "\n".join(lines)
     wide = table(frame, width=400).splitlines()  # room for the whole first line: nothing is cut
     assert wide[2].endswith("x" * 200) and "..." not in "\n".join(wide)

@@ -3,6 +3,7 @@ functions of the study."""
 
 import json
 import math
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -178,10 +179,12 @@ def trials_frame(study: optuna.Study, *, env: str | None = None) -> pd.DataFrame
 
 def table(frame: pd.DataFrame, columns=TABLE, width: int = TABLE_WIDTH) -> str:
     """The trial log as text: the config as its label, whole numbers without a decimal
-    point, empty cells blank, each reason's first line, cut where it would take a line past
-    ``width`` characters, to no fewer than 12 (a cut reason ends in "..."; the log's files
-    keep it whole). Where no trial has a predicted time in ms (the latency model is not
-    calibrated for the study's architecture), the predicted ratio to the floor stands in."""
+    point, empty cells blank, each reason's first line. A reason that would take a line past
+    ``width`` characters is cut (to no fewer than 12) and ends in "... [n]": the table is
+    followed by a blank line and its notes, ``[n]`` and the whole first line of each cut
+    reason, wrapped at ``width`` (the log's files keep every reason whole). Where no trial
+    has a predicted time in ms (the latency model is not calibrated for the study's
+    architecture), the predicted ratio to the floor stands in."""
     if (
         "predicted_ms" in columns
         and frame.predicted_ms.isna().all()
@@ -202,11 +205,20 @@ def table(frame: pd.DataFrame, columns=TABLE, width: int = TABLE_WIDTH) -> str:
     shown = shown.astype(object).where(shown.notna(), "")
     text = shown.to_string(index=False)
     over = max(map(len, text.splitlines()), default=0) - width
-    if over > 0 and "reason" in shown:  # the reason's column is as wide as its longest cell
-        room = max(shown.reason.map(len).max() - over, 12)
-        shown["reason"] = shown.reason.map(lambda r: r if len(r) <= room else r[: room - 3] + "...")
-        text = shown.to_string(index=False)
-    return text
+    if over <= 0 or "reason" not in shown:
+        return text
+    room = max(shown.reason.map(len).max() - over, 12)  # the reason's column is as wide as its longest cell
+    notes: dict[str, int] = {}
+
+    def cut(reason: str) -> str:
+        if len(reason) <= room:
+            return reason
+        mark = f"... [{notes.setdefault(reason, len(notes) + 1)}]"
+        return reason[: max(room - len(mark), 0)].rstrip() + mark
+
+    shown["reason"] = shown.reason.map(cut)
+    wrap = textwrap.TextWrapper(width, subsequent_indent="    ", break_on_hyphens=False)
+    return "\n".join([shown.to_string(index=False), "", *(wrap.fill(f"[{n}] {r}") for r, n in notes.items())])
 
 
 def problem_trials(study: optuna.Study) -> pd.DataFrame:
