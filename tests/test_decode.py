@@ -132,6 +132,29 @@ def test_bad_input_is_one_value_error_before_any_launch(name, monkeypatch):
     assert not launched
 
 
+def test_a_call_like_a_checked_one_but_for_one_thing_is_still_refused(monkeypatch):
+    """The checks passed for a call's signature are skipped on a repeat; any change is checked."""
+    launched = []
+
+    class Fake:
+        def run(self, *args):
+            launched.append(args)
+
+    monkeypatch.setattr(ops_decode, "_SERVED", {})
+    monkeypatch.setattr(ops_decode, "kernel_for", lambda *a: Fake())
+    q, k, v, pool, slots = _meta()
+    for _ in range(2):
+        ops_decode._decode(q, k, v, None, 0.9, 0.125, pool, slots)
+    assert len(launched) == 2 and len(ops_decode._SERVED) == 1
+    for name, bad in _bad_calls().items():
+        if name in ("decay 0", "decay None", "scale NaN"):
+            continue
+        args = (bad.get("q", q), bad.get("k", k), bad.get("v", v), bad.get("decay"), 0.9, 0.125)
+        with pytest.raises(ValueError):
+            ops_decode._decode(*args, bad.get("pool", pool), bad.get("slots", slots))
+    assert len(launched) == 2
+
+
 def test_a_good_traced_call_gives_the_output_shape():
     q, k, v, pool, slots = _meta()
     o = decay_decode(q, k, v, torch.full((4,), 0.9, device="meta"), pool=pool, slots=slots)
@@ -362,12 +385,10 @@ def test_captured_graph_of_a_padded_batch_replays_new_slots_and_inputs():
     q, k, v = (torch.zeros(padded, 1, h, d, dtype=torch.float16, device="cuda") for d in (dk, dk, dv))
     slots = torch.full((padded,), -1, dtype=torch.int32, device="cuda")
     o = decay_decode(q, k, v, decay, pool=torch.empty_like(pool), slots=slots)  # warm: compile, checks
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+    with torch.cuda.graph(graph):
         o = decay_decode(q, k, v, decay, pool=pool, slots=slots)
-    torch.cuda.current_stream().wait_stream(stream)
     for step, live in enumerate(([4, 9, 30], [0, 1, 2, 3, 4], [31, 17, 9, 8, 2, 1, 0])):
         m = len(live)
         fresh = _inputs(padded, h, dk, dv, torch.float16, seed=30 + step)
@@ -403,6 +424,17 @@ def test_runs_under_torch_compile_fullgraph():
         o_eager = step(q, k, v, eager_pool, slots)
         assert torch.equal(o, o_eager), i
         assert torch.equal(pool, eager_pool), i
+
+
+@pytest.mark.gpu
+def test_the_custom_op_passes_torch_s_opcheck():
+    h, rows = 4, 9
+    q, k, v = _inputs(3, h, 64, 64, torch.float16, seed=9)
+    pool = _pool(rows, h, 64, 64, torch.float32, seed=9)
+    slots = torch.tensor([4, -1, 0], dtype=torch.int32, device="cuda")
+    op = torch.ops.decay_tuner.decay_decode.default
+    torch.library.opcheck(op, (q, k, v, torch.full((h,), 0.8, device="cuda"), 1.0, 0.125, pool, slots))
+    torch.library.opcheck(op, (q, k, v, None, 0.9, 0.125, pool, slots.long()))
 
 
 def test_gpu_cases_cover_the_brief_s_sizes():

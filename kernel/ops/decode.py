@@ -25,9 +25,9 @@ from kernel.ops import inputs
 CHECK_VARIABLE = "DECAY_TUNER_CHECK_SLOTS"
 POOL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 SLOT_DTYPES = {torch.int32: "int32", torch.int64: "int64"}
-# (q's shape, DV, dtype, pool dtype, slot dtype, scale) -> the kernel serving it: the rule's
-# config depends on the batch, so each batch size a server pads to has its entry.
-_SERVED: dict[tuple, DecodeKernel] = {}
+# (a call's ``_signature``, scale) -> (its heads, the kernel serving it): the rule's config
+# depends on the batch, so each batch size a server pads to has its entry.
+_SERVED: dict[tuple, tuple[int, DecodeKernel]] = {}
 _SERVED_MAX = 4096
 
 
@@ -64,14 +64,14 @@ def decay_decode(
     """
     per_head, alpha = inputs.decay_parts(decay)
     inputs.check_arguments(scale, None, False, None)
-    sizes = check_step(q, k, v, pool, slots)
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    args = (q, k, v, per_head, alpha, scale, pool, slots)
     # Traced (torch.compile, fake or meta tensors): the op, whose fake implementation gives
     # the shape. On real tensors: its implementation, without the op's dispatch.
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor or q.is_meta:
-        return torch.ops.decay_tuner.decay_decode(*args)
-    return _step(sizes, *args)
+        check_step(q, k, v, pool, slots)
+        scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+        return torch.ops.decay_tuner.decay_decode(q, k, v, per_head, alpha, scale, pool, slots)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    return _decode(q, k, v, per_head, alpha, scale, pool, slots)
 
 
 def check_step(q: Any, k: Any, v: Any, pool: Any, slots: Any) -> tuple[int, int, int, int, str, str]:
@@ -152,34 +152,38 @@ def _decode(
     pool: torch.Tensor,
     slots: torch.Tensor,
 ) -> torch.Tensor:
-    """The op's implementation: checks, then one launch."""
-    return _step(check_step(q, k, v, pool, slots), q, k, v, decay, alpha, scale, pool, slots)
-
-
-def _step(
-    sizes: tuple[int, int, int, int, str, str],
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    decay: torch.Tensor | None,
-    alpha: float,
-    scale: float,
-    pool: torch.Tensor,
-    slots: torch.Tensor,
-) -> torch.Tensor:
-    """``_decode`` on tensors ``check_step`` passed, given its ``sizes``."""
-    n, h, dk, dv, pool_dtype, slot_dtype = sizes
-    decay = inputs.decay_tensor(decay, alpha, h, q.device)
+    """The op's implementation: checks, then one launch. The checks of types, shapes,
+    dtypes, devices and layout that passed once for a call's ``_signature`` are not run
+    again: a server's step costs a few attribute reads before its launch."""
+    key = (_signature(q, k, v, pool, slots), scale)
+    served = _SERVED.get(key)
+    if served is None:
+        n, heads, dk, dv, pool_dtype, slot_dtype = check_step(q, k, v, pool, slots)
+        problem = DecodeProblem(heads, dk, dv, inputs.DTYPE_NAMES[q.dtype], pool_dtype, slot_dtype, scale)
+    else:
+        heads, kern = served
+    decay = inputs.decay_tensor(decay, alpha, heads, q.device)
     if checking() and not torch.cuda.is_current_stream_capturing():
         check_slot_values(slots, pool.shape[0])
-    key = (q.shape, dv, q.dtype, pool.dtype, slots.dtype, scale)
-    kern = _SERVED.get(key)
-    if kern is None:  # checks the head sizes, which the key then stands for
-        problem = DecodeProblem(h, dk, dv, inputs.DTYPE_NAMES[q.dtype], pool_dtype, slot_dtype, scale)
+    if served is None:  # every check passed: compile, or find the kernel compiled
+        kern = kernel_for(problem, n)
         if len(_SERVED) >= _SERVED_MAX:
             _SERVED.clear()
-        kern = _SERVED[key] = kernel_for(problem, n)
+        _SERVED[key] = (heads, kern)
     return kern.run(q.contiguous(), k.contiguous(), v.contiguous(), decay, slots.contiguous(), pool)
+
+
+def _signature(q: Any, k: Any, v: Any, pool: Any, slots: Any) -> tuple | None:
+    """What ``check_step`` and the choice of kernel read of a call: equal signatures pass
+    or fail them alike. None where an argument is no tensor."""
+    try:
+        return (
+            type(q), type(k), type(v), type(pool), type(slots), q.shape, k.shape, v.shape,
+            q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, pool.shape, pool.dtype,
+            pool.device, pool.is_contiguous(), slots.shape, slots.dtype, slots.device,
+        )  # fmt: skip
+    except AttributeError:
+        return None
 
 
 _decode_op = torch.library.custom_op("decay_tuner::decay_decode", mutates_args=("pool",))(_decode)
