@@ -170,12 +170,22 @@ class ScalarDecayKernel:
         """H0 and HT as the kernels declare them, ``[rows, 1, DK, DV]``: the call's states,
         or ``unused_state`` where it has none."""
         p = self.problem
-        return (unused_state(p, device) if t is None else t.view(-1, 1, p.dk, p.dv) for t in (initial, final))
+        if initial is None or final is None:
+            key = (p.batch * p.heads, p.dk, p.dv, device)
+            unused = _UNUSED.get(key)
+            if unused is None:
+                unused = _UNUSED[key] = unused_state(p, device)
+        return (unused if t is None else t.view(-1, 1, p.dk, p.dv) for t in (initial, final))
 
     @property
     def source(self) -> str:
         """The generated CUDA source of every kernel."""
         return "\n".join(c.get_kernel_source() for c in self.compiled)
+
+
+# (rows, DK, DV, device) -> ``unused_state``'s prefix for them, kept: a view of its buffer,
+# which stays valid when a larger call replaces the buffer.
+_UNUSED: dict[tuple, torch.Tensor] = {}
 
 
 @functools.cache

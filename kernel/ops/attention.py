@@ -22,12 +22,13 @@ import torch
 from kernel.config import Call, KernelConfig, Problem
 from kernel.ops import inputs
 from kernel.ops.backward import backward
-from kernel.ops.serve import fuses_here, kernel_for
-from kernel.variants import same_segments
+from kernel.ops.serve import PLANS, PLANS_MAX, fuses_here, kernel_for
+from kernel.variants import launch, same_segments, unused_state
 
 # A split forward's config and the state entering each of its segments, which the
 # backward's dq sweep reads instead of computing them again.
 Split = tuple[KernelConfig, torch.Tensor]
+_PLANS, _PLANS_MAX = PLANS, PLANS_MAX
 
 
 def decay_attention(
@@ -60,6 +61,16 @@ def decay_attention(
     A wrong input raises ``ValueError`` before anything is launched. Each scale is a
     constant of the kernels (compiled once per value), where the decay is read at run time.
     """
+    if not torch.compiler.is_compiling():
+        # An eager call of a signature served before: its checks passed then, and what
+        # they found is kept (``_Plan``); the values of tensors are checked as they change.
+        try:
+            key = _signature(q, k, v, decay, scale, initial_state, output_final_state, cu_seqlens)
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError):  # not tensors where tensors go: checked below
+            key = plan = None
+        if plan is not None:
+            return plan.run(q, k, v, decay, initial_state, cu_seqlens)
     per_head, alpha = inputs.decay_parts(decay)
     inputs.check_arguments(scale, initial_state, output_final_state, cu_seqlens)
     inputs.check_tensors(q, k, v)  # no Problem: torch.compile traces this function
@@ -68,8 +79,114 @@ def decay_attention(
     # Traced (torch.compile, fake or meta tensors): the op, whose fake implementation gives
     # the shapes. Called on real tensors: the same implementation, without the op's dispatch.
     traced = torch.compiler.is_compiling() or type(q) is not torch.Tensor or q.is_meta
-    o, final = (torch.ops.decay_tuner.decay_attention if traced else _Eager.apply)(*args)
-    return o, (final if output_final_state else None)
+    if traced:
+        o, final = torch.ops.decay_tuner.decay_attention(*args)
+        return o, (final if output_final_state else None)
+    plan = _Plan(*args)
+    if key is not None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan.run(q, k, v, decay, initial_state, cu_seqlens)
+
+
+def _signature(q, k, v, decay, scale, initial_state, output_final_state, cu_seqlens) -> tuple:
+    """What an eager call's checks and its kernel depend on but the values of its tensors:
+    the types (so that ``True`` is not ``1``), shapes, dtypes and devices."""
+    return (
+        type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+        q.device, k.device, v.device, type(decay),
+        (decay.shape, decay.dtype, decay.device) if type(decay) is torch.Tensor else decay,
+        type(scale), scale, type(output_final_state), output_final_state,
+        None if initial_state is None else _tensor_signature(initial_state),
+        None if cu_seqlens is None else _tensor_signature(cu_seqlens),
+    )  # fmt: skip
+
+
+def _tensor_signature(t: torch.Tensor) -> tuple:
+    return type(t), t.shape, t.dtype, t.device
+
+
+class _Plan:
+    """One eager signature (``_signature``) checked, and what its calls run, found once:
+    the problem, the kernel serving it with its launch arguments, the decay of a float,
+    the stand-ins for a state not passed, and the backward's kernels as it first runs
+    them. Kept in ``kernel.ops.serve.PLANS``, which ``use_table`` empties."""
+
+    __slots__ = (
+        "problem", "sequences", "call", "alpha", "scale", "per_head", "kern", "decay", "launch",
+        "unused", "final_shape", "want_final", "sweeps",
+    )  # fmt: skip
+
+    def __init__(self, q, k, v, per_head, alpha, scale, initial_state, output_final_state, cu_seqlens):
+        problem = inputs.check_qkv(q, k, v)
+        self.decay = inputs.decay_tensor(per_head, alpha, problem.heads, q.device)
+        sequences = problem.batch
+        if cu_seqlens is not None:
+            inputs.check_offsets(cu_seqlens, problem, q.device)
+            sequences = cu_seqlens.numel() - 1
+        inputs.check_state(initial_state, problem, sequences, q.device)
+        self.problem, self.sequences, self.per_head = problem, sequences, per_head is not None
+        self.call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None)
+        self.alpha, self.scale, self.want_final = alpha, scale, output_final_state
+        self.kern = kern = kernel_for(problem, self.call, sequences)
+        self.launch = (kern.problem, kern.config, kern.call, kern.launchers or kern.compiled)
+        self.unused = unused_state(kern.problem, q.device)
+        self.final_shape = (sequences, problem.heads, problem.dk, problem.dv)
+        self.sweeps: dict[tuple, Any] = {}
+
+    def run(self, q, k, v, decay, initial_state, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The call: the values of a decay or offsets tensor checked once per version."""
+        if self.per_head:
+            decay = inputs.decay_values(decay)
+        else:
+            decay = self.decay
+        if cu_seqlens is not None:
+            cu_seqlens = inputs.offsets_values(cu_seqlens, self.problem)
+        if self.want_final:
+            return _EagerPlan.apply(self, q, k, v, decay, initial_state, cu_seqlens)
+        return _EagerPlan.apply(self, q, k, v, decay, initial_state, cu_seqlens), None
+
+    def forward(self, q, k, v, decay, initial_state, cu_seqlens):
+        """``(o, final or None, Split or None)`` on the checked tensors."""
+        final = ht = None
+        if self.want_final:
+            final = torch.empty(self.final_shape, dtype=torch.float32, device=q.device)
+            ht = final.view(-1, 1, self.problem.dk, self.problem.dv)
+        h0 = self.unused if initial_state is None else initial_state.contiguous().view(ht_shape(self.problem))
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        states = launch(*self.launch, q, k, v, decay, h0, o, self.unused if ht is None else ht, cu_seqlens)
+        return o, final, (None if states is None else (self.kern.config, states))
+
+
+def ht_shape(problem: Problem) -> tuple[int, int, int, int]:
+    """A state's shape as the kernels declare it, ``[rows, 1, DK, DV]``."""
+    return (-1, 1, problem.dk, problem.dv)
+
+
+class _EagerPlan(torch.autograd.Function):
+    """``_Eager`` for a call of a kept ``_Plan``: its checked tensors in, ``o`` (and the
+    final state where the call asks for it) out."""
+
+    @staticmethod
+    def forward(ctx: Any, plan: "_Plan", q, k, v, decay, initial_state, cu_seqlens):
+        o, final, split = plan.forward(q, k, v, decay, initial_state, cu_seqlens)
+        config, states = (None, None) if split is None else split
+        ctx.save_for_backward(q, k, v, decay, initial_state, cu_seqlens, states)
+        ctx.plan, ctx.split_config = plan, config
+        return (o, final) if plan.want_final else o
+
+    @staticmethod
+    def backward(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None = None) -> tuple:
+        q, k, v, decay, initial_state, cu_seqlens, states = ctx.saved_tensors
+        plan = ctx.plan
+        do = torch.zeros_like(v) if do is None else do
+        dht = dfinal if dfinal is not None and dfinal.numel() else None
+        g = _Grads(q, k, v, do, decay, 1.0, plan.scale, initial_state, dht, cu_seqlens)
+        split = None if states is None else (ctx.split_config, states)
+        dq, dk, dv, dh0 = _sweeps(g, split, plan.sweeps)
+        return None, dq, dk, dv, None, (dh0 if initial_state is not None else None), None
 
 
 def _attention(
@@ -164,33 +281,44 @@ def _backward(
     return _sweeps(_Grads(q, k, v, do, decay, alpha, scale, initial_state, dht, cu_seqlens), None)
 
 
-def _sweeps(g: _Grads, split: Split | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sweeps(
+    g: _Grads, split: Split | None, kept: dict[tuple, Any] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_backward``, given the forward's ``Split`` where it ran split (an eager call
     keeps it): the dq sweep, the forward on (dO, V, K), has the forward's states
     transposed, so where it cuts the sequence into the same segments it reads them and
-    runs its outputs kernel alone."""
-    decay = inputs.decay_tensor(g.decay, g.alpha, g.q.shape[2], g.q.device)
+    runs its outputs kernel alone. ``kept``: the kernel of each sweep, by what decides it
+    (an eager ``_Plan``'s, filled on its first backward)."""
+    if kept is None:
+        decay = inputs.decay_tensor(g.decay, g.alpha, g.q.shape[2], g.q.device)
+    else:  # an eager plan's: the fp32 decay its forward checked and ran
+        decay = g.decay
     cu = None if g.cu_seqlens is None else g.cu_seqlens.to(torch.int32)
-    q, k, v, do = (x.contiguous() for x in (g.q, g.k, g.v, g.do))
+    q, k, v, do = g.q.contiguous(), g.k.contiguous(), g.v.contiguous(), g.do.contiguous()
     problem = inputs.shape_problem(q.shape, v.shape[-1], q.dtype)
     sequences = problem.batch if cu is None else cu.numel() - 1
     scale = g.scale
+    kept = {} if kept is None else kept
+
+    def kernel(p: Problem, *flags: bool) -> Any:
+        key = (p.dk, *flags)  # DK tells the dq and dk sweeps' (DV, DK) from the others
+        kern = kept.get(key)
+        if kern is None:
+            kern = kept[key] = kernel_for(p, Call(scale, *flags[:4], dkdv=flags[4]), sequences)
+        return kern
 
     def sweep(q_, k_, v_, h0, want_final, offsets, reverse):
-        p = inputs.shape_problem(q_.shape, v_.shape[-1], q_.dtype)
-        call = Call(scale, h0 is not None, want_final, offsets is not None, reverse)
+        p = problem if q_ is q else inputs.shape_problem(q_.shape, v_.shape[-1], q_.dtype)
         final = _empty_state(q, p, sequences, True) if want_final else None
-        kern, states = kernel_for(p, call, sequences), None
+        kern, states = kernel(p, h0 is not None, want_final, offsets is not None, reverse, False), None
         if split is not None and not reverse and same_segments(kern.config, split[0], p.seqlen):
             states = split[1].transpose(-1, -2).contiguous()  # the dq sweep's states
         return kern.run(q_, k_, v_, decay, h0, final, None, offsets, states)[0], final
 
     def fused(q_, k_, v_, do_, start, want_final, offsets):
-        call = Call(scale, start is not None, want_final, offsets is not None, reverse=True, dkdv=True)
         final = _empty_state(q, problem, sequences, True) if want_final else None
-        return *kernel_for(problem, call, sequences).run_dkdv(
-            q_, k_, v_, do_, decay, start, final, offsets
-        ), final
+        kern = kernel(problem, start is not None, want_final, offsets is not None, True, True)
+        return *kern.run_dkdv(q_, k_, v_, do_, decay, start, final, offsets), final
 
     dq, dk, dv, dh0 = backward(
         sweep,
@@ -227,18 +355,14 @@ def _setup_backward(ctx: Any, inputs: tuple, output: tuple, split: Split | None 
     ctx.alpha, ctx.scale, ctx.split_config = alpha, scale, config
 
 
-def _gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None, op: Any = None) -> tuple:
-    """The autograd rule of ``decay_attention``: gradients for q, k, v and the initial state;
-    none for the decay (not learned) or the offsets. ``op``: the backward op, which
-    ``torch.compile`` traces; None, its implementation, with the forward's split."""
-    q, k, v, decay, initial_state, cu_seqlens, states = ctx.saved_tensors
+def _gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None, op: Any) -> tuple:
+    """The autograd rule of the op ``decay_attention``: gradients for q, k, v and the
+    initial state by the backward op ``op`` (which ``torch.compile`` traces); none for the
+    decay (not learned) or the offsets."""
+    q, k, v, decay, initial_state, cu_seqlens, _ = ctx.saved_tensors
     do = torch.zeros_like(v) if do is None else do
     dht = dfinal if dfinal is not None and dfinal.numel() else None  # the (0,) stand-in: no state
-    g = _Grads(q, k, v, do, decay, ctx.alpha, ctx.scale, initial_state, dht, cu_seqlens)
-    if op is not None:
-        dq, dk, dv, dh0 = op(*g)
-    else:
-        dq, dk, dv, dh0 = _sweeps(g, None if states is None else (ctx.split_config, states))
+    dq, dk, dv, dh0 = op(q, k, v, do, decay, ctx.alpha, ctx.scale, initial_state, dht, cu_seqlens)
     return dq, dk, dv, None, None, None, (dh0 if initial_state is not None else None), None, None
 
 
@@ -247,21 +371,6 @@ def _op_gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None
 
 
 torch.library.register_autograd("decay_tuner::decay_attention", _op_gradients, setup_context=_setup_backward)
-
-
-class _Eager(torch.autograd.Function):
-    """The two implementations and the autograd rule of the ops, without torch's dispatch
-    of them: what an eager call runs."""
-
-    @staticmethod
-    def forward(ctx: Any, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        o, final, split = _forward(*args)
-        _setup_backward(ctx, args, (o, final), split)
-        return o, final
-
-    @staticmethod
-    def backward(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple:
-        return _gradients(ctx, do, dfinal)
 
 
 def _empty_state(q: torch.Tensor, problem: Problem, sequences: int, wanted: bool) -> torch.Tensor:

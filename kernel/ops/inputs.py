@@ -135,9 +135,14 @@ def decay_tensor(decay: torch.Tensor | None, alpha: float, heads: int, device: t
     check_decay(decay, alpha, heads, device)
     if decay is None:
         return constant_decay(alpha, heads, device)
+    return decay_values(decay)
+
+
+def decay_values(decay: torch.Tensor) -> torch.Tensor:
+    """A decay tensor of checked shape, dtype and device as the kernels read it (fp32,
+    contiguous), its values checked to lie in (0, 1]: once per caller's tensor and version
+    (a decay of another dtype is cast anew on every call), never while a graph is captured."""
     alphas = decay.to(torch.float32).contiguous()
-    # The values as the kernels read them, checked once per caller's tensor and version
-    # (a decay of another dtype is cast anew on every call), never while a graph is captured.
     if not _checked_before(decay) and not torch.cuda.is_current_stream_capturing():
         bad = ~((alphas > 0) & (alphas <= 1))
         if bool(bad.any()):
@@ -170,6 +175,12 @@ def check_offsets(cu_seqlens: torch.Tensor, problem: Problem, device: torch.devi
     first, T last, strictly increasing (values checked once per tensor and version, as the
     decay's are)."""
     check_offsets_shape(cu_seqlens, problem, device)
+    return offsets_values(cu_seqlens, problem)
+
+
+def offsets_values(cu_seqlens: torch.Tensor, problem: Problem) -> torch.Tensor:
+    """Offsets of checked shape, dtype and device as the packed kernel reads them (int32,
+    contiguous), their values checked once per tensor and version (``check_offsets``)."""
     if not _checked_before(cu_seqlens) and not torch.cuda.is_current_stream_capturing():
         offsets = cu_seqlens.tolist()
         steps = [b - a for a, b in zip(offsets, offsets[1:])]

@@ -45,6 +45,10 @@ class _Server:
 
 _SERVER = _Server()
 _SERVED_MAX = 4096  # packed batches differ in T; past this many, start over
+# An eager call's signature -> its plan (``kernel.ops.attention``), whose kernels are
+# ``served``'s: emptied with it.
+PLANS: dict[tuple, object] = {}
+PLANS_MAX = _SERVED_MAX
 
 
 def use_table(table: Dispatch | str | Path | None, *, autotune: bool = False) -> None:
@@ -68,6 +72,7 @@ def use_table(table: Dispatch | str | Path | None, *, autotune: bool = False) ->
         raise ValueError("use_table(..., autotune=True) takes the path of the table file to tune into")
     _SERVER.table, _SERVER.autotune = table, path if autotune else None
     _SERVER.served.clear()
+    PLANS.clear()
 
 
 def served_table(arch: str | None = None) -> Dispatch | None:
