@@ -11,7 +11,7 @@ The block is ``kernel.scalar_decay``'s (one ``[DK, block_DV]`` state slice of on
 head), the sequence walked chunk by chunk in a ``T.Pipelined`` loop, the state in
 registers), and so are its ordering rules (docs/design.md section 4). What changes is where
 the weights come from: per chunk, the gates of its m real tokens (0 on the rows past m) are
-scanned in fp32 into ``G_r``, their cumulative sum up to row r, in shared memory, and
+scanned in fp32 into ``G_r``, their sum up to row r, in shared memory, and
 
 * the mask ``exp(G_i - G_j)`` is evaluated only where ``j <= i``, fused into the fp32
   scores before their cast (never "compute all, then mask");
@@ -35,23 +35,30 @@ LOG2E = math.log2(math.e)
 
 
 def gate_weights_macro(*, chunk: int, heads: int, gamma: bool):
-    """The chunk's gate weights, as a ``@T.macro`` ``gate(Gate, Gamma, g_s, w_s, bb, s0, bh,
-    m)``: the gates of rows ``s0 : s0 + m`` of batch ``bb``, head ``bh`` (plus ``Gamma[bh]``
-    where ``gamma``; 0 on the rows past m) scanned into ``g_s[r] = G_r``, then ``w_s[0, r]
-    = exp(G_r)`` (the queries') and ``w_s[1, r] = exp(G_last - G_r)`` (the keys', 0 past
-    m), fp32 in shared memory."""
+    """The chunk's gate weights, as a ``@T.macro`` ``gate(Gate, Gamma, g_s, G_s, w_s, bb, s0,
+    bh, m)``: the gates of rows ``s0 : s0 + m`` of batch ``bb``, head ``bh`` (plus
+    ``Gamma[bh]`` where ``gamma``; 0 on the rows past m) into ``g_s``, their scan ``G_s[r] =
+    G_r``, then ``w_s[0, r] = exp(G_r)`` (the queries') and ``w_s[1, r] = exp(G_last - G_r)``
+    (the keys', 0 past m), all fp32 in shared memory.
+
+    The scan is a sum per row over the rows up to it, not ``T.cumsum``: with two pipeline
+    stages TileLang 0.1.15 double-buffers ``g_s`` into ``[2, C]`` and lowers the cumsum of
+    its ``dim=0`` to a scan along the new axis of one row, which leaves the gates unscanned."""
     C = chunk
 
     @T.macro
-    def gate(Gate, Gamma, g_s, w_s, bb, s0, bh, m):
+    def gate(Gate, Gamma, g_s, G_s, w_s, bb, s0, bh, m):
         for r in T.Parallel(C):
             g_s[r] = T.if_then_else(
                 r < m, Gate[bb, s0 + r, bh] + (Gamma[bh] if gamma else T.Cast(ACCUM, 0)), T.Cast(ACCUM, 0)
             )
-        T.cumsum(g_s, dim=0)  # G_r, in place
         for r in T.Parallel(C):
-            w_s[0, r] = T.exp2(g_s[r] * LOG2E)
-            w_s[1, r] = T.if_then_else(r < m, T.exp2((g_s[C - 1] - g_s[r]) * LOG2E), T.Cast(ACCUM, 0))
+            G_s[r] = T.Cast(ACCUM, 0)
+            for t in T.serial(C):
+                G_s[r] += T.if_then_else(t <= r, g_s[t], T.Cast(ACCUM, 0))
+        for r in T.Parallel(C):
+            w_s[0, r] = T.exp2(G_s[r] * LOG2E)
+            w_s[1, r] = T.if_then_else(r < m, T.exp2((G_s[C - 1] - G_s[r]) * LOG2E), T.Cast(ACCUM, 0))
 
     return gate
 
@@ -86,7 +93,8 @@ def gated_chunk_loop_macro(
         S_s = T.alloc_shared([dk, block_dv], dtype)
         O_s = T.alloc_shared([C, block_dv], dtype)
         A_cast = T.alloc_shared([C, C], dtype)
-        g_s = T.alloc_shared([C], accum)  # the chunk's gates, then their scan G
+        g_s = T.alloc_shared([C], accum)  # the chunk's gates
+        G_s = T.alloc_shared([C], accum)  # their scan G
         w_s = T.alloc_shared([2, C], accum)  # exp(G_r); exp(G_last - G_r)
 
         S_f = T.alloc_fragment([dk, block_dv], accum)  # carried across chunks
@@ -105,7 +113,7 @@ def gated_chunk_loop_macro(
             T.copy(Q[bb, s0 : s0 + C, bg, :], Q_s)
             T.copy(K[bb, s0 : s0 + C, bg, :], K_s)
             T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
-            gate(Gate, Gamma, g_s, w_s, bb, s0, bh, m)
+            gate(Gate, Gamma, g_s, G_s, w_s, bb, s0, bh, m)
             T.copy(S_f, S_s)  # the state before this chunk
             mma.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
             mma.gemm(Q_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV]
@@ -114,7 +122,7 @@ def gated_chunk_loop_macro(
                 Kw_s[r, d] = K_s[r, d] * w_s[1, r]
             for i, j in T.Parallel(C, C):  # the mask only where j <= i: its other exponents are > 0
                 A_cast[i, j] = T.if_then_else(
-                    j <= i, A[i, j] * (scale * T.exp2((g_s[i] - g_s[j]) * LOG2E)), T.Cast(accum, 0)
+                    j <= i, A[i, j] * (scale * T.exp2((G_s[i] - G_s[j]) * LOG2E)), T.Cast(accum, 0)
                 )
             mma.wait(0)
             if mma.asynchronous:
