@@ -97,6 +97,40 @@ class DecodeProblem:
 
 
 @dataclass(frozen=True)
+class DecodeCase:
+    """A decode step as the tuner measures it and a dispatch table holds it: ``batch``
+    sequences (N) of ``problem``, whose rule and table pick a config by N."""
+
+    batch: int
+    problem: DecodeProblem
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"batch (sequences) must be a positive integer, got {self.batch!r}")
+
+    @property
+    def rows(self) -> int:
+        """(sequence, head) pairs: the grid's first dimension."""
+        return self.batch * self.problem.heads
+
+    def state_bytes(self) -> int:
+        """Bytes of the states one step reads (and writes again): N x H x DK x DV of the pool."""
+        return self.rows * self.problem.state_bytes()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, **self.problem.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        fields = dict(data)
+        return cls(fields.pop("batch"), DecodeProblem.from_dict(fields))
+
+    def __str__(self) -> str:
+        p = self.problem
+        return f"decode N={self.batch} H={p.heads} DK={p.dk} DV={p.dv} {p.dtype}, {p.pool_dtype} pool"
+
+
+@dataclass(frozen=True)
 class DecodeConfig:
     """The knobs of the decode step. block_dv: the value columns one block owns (the grid
     is ``(N*H, DV / block_dv)``); threads: per block."""
@@ -143,6 +177,15 @@ class DecodeConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
         return cls(**data)
+
+
+def decode_knobs(problem: DecodeProblem) -> dict[str, tuple]:
+    """Each knob's values for ``problem`` (``DECODE_KNOBS``, block_dv those dividing DV):
+    the tuner's search space, whose configs that ``fits_error`` refuses are told restricted."""
+    return {
+        "block_dv": tuple(d for d in DECODE_KNOBS["block_dv"] if problem.dv % d == 0),
+        "threads": DECODE_KNOBS["threads"],
+    }
 
 
 def decode_choices(problem: DecodeProblem) -> list[DecodeConfig]:

@@ -32,6 +32,11 @@ KERNEL_MODULES = (
     "dkdv.py",
     "variants.py",
 )
+# The decode step's (``kernel.decode``): its own key, ``decode_kernel`` in a decode study's
+# environment, so that a changed decode kernel never reuses a decode trial and the forward's
+# key (what the stored forward results and the shipped tables are trusted by) stays as it is.
+DECODE_MODULES = ("arch.py", "decode.py", "decode_build.py")
+DECODE_KERNEL = "decode_kernel"
 
 
 def code_digest(source: str) -> str:
@@ -62,19 +67,27 @@ def _dump(node: object) -> str:
     return f"{type(node).__name__}({', '.join(fields)})"
 
 
-def kernel_key(sources: dict[str, str] | None = None) -> str:
-    """The kernels' identity: one digest over ``KERNEL_MODULES`` (name -> source; by
-    default this package's, read once a process: the code it runs)."""
+def kernel_key(sources: dict[str, str] | None = None, modules: tuple[str, ...] = KERNEL_MODULES) -> str:
+    """The kernels' identity: one digest over ``modules`` (name -> source; by default this
+    package's, read once a process: the code it runs)."""
     if sources is None:
-        return _package_kernel_key()
-    joined = "".join(f"{name}:{code_digest(sources[name])}\n" for name in KERNEL_MODULES)
+        return _package_kernel_key(modules)
+    joined = "".join(f"{name}:{code_digest(sources[name])}\n" for name in modules)
     return hashlib.sha256(joined.encode()).hexdigest()[:12]
 
 
 @functools.cache
-def _package_kernel_key() -> str:  # 0.1 s of parsing: once, not at every environment()
+def _package_kernel_key(
+    modules: tuple[str, ...],
+) -> str:  # 0.1 s of parsing: once, not at every environment()
     here = Path(__file__).parent
-    return kernel_key({name: (here / name).read_text() for name in KERNEL_MODULES})
+    return kernel_key({name: (here / name).read_text() for name in modules}, modules)
+
+
+def decode_environment(arch: str | None = None) -> dict[str, Any]:
+    """``environment(arch)`` and the decode step's code key (``DECODE_MODULES``): what a
+    decode trial is measured in."""
+    return environment(arch) | {DECODE_KERNEL: kernel_key(modules=DECODE_MODULES)}
 
 
 @functools.cache

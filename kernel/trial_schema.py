@@ -52,6 +52,9 @@ EXTRAPOLATED = (
 # Starts ``predicted_by`` where the model was not fitted to the architecture: the analytic part alone.
 UNCALIBRATED = "analytic part alone"
 NO_MODEL = "no latency model could be read"  # ends it where the model file could not be read
+# What a decode trial records of its floor (``kernel.validate.check_and_time_decode``): the
+# time of a device copy of the states it reads and writes, its time over that, the copy's rate.
+FLOOR = ("floor_ms", "x_floor", "copy_bytes_per_s")
 TRIAL_COLUMNS = (
     "number",
     "state",
@@ -61,6 +64,7 @@ TRIAL_COLUMNS = (
     *MEASURES,
     *RESOURCES,
     *PREDICTED,
+    *FLOOR,
     "feasible",
     "baseline",
     "gpu_evaluated",

@@ -20,6 +20,8 @@ import torch
 import refs
 from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay, cuda_arch, precompile
 from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem, config_grid, model_call, retnet_decay
+from kernel.decode import DecodeCase
+from kernel.decode_build import DecodeKernel
 from kernel.environment import environment
 from kernel.resources import ProbeFailure
 from kernel.timing import time_gpu
@@ -166,6 +168,86 @@ def check_and_time(
                 return kernel(q, k, v, decay=decay, initial_state=states[0], final_state=states[1], out=out)
 
         result |= time_gpu(timed).to_dict()
+    return result
+
+
+# The copy's time of a decode step's states, by their bytes: the floor, measured once a
+# process (a worker's) and recorded with every decode trial it times.
+_COPY_MS: dict[int, float] = {}
+
+
+def decode_inputs(kern: DecodeKernel, batch: int, *, seed: int) -> dict[str, torch.Tensor]:
+    """Fresh inputs of one decode step of ``batch`` sequences: q, k, v ``[N, 1, H, D]``,
+    RetNet's decays, a random pool of 2N rows (the kernel's pool dtype) and N distinct
+    random slots among them (the other rows unused)."""
+    p = kern.problem
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dtype, pool_dtype = TORCH_DTYPES[p.dtype], getattr(torch, p.pool_dtype)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device="cuda")
+
+    q, k, v = (randn(batch, 1, p.heads, d).to(dtype) for d in (p.dk, p.dk, p.dv))
+    rows = 2 * batch
+    pool = randn(rows, p.heads, p.dk, p.dv).to(pool_dtype)
+    slots = torch.randperm(rows, generator=gen, device="cuda")[:batch].to(getattr(torch, p.slot_dtype))
+    decay = constant_decay(retnet_decay(p.heads), p.heads, q.device)
+    return {"q": q, "k": k, "v": v, "decay": decay, "slots": slots, "pool": pool}
+
+
+def check_decode(kern: DecodeKernel, batch: int, *, seed: int) -> dict[str, Any]:
+    """One step of ``kern`` on fresh inputs (``decode_inputs``) into a NaN-filled output,
+    against one step of reference A in fp64 from the same (rounded) states: ``rel_l2`` the
+    largest relative L2 of the output, the updated states and the unused rows (which must
+    not change), ``state_rel_l2`` the updated states', ``nan_count`` and ``finite`` as
+    ``check``'s."""
+    x = decode_inputs(kern, batch, seed=seed)
+    pool, slots = x["pool"], x["slots"].long()
+    before = pool.clone()
+    unused = torch.ones(pool.shape[0], dtype=torch.bool, device="cuda")
+    unused[slots] = False
+    out = torch.full(x["v"].shape, float("nan"), dtype=x["v"].dtype, device="cuda")
+    kern.run(x["q"], x["k"], x["v"], x["decay"], x["slots"], pool, out)
+    torch.cuda.synchronize()
+    ref_o, ref_state = refs.recurrent(
+        x["q"].double(), x["k"].double(), x["v"].double(), x["decay"].double(),
+        scale=kern.problem.scale, initial_state=before[slots].double(), output_final_state=True,
+    )  # fmt: skip
+    verdict = _verdict([(out, ref_o), (pool[slots], ref_state)], with_state=True)
+    changed = float((pool[unused].double() - before[unused].double()).norm())
+    if changed:  # a write outside the slots: as wrong as a wrong output
+        verdict["rel_l2"] = max(
+            verdict["rel_l2"], changed / max(float(before[unused].double().norm()), 1e-30)
+        )
+    return verdict
+
+
+def check_and_time_decode(
+    kern: DecodeKernel, batch: int, *, seed: int, tolerance: float = refs.TOLERANCE
+) -> dict[str, Any]:
+    """``check_decode``; then, when correct, the step's latency (``kernel.timing.time_gpu``)
+    on other fresh inputs, and its floor: ``floor_ms``, the time of a device copy of the
+    states it reads and writes (N x H x DK x DV of the pool's dtype, read once and written
+    once), timed the same way in this process; ``x_floor`` the one over the other and
+    ``copy_bytes_per_s`` the copy's rate (bytes read plus written per second)."""
+    result = check_decode(kern, batch, seed=seed)
+    if result["finite"] and result["rel_l2"] < tolerance:
+        x = decode_inputs(kern, batch, seed=seed + 1)
+        out = torch.empty_like(x["v"])
+        result |= time_gpu(
+            lambda: kern.run(x["q"], x["k"], x["v"], x["decay"], x["slots"], x["pool"], out)
+        ).to_dict()
+        nbytes = DecodeCase(batch, kern.problem).state_bytes()
+        if nbytes not in _COPY_MS:
+            src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+            dst = torch.empty_like(src)
+            _COPY_MS[nbytes] = time_gpu(lambda: dst.copy_(src)).median_ms
+        floor = _COPY_MS[nbytes]
+        result |= {
+            "floor_ms": floor,
+            "x_floor": result["median_ms"] / floor,
+            "copy_bytes_per_s": 2 * nbytes / (floor * 1e-3),
+        }
     return result
 
 

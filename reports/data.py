@@ -18,7 +18,8 @@ import pandas as pd
 
 from kernel import formats
 from kernel.config import KernelConfig
-from kernel.trial_schema import MEASURES, OUTSIDE, PARAMS, PREDICTED, TRIAL_COLUMNS
+from kernel.decode import DECODE_KNOBS
+from kernel.trial_schema import FLOOR, MEASURES, OUTSIDE, PARAMS, PREDICTED, TRIAL_COLUMNS
 from kernel.trial_schema import RESOURCES as RESOURCES_ALL
 from reports.decays import decay_label
 
@@ -54,6 +55,7 @@ class StudyInfo(NamedTuple):
     objectives: tuple[str, ...] | None = None
     peers: Any = None
     decays: tuple[float, ...] | None = None
+    sweep: str | None = None  # the kernel tuned: "forward", "dkdv" or "decode" (None: unrecorded)
 
     @classmethod
     def from_attrs(cls, name: str, attrs: Mapping[str, Any]) -> "StudyInfo":
@@ -68,6 +70,7 @@ class StudyInfo(NamedTuple):
             objectives=tuple(objectives) if objectives else None,
             peers=record.get("peers"),
             decays=tuple(decays) if decays else None,
+            sweep=record.get("sweep"),
         )
 
 
@@ -95,11 +98,14 @@ def report_frame(frame: pd.DataFrame, info: StudyInfo) -> pd.DataFrame:
     ``predicted_rank`` (``predicted_x_floor`` where the model covers the config's knobs,
     what a compile-only study ranks by; NaN for an extrapolation) and ``hover`` (the full
     config and measurements, one HTML line each)."""
-    missing = [c for c in FRAME_COLUMNS if c not in frame.columns]
+    missing = [c for c in FRAME_COLUMNS if c not in frame.columns and c not in FLOOR]
     if missing:
         raise ValueError(f"the trial log lacks the columns {missing} (see reports.data.FRAME_COLUMNS)")
     frame = frame.copy()
-    numeric = (*MEASURES, *RESOURCES_ALL, *PREDICTED[:-1])  # all but predicted_by, a text
+    for column in FLOOR:  # a log written before decode trials recorded their floor
+        if column not in frame.columns:
+            frame[column] = math.nan
+    numeric = (*MEASURES, *RESOURCES_ALL, *PREDICTED[:-1], *FLOOR)  # all but predicted_by, a text
     for column in numeric:  # all-None columns (e.g. no latency) come back as objects
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)
     frame["config"] = [config_label(row) for row in frame[list(PARAMS)].to_dict("records")]
@@ -127,6 +133,10 @@ def config_label(params: Mapping[str, Any]) -> str:
     """{'chunk': 64, 'block_dv': 32, ...} -> '64/32/2/128/regs/1' (``KernelConfig.label``);
     a knob without a value shows as '?'."""
     plain = {k: native(v) for k, v in params.items()}
+    if set(DECODE_KNOBS) <= set(plain) and all(
+        plain_text(v) == "?" for k, v in plain.items() if k not in DECODE_KNOBS
+    ):
+        return "/".join(plain_text(plain[k]) for k in DECODE_KNOBS)  # a decode trial's: block_dv/threads
     try:
         return KernelConfig(**plain).label
     except (TypeError, ValueError):  # a missing or impossible value: still say what is known
@@ -155,8 +165,12 @@ def _hover(row: dict[str, Any]) -> str:
     lines = [
         f"trial {row['number']} · {row['status'] or row['state'].lower()}"
         + (" · baseline (seed default)" if row["baseline"] else ""),
-        "C={} bDV={} stages={} threads={} scores={} segments={}".format(
-            *(plain_text(row[k]) for k in PARAMS)
+        (
+            f"bDV={plain_text(row['block_dv'])} threads={plain_text(row['threads'])}"
+            if plain_text(row["chunk"]) == "?"  # a decode trial's knobs
+            else "C={} bDV={} stages={} threads={} scores={} segments={}".format(
+                *(plain_text(row[k]) for k in PARAMS)
+            )
         ),
         (
             f"median {num('median_ms', '.4f', ' ms')} (p20 {num('p20_ms', '.4f')}, "

@@ -38,7 +38,7 @@ def render_report(frame: pd.DataFrame, info: StudyInfo, *, across: pd.DataFrame 
             _fronts(s, frame, metric),
             _insight(info, s, frame, metric),
             _tables(s, frame),
-            sections.numerics(s, frame),
+            sections.decode(s, frame) if info.sweep == "decode" else sections.numerics(s, frame),
             sections.peers(info, frame),
             sections.archs(side),
         ]
@@ -69,6 +69,11 @@ def _header(s: Summary, frame: pd.DataFrame, *, archs: bool) -> str:
     p, env = s.problem, s.environment
     problem = (
         (
+            f"decode N={p.get('batch')} H={p.get('heads')} DK={p.get('dk')} DV={p.get('dv')} "
+            f"{p.get('dtype')}, {p.get('pool_dtype')} pool"
+        )
+        if "pool_dtype" in p
+        else (
             f"B={p.get('batch')} H={p.get('heads')} S={p.get('seqlen')} DK={p.get('dk')} "
             f"DV={p.get('dv')} {decays.decay_label(p, s.decays)} {p.get('dtype')}"
         )

@@ -38,6 +38,34 @@ def numerics(s: Summary, frame: pd.DataFrame) -> str:
     )
 
 
+def decode(s: Summary, frame: pd.DataFrame) -> str:
+    """A decode study's floor, in place of the forward's numerics: the bytes a step must move
+    (each state of its N sequences read and written once), and for the best timed config
+    the copy of those bytes timed in the same run, and its time over that."""
+    p = s.problem
+    elem = 2 if p.get("pool_dtype") == "bfloat16" else 4
+    state = 2 * p.get("batch", 0) * p.get("heads", 0) * p.get("dk", 0) * p.get("dv", 0) * elem
+    parts = [
+        '<h2 id="floor">The decode step\'s floor</h2>',
+        (
+            f'<p class="lede">A step reads and writes each of its sequences\' states once: '
+            f"2 x N x H x DK x DV x {elem} bytes = {state:,} bytes, at the rate of a device copy of them "
+            "timed in the same run.</p>"
+        ),
+    ]
+    best = frame[(frame.number == s.best) & frame.floor_ms.notna()]
+    if len(best):
+        row = best.iloc[0]
+        parts.append(
+            f"<p>Best config {markup.escape(str(row.config))}: {row.median_ms:.4f} ms, the copy "
+            f"{row.floor_ms:.4f} ms ({row.copy_bytes_per_s / 1e9:,.0f} GB/s): "
+            f"{row.x_floor:.2f}x the floor.</p>"
+        )
+    else:
+        parts.append('<p class="note">No config was timed (compile-only study): no floor measured.</p>')
+    return markup.section(parts)
+
+
 def peers(info: StudyInfo, frame: pd.DataFrame) -> str:
     """The peers' timings beside our best (``reports.peers``)."""
     peers = peer_bars(frame, info)

@@ -10,7 +10,7 @@ from kernel import formats
 from kernel.environment import write_json
 from kernel.ops.deploy import FORMAT, VERSION
 from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
-from kernel.trial_schema import PREDICTED, TIMES
+from kernel.trial_schema import FLOOR, PREDICTED, TIMES
 from tuner.trials import best_trials, trial_config
 
 
@@ -38,6 +38,7 @@ def export_best(study: optuna.Study, path: Path, *, env: str | None = None, top:
                     k: t.user_attrs.get(k)
                     for k in (*TIMES, "rel_l2", "spill_bytes", "smem_bytes", "registers", *PREDICTED)
                 },
+                **{k: t.user_attrs[k] for k in FLOOR if k in t.user_attrs},  # a decode trial's
             }
             for t in best[:top]
         ],

@@ -103,9 +103,10 @@ class Options:
     )
     sweep: str = option(
         "forward",
-        "the kernel to tune: the forward, or dkdv, the backward's fused dk and dv sweep "
-        "(kernel.dkdv; Hopper, DK x DV <= 128 x 128)",
-        choices=SWEEPS,
+        "the kernel to tune: the forward, dkdv, the backward's fused dk and dv sweep "
+        "(kernel.dkdv; Hopper, DK x DV <= 128 x 128), or decode, the decode step on a pool of states "
+        "(kernel.decode; --batch is the number of sequences)",
+        choices=(*SWEEPS, "decode"),
     )
     seed: int = option(0, "seed of the sampler and of the random inputs", minimum=0, maximum=2**32 - 1)
     enqueue: tuple[KernelConfig, ...] = option((), "configs measured first", flag="")

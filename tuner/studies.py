@@ -11,6 +11,7 @@ from optuna.storages import BaseStorage
 
 from kernel import formats
 from kernel.config import KernelConfig, Problem
+from kernel.decode import DecodeCase
 from tuner.options import STUDIES_DIR, STUDIES_VARIABLE, UsageError, default_storage
 from tuner.storage import get_storage, storage_key
 
@@ -22,7 +23,7 @@ STORAGES = "storages"  # the studies folder's folder of other storages' study fi
 BESIDE = {"sqlite": ("-journal", "-wal", "-shm"), "journal": (".lock",)}
 
 
-def default_study_name(problem: Problem, sweep: str = "forward") -> str:
+def forward_study_name(problem: Problem, sweep: str = "forward") -> str:
     p = problem
     return f"b{p.batch}-h{p.heads}-s{p.seqlen}-dk{p.dk}-dv{p.dv}-{p.dtype}" + (
         "-dkdv" if sweep == "dkdv" else ""
@@ -115,8 +116,22 @@ def open_study(
             "call; the tuner now measures the model form (kernel.config.model_call): use another --study"
         )
     elif saved != problem.to_dict():
-        raise UsageError(f"study {name!r} was made for {Problem.from_dict(saved)}, not {problem}")
+        raise UsageError(f"study {name!r} was made for {describe_problem(saved)}, not {problem}")
     return study
+
+
+def describe_problem(saved: dict) -> str:
+    """A study's recorded problem in words: the forward's, or the decode step's (its
+    ``pool_dtype``, ``kernel.decode.DecodeCase``)."""
+    return str(DecodeCase.from_dict(saved) if "pool_dtype" in saved else Problem.from_dict(saved))
+
+
+def default_study_name(problem: Problem | DecodeCase, sweep: str = "forward") -> str:
+    """The name of ``problem``'s study of ``sweep``."""
+    if isinstance(problem, DecodeCase):
+        p = problem.problem
+        return f"n{problem.batch}-h{p.heads}-dk{p.dk}-dv{p.dv}-{p.dtype}-pool-{p.pool_dtype}-decode"
+    return forward_study_name(problem, sweep)
 
 
 def load_study(name: str, storage: str) -> optuna.Study:

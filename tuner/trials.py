@@ -14,8 +14,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from kernel import formats
 from kernel.config import SEED_CONFIG, KernelConfig
+from kernel.decode import DECODE_KNOBS, DecodeConfig
 from kernel.environment import ENVIRONMENT_KEYS, env_key, replacing
-from kernel.trial_schema import MEASURES, PARAMS, PREDICTED, RESOURCES, TRIAL_COLUMNS
+from kernel.trial_schema import FLOOR, MEASURES, PARAMS, PREDICTED, RESOURCES, TRIAL_COLUMNS
 from tuner.claims import interrupted
 from tuner.options import UsageError
 
@@ -127,9 +128,34 @@ def trial_params(trial: FrozenTrial) -> dict[str, Any]:
     return trial.params or trial.system_attrs.get("fixed_params", {})
 
 
-def trial_config(trial: FrozenTrial) -> KernelConfig:
-    """The trial's config (``kernel.formats.trial_knobs``: of any study version)."""
-    return KernelConfig(**formats.trial_knobs(trial_params(trial)))
+def trial_config(trial: FrozenTrial) -> KernelConfig | DecodeConfig:
+    """The trial's config (``kernel.formats.trial_knobs``: of any study version); a decode
+    study's trial (``run --sweep decode``: no chunk) its ``DecodeConfig``."""
+    return config_of(trial_params(trial))
+
+
+def config_of(knobs: dict[str, Any]) -> KernelConfig | DecodeConfig:
+    """A trial's params, or an export's config, as its config: the decode step's where they
+    are its knobs (``is_decode``), else the forward's of any study version."""
+    return DecodeConfig(**knobs) if is_decode(knobs) else KernelConfig(**formats.trial_knobs(knobs))
+
+
+def is_decode(params: dict[str, Any]) -> bool:
+    """Whether a trial's params are the decode step's knobs (``kernel.decode.DECODE_KNOBS``)."""
+    return bool(params) and set(params) <= set(DECODE_KNOBS)
+
+
+def config_label(row: dict[str, Any]) -> str:
+    """A trial log row's config as its label: the forward's (``KernelConfig.label``), or a
+    decode trial's, whose forward knobs are empty (``DecodeConfig.label``)."""
+    knobs = {k: row[k] for k in PARAMS}
+    if all(_empty(knobs[k]) for k in PARAMS if k not in DECODE_KNOBS):
+        return DecodeConfig(**{k: int(knobs[k]) for k in DECODE_KNOBS}).label
+    return KernelConfig(**knobs).label
+
+
+def _empty(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def measured_before(study: optuna.Study, params: dict[str, Any], key: str) -> FrozenTrial | None:
@@ -159,8 +185,12 @@ def trials_frame(study: optuna.Study, *, env: str | None = None) -> pd.DataFrame
             or {"RUNNING": "running", "WAITING": "queued", "FAIL": "interrupted"}.get(t.state.name),
             "reason": attrs.get("reason")
             or ("no heartbeat within the grace period: its worker died" if t.state.name == "FAIL" else None),
-            **{k: v for k, v in formats.trial_knobs(params).items() if k in PARAMS},
-            **{k: attrs.get(k) for k in (*MEASURES, *RESOURCES, *PREDICTED)},
+            **{
+                k: v
+                for k, v in (params if is_decode(params) else formats.trial_knobs(params)).items()
+                if k in PARAMS
+            },
+            **{k: attrs.get(k) for k in (*MEASURES, *RESOURCES, *PREDICTED, *FLOOR)},
             "feasible": is_feasible(t),
             "baseline": bool(attrs.get("baseline", False)),
             "gpu_evaluated": attrs.get("mode") == "gpu"
@@ -192,7 +222,7 @@ def table(frame: pd.DataFrame, columns=TABLE, width: int = TABLE_WIDTH) -> str:
     ):
         columns = [c if c != "predicted_ms" else "predicted_x_floor" for c in columns]
     shown = frame.assign(
-        config=[KernelConfig(**{k: row[k] for k in PARAMS}).label for _, row in frame.iterrows()],
+        config=[config_label(row) for _, row in frame.iterrows()],
         reason=frame.reason.map(
             lambda r: r.strip().splitlines()[0] if isinstance(r, str) and r.strip() else None
         ),

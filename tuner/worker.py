@@ -24,7 +24,7 @@ from kernel.processes import CHECKPOINT_S, bind_to_parent, sigint_blocked
 INJECT_ENV = "DECAY_TUNER_INJECT"
 
 
-def _inject(config: KernelConfig) -> None:
+def _inject(config: Any) -> None:  # a KernelConfig or a DecodeConfig: its label
     faults = dict(item.split("=") for item in os.environ.get(INJECT_ENV, "").split(",") if "=" in item)
     fault = faults.get(config.label)
     if fault == "hang":
@@ -48,6 +48,8 @@ def _inject(config: KernelConfig) -> None:
 
 
 def _measure(job: dict[str, Any]) -> dict[str, Any]:
+    if job.get("sweep") == "decode":
+        return _measure_decode(job)
     from kernel.validate import check_and_time
 
     problem, config = Problem.from_dict(job["problem"]), KernelConfig.from_dict(job["config"])
@@ -55,6 +57,19 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
     call = Call(**job["call"]) if "call" in job else model_call(problem)
     kernel = build(problem, config, call)  # RetNet's decays: check_and_time's default
     return check_and_time(kernel, seed=job["seed"], tolerance=job["tolerance"])
+
+
+def _measure_decode(job: dict[str, Any]) -> dict[str, Any]:
+    """A decode trial (``run --sweep decode``): one step checked against reference A, timed,
+    and the copy of its states timed beside it (``kernel.validate.check_and_time_decode``)."""
+    from kernel.decode import DecodeCase, DecodeConfig
+    from kernel.decode_build import build_decode
+    from kernel.validate import check_and_time_decode
+
+    case, config = DecodeCase.from_dict(job["problem"]), DecodeConfig.from_dict(job["config"])
+    _inject(config)
+    kern = build_decode(case.problem, config)
+    return check_and_time_decode(kern, case.batch, seed=job["seed"], tolerance=job["tolerance"])
 
 
 def _warm() -> None:

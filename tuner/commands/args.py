@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernel.config import KernelConfig, Problem
+from kernel.decode import DecodeCase, DecodeProblem
 from kernel.defaults import size_error
 from tuner import options
 from tuner.options import Options, UsageError, check_writable, default_storage, parse_config
@@ -19,6 +20,21 @@ def problem_of(args: argparse.Namespace) -> Problem:
     if reason := size_error(problem):
         raise UsageError(reason)
     return problem
+
+
+def decode_case_of(args: argparse.Namespace, batch: int) -> DecodeCase:
+    """The decode step of ``batch`` sequences of the flags' heads, head sizes, dtype and
+    ``--pool-dtype``, scaled by DK^-1/2 (fla's default) with int32 slots; ``UsageError`` for
+    ``--seqlen`` given (a decode step has one token per sequence)."""
+    if "seqlen" in getattr(args, "given", ()):
+        raise UsageError("--seqlen does not apply to the decode step: it takes one token per sequence")
+    try:
+        problem = DecodeProblem(
+            args.heads, args.dk, args.dv, args.dtype, args.pool_dtype, "int32", args.dk**-0.5
+        )
+        return DecodeCase(batch, problem)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def configs_from(paths: list[str]) -> tuple[KernelConfig, ...]:

@@ -1,0 +1,232 @@
+"""The decode step's study (``run --sweep decode``): its knobs (``kernel.decode``'s table),
+measured as the forward's are, by the same loop (``tuner.study.Tuner``) and told the same
+way (``tuner.outcomes``).
+
+A trial compiles one config (``kernel.decode_build.probe_decode``); on a GPU, the worker
+checks one step of N sequences against one step of reference A in fp64 on fresh random
+inputs (relative L2 of the output, the updated states and the pool's unused rows, under
+``--tolerance``), times it (``kernel.timing.time_gpu``: L2 flushed, median) and times a
+device copy of the states it reads and writes, its floor: 2 x N x H x DK x DV x the pool
+dtype's bytes at the copy rate of the same process (``kernel.validate.check_and_time_decode``).
+
+Compile-only, no latency model is fitted to the decode step: trials rank by how full the
+grid's waves keep the SMs (``decode_waves``: the launched waves' slots over the blocks,
+from the probe's registers and threads), labelled as the analytic part alone. Configs whose
+waves are full tie, and stay in the order they were tried.
+
+Its trials' environment carries the decode step's code key (``kernel.environment.
+decode_environment``): a changed decode kernel never reuses a decode trial, and the
+forward's key is left as it was.
+"""
+
+import math
+import os
+import random
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+
+import optuna
+
+from kernel.arch import get_arch, resolve
+from kernel.builder import sm_count
+from kernel.decode import DecodeCase, DecodeConfig, decode_config, decode_knobs
+from kernel.decode_build import probe_decode
+from kernel.environment import decode_environment, env_key
+from kernel.processes import CHECKPOINT_S, result_of
+from kernel.resources import ProbeFailure
+from kernel.trial_schema import FLOOR, MEASURES, UNCALIBRATED
+from tuner import outcomes
+from tuner.claims import Claimed, Claims, Owned, worker_index
+from tuner.liveness import fail_interrupted, fail_stale
+from tuner.occupancy import Figures, blocks_per_sm
+from tuner.options import Options, UsageError
+from tuner.samplers import make_sampler
+from tuner.storage import get_storage
+from tuner.studies import hold, open_study
+from tuner.study import Tuner
+from tuner.trials import best_trials, measured_before, trial_config
+from tuner.worker import GpuWorker
+
+# What a compile-only decode study is ranked by (``tuner.studies.hold``'s ``ranked_by``).
+RANKED_BY = "decode-waves"
+PREDICTED_BY = f"{UNCALIBRATED}: the decode step's waves on the SMs, no fitted model"
+
+
+def decode_waves(
+    case: DecodeCase, config: DecodeConfig, figures: Figures, arch: str, sms: int | None
+) -> float:
+    """The slots of the launched waves over the blocks that fill them (1: every wave full;
+    a grid smaller than the GPU counts its idle slots), on ``sms`` SMs (default: the arch's
+    reference GPU's)."""
+    blocks = config.blocks(case.rows, case.problem.dv)
+    slots = (sms or get_arch(arch).sms) * blocks_per_sm(figures, arch)
+    return math.ceil(blocks / slots) * slots / blocks
+
+
+class DecodeTuner(Tuner):
+    """One ``run --sweep decode`` process: the forward's loop over the decode step's knobs."""
+
+    def __init__(self, case: DecodeCase, options: Options, *, name: str, storage: str) -> None:
+        if options.enqueue:
+            raise UsageError(
+                "--enqueue takes forward configs; a decode study measures the rule's config first"
+            )
+        self.problem, self.options, self.sweep, self.call = case, options, "decode", None
+        self.arch, self.gpu = resolve(options.arch)
+        self.env = decode_environment(self.arch)
+        self.env_key = env_key(self.env)
+        self.objectives = outcomes.objective_names(self.gpu, options.multi_objective)
+        self.knobs = decode_knobs(case.problem)
+        self.storage = get_storage(storage, heartbeat_s=options.heartbeat_s, grace_s=options.grace_s)
+        self.study = open_study(
+            case,  # its to_dict: the study's problem
+            name=name,
+            storage=self.storage,
+            sampler=self._sampler(options.seed),
+            directions=["minimize"] * len(self.objectives),
+        )
+        self.worker_index = worker_index(self.study)
+        if self.worker_index:
+            self.study.sampler = self._sampler(options.seed + self.worker_index)
+        mode = "gpu" if self.gpu else "compile-only"
+        hold(self.study, storage, objectives=self.objectives, sweep="decode", mode=mode, arch=self.arch,
+             ranked_by=RANKED_BY)  # fmt: skip
+        self.interrupted = fail_interrupted(self.study) + fail_stale(self.study, options.grace_s)
+        self.claims = Claims(self.study, self.env_key, options.grace_s)
+        self._live: set[int] = set()
+        self._pool: ProcessPoolExecutor | None = None
+        self._checkpoint = lambda: None
+        self.sms = sm_count() if self.gpu else None
+        self.rule = decode_config(case.problem, case.rows, self.sms or get_arch(self.arch).sms)
+        self._enqueue_rule()
+        self.distributions = {
+            k: optuna.distributions.CategoricalDistribution(v) for k, v in self.knobs.items()
+        }
+        self.grid = [DecodeConfig(b, t) for b in self.knobs["block_dv"] for t in self.knobs["threads"]]
+        self._fills = random.Random(options.seed + self.worker_index)
+        self.explored = 0
+        cores = os.cpu_count() or 1
+        self.workers = options.workers or (max(1, cores - 2) if self.gpu else cores)
+        self.depth = min(self.workers, 8) if self.gpu and options.sampler != "grid" else self.workers
+        self.gpu_evaluations = 0
+
+    def _sampler(self, seed: int) -> optuna.samplers.BaseSampler:
+        if self.options.sampler == "grid":
+            return optuna.samplers.GridSampler({k: list(v) for k, v in self.knobs.items()}, seed=seed)
+        return make_sampler(self.options.sampler, None, seed)  # only the grid reads the problem
+
+    def _enqueue_rule(self) -> None:
+        """Queue the rule's config (``kernel.decode.decode_config`` at N), the baseline, unless
+        a trial of this environment or a queued one has it."""
+        rule = self.rule.to_dict()
+        for t in self.study.get_trials(deepcopy=False):
+            params = t.params or t.system_attrs.get("fixed_params", {})
+            waiting = t.state == optuna.trial.TrialState.WAITING
+            if params == rule and (waiting or t.user_attrs.get("env_key") == self.env_key):
+                return
+        self.study.enqueue_trial(rule, user_attrs={"baseline": True})
+
+    def restriction(self, config: DecodeConfig) -> str | None:
+        return config.fits_error(self.problem.problem)
+
+    def _ask(self, pool: ProcessPoolExecutor) -> tuple[optuna.Trial, DecodeConfig, Future | Owned | None]:
+        trial = self._owned_trial()
+        config = DecodeConfig(**trial.params)
+        if self.restriction(config):
+            return trial, config, None
+        state = self.claims.claim(config, trial.number)
+        if isinstance(state, Owned):
+            return trial, config, state
+        trial.set_user_attr("claim_attempt", state.attempt)
+        return trial, config, pool.submit(probe_decode, self.problem.problem, config, arch=self.arch)
+
+    def _follow(self, trial: optuna.Trial, config: DecodeConfig, worker: GpuWorker | None) -> None:
+        while True:
+            state = self.claims.claim(config, trial.number)
+            if isinstance(state, Claimed):
+                trial.set_user_attr("claim_attempt", state.attempt)
+                assert self._pool is not None
+                job = self._pool.submit(probe_decode, self.problem.problem, config, arch=self.arch)
+                self._evaluate(trial, config, result_of(job, self._checkpoint), worker)
+                return
+            if state.finished:
+                outcomes.copy(self.study, trial, state.owner)
+                return
+            for _ in range(3):
+                time.sleep(CHECKPOINT_S)
+                self._checkpoint()
+
+    def _fill(self, repeat: optuna.Trial, untried: dict) -> None:
+        free = [c for c, queued in untried.items() if not queued]
+        allowed = [c for c in free if not self.restriction(c)]
+        if allowed or free:
+            config = self._fills.choice(allowed or free)
+            self.study.enqueue_trial(config.to_dict(), user_attrs={"instead_of_repeat": repeat.number})
+            untried[config] = True
+
+    def _evaluate(self, trial: optuna.Trial, config: DecodeConfig, res, worker: GpuWorker | None) -> None:
+        start = time.perf_counter()
+        trial.set_user_attr("env_key", self.env_key)
+        trial.set_user_attr("environment", self.env)
+        trial.set_user_attr("mode", "gpu" if self.gpu else "compile-only")
+        n = len(self.objectives)
+        if res is None:
+            outcomes.reject(
+                self.study, trial, n, "restricted", "restriction", self.restriction(config), start
+            )
+            return
+        for key, value in res.to_dict().items():
+            trial.set_user_attr(key, value)
+        if isinstance(res, ProbeFailure):
+            reason = f"{res.error_type}: {res.message}"
+            outcomes.reject(self.study, trial, n, "compile_failed", "compiles", reason, start)
+            return
+        over = outcomes.violations(res, self.options)
+        for key, value in over.items():
+            trial.set_constraint(key, value)
+        if any(v > 0 for v in over.values()):
+            trial.set_constraint("correctness", 0.0)
+            trial.set_user_attr("reason", outcomes.over_budget_reason(res, self.options))
+            outcomes.tell(self.study, trial, [math.inf] * n, "infeasible", start)
+            return
+        ratio = decode_waves(self.problem, config, Figures.of(res), self.arch, self.sms)
+        trial.set_user_attr("predicted_x_floor", ratio)
+        trial.set_user_attr("predicted_by", PREDICTED_BY)
+        if not self.gpu:
+            trial.set_constraint("correctness", 0.0)
+            outcomes.tell(self.study, trial, [ratio, float(res.smem_bytes)][:n], "ok", start)
+            return
+        self._measure(trial, config, worker, start)
+
+    def _job(self, trial: optuna.Trial, config: DecodeConfig) -> dict:
+        return {
+            "sweep": "decode",
+            "problem": self.problem.to_dict(),
+            "config": config.to_dict(),
+            "seed": self.options.seed + trial.number,
+            "tolerance": self.options.tolerance,
+        }
+
+    def _measure(self, trial: optuna.Trial, config: DecodeConfig, worker: GpuWorker, start: float) -> None:
+        cached = measured_before(self.study, trial.params, self.env_key)
+        if cached is not None:
+            keep = (*MEASURES, "finite", *FLOOR)
+            result = {k: cached.user_attrs[k] for k in keep if k in cached.user_attrs}
+            trial.set_user_attr("cached_from", cached.number)
+            result["ok"] = True
+        else:
+            self.gpu_evaluations += 1
+            result = worker.measure(self._job(trial, config), self._checkpoint)
+        outcomes.measured(self.study, trial, result, self.options.tolerance, len(self.objectives), start)
+
+    def _best_text(self) -> str:
+        best = best_trials(self.study, self.env_key)
+        if not best:
+            return "no feasible config yet"
+        t = best[0]
+        if self.gpu:
+            floor = t.user_attrs.get("x_floor")
+            return f"best {t.values[0]:.4g} ms @ {trial_config(t).label}" + (
+                f", {floor:.2f}x floor" if floor else ""
+            )
+        return f"best {t.values[0]:.3g} waves' slots per block (analytic) @ {trial_config(t).label}"
