@@ -51,9 +51,9 @@ def test_the_shipped_model_is_what_model_fit_makes_of_the_package_s_sweeps(tmp_p
 
 def test_the_json_trees_predict_what_scikit_learn_does(samples):
     train, held = samples
-    model = latency_fit.fit(train, gpu="NVIDIA H200", bandwidth=latency.H200_BANDWIDTH, trained={})
+    model = latency_fit.fit(train, gpu="NVIDIA H200", bandwidth=latency.MODEL_BANDWIDTH, trained={})
     x = lambda rows: np.array([s.features() for s in rows])  # noqa: E731
-    y = [s.log_ratio(latency.H200_BANDWIDTH) for s in train]
+    y = [s.log_ratio(latency.MODEL_BANDWIDTH) for s in train]
     reference = HistGradientBoostingRegressor(**latency_fit.TREE_PARAMS, random_state=0).fit(x(train), y)
     ours = [model.log_ratio(list(row)) for row in x(held)]
     np.testing.assert_allclose(ours, reference.predict(x(held)), rtol=0, atol=1e-5)
@@ -312,7 +312,7 @@ def test_model_fit_without_held_out_shapes_leaves_each_shape_out(tmp_path, capsy
     assert model.interval[0] < 0 < model.interval[1]
     one = [s for s in held if s.shape == held[0].shape]
     with pytest.raises(UsageError, match="all .* timings are of one shape"):
-        latency_fit.fit_each_shape_out(one, gpu="G", bandwidth=latency.H200_BANDWIDTH, sources=[])
+        latency_fit.fit_each_shape_out(one, gpu="G", bandwidth=latency.MODEL_BANDWIDTH, sources=[])
 
 
 def test_a_fit_that_ranks_nothing_writes_plain_json_and_says_so(tmp_path, capsys):

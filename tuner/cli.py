@@ -25,7 +25,7 @@ from tuner.commands.device import cmd_bench, cmd_probe, cmd_warmup
 from tuner.commands.model import cmd_model
 from tuner.commands.read import cmd_best, cmd_compare, cmd_export, cmd_report, cmd_trials
 from tuner.commands.study import cmd_dispatch, cmd_run
-from tuner.latency import H200_BANDWIDTH
+from tuner.latency import MODEL_BANDWIDTH
 from tuner.options import BENCH_PACKED, BENCH_SHAPES, PROBLEM_FLAGS, STUDIES_DIR, UsageError, default_storage
 
 
@@ -240,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--bandwidth",
         type=float,
-        help=f"the GPU's copy rate in bytes/s, for the floor (default: the H200's, {H200_BANDWIDTH:.3g})",
+        help="the GPU's copy rate in bytes/s, for the floor (default: that of the GPU the shipped model "
+        f"was fitted on, {MODEL_BANDWIDTH:.3g})",
     )
     model.add_argument(
         "--out", help="path of the fitted model (default: latency_model.json in the studies' folder)"

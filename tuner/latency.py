@@ -28,9 +28,9 @@ from tuner.occupancy import Figures, analytic_ratio, blocks_per_sm, floor_bytes,
 MODEL_FILE = Path(__file__).with_name("latency_model.json")
 MODEL_VARIABLE = "DECAY_TUNER_LATENCY_MODEL"  # a model file of the user's, fitted to their GPU
 MODEL_FORMAT = "decay-tuner-latency-model"
-# The shipped model's GPU's copy rate as the bench measures it: the floor its timings are
-# divided by. evidence: docs/evidence.md#model-bandwidth
-H200_BANDWIDTH = 4.22e12
+# The copy rate of the GPU the shipped model was fitted on, as the bench measures it: the
+# floor its timings are divided by. evidence: docs/evidence.md#model-bandwidth
+MODEL_BANDWIDTH = 4.22e12
 
 FEATURES = (
     "log2 blocks per SM slot",
@@ -258,7 +258,7 @@ def latency_model() -> LatencyModel:
 
 
 # No trees and no architecture: predicts by the analytic part alone, saying there is no model.
-ANALYTIC_ONLY = LatencyModel("", "", H200_BANDWIDTH, 0.0, (), (math.nan, math.nan), {}, {})
+ANALYTIC_ONLY = LatencyModel("", "", MODEL_BANDWIDTH, 0.0, (), (math.nan, math.nan), {}, {})
 
 
 @functools.cache

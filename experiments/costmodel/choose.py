@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from tuner import latency_fit
-from tuner.latency import H200_BANDWIDTH
+from tuner.latency import MODEL_BANDWIDTH
 
 SWEEPS = Path(__file__).resolve().parent.parent / "shipped"
 SETTINGS = [(200, 0.1, 15, 20), (100, 0.15, 15, 20), (100, 0.1, 15, 20), (60, 0.2, 15, 20),
@@ -22,6 +22,6 @@ for max_iter, learning_rate, max_leaf_nodes, min_samples_leaf in SETTINGS:
                   min_samples_leaf=min_samples_leaf)  # fmt: skip
     latency_fit.TREE_PARAMS.update(params)
     model, _ = latency_fit.fit_and_judge(
-        train + held, lambda s: s.shape in shapes, gpu=gpu, bandwidth=H200_BANDWIDTH, sources=[]
+        train + held, lambda s: s.shape in shapes, gpu=gpu, bandwidth=MODEL_BANDWIDTH, sources=[]
     )
     print(json.dumps({**params, **model.trained["held_out"], "interval": model.interval}))

@@ -35,7 +35,7 @@ def cmd_model(args: argparse.Namespace) -> int:
     from tuner.commands.args import named, out_file
 
     out = out_file(args, Path(args.studies_dir) / "latency_model.json", (".json",))  # before the fit
-    bandwidth = latency.H200_BANDWIDTH if args.bandwidth is None else args.bandwidth
+    bandwidth = latency.MODEL_BANDWIDTH if args.bandwidth is None else args.bandwidth
     if not 0 < bandwidth < math.inf:
         raise UsageError(f"--bandwidth wants the GPU's copy rate in bytes/s (finite, > 0), got {bandwidth}")
     samples, gpus = [], []
