@@ -16,7 +16,7 @@ from kernel.arch import local_arch
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, retnet_decay, whole_chunks
 from kernel.processes import compile_pool
 from kernel.resources import ProbeFailure, ProbeResult, compile_kernel, probe
-from kernel.variants import launch, launch_dkdv, shape_generic, unused_state
+from kernel.variants import launch, launch_dkdv, launch_pool, shape_generic, unused_state
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -139,6 +139,28 @@ class ScalarDecayKernel:
             p, c, self.call, self.launchers or self.compiled, q, k, v, decay, h0, out, ht, cu_seqlens, states
         )
         return out, used
+
+    def run_pool(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        decay: torch.Tensor,
+        pool: torch.Tensor,
+        out: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        slots: torch.Tensor,
+        from_pool: torch.Tensor,
+    ) -> torch.Tensor:
+        """A pool call (``call.slots``) on checked tensors: q, k ``[1, T, H, DK]``, v and
+        ``out`` ``[1, T, H, DV]``, the int32 ``cu_seqlens`` ``[N + 1]``, the fp32 pool ``[P,
+        H, DK, DV]`` read and written in place at the slots ``[N]`` (of ``call.slots``'s
+        dtype), ``from_pool`` int8 ``[N]``: nonzero where a sequence starts from its slot
+        (``kernel.scalar_decay.pool_fwd``). Returns ``out``."""
+        p = self.problem
+        rows = pool.view(-1, 1, p.dk, p.dv)
+        launch_pool(self.launchers or self.compiled, q, k, v, decay, rows, out, cu_seqlens, slots, from_pool)
+        return out
 
     def run_dkdv(
         self,

@@ -27,6 +27,7 @@ KNOBS: dict[str, tuple] = {
 }
 SCORES = KNOBS["scores"]
 SEGMENT_COUNTS = KNOBS["segments"]
+SLOT_DTYPES = ("int32", "int64")  # a pool's slot indices, as torch hands them
 SWEEPS = ("forward", "dkdv")  # the kernels a config is tuned for: the forward, the fused dk+dv sweep
 
 
@@ -198,8 +199,10 @@ class Call:
     sequence's last token and leaves at its first; the backward's dk and dv sweeps,
     ``kernel.ops.backward``). ``dkdv``: the backward's fused reversed sweep (``kernel.dkdv``),
     which takes dO too and writes dK and dV; its state in is dS's start, its state out dS
-    at the first token. The decay is not here: the kernels read each head's alpha at run
-    time."""
+    at the first token. ``slots``: a packed call whose states live in a pool of slots
+    (``kernel.scalar_decay.packed_fwd``), the dtype of its slot indices (``SLOT_DTYPES``);
+    None for a call of its own state tensors. The decay is not here: the kernels read
+    each head's alpha at run time."""
 
     scale: float = 1.0
     initial_state: bool = False
@@ -207,6 +210,7 @@ class Call:
     packed: bool = False
     reverse: bool = False
     dkdv: bool = False
+    slots: str | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -217,6 +221,13 @@ class Call:
             raise ValueError(f"scale must be a finite number, got {self.scale!r}")
         if self.dkdv and not self.reverse:
             raise ValueError("the fused dk and dv sweep runs backwards in time: reverse=True")
+        if self.slots is not None:
+            if self.slots not in SLOT_DTYPES:
+                raise ValueError(f"slots must be one of {SLOT_DTYPES} or None, got {self.slots!r}")
+            if not self.packed or self.initial_state or self.final_state or self.reverse:
+                raise ValueError(
+                    "a pool of slots serves a packed forward call, which has no state tensor in or out"
+                )
         object.__setattr__(self, "scale", float(self.scale))
 
     def to_dict(self) -> dict[str, Any]:

@@ -194,8 +194,9 @@ def chunk_loop_macro(
     carried in, then the state carried out. ``Decay[bh]`` is the head's alpha in (0, 1],
     read at run time; ``scale`` multiplies the queries. ``State`` is ``None`` (start from
     zero) or an fp32 ``[B*H, P, DK, DV]`` tensor whose ``[bbh, p_in]`` slice is the state
-    to start from; ``Final`` is ``None`` or the fp32 ``[B*H, 1, DK, DV]`` tensor that
-    receives the state after ``s_end`` where the run-time condition ``final`` holds. A
+    to start from where the run-time condition ``start`` holds (default: always; else
+    zero); ``Final`` is ``None`` or the fp32 ``[B*H, 1, DK, DV]`` tensor that receives the
+    state after ``s_end`` where the run-time condition ``final`` holds. A
     ragged last chunk (``m < C`` tokens) weights its keys by their distance to its last
     token and decays the state by ``alpha^m``, so the state carried out is exact. Shared by
     the single-pass kernel and the sequence-split variant (``kernel.seq_split``). ``arch``
@@ -231,7 +232,9 @@ def chunk_loop_macro(
     touches = mma.asynchronous  # see the async step
 
     @T.macro
-    def chunk_loop(Q, K, V, O, Decay, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, p_in, final):
+    def chunk_loop(
+        Q, K, V, O, Decay, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, p_in, final, start=True
+    ):  # fmt: skip
         Q_s, K_s, Kw_s, V_s = staged_tiles(chunk=C, dk=dk, block_dv=block_dv, dtype=dtype)
         S_s = T.alloc_shared([dk, block_dv], dtype)
         O_s = T.alloc_shared([C, block_dv], dtype)
@@ -249,8 +252,10 @@ def chunk_loop_macro(
         decay_mask(Gamma, lg, Decay, bh)
         if State is None:
             T.clear(S_f)
-        else:
+        elif start:
             T.copy(State[bbh, p_in, :, v0 : v0 + block_dv], S_f)
+        else:
+            T.clear(S_f)
 
         for c in T.Pipelined(n_chunks, num_stages=num_stages):
             s0 = time.chunk_start(s_begin, c, n_chunks, C)
@@ -360,7 +365,9 @@ def transposed_chunk_loop_macro(
     rows = T.GemmWarpPolicy.FullRow
 
     @T.macro
-    def chunk_loop(Q, K, V, O, Decay, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, p_in, final):
+    def chunk_loop(
+        Q, K, V, O, Decay, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, p_in, final, start=True
+    ):  # fmt: skip
         Q_s, K_s, Kw_s, V_s = staged_tiles(chunk=C, dk=dk, block_dv=block_dv, dtype=dtype)
         O_s = T.alloc_shared([C, block_dv], dtype)
         AT_cast = T.alloc_shared([C, C], dtype)
@@ -375,9 +382,11 @@ def transposed_chunk_loop_macro(
         decay_mask(GammaT, lg, Decay, bh)  # GammaT[j, i]: key j, query i
         if State is None:
             T.clear(ST_f)
-        else:
+        elif start:
             for v, d in T.Parallel(block_dv, dk):
                 ST_f[v, d] = State[bbh, p_in, d, v0 + v]
+        else:
+            T.clear(ST_f)
 
         for c in T.Pipelined(n_chunks, num_stages=num_stages):
             s0 = time.chunk_start(s_begin, c, n_chunks, C)
@@ -462,12 +471,22 @@ def scalar_decay_fwd(problem: Problem, *, initial_state: bool = False, final_sta
     return main
 
 
-def prim_func(problem: Problem, config: KernelConfig, *, arch: str, packed: bool = False, **call):
-    """``scalar_decay_fwd`` (or, ``packed``, ``packed_fwd``) for a validated problem and a
-    single-pass config, lowered later for ``arch``; ``call``: ``scale``, ``initial_state``,
-    ``final_state``, ``reverse``."""
+def prim_func(
+    problem: Problem,
+    config: KernelConfig,
+    *,
+    arch: str,
+    packed: bool = False,
+    slots: str | None = None,
+    **call,
+):
+    """``scalar_decay_fwd`` (or, ``packed``, ``packed_fwd``; with ``slots``, ``pool_fwd``)
+    for a validated problem and a single-pass config, lowered later for ``arch``;
+    ``call``: ``scale``, ``initial_state``, ``final_state``, ``reverse``, ``slots``."""
     if config.segments != 1:
         raise ValueError(f"the single-pass kernel runs one segment, got segments={config.segments}")
+    if slots is not None:
+        return pool_fwd(problem, slots=slots, **loop_knobs(config), **call, arch=arch)
     return (packed_fwd if packed else scalar_decay_fwd)(problem, **loop_knobs(config), **call, arch=arch)
 
 
@@ -524,6 +543,64 @@ def packed_fwd(problem: Problem, *, initial_state: bool = False, final_state: bo
                 bnh,
                 0,
                 True,
+            )
+
+    return main
+
+
+def pool_fwd(problem: Problem, *, slots: str, initial_state=False, final_state=False, **loop):
+    """Return the ``@T.prim_func`` ``main(Q, K, V, Decay, Pool, O, CuSeqlens, Slots,
+    FromPool)``: ``packed_fwd`` with each sequence's states in a pool of slots, read and
+    written in place. ``slots``: the dtype of the slot indices (``kernel.config.SLOT_DTYPES``).
+
+    Pool: fp32 ``[P*H, 1, DK, DV]`` (a pool ``[P, H, DK, DV]`` viewed so, P symbolic).
+    Slots: ``[N]``, the pool row of each sequence; FromPool: int8 ``[N]`` (a bool tensor
+    viewed so). Sequence n, head h starts from ``Pool[Slots[n]*H + h]`` where ``FromPool[n]``
+    is nonzero and its slot lies in ``[0, P)``, else from zero, and its final state is
+    written there where the slot lies in ``[0, P)``: a slot outside (-1, padding) touches
+    no state, its outputs still computed. Each block reads its own ``[DK, block_dv]`` slice
+    before the chunk loop and writes it after: in place, distinct slots never race (a slot
+    repeated within a call does)."""
+    if initial_state or final_state:
+        raise ValueError("a pool call's states are the pool's: no initial_state or final_state")
+    heads, dk, dv = problem.heads, problem.dk, problem.dv
+    chunk, block_dv, threads = loop["chunk"], loop["block_dv"], loop["threads"]
+    chunk_loop = chunk_loop_macro(dk=dk, dtype=problem.dtype, packed=True, **loop)
+    tokens, offsets, sequences, rows = (T.dynamic(n) for n in ("tokens", "offsets", "sequences", "pool_rows"))
+    qk, vo, decay = tensor_types(1, tokens, heads=heads, dk=dk, dv=dv, dtype=problem.dtype)
+
+    @T.prim_func
+    def main(
+        Q: qk(), K: qk(), V: vo(), Decay: decay(), Pool: T.Tensor([rows, 1, dk, dv], ACCUM), O: vo(),
+        CuSeqlens: T.Tensor([offsets], "int32"), Slots: T.Tensor([sequences], slots),
+        FromPool: T.Tensor([sequences], "int8"),
+    ):  # fmt: skip
+        with T.Kernel(T.ceildiv(dv, block_dv), (offsets - 1) * heads, threads=threads) as (bv, bnh):
+            n = bnh // heads
+            bh = bnh % heads
+            bos = CuSeqlens[n]
+            eos = CuSeqlens[n + 1]
+            slot = T.Cast("int64", Slots[n])
+            kept = (slot >= 0) & (slot < T.Cast("int64", rows // heads))  # else no state read or written
+            row = T.Cast("int32", slot) * heads + bh  # used only where kept
+            chunk_loop(
+                Q,
+                K,
+                V,
+                O,
+                Decay,
+                0,
+                bh,
+                bv * block_dv,
+                bos,
+                T.ceildiv(eos - bos, chunk),
+                eos,
+                Pool,
+                Pool,
+                row,
+                0,
+                kept,
+                kept & (FromPool[n] != 0),
             )
 
     return main

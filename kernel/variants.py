@@ -48,6 +48,7 @@ def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, 
     from kernel import dkdv, scalar_decay, seq_split  # TileLang: loaded when a kernel is built
 
     knobs = call.to_dict()
+    slots = knobs.pop("slots")  # a pool's: the packed single-pass kernel's alone (``Call``)
     if knobs.pop("dkdv"):
         del knobs["reverse"]
         return dkdv.prim_funcs(problem, config, arch=arch, **knobs)
@@ -57,7 +58,7 @@ def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, 
             f"warp-specialise ({arch}): got segments={config.segments}, num_stages={config.num_stages}"
         )
     if config.segments == 1:
-        return [scalar_decay.prim_func(problem, config, arch=arch, **knobs)]
+        return [scalar_decay.prim_func(problem, config, arch=arch, slots=slots, **knobs)]
     del knobs["packed"]
     return list(seq_split.prim_funcs(problem, config, **knobs, arch=arch))
 
@@ -105,6 +106,14 @@ def launch(
             carry_kernel(k, decay, states)
     outputs_kernel(q, k, v, decay, states, out, ht)
     return states
+
+
+def launch_pool(compiled: tuple[Any, ...], q, k, v, decay, pool, out, cu_seqlens, slots, from_pool) -> None:
+    """Run a pool call (``Call.slots``, ``kernel.scalar_decay.pool_fwd``) once on checked
+    tensors: its one single-pass kernel, the fp32 pool viewed ``[P*H, 1, DK, DV]``, the
+    slots ``[N]`` and the int8 flags ``[N]`` of the sequences that start from their slot."""
+    (single,) = compiled
+    single(q, k, v, decay, pool, out, cu_seqlens, slots, from_pool)
 
 
 def same_segments(a: KernelConfig, b: KernelConfig, seqlen: int) -> bool:
