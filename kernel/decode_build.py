@@ -2,6 +2,9 @@
 an architecture with no GPU (registers, spills, shared memory, or the compiler's refusal)."""
 
 import math
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +12,7 @@ import torch
 
 from kernel.arch import DEFAULT_ARCH, local_arch
 from kernel.decode import DecodeConfig, DecodeProblem, decode_step
+from kernel.processes import compile_pool
 from kernel.resources import ProbeResult, compile_funcs, probe_funcs
 
 
@@ -70,6 +74,27 @@ def compile_decode(problem: DecodeProblem, config: DecodeConfig, arch: str = DEF
     config.check_fits(problem)
     (compiled,) = compile_funcs([decode_step(problem, config)], arch)
     return compiled
+
+
+def precompile_decode(
+    jobs: Sequence[tuple[DecodeProblem, DecodeConfig]],
+    *,
+    arch: str,
+    workers: int | None = None,
+    done: Callable[[], object] | None = None,
+) -> list[ProbeResult]:
+    """``probe_decode`` many (problem, config) jobs in parallel processes, in their order:
+    each compiles through TileLang's disk cache, so a later ``build_decode`` of it on a GPU
+    of ``arch`` is a cache hit. ``done`` is called as each job ends (a progress bar's update)."""
+    if not jobs:
+        return []
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    with compile_pool(workers) as pool:
+        futures = [pool.submit(probe_decode, problem, config, arch=arch) for problem, config in jobs]
+        if done is not None:
+            for _ in as_completed(futures):
+                done()
+        return [future.result() for future in futures]
 
 
 def probe_decode(problem: DecodeProblem, config: DecodeConfig, *, arch: str = DEFAULT_ARCH) -> ProbeResult:

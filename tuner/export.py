@@ -7,7 +7,7 @@ from typing import Any
 import optuna
 
 from kernel import formats
-from kernel.environment import write_json
+from kernel.environment import DECODE_KERNEL, write_json
 from kernel.ops.deploy import FORMAT, VERSION
 from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
 from kernel.trial_schema import FLOOR, PREDICTED, TIMES
@@ -47,15 +47,20 @@ def export_best(study: optuna.Study, path: Path, *, env: str | None = None, top:
     return data
 
 
-def export_dispatch(studies: list[optuna.Study], path: Path, *, env: str | None = None) -> dict[str, Any]:
+def export_dispatch(
+    studies: list[optuna.Study], path: Path, *, env: str | None = None, decode_env: str | None = None
+) -> dict[str, Any]:
     """Write the dispatch table (``kernel.ops.dispatch.Dispatch``): the best config of each
     study measured in environment ``env`` (None: any), one entry per tuned shape (its
-    ``sweep``: "forward", or "dkdv" for a study of the backward's fused sweep). All
-    studies must be GPU studies measured in one environment; a study with no feasible
-    trial is a ``LookupError``."""
+    ``sweep``: "forward", or "dkdv" for a study of the backward's fused sweep), and of each
+    decode study (``run --sweep decode``) measured in ``decode_env``, one entry per number
+    of sequences, with the decode kernel's code key (``kernel.environment.DECODE_KERNEL``).
+    All studies must be GPU studies measured in one environment (the decode kernel's key
+    aside); a study with no feasible trial is a ``LookupError``."""
     entries, environments = [], []
     for study in studies:
-        best = best_trials(study, env)
+        decode = _record(study)["sweep"] == "decode"
+        best = best_trials(study, decode_env if decode else env)
         if not best:
             raise LookupError(
                 f"study {study.study_name!r} has no feasible, correct trial{_in(env)} to export"
@@ -65,7 +70,9 @@ def export_dispatch(studies: list[optuna.Study], path: Path, *, env: str | None 
                 f"study {study.study_name!r} timed nothing (compile-only): no latency to rank by"
             )
         t, record = best[0], _record(study)
-        environments.append(t.user_attrs.get("environment"))
+        measured_in = dict(t.user_attrs.get("environment") or {})
+        code = {DECODE_KERNEL: measured_in.pop(DECODE_KERNEL, None)} if decode else {}
+        environments.append(measured_in)
         entries.append(
             {
                 "problem": record["problem"],
@@ -74,6 +81,8 @@ def export_dispatch(studies: list[optuna.Study], path: Path, *, env: str | None 
                 "study": study.study_name,
                 "trial": t.number,
                 **{k: t.user_attrs.get(k) for k in (*TIMES, "rel_l2")},
+                **{k: t.user_attrs[k] for k in FLOOR if decode and k in t.user_attrs},
+                **code,
             }
         )
     if any(env != environments[0] for env in environments):

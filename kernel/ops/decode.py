@@ -17,17 +17,20 @@ from typing import Any
 
 import torch
 
+from kernel.arch import get_arch
 from kernel.builder import sm_count
-from kernel.decode import DecodeProblem, decode_config
+from kernel.decode import DecodeConfig, DecodeProblem, decode_config
 from kernel.decode_build import DecodeKernel, build_decode
 from kernel.ops import inputs
+from kernel.ops.serve import served_table
 
 CHECK_VARIABLE = "DECAY_TUNER_CHECK_SLOTS"
 POOL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 SLOT_DTYPES = {torch.int32: "int32", torch.int64: "int64"}
-# (a call's ``_signature``, scale) -> (its heads, the kernel serving it): the rule's config
-# depends on the batch, so each batch size a server pads to has its entry.
-_SERVED: dict[tuple, tuple[int, DecodeKernel]] = {}
+# (a call's ``_signature``, scale) -> (its heads, the kernel serving it, the table it was
+# picked from): the config depends on the batch, so each batch size a server pads to has its
+# entry; one picked from another table than the one served now (``use_table``) is picked again.
+_SERVED: dict[tuple, tuple[int, DecodeKernel, object]] = {}
 _SERVED_MAX = 4096
 
 
@@ -137,9 +140,41 @@ def checking() -> bool:
 
 
 def kernel_for(problem: DecodeProblem, batch: int) -> DecodeKernel:
-    """The kernel serving a step of ``batch`` sequences: the rule's config
-    (``kernel.decode.decode_config``) for this GPU's SMs, compiled on first use."""
-    return build_decode(problem, decode_config(problem, batch * problem.heads, sm_count()))
+    """The kernel serving a step of ``batch`` sequences (``config_for``), compiled on first use."""
+    return build_decode(problem, config_for(problem, batch))
+
+
+def config_for(
+    problem: DecodeProblem, batch: int, *, arch: str | None = None, sms: int | None = None
+) -> DecodeConfig:
+    """The config of a step of ``batch`` sequences: the pick of the table served
+    (``kernel.ops.serve.served_table``; for ``arch`` where compiling ahead) for the nearest
+    number of sequences it was tuned at (``Dispatch.decode_config``), else the rule's
+    (``kernel.decode.decode_config``) for ``sms`` SMs (default: this GPU's)."""
+    table = served_table(arch)
+    tuned = None if table is None else table.decode_config(problem, batch)
+    return tuned or decode_config(problem, batch * problem.heads, sms or sm_count())
+
+
+# The numbers of sequences ``warmup_jobs`` serves: every N up to this many.
+WARMUP_MAX_BATCH = 2048
+
+
+def warmup_jobs(
+    heads: int, dk: int, dv: int, dtype: str, *, arch: str, sms: int | None = None
+) -> list[tuple[DecodeProblem, DecodeConfig]]:
+    """Every decode kernel a model of ``heads`` heads of ``dk`` x ``dv`` calls at fla's
+    default scale (``DK^-1/2``), by pool dtype (fp32, bf16) and slot dtype (int32, int64),
+    for every N up to ``WARMUP_MAX_BATCH``: the table served's picks (``config_for``), else
+    the rule's on ``sms`` SMs (default: ``arch``'s reference GPU's). One per compiled kernel."""
+    sms = sms or get_arch(arch).sms
+    jobs: dict[tuple[DecodeProblem, DecodeConfig], None] = {}
+    for pool_dtype in POOL_DTYPES.values():
+        for slot_dtype in SLOT_DTYPES.values():
+            problem = DecodeProblem(heads, dk, dv, dtype, pool_dtype, slot_dtype, dk**-0.5)
+            for n in range(1, WARMUP_MAX_BATCH + 1):
+                jobs[problem, config_for(problem, n, arch=arch, sms=sms)] = None
+    return list(jobs)
 
 
 def _decode(
@@ -157,11 +192,13 @@ def _decode(
     again: a server's step costs a few attribute reads before its launch."""
     key = (_signature(q, k, v, pool, slots), scale)
     served = _SERVED.get(key)
+    if served is not None and served[2] is not served_table():
+        served = None
     if served is None:
         n, heads, dk, dv, pool_dtype, slot_dtype = check_step(q, k, v, pool, slots)
         problem = DecodeProblem(heads, dk, dv, inputs.DTYPE_NAMES[q.dtype], pool_dtype, slot_dtype, scale)
     else:
-        heads, kern = served
+        heads, kern, _ = served
     decay = inputs.decay_tensor(decay, alpha, heads, q.device)
     if checking() and not torch.cuda.is_current_stream_capturing():
         check_slot_values(slots, pool.shape[0])
@@ -169,7 +206,7 @@ def _decode(
         kern = kernel_for(problem, n)
         if len(_SERVED) >= _SERVED_MAX:
             _SERVED.clear()
-        _SERVED[key] = (heads, kern)
+        _SERVED[key] = (heads, kern, served_table())
     return kern.run(q.contiguous(), k.contiguous(), v.contiguous(), decay, slots.contiguous(), pool)
 
 

@@ -9,7 +9,9 @@ from typing import Any
 from kernel import formats
 from kernel.builder import ScalarDecayKernel, build
 from kernel.config import SWEEPS, KernelConfig, Problem
+from kernel.decode import DecodeCase, DecodeConfig, DecodeProblem
 from kernel.defaults import config_error, nearest_grid, runs, shorter_pipeline
+from kernel.environment import DECODE_KERNEL, DECODE_MODULES, kernel_key
 from kernel.ops.deploy import (
     ExportError,
     check_environment,
@@ -44,6 +46,17 @@ class DispatchEntry:
         )
 
 
+@dataclass(frozen=True)
+class DecodeEntry:
+    """The best decode config measured at one number of sequences (``case.batch``), with
+    the decode kernel's code key it was measured under (``kernel.environment.DECODE_MODULES``)."""
+
+    case: DecodeCase
+    config: DecodeConfig
+    median_ms: float | None = None
+    kernel: str | None = None
+
+
 @dataclass
 class Dispatch:
     """Picks a config by shape, and builds (once per problem) the kernel to run it.
@@ -73,6 +86,23 @@ class Dispatch:
     entries: list[DispatchEntry]
     environment: dict[str, Any]
     _kernels: dict[Problem, Any] = field(default_factory=dict, repr=False)
+    decode: list[DecodeEntry] = field(default_factory=list)  # entries marked "sweep": "decode"
+
+    def decode_config(self, problem: DecodeProblem, batch: int) -> DecodeConfig | None:
+        """The decode step's config for ``batch`` sequences of ``problem``: that of the entry
+        of its heads, head sizes, dtype and pool dtype whose number of sequences is nearest
+        in log2 (a tie goes to the earlier entry); None where the table holds none."""
+        p = problem
+        same = [
+            e
+            for e in self.decode
+            if (e.case.problem.heads, e.case.problem.dk, e.case.problem.dv, e.case.problem.dtype)
+            == (p.heads, p.dk, p.dv, p.dtype)
+            and e.case.problem.pool_dtype == p.pool_dtype
+        ]
+        if not same:
+            return None
+        return min(same, key=lambda e: abs(math.log2(batch / e.case.batch))).config
 
     def pick(self, problem: Problem, sweep: str = "forward") -> DispatchEntry:
         """The entry (tuned shape and the config to run) that serves ``problem``;
@@ -142,10 +172,13 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
     data = read_versioned(path, "dispatch table", DISPATCH_FORMAT, "entries")
     environment = saved_environment(path, data)
     arch = file_arch(path, environment)
-    entries = []
+    entries, decode = [], []
     try:
         for i, e in enumerate(data["entries"]):
             e = json_object(e, f"entries[{i}]")
+            if e.get("sweep") == "decode":
+                decode.append(_decode_entry(e, f"entries[{i}]"))
+                continue
             entry = DispatchEntry(
                 file_problem(e.get("problem"), f"entries[{i}].problem"),
                 file_config(e.get("config"), f"entries[{i}].config"),
@@ -163,4 +196,25 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
         raise ExportError(f"{path}: malformed entry: {exc}") from None
     if not allow_mismatch:
         check_environment(path, environment)
-    return Dispatch(entries, environment)
+        here = kernel_key(modules=DECODE_MODULES)
+        if stale := [e for e in decode if e.kernel != here]:
+            raise ExportError(
+                f"{path}: its decode entries were measured with the decode kernels {stale[0].kernel!r}, "
+                f"these are {here!r}: tune them again (python -m tuner dispatch --decode)"
+            )
+    return Dispatch(entries, environment, decode=decode)
+
+
+def _decode_entry(e: dict[str, Any], where: str) -> DecodeEntry:
+    """A table's decode entry: its problem a ``DecodeCase``'s, its config a ``DecodeConfig``
+    that runs it; ``ValueError`` (or ``TypeError``) naming ``where`` otherwise."""
+    problem = json_object(e.get("problem"), f"{where}.problem")
+    if "batch" not in problem:
+        raise ValueError(f"{where}.problem names no batch (its number of sequences)")
+    case = DecodeCase.from_dict(problem)
+    config = DecodeConfig.from_dict(json_object(e.get("config"), f"{where}.config"))
+    if reason := config.fits_error(case.problem):
+        raise ValueError(f"{where}: {reason}")
+    if e.get("median_ms") is not None:
+        measured_ms(e["median_ms"])
+    return DecodeEntry(case, config, e.get("median_ms"), e.get(DECODE_KERNEL))

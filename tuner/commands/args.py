@@ -22,15 +22,16 @@ def problem_of(args: argparse.Namespace) -> Problem:
     return problem
 
 
-def decode_case_of(args: argparse.Namespace, batch: int) -> DecodeCase:
-    """The decode step of ``batch`` sequences of the flags' heads, head sizes, dtype and
-    ``--pool-dtype``, scaled by DK^-1/2 (fla's default) with int32 slots; ``UsageError`` for
-    ``--seqlen`` given (a decode step has one token per sequence)."""
+def decode_case_of(args: argparse.Namespace, batch: int, heads: int | None = None) -> DecodeCase:
+    """The decode step of ``batch`` sequences of ``heads`` heads (default: ``--heads``), the
+    flags' head sizes, dtype and ``--pool-dtype``, scaled by DK^-1/2 (fla's default) with
+    int32 slots; ``UsageError`` for ``--seqlen`` given (a decode step has one token per
+    sequence)."""
     if "seqlen" in getattr(args, "given", ()):
         raise UsageError("--seqlen does not apply to the decode step: it takes one token per sequence")
     try:
         problem = DecodeProblem(
-            args.heads, args.dk, args.dv, args.dtype, args.pool_dtype, "int32", args.dk**-0.5
+            heads or args.heads, args.dk, args.dv, args.dtype, args.pool_dtype, "int32", args.dk**-0.5
         )
         return DecodeCase(batch, problem)
     except ValueError as exc:
