@@ -356,7 +356,10 @@ def test_the_summary_counts_queued_configs_apart(tmp_path, capsys, monkeypatch):
     study = optuna.load_study(study_name=default_study_name(Problem(1, 2, 4096, 64, 64)), storage=storage)
     waiting = sum(t.state == optuna.trial.TrialState.WAITING for t in study.trials)
     assert waiting >= 1
-    assert f": 1 trial ({waiting} queued for the next run), 0 GPU evaluations" in capsys.readouterr().out
+    said = " ".join(capsys.readouterr().out.split())
+    assert (
+        f": 1 trial ({waiting} queued for the next run), 0 GPU evaluations, 1 config new to the study" in said
+    )
     frame = pd.read_csv(export_dir(storage, study.study_name, tmp_path) / "trials.csv")
     queued = frame[frame.status == "queued"]
     fixed = [

@@ -369,3 +369,42 @@ def test_a_trial_failed_elsewhere_stops_none_of_the_other_heartbeats(tmp_path, c
     assert beaten()
     assert tuner._live == {alive._trial_id}
     assert "heartbeat:" not in capsys.readouterr().err
+
+
+def test_n_trials_counts_new_configs_and_says_when_the_space_has_no_more(tmp_path, capsys, monkeypatch):
+    """The fused sweep at S=64: 14 configs, one the restrictions allow. Asked for 20, a run
+    tries each config once, a repeat the sampler proposes served from its first trial and
+    not counted, then says why it stopped at 14; run again, it asks no trial and says so."""
+    from tuner.cli import main
+    from tuner.trials import trial_config
+
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
+    problem = Problem(1, 2, 64, 64, 64)
+    grid = space.grid(problem, "dkdv")
+    assert len(grid) == 14 and sum(not violated(problem, c, "sm_90a", "dkdv") for c in grid) == 1
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    argv = ["run", "--dk", "64", "--dv", "64", "--batch", "1", "--heads", "2", "--seqlen", "64"]
+    argv += ["--sweep", "dkdv", "--storage", storage, "--study", "all", "--workers", "1", "--no-progress"]
+    assert main([*argv, "--n-trials", "20"]) == 0
+    out, err = capsys.readouterr()
+    assert "explored 14 configs, not 20: the space holds no other config not yet tried" in err
+    assert "0 GPU evaluations, 14 configs new to the study this run" in " ".join(out.split())
+    study = optuna.load_study(study_name="all", storage=storage)
+    assert all(t.state.is_finished() for t in study.trials)
+    configs = [trial_config(t) for t in study.trials]
+    assert set(configs) == set(grid)
+    firsts = {c: configs.index(c) for c in grid}
+    repeats = [t for t in study.trials if firsts[trial_config(t)] != t.number]
+    assert len(study.trials) == 14 + len(repeats)
+    for t in repeats:  # served from the first trial of its config (compiled once), or restricted again
+        first = study.trials[firsts[trial_config(t)]]
+        assert t.user_attrs["status"] == first.user_attrs["status"]
+        assert t.user_attrs.get("cached_from") == (
+            first.number if first.user_attrs["status"] == "ok" else None
+        )
+    filled = [t.user_attrs["instead_of_repeat"] for t in study.trials if "instead_of_repeat" in t.user_attrs]
+    assert set(filled) <= {t.number for t in repeats}
+    assert main([*argv, "--n-trials", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert "no config explored, not 5: each of the space's 14 was tried in this environment" in err
+    assert len(optuna.load_study(study_name="all", storage=storage).trials) == len(study.trials)

@@ -15,11 +15,17 @@ work. Each claims a config in the storage before it compiles it (``tuner.claims`
 config is compiled or measured twice in one environment; a trial whose config another
 trial owns waits for that owner and copies its outcome (``cached_from``).
 
+``n_trials`` counts configs new to the study in this environment: a sampler's repeat of a
+config tried before is served from that trial, is not one of them, and queues a config not
+yet tried in its place (one the restrictions allow, where one is left). A run that finds no
+config left untried stops early and says so.
+
 Each trial outcome is told as ``tuner.outcomes`` says.
 """
 
 import math
 import os
+import random
 import socket
 import sys
 import threading
@@ -40,7 +46,7 @@ from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, 
 from kernel.resources import ProbeFailure, probe
 from kernel.trial_schema import EXTRAPOLATED, MEASURES
 from tuner import outcomes, space
-from tuner.claims import Claimed, Claims, Owned, worker_index
+from tuner.claims import Claimed, Claims, Owned, interrupted, worker_index
 from tuner.latency import latency_model
 from tuner.liveness import fail_interrupted, fail_stale, interrupt, record_heartbeat
 from tuner.occupancy import Figures
@@ -48,7 +54,7 @@ from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
 from tuner.storage import get_storage
 from tuner.studies import hold, open_study
-from tuner.trials import best_trials, enqueue, measured_before, trial_config
+from tuner.trials import best_trials, enqueue, measured_before, trial_config, trial_params
 from tuner.worker import GpuWorker
 
 
@@ -110,6 +116,9 @@ class Tuner:
         )
         enqueue(self.study, first, self.env_key)
         self.distributions = space.distributions(problem, self.sweep)
+        self.grid = space.grid(problem, self.sweep)
+        self._fills = random.Random(options.seed + self.worker_index)  # which untried config fills a repeat
+        self.explored = 0  # configs new to the study in this environment, this run
         cores = os.cpu_count() or 1
         # Beside a GPU, leave cores to the process that launches and times the kernels.
         self.workers = options.workers or (max(1, cores - 2) if self.gpu else cores)
@@ -122,7 +131,8 @@ class Tuner:
         self.gpu_evaluations = 0
 
     def run(self) -> optuna.Study:
-        """Ask, probe and measure until ``n_trials`` are done or the timeout passes.
+        """Ask, probe and measure until ``n_trials`` configs new to the study are done, no
+        config is left untried, or the timeout passes.
 
         Up to ``depth`` asked trials compile in the pool while the GPU measures the oldest
         one, so compiling overlaps measuring.
@@ -133,8 +143,10 @@ class Tuner:
         deadline = time.monotonic() + opts.timeout_s if opts.timeout_s else math.inf
         bar = tqdm(total=opts.n_trials, disable=not opts.progress, unit="trial", dynamic_ncols=True)
         worker = GpuWorker(opts.trial_timeout_s) if self.gpu else None
-        pending: deque[tuple[optuna.Trial, KernelConfig, Future | Owned | None]] = deque()
-        asked = 0
+        # each asked trial, its config, its compile (or owner) and whether the config is new
+        pending: deque[tuple[optuna.Trial, KernelConfig, Future | Owned | None, bool]] = deque()
+        untried = self._untried()
+        self.explored = 0
         stop = threading.Event()
         beats = threading.Thread(target=self._heartbeats, args=(stop,), daemon=True)
         beats.start()
@@ -143,17 +155,26 @@ class Tuner:
                 self._pool, self._checkpoint = pool, checkpoint
                 while True:
                     while (
-                        asked < opts.n_trials
+                        self.explored < opts.n_trials
+                        and untried
                         and len(pending) < self.depth
                         and time.monotonic() < deadline
                         and not self._grid_exhausted()
                     ):
                         checkpoint()
-                        pending.append(self._ask(pool))
-                        asked += 1
+                        trial, config, job = self._ask(pool)
+                        if config not in untried:  # tried before, as far as this run knew: look again
+                            untried = self._untried(but=trial.number)
+                        new = config in untried and not isinstance(job, Owned)
+                        untried.pop(config, None)
+                        if new:
+                            self.explored += 1
+                        else:
+                            self._fill(trial, untried)
+                        pending.append((trial, config, job, new))
                     if not pending:
                         break
-                    trial, config, job = pending[0]  # stays pending (failed on Ctrl-C) until told
+                    trial, config, job, new = pending[0]  # stays pending (failed on Ctrl-C) until told
                     try:
                         if isinstance(job, Owned):
                             self._follow(trial, config, worker)
@@ -168,8 +189,10 @@ class Tuner:
                         )
                     pending.popleft()
                     self._live.discard(trial._trial_id)
-                    bar.update()
+                    bar.update(int(new))
                     bar.set_postfix_str(self._best_text(), refresh=True)
+            if self.explored < opts.n_trials and not untried:
+                print(self._exhausted_text(), file=sys.stderr)
         finally:
             with ctrl_c_ignored():  # a Ctrl-C now would leave trials running
                 stop.set()
@@ -183,6 +206,43 @@ class Tuner:
                 if worker is not None:
                     worker.close()
         return self.study
+
+    def _untried(self, but: int | None = None) -> dict[KernelConfig, bool]:
+        """The space's configs no trial has tried in this environment or runs now (on any
+        worker), trial ``but`` aside, in the grid's order; a config only ever interrupted,
+        or only queued, counts as untried. Each maps to whether it is queued."""
+        tried, queued = set(), set()
+        for t in self.study.get_trials(deepcopy=False):
+            params = trial_params(t)
+            if not params or t.number == but or interrupted(t):
+                continue
+            here = t.user_attrs.get("env_key", self.env_key) == self.env_key
+            if t.state == optuna.trial.TrialState.WAITING:
+                queued.add(trial_config(t))
+            elif t.state == optuna.trial.TrialState.RUNNING or here:
+                tried.add(trial_config(t))
+        return {c: c in queued for c in self.grid if c not in tried}
+
+    def _fill(self, repeat: optuna.Trial, untried: dict[KernelConfig, bool]) -> None:
+        """Queue a config not yet tried in place of ``repeat``'s (a config tried before),
+        one the restrictions allow where one is left, else any, chosen at random by the
+        seed; none where every untried config is queued already."""
+        free = [c for c, queued in untried.items() if not queued]
+        allowed = [c for c in free if not violated(self.problem, c, self.arch, self.sweep)]
+        if allowed or free:
+            config = self._fills.choice(allowed or free)
+            self.study.enqueue_trial(config.to_dict(), user_attrs={"instead_of_repeat": repeat.number})
+            untried[config] = True
+
+    def _exhausted_text(self) -> str:
+        """Why a run explored fewer configs than ``n_trials``: the space holds no more."""
+        n, total = self.options.n_trials, len(self.grid)
+        if not self.explored:
+            return f"no config explored, not {n}: each of the space's {total} was tried in this environment"
+        return (
+            f"explored {self.explored} configs, not {n}: the space holds no other config not yet tried "
+            f"in this environment (of its {total})"
+        )
 
     def _heartbeats(self, stop: threading.Event) -> None:
         """Keep this worker's trials alive, and fail the trials of dead workers (any host).

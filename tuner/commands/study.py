@@ -14,6 +14,7 @@ from kernel.environment import env_key, environment
 from kernel.trial_schema import predicted_text
 from tuner import fleet
 from tuner.commands.args import exports, options_of, out_file, problem_of, where
+from tuner.commands.lines import fit
 from tuner.options import Options, UsageError, default_storage, parse_shapes
 
 if TYPE_CHECKING:
@@ -35,8 +36,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not tuner.gpu:
         why = "no CUDA device" if tuner.env["gpu"] is None else f"this GPU is not {tuner.arch}"
         print(
-            f"{why}: compile-only exploration for {tuner.arch}: no latency is measured, configs rank by "
-            "the latency model's predicted time",
+            fit(
+                f"{why}: compile-only exploration for {tuner.arch}: no latency is measured, configs rank "
+                "by the latency model's predicted time"
+            ),
             file=sys.stderr,
         )
     if tuner.interrupted:
@@ -62,7 +65,8 @@ def _run_on_gpus(args: argparse.Namespace, name: str, storage: str, folder: Path
 
 
 def _export_run(study: "optuna.Study", out: Path, env: str) -> int:
-    """Export the best configs measured in environment ``env`` after a run; print the best."""
+    """Export the best configs measured in environment ``env`` after a run; print the best,
+    then the file."""
     from tuner.export import export_best  # loads torch, Optuna and pandas
 
     try:
@@ -77,7 +81,8 @@ def _export_run(study: "optuna.Study", out: Path, env: str) -> int:
         else f"compile-only for {arch}: {predicted_text(best)}, {best['spill_bytes']} B spilled, "
         f"{best['smem_bytes']} B smem, no latency measured"
     )
-    print(f"best {KernelConfig.from_dict(best['config']).label} ({label}); exported {out}")
+    print(fit(f"best {KernelConfig.from_dict(best['config']).label} ({label})"))
+    print(f"exported {out}")
     return 0
 
 
@@ -88,12 +93,16 @@ def _run_and_log(tuner: "Tuner", folder: Path) -> "optuna.Study":
     try:
         tuner.run()
     except KeyboardInterrupt:  # goes on after the log
-        _log(
-            tuner.study, folder, tuner.options.grace_s, f", {tuner.gpu_evaluations} GPU evaluations, stopped"
-        )
+        _log(tuner.study, folder, tuner.options.grace_s, f"{_this_run(tuner)}, stopped")
         raise
-    _log(tuner.study, folder, tuner.options.grace_s, f", {tuner.gpu_evaluations} GPU evaluations this run")
+    _log(tuner.study, folder, tuner.options.grace_s, f"{_this_run(tuner)} this run")
     return tuner.study
+
+
+def _this_run(tuner: "Tuner") -> str:
+    """The run's GPU evaluations and configs new to the study (a repeat is neither)."""
+    new = tuner.explored
+    return f", {tuner.gpu_evaluations} GPU evaluations, {new} config{'s' * (new != 1)} new to the study"
 
 
 def _log(study: "optuna.Study", folder: Path, grace_s: float, note: str = "") -> None:
@@ -108,12 +117,14 @@ def _log(study: "optuna.Study", folder: Path, grace_s: float, note: str = "") ->
     finished = sum(t.state.is_finished() for t in study.trials)
     unfinished = unfinished_summary(study, grace_s)
     print(
-        f"study {study.study_name!r}: {finished} trial{'s' * (finished != 1)}"
-        + (f" ({unfinished})" if unfinished else "")
-        + f"{note}; log {', '.join(map(str, paths))}"
+        fit(
+            f"study {study.study_name!r}: {finished} trial{'s' * (finished != 1)}"
+            + (f" ({unfinished})" if unfinished else "")
+            + f"{note}; log {', '.join(map(str, paths))}"
+        )
     )
     for line in prediction_check(frame):
-        print(line)
+        print(fit(line))
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
@@ -218,5 +229,6 @@ def _explore_shapes(tasks: list[tuple[Problem, Options]], arch: str, storage: st
             else "no feasible config"
         )
         p, what = problem, " dk+dv" if opts.sweep == "dkdv" else ""
-        print(f"{arch} {p.dk}x{p.dv}{what} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}: {found}, compile-only")
+        shape = f"{arch} {p.dk}x{p.dv}{what} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}"
+        print(fit(f"{shape}: {found}, compile-only"))
     return 0
