@@ -22,6 +22,7 @@ import torch
 from kernel.config import Call, KernelConfig, Problem
 from kernel.ops import inputs
 from kernel.ops.backward import backward
+from kernel.ops.pool import pool_attention
 from kernel.ops.serve import PLANS, PLANS_MAX, fuses_here, kernel_for
 from kernel.variants import launch, same_segments, unused_state
 
@@ -41,6 +42,10 @@ def decay_attention(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    pool: torch.Tensor | None = None,
+    slots: torch.Tensor | None = None,
+    from_pool: torch.Tensor | None = None,
+    decodes: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``o_t = (scale * q_t) S_t`` with ``S_t = decay_h * S_{t-1} + k_t^T v_t`` per head.
 
@@ -53,6 +58,16 @@ def decay_attention(
         cu_seqlens: packed sequences, an int32 (or int64) tensor ``[N + 1]`` of offsets
             from 0 to T, strictly increasing, with q, k, v ``[1, T, H, D]`` and states
             ``[N, H, DK, DV]``; no state crosses from one sequence to the next.
+        pool: packed sequences whose states live in a server's pool, fp32 ``[P, H, DK, DV]``,
+            contiguous: sequence n starts from ``pool[slots[n]]`` where ``from_pool[n]``,
+            else from zero, and its final state is written there in place; a slot outside
+            ``[0, P)`` (-1: padding) touches no state. Inference only; no
+            ``initial_state`` or ``output_final_state`` (``kernel.ops.pool``).
+        slots: int32 (or int64) ``[N]``, the pool row of each sequence (with ``pool``).
+        from_pool: bool ``[N]`` (with ``pool``): true where a sequence goes on from its slot.
+        decodes: the first ``decodes`` sequences have one token each (decodes before
+            prefills, as vLLM orders them): they run on the decode step
+            (``kernel.ops.decode``), the rest on the packed kernel, in one call.
 
     Returns:
         ``(o, final_state)``: ``o`` ``[B, S, H, DV]`` in q's dtype, and the fp32
@@ -61,6 +76,20 @@ def decay_attention(
     A wrong input raises ``ValueError`` before anything is launched. Each scale is a
     constant of the kernels (compiled once per value), where the decay is read at run time.
     """
+    if pool is not None or slots is not None or from_pool is not None or type(decodes) is not int or decodes:
+        if pool is None or slots is None or from_pool is None:
+            raise ValueError(
+                "a pool call takes pool, slots and from_pool together (and decodes only with them)"
+            )
+        if initial_state is not None or output_final_state is not False:
+            raise ValueError(
+                "a pool call's states are the pool's: pass no initial_state or output_final_state"
+            )
+        o = pool_attention(
+            q, k, v, decay, pool=pool, slots=slots, from_pool=from_pool, cu_seqlens=cu_seqlens,
+            decodes=decodes, scale=scale,
+        )  # fmt: skip
+        return o, None
     if not torch.compiler.is_compiling():
         # An eager call of a signature served before: its checks passed then, and what
         # they found is kept (``_Plan``); the values of tensors are checked as they change.
