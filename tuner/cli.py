@@ -19,6 +19,7 @@ from typing import TextIO
 
 from kernel.arch import ARCHS
 from kernel.config import HEADLINE
+from kernel.decode import POOL_DTYPES
 from kernel.processes import Stop, sigterm_stops
 from tuner import options
 from tuner.commands.device import cmd_bench, cmd_probe, cmd_warmup
@@ -132,6 +133,23 @@ def _shape_flags(p: argparse.ArgumentParser, what: str) -> None:
     _problem_flags(p, ("dk", "dv", "dtype"))
 
 
+def _decode_flags(run: argparse.ArgumentParser, dispatch: argparse.ArgumentParser) -> None:
+    """The decode step's: its pool's dtype (run --sweep decode, dispatch --decode), and the
+    numbers of sequences dispatch tunes it at."""
+    for p in (run, dispatch):
+        p.add_argument(
+            "--pool-dtype", choices=POOL_DTYPES, default=POOL_DTYPES[0], help="the decode step's state pool"
+        )
+    dispatch.add_argument(
+        "--decode",
+        action="store_true",
+        help="also tune the decode step (--sweep decode) of each head count of --shapes at --batches",
+    )
+    dispatch.add_argument(
+        "--batches", default="1,8,64,256", help="with --decode: the numbers of sequences, comma-separated"
+    )
+
+
 # Subcommand -> (function, flag groups). The first line of the function's docstring is its help.
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], tuple[Callable, ...]]] = {
     "run": (cmd_run, (_study_flags, _problem_flags, _tuning_flags, _gpus_flag)),
@@ -195,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the table serves training",
     )
     sub.choices["run"].add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # of --gpus
+    _decode_flags(sub.choices["run"], sub.choices["dispatch"])
     sub.choices["trials"].add_argument("--all-columns", action="store_true", help="every column of the log")
     sub.choices["best"].add_argument("--top", type=int, default=5, help="how many configs to print")
     sub.choices["export"].add_argument(

@@ -3,17 +3,19 @@ the dispatch table), each on this process or spread over the local GPUs (``tuner
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernel.arch import resolve
 from kernel.config import KernelConfig, Problem
+from kernel.decode import DecodeCase, DecodeConfig
 from kernel.defaults import dkdv_config, head_size_error
-from kernel.environment import env_key, environment
+from kernel.environment import decode_environment, env_key, environment
 from kernel.trial_schema import predicted_text
 from tuner import fleet
-from tuner.commands.args import exports, options_of, out_file, problem_of, where
+from tuner.commands.args import decode_case_of, exports, named, options_of, out_file, problem_of, where
 from tuner.commands.lines import fit
 from tuner.options import Options, UsageError, default_storage, parse_shapes
 
@@ -27,6 +29,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run an Optuna study over the kernel's design space."""
     from tuner.study import Tuner  # loads torch, Optuna and pandas
 
+    if args.sweep == "decode":
+        return _run_decode(args)
     name, storage = where(args)
     # refuses a folder it cannot make or write, before any work
     folder = exports(args.studies_dir, storage, name, write=True)
@@ -50,6 +54,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _export_run(study, folder / "best.json", tuner.env_key)
 
 
+def _run_decode(args: argparse.Namespace) -> int:
+    """``run --sweep decode``: one study of the decode step at ``--batch`` sequences
+    (``tuner.decode_study``), this process alone."""
+    from tuner.decode_study import DecodeTuner
+    from tuner.studies import check_study_name, default_study_name
+
+    case = decode_case_of(args, args.batch)
+    if args.gpus is not None:
+        raise UsageError("--gpus runs forward and dkdv studies; a decode study runs in one process")
+    named(args, "study", "storage")
+    name, storage = (
+        check_study_name(args.study or default_study_name(case)),
+        args.storage or default_storage(),
+    )
+    folder = exports(args.studies_dir, storage, name, write=True)
+    tuner = DecodeTuner(case, options_of(args), name=name, storage=storage)
+    if not tuner.gpu:
+        why = "no CUDA device" if tuner.env["gpu"] is None else f"this GPU is not {tuner.arch}"
+        print(
+            f"{why}: compile-only exploration of the decode step for {tuner.arch}: no latency is measured, "
+            "and no latency model is fitted to it: configs rank by how full their grid's waves keep the SMs",
+            file=sys.stderr,
+        )
+    if tuner.interrupted:
+        print(f"marked {tuner.interrupted} trial(s) of a killed run as failed", file=sys.stderr)
+    study = _run_and_log(tuner, folder)
+    if args.worker:
+        return 0
+    return _export_run(study, folder / "best.json", tuner.env_key)
+
+
 def _run_on_gpus(args: argparse.Namespace, name: str, storage: str, folder: Path) -> int:
     """``run --gpus``: the study's trials split between one worker per GPU
     (``tuner.fleet.run_study``), then its log and export; 1 when a worker failed."""
@@ -68,6 +103,7 @@ def _export_run(study: "optuna.Study", out: Path, env: str) -> int:
     """Export the best configs measured in environment ``env`` after a run; print the best,
     then the file."""
     from tuner.export import export_best  # loads torch, Optuna and pandas
+    from tuner.trials import config_of
 
     try:
         data = export_best(study, out, env=env)
@@ -81,7 +117,9 @@ def _export_run(study: "optuna.Study", out: Path, env: str) -> int:
         else f"compile-only for {arch}: {predicted_text(best)}, {best['spill_bytes']} B spilled, "
         f"{best['smem_bytes']} B smem, no latency measured"
     )
-    print(fit(f"best {KernelConfig.from_dict(best['config']).label} ({label})"))
+    if "x_floor" in best:  # a decode study's: its floor, the copy of its states, timed beside it
+        label += f", {best['x_floor']:.2f}x the floor"
+    print(fit(f"best {config_of(best['config']).label} ({label})"))
     print(f"exported {out}")
     return 0
 
@@ -133,7 +171,6 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     ``--backward``, for DK x DV and DV x DK)."""
     from tuner.export import export_dispatch  # loads torch, Optuna and pandas
     from tuner.studies import default_study_name, load_study
-    from tuner.study import Tuner
 
     out = out_file(args, args.studies_dir / "dispatch.json", (".json",))
     storage = args.storage or default_storage()
@@ -143,6 +180,8 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     if opts.arch is not None and not runs_here:
         return _explore_shapes(tasks, arch, storage, args.studies_dir)
     names = [default_study_name(p, o.sweep) for p, o in tasks]
+    if args.gpus is not None and any(o.sweep == "decode" for _, o in tasks):
+        raise UsageError("--gpus runs forward and dkdv studies; decode studies run in one process")
     if args.gpus is not None:
         gpus = fleet.gpus_for(args.gpus, storage, len(tasks))
         tasks_named = [(p, o, name) for (p, o), name in zip(tasks, names)]
@@ -161,13 +200,13 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     else:
         studies = [
             _run_and_log(
-                Tuner(problem, o, name=name, storage=storage),
-                exports(args.studies_dir, storage, name, write=True),
+                _tuner(problem, o, name, storage), exports(args.studies_dir, storage, name, write=True)
             )
             for (problem, o), name in zip(tasks, names)
         ]
     try:
-        data = export_dispatch(studies, out, env=env_key(environment(opts.arch)))
+        envs = {"env": env_key(environment(opts.arch)), "decode_env": env_key(decode_environment(opts.arch))}
+        data = export_dispatch(studies, out, **envs)
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -175,6 +214,12 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot write {out}: {exc.strerror or exc} (the studies are saved)") from None
     print(f"dispatch table for {data['environment']['arch']}:")
     for entry in data["entries"]:
+        if entry["sweep"] == "decode":
+            p, c = entry["problem"], DecodeConfig.from_dict(entry["config"])
+            shape = f"decode {p['dk']}x{p['dv']} H={p['heads']} N={p['batch']:>4}"
+            floor = entry.get("x_floor", math.nan)
+            print(f"{shape}: {c.label} {entry['median_ms']:.4f} ms, {floor:.2f}x floor")
+            continue
         p, c = entry["problem"], KernelConfig.from_dict(entry["config"])
         shape = f"{p['dk']}x{p['dv']} B*H={p['batch'] * p['heads']:>4} S={p['seqlen']:>6}"
         print(
@@ -199,27 +244,51 @@ def dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[t
         fused = dataclasses.replace(opts, sweep="dkdv")
         problems = [Problem(b, h, s, args.dk, args.dv, args.dtype) for b, h, s in shapes]
         tasks += [(p, fused) for p in problems if dkdv_config(p, arch) is not None]
+    if args.decode or opts.sweep == "decode":
+        decode = dataclasses.replace(opts, sweep="decode")
+        heads_of = dict.fromkeys(h for _, h, _ in shapes)
+        tasks += [(decode_case_of(args, n, h), decode) for h in heads_of for n in parse_batches(args.batches)]
     if not tasks:
         raise UsageError(
             f"the fused dk and dv sweep serves none of these shapes on {arch} (Hopper, DK x DV <= 128 x 128)"
         )
-    for dk, dv in heads:  # before any study: the swapped sweeps would fail after the forward's
+    for dk, dv in heads if opts.sweep != "decode" else ():  # before any study: the swapped sweeps would fail
         if reason := head_size_error(arch, dk, dv):
             raise UsageError(reason)
     return tasks
+
+
+def parse_batches(text: str) -> list[int]:
+    """'1,8,64,256' -> [1, 8, 64, 256], each once: ``dispatch --decode``'s numbers of sequences."""
+    try:
+        batches = [int(n) for n in text.split(",")]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        raise UsageError(f"--batches wants positive numbers of sequences, comma-separated, got {text!r}")
+    return list(dict.fromkeys(batches))
+
+
+def _tuner(problem: "Problem | DecodeCase", opts: Options, name: str, storage: str) -> "Tuner":
+    """The study's process: the forward's and dkdv's ``Tuner``, the decode step's ``DecodeTuner``."""
+    from tuner.decode_study import DecodeTuner
+    from tuner.study import Tuner
+
+    if opts.sweep == "decode":
+        return DecodeTuner(problem, opts, name=name, storage=storage)
+    return Tuner(problem, opts, name=name, storage=storage)
 
 
 def _explore_shapes(tasks: list[tuple[Problem, Options]], arch: str, storage: str, studies: Path) -> int:
     """``dispatch --arch`` for an architecture that is not this GPU's: one compile-only
     study per shape, its best config printed; no table, which ranks by latency."""
     from tuner.studies import default_study_name  # loads Optuna
-    from tuner.study import Tuner
     from tuner.trials import best_trials, trial_config
 
     print(f"compile-only exploration for {arch}: no latency is measured, no table written", file=sys.stderr)
     for problem, opts in tasks:
         name = default_study_name(problem, opts.sweep)
-        tuner = Tuner(problem, opts, name=name, storage=storage)
+        tuner = _tuner(problem, opts, name, storage)
         study = _run_and_log(tuner, exports(studies, storage, name, write=True))
         best = best_trials(study, tuner.env_key)
         found = (
@@ -229,6 +298,9 @@ def _explore_shapes(tasks: list[tuple[Problem, Options]], arch: str, storage: st
             else "no feasible config"
         )
         p, what = problem, " dk+dv" if opts.sweep == "dkdv" else ""
-        shape = f"{arch} {p.dk}x{p.dv}{what} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}"
+        if opts.sweep == "decode":
+            shape = f"{arch} decode {p.problem.dk}x{p.problem.dv} H={p.problem.heads} N={p.batch:>4}"
+        else:
+            shape = f"{arch} {p.dk}x{p.dv}{what} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}"
         print(fit(f"{shape}: {found}, compile-only"))
     return 0
