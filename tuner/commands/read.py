@@ -27,8 +27,11 @@ def _heading(study: "optuna.Study", frame: "pd.DataFrame", arch: str | None = No
     by = frame.predicted_by.astype(str)
     if note and by.str.startswith(UNCALIBRATED).any():  # as its trials were ranked
         why = NO_MODEL if by.str.endswith(NO_MODEL).any() else "the latency model was not calibrated for it"
+        if study.user_attrs.get("sweep") == "decode":
+            why = "no latency model is fitted to the decode step"
         note += f" (the analytic part alone: {why})"
-    kernel = "the backward's fused dk+dv sweep, " if study.user_attrs.get("sweep") == "dkdv" else ""
+    sweep = study.user_attrs.get("sweep")
+    kernel = {"dkdv": "the backward's fused dk+dv sweep, ", "decode": "the decode step, "}.get(sweep, "")
     return f"study {study.study_name!r} ({kernel}{mode}{where}{note})"
 
 
