@@ -84,13 +84,16 @@ def _probe_row(arch: str, status: str, cells, reason: str = "", config: str | No
 
 def cmd_warmup(args: argparse.Namespace) -> int:
     """Compile every kernel that calls of a head size are served by (kernel.ops.serve.warmup:
-    the forward, and with --backward its sweeps, for every batch size and sequence length)
+    the forward, and with --backward its sweeps, for every batch size and sequence length;
+    kernel.ops.decode.warmup_jobs: the decode step, fp32 and bf16 pools, for every N)
     into TileLang's disk cache, across the CPU cores; no GPU needed with --arch. A later
     process loads them instead of compiling."""
     from tqdm import tqdm
 
     from kernel.builder import memory_bandwidth, precompile, sm_count
+    from kernel.decode_build import precompile_decode
     from kernel.environment import environment
+    from kernel.ops.decode import warmup_jobs as decode_jobs
     from kernel.ops.serve import use_table, warmup_jobs
     from kernel.ops.tables import user_table
     from kernel.resources import ProbeFailure
@@ -105,9 +108,12 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         use_table(user_table(args.dispatch, environment(arch)))
     here = {"sms": sm_count(), "bandwidth": memory_bandwidth()} if gpu else {}  # else the arch's GPUs
     jobs = warmup_jobs(args.heads, args.dk, args.dv, args.dtype, backward=args.backward, arch=arch, **here)
+    decode = decode_jobs(args.heads, args.dk, args.dv, args.dtype, arch=arch, sms=here.get("sms"))
     start = time.perf_counter()
-    with tqdm(total=len(jobs), unit="kernel", desc=f"compiling for {arch}", dynamic_ncols=True) as bar:
+    total, what = len(jobs) + len(decode), f"compiling for {arch}"
+    with tqdm(total=total, unit="kernel", desc=what, dynamic_ncols=True) as bar:
         results = precompile(jobs, arch=arch, workers=args.workers, done=bar.update)
+        results += precompile_decode(decode, arch=arch, workers=args.workers, done=bar.update)
     failed = [r for r in results if isinstance(r, ProbeFailure)]
     print(
         f"warmed {len(results) - len(failed)} kernels for {arch} in {time.perf_counter() - start:.0f} s",
