@@ -175,11 +175,16 @@ def test_an_unknown_architecture_is_one_line_and_exit_2(argv, capsys):
 def test_probe_prints_one_config_across_architectures(capsys):
     argv = ["probe", *SMALL, "--config", "128/64/1/256/smem", "--arch", "sm_86,sm_90a"]
     assert main(argv) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("128/64/1/256/smem/1 for Problem(") and lines[0].endswith("compile-only")
-    sm86, sm90 = lines[2].split(), lines[3].split()
-    assert sm86[:2] == ["sm_86", "restricted"] and "over sm_86's 101376 B per block" in lines[2]
-    assert sm90[0] == "sm_90a" and sm90[5] == "232448"
+    out = capsys.readouterr().out
+    heading, lines = " ".join(out.partition("\narch ")[0].split()), out.splitlines()
+    assert heading.startswith("128/64/1/256/smem/1 for Problem(") and heading.endswith("compile-only")
+    i86, i90 = (
+        next(i for i, line in enumerate(lines) if line.startswith(f"{a} ")) for a in ("sm_86", "sm_90a")
+    )
+    sm86, sm90 = lines[i86].split(), lines[i90].split()
+    # each row's figures, then on a line of its own, indented, why it has none or its prediction
+    assert sm86[:2] == ["sm_86", "restricted"] and "over sm_86's 101376 B per block" in lines[i86 + 1]
+    assert sm90[0] == "sm_90a" and sm90[5] == "232448" and lines[i90 + 1].startswith("    predicted ")
 
 
 def test_run_for_sm80_on_a_cpu_finds_a_feasible_config_labelled_compile_only(tmp_path, capsys, monkeypatch):

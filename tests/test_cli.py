@@ -3,14 +3,17 @@ real TileLang compiles, real Optuna and real SQLite), what it prints, and the us
 mistakes: exit code 2 with one line."""
 
 import argparse
+import fcntl
 import io
 import json
 import math
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
+import termios
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,6 +44,8 @@ from kernel.ops.deploy import ExportError, load_config, read_export
 from kernel.trial_schema import EXTRAPOLATED, TRIAL_COLUMNS
 from tuner import space
 from tuner.cli import COMMANDS, build_parser, main
+from tuner.commands.device import PROBE_LAST
+from tuner.commands.lines import Progress
 from tuner.latency import latency_model
 from tuner.studies import default_study_name, export_dir
 from tuner.trials import TABLE, TABLE_WIDTH, save_frame, trials_frame
@@ -123,9 +128,11 @@ def test_compile_only_study_end_to_end(explored, tmp_path, capsys, monkeypatch):
 
 
 def _table_lines(out: str) -> tuple[str, list[str], list[str]]:
-    """(heading, header columns, rows) of what `trials` or `best` printed, its notes left out."""
-    heading, header, *rows = out.partition("\n\n")[0].splitlines()
-    return heading, header.split(), rows
+    """(heading, header columns, rows) of what `trials` or `best` printed, the heading's
+    lines joined, its notes left out."""
+    heading, _, table = out.partition("\n\n")[0].partition("\nnumber ")
+    header, *rows = f"number {table}".splitlines()
+    return " ".join(heading.split()), header.split(), rows
 
 
 def _shown_whole(cell: str, whole: str, out: str) -> bool:
@@ -368,6 +375,99 @@ def test_the_summary_counts_queued_configs_apart(tmp_path, capsys, monkeypatch):
     assert queued[list(fixed[0])].to_dict("records") == fixed  # the enqueued configs, not defaults
 
 
+def test_no_line_a_command_prints_is_wider_than_120_columns(explored, tmp_path, capsys, monkeypatch):
+    """What run (compile-only), trials, best, export, report, compare, probe and model show
+    print, on stdout and on stderr, fits a terminal of 120 columns: prose wraps (a path
+    whole), a table cuts its reasons into notes, probe gives each row's reason a line."""
+    from kernel.environment import environment
+    from tuner.storage import get_storage
+
+    monkeypatch.setattr("tuner.cli.STUDIES_DIR", explored.dir)
+    storage = f"journal:{tmp_path / 'j.log'}"
+    env = environment() | {"gpu": "NVIDIA H200"}  # a GPU's name lengthens the environment's line
+    for name in ("tuned", "yard"):
+        gpu_study([0.5, 0.3, 0.4], storage=get_storage(storage), name=name, env=env)
+    gpu = ["--storage", storage, *SMALL]
+    runs = {
+        "trials": _on(explored, "trials"),
+        "best": _on(explored, "best"),
+        "export": _on(explored, "export", "--out", str(tmp_path / "best.json")),
+        "report": _on(explored, "report", "--out", str(tmp_path / "report.html")),
+        "best, a GPU study": ["best", *gpu, "--study", "tuned"],
+        "export, a GPU study": ["export", *gpu, "--study", "tuned", "--out", str(tmp_path / "gpu.json")],
+        "compare": ["compare", *gpu, "--study", "tuned", "--against", "yard"],
+        "probe": ["probe", *SMALL, "--arch", "sm_90a"],
+        "probe, refused": ["probe", "--dk", "48", "--dv", "48", *SMALL[4:], "--arch", "sm_90a,sm_80"],
+        "model show": ["model", "show"],
+    }
+    printed = {"run": explored.out + explored.err}
+    for what, argv in runs.items():
+        assert main(argv) == 0, what
+        printed[what] = "".join(capsys.readouterr())
+    assert all(printed.values())
+    wide = [(what, line) for what, text in printed.items() for line in text.splitlines() if len(line) > 120]
+    assert wide == []
+
+
+def _progress_to(stream, times: list[float]) -> Progress:
+    """A ``Progress`` of 5 kernels on ``stream``, each ended at the next of ``times`` (after
+    the start's)."""
+    clock = iter(times)
+    progress = Progress(5, verb="compiled", unit="kernels", stream=stream, clock=lambda: next(clock))
+    for _ in range(5):
+        progress()
+    progress.close()
+    return progress
+
+
+@pytest.mark.parametrize("where", ["pipe", "terminal of no size"])
+def test_progress_without_a_terminal_size_is_a_line_every_10_s(where):
+    """A pipe, or a terminal that reports no size: the first, then one line at most every 10
+    s, then the last, each with the time since the start."""
+    read_fd, write_fd = os.pipe() if where == "pipe" else os.openpty()
+    with open(write_fd, "w") as stream:
+        progress = _progress_to(stream, [0.0, 1.0, 5.0, 12.0, 13.0, 30.4])
+    assert progress.bar is None
+    with open(read_fd, "rb", buffering=0) as reader:
+        said = reader.read(4096).decode()
+    assert said.splitlines() == [
+        "compiled 1/5 kernels (1 s)",
+        "compiled 3/5 kernels (12 s)",
+        "compiled 5/5 kernels (30 s)",
+    ]
+
+
+def test_progress_on_a_terminal_of_a_size_is_a_bar():
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    with open(slave, "w") as stream:
+        progress = _progress_to(stream, [0.0] * 6)
+    with open(master, "rb", buffering=0) as reader:
+        said = reader.read(4096).decode()
+    assert progress.bar is not None and "\r" in said and "5/5" in said and "compiled 1/5" not in said
+
+
+def test_warmup_without_a_terminal_says_how_far_it_is_and_where_the_kernels_went():
+    """``warmup`` with stdout and stderr to pipes, on a head count that serves few kernels
+    (about 20: two minutes on 2 cores with TileLang's cache cold, 10 s warm): its progress
+    as lines on stderr, its last line on stdout naming TileLang's cache folder."""
+    from kernel.loader import cache_dir
+
+    argv = ["warmup", "--heads", "1024", "--dk", "64", "--dv", "64", "--arch", "sm_90a"]
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", *argv], capture_output=True, text=True, env=child_env(), timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    progress = done.stderr.splitlines()
+    counts = [re.fullmatch(r"compiled (\d+)/(\d+) kernels \(\d+ s\)", line) for line in progress]
+    assert all(counts), progress
+    total = int(counts[-1][2])
+    assert (int(counts[0][1]), int(counts[-1][1])) == (1, total) and total >= 10
+    said = " ".join(done.stdout.split())  # one line, or two where the folder's path is long
+    assert said.startswith(f"warmed {total} kernels for sm_90a in ") and said.endswith(f": {cache_dir()}")
+    assert cache_dir().is_dir()
+
+
 def test_probe_without_a_config_compiles_the_rule_s_config_per_architecture(capsys):
     """No --config: each architecture's ``default_config`` for the flags' problem (not the
     seed's), named in a column; a line on stderr as each architecture starts compiling;
@@ -376,11 +476,12 @@ def test_probe_without_a_config_compiles_the_rule_s_config_per_architecture(caps
     assert config != SEED_CONFIG
     assert main(["probe", *SMALL, "--arch", "sm_90a"]) == 0
     out, err = capsys.readouterr()
-    heading, header, row = out.splitlines()
+    heading, _, table = out.partition("\nconfig ")
+    header, last, row, why = ("config " + table).splitlines()
     assert heading.startswith("the default config (kernel.defaults.default_config) of each architecture")
-    assert header.split()[:3] == ["config", "arch", "status"]
+    assert header.split()[:3] == ["config", "arch", "status"] and last == "    " + PROBE_LAST
     assert row.split()[:3] == [config.label, "sm_90a", "ok"]
-    assert re.search(r"  predicted \S+ ms \(\S+ to \S+\), \d+\.\d\dx floor$", row), row
+    assert re.fullmatch(r"    predicted \S+ ms \(\S+ to \S+\), \d+\.\d\dx floor", why), why
     assert err == f"compiling {config.label} for sm_90a (1 of 1)\n"
     help_text = _help_entries("probe")["--config"]
     assert "(default: each architecture's config of the rule kernel.defaults.default_config" in help_text
@@ -391,8 +492,8 @@ def test_probe_of_several_architectures_names_those_the_rule_refuses_and_goes_on
     the end of the table; asked of one architecture alone, it is one line and exit 2."""
     args = ["probe", "--dk", "48", "--dv", "48", "--batch", "1", "--heads", "2", "--seqlen", "256"]
     assert main([*args, "--arch", "sm_90a,sm_80"]) == 0
-    rows = capsys.readouterr().out.splitlines()[2:]
-    assert [r.split()[:3] for r in rows] == [["-", "sm_90a", "restricted"], ["-", "sm_80", "restricted"]]
+    rows = [" ".join(r.split()) for r in capsys.readouterr().out.split("\n- ")[1:]]  # each with its reason
+    assert [r.split()[:2] for r in rows] == [["sm_90a", "restricted"], ["sm_80", "restricted"]]
     assert "DK a multiple of 64" in rows[0] and "tiles its MMA across 8 warps" in rows[1], rows
     assert main([*args, "--arch", "sm_90a"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
@@ -694,7 +795,7 @@ def test_best_and_export_rank_each_environment_apart(tmp_path, capsys, monkeypat
     assert read_export(tmp_path / "here.json")["configs"][0]["median_ms"] == 0.9
     # Another environment by its key's start: its own ranking, never the others'.
     assert main(["best", *on, "--env", env_key(h200)[:6]]) == 0
-    heading, header, *rows = capsys.readouterr().out.splitlines()
+    heading, header, rows = _table_lines(capsys.readouterr().out)
     assert f", measured in environment {env_key(h200)} (NVIDIA H200," in heading
     assert [float(r.split()[3]) for r in rows] == [0.2, 0.4]
     assert main(["export", *on, "--env", env_key(h100), "--out", str(tmp_path / "h100.json")]) == 0

@@ -11,11 +11,13 @@ from kernel.arch import resolve
 from kernel.config import KernelConfig, Problem, model_call
 from kernel.defaults import default_config, violated
 from tuner.commands.args import problem_of
+from tuner.commands.lines import Progress, fit
 from tuner.options import BENCH_PACKED, UsageError, parse_archs, parse_config, parse_shapes
 
-# The resource columns of ``probe``'s table.
+# The resource columns of ``probe``'s table, and what the indented line under each row holds.
 PROBE_HEADS = ("registers", "spill B", "smem B", "limit B", "threads")
 PROBE_LAST = "predicted time (tuner.latency), or why not"
+PROBE_INDENT = "    "
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -41,12 +43,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 raise
             configs[arch] = str(exc)
     if given is not None:
-        print(f"{given.label} for {problem} in the model form, compile-only", flush=True)
+        print(fit(f"{given.label} for {problem} in the model form, compile-only"), flush=True)
         print(_probe_row("arch", "status", PROBE_HEADS, PROBE_LAST), flush=True)
     else:  # the rule's config may differ by architecture: a column of its own
         print(
-            f"the default config (kernel.defaults.default_config) of each architecture for {problem} "
-            "in the model form, compile-only",
+            fit(
+                f"the default config (kernel.defaults.default_config) of each architecture for {problem} "
+                "in the model form, compile-only"
+            ),
             flush=True,
         )
         print(_probe_row("arch", "status", PROBE_HEADS, PROBE_LAST, config="config"), flush=True)
@@ -76,10 +80,11 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _probe_row(arch: str, status: str, cells, reason: str = "", config: str | None = None) -> str:
-    """A line of ``probe``'s table; ``config``: a first column of the config's label."""
+    """A row of ``probe``'s table, then ``reason`` on lines of its own, indented;
+    ``config``: a first column of the config's label."""
     first = "" if config is None else f"{config:<22} "
     line = f"{first}{arch:<8} {status:<14} " + " ".join(f"{c:>9}" for c in cells)
-    return line + f"  {reason}" if reason else line
+    return line.rstrip() + ("\n" + fit(reason, PROBE_INDENT) if reason else "")
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
@@ -87,12 +92,12 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     the forward, and with --backward its sweeps, for every batch size and sequence length;
     kernel.ops.decode.warmup_jobs: the decode step, fp32 and bf16 pools, for every N)
     into TileLang's disk cache, across the CPU cores; no GPU needed with --arch. A later
-    process loads them instead of compiling."""
-    from tqdm import tqdm
-
+    process loads them instead of compiling. Its progress goes to stderr (a bar on a
+    terminal, else a line every 10 s); its last line names the cache's folder they went to."""
     from kernel.builder import memory_bandwidth, precompile, sm_count
     from kernel.decode_build import precompile_decode
     from kernel.environment import environment
+    from kernel.loader import cache_dir
     from kernel.ops.decode import warmup_jobs as decode_jobs
     from kernel.ops.serve import use_table, warmup_jobs
     from kernel.ops.tables import user_table
@@ -111,16 +116,14 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     decode = decode_jobs(args.heads, args.dk, args.dv, args.dtype, arch=arch, sms=here.get("sms"))
     start = time.perf_counter()
     total, what = len(jobs) + len(decode), f"compiling for {arch}"
-    with tqdm(total=total, unit="kernel", desc=what, dynamic_ncols=True) as bar:
-        results = precompile(jobs, arch=arch, workers=args.workers, done=bar.update)
-        results += precompile_decode(decode, arch=arch, workers=args.workers, done=bar.update)
+    with Progress(total, verb="compiled", unit="kernels", desc=what) as done:
+        results = precompile(jobs, arch=arch, workers=args.workers, done=done)
+        results += precompile_decode(decode, arch=arch, workers=args.workers, done=done)
     failed = [r for r in results if isinstance(r, ProbeFailure)]
-    print(
-        f"warmed {len(results) - len(failed)} kernels for {arch} in {time.perf_counter() - start:.0f} s",
-        flush=True,
-    )
     for failure in failed:
-        print(f"failed: {failure.stage}: {failure.error_type}: {failure.message.splitlines()[0][:160]}")
+        print(fit(f"failed: {failure.stage}: {failure.error_type}: {failure.message.splitlines()[0][:160]}"))
+    warmed = f"warmed {len(results) - len(failed)} kernels for {arch} in {time.perf_counter() - start:.0f} s"
+    print(fit(f"{warmed} into TileLang's cache, where a later process loads them: {cache_dir()}"), flush=True)
     return 1 if failed else 0
 
 

@@ -11,6 +11,7 @@ from kernel.config import KernelConfig, Problem
 from kernel.environment import env_key, environment, write_json
 from kernel.trial_schema import NO_MODEL, UNCALIBRATED
 from tuner.commands.args import default_out, named, open_study, out_file
+from tuner.commands.lines import fit
 from tuner.options import UsageError
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
 
     study = open_study(args)
     frame = trials_frame(study)
-    print(_heading(study, frame))
+    print(fit(_heading(study, frame)))
     if frame.empty:
         print("no trials yet")
         return 0
@@ -60,7 +61,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         print(f"study {study.study_name!r} has no feasible, correct trial yet", file=sys.stderr)
         return 1
     frame = trials_frame(study).set_index("number", drop=False).loc[best]
-    print(f"{_heading(study, frame, _saved_env(study, env).get('arch'))}, {_env_line(study, env)}")
+    print(fit(f"{_heading(study, frame, _saved_env(study, env).get('arch'))}, {_env_line(study, env)}"))
     print(table(frame))
     return 0
 
@@ -102,7 +103,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 1
     except OSError as exc:
         raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
-    print(_env_line(study, env), file=sys.stderr)
+    print(fit(_env_line(study, env)), file=sys.stderr)
     print(out)
     return 0
 
@@ -133,7 +134,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"{exc} ({study.study_name!r} against {args.against!r})", file=sys.stderr)
         return 1
     summary |= {"study": study.study_name, "yardstick": args.against, "env": env}
-    print(_env_line(study, env), file=sys.stderr)
+    print(fit(_env_line(study, env)), file=sys.stderr)
     if args.remeasure:
         from tuner.remeasure import remeasure  # loads torch and TileLang
 
@@ -164,7 +165,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     env = None
     if args.env is not None or len(environments(study)) > 1:  # several GPU kinds: one's trials
         env = _env(args, study)
-        print(f"report of study {study.study_name!r}, {_env_line(study, env)}", file=sys.stderr)
+        print(fit(f"report of study {study.study_name!r}, {_env_line(study, env)}"), file=sys.stderr)
     frame = trials_frame(study, env=env)
     try:
         info = StudyInfo.from_attrs(study.study_name, study.user_attrs)
