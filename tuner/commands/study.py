@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 from kernel.arch import resolve
 from kernel.config import KernelConfig, Problem
+from kernel.constraints import head_size_error
 from kernel.decode import DecodeCase, DecodeConfig
-from kernel.defaults import dkdv_config, head_size_error
+from kernel.defaults import dkdv_config
 from kernel.environment import decode_environment, env_key, environment
 from kernel.trial_schema import predicted_text
 from tuner import fleet
@@ -73,8 +74,11 @@ def _run_decode(args: argparse.Namespace) -> int:
     if not tuner.gpu:
         why = "no CUDA device" if tuner.env["gpu"] is None else f"this GPU is not {tuner.arch}"
         print(
-            f"{why}: compile-only exploration of the decode step for {tuner.arch}: no latency is measured, "
-            "and no latency model is fitted to it: configs rank by how full their grid's waves keep the SMs",
+            fit(
+                f"{why}: compile-only exploration of the decode step for {tuner.arch}: no latency is "
+                "measured, and no latency model is fitted to it: configs rank by how full their grid's "
+                "waves keep the SMs"
+            ),
             file=sys.stderr,
         )
     if tuner.interrupted:
