@@ -145,6 +145,13 @@ def gated_chunk_loop_macro(
     return chunk_loop
 
 
+def gated_loop_knobs(*, heads: int, groups: int, dk: int, block_dv: int, **knobs) -> dict:
+    """The knobs ``gated_chunk_loop_macro`` takes from a prim func's, H a multiple of G."""
+    if heads % groups:
+        raise ValueError(f"heads: expected a multiple of groups = {groups}, got {heads}")
+    return dict(heads=heads, group_size=heads // groups, dk=dk, block_dv=block_dv, **knobs)
+
+
 def gated_fwd(
     *,
     heads: int,
@@ -174,24 +181,16 @@ def gated_fwd(
     fp32 ``[B*H, 1, DK, DV]``, the state before the first token (read only with
     ``initial_state``) and after the last (written only with ``final_state``).
     """
-    if heads % groups:
-        raise ValueError(f"heads: expected a multiple of groups = {groups}, got {heads}")
+    chunk_loop = gated_chunk_loop_macro(
+        **gated_loop_knobs(
+            heads=heads, groups=groups, dk=dk, block_dv=block_dv, chunk=chunk, scale=scale,
+            num_stages=num_stages, dtype=dtype, arch=arch, gamma=gamma,
+        )
+    )  # fmt: skip
     if get_arch(arch).symbolic_shapes:
         batch, seqlen = T.dynamic("batch, seqlen")
     elif batch is None or seqlen is None:
         raise ValueError(f"{arch} compiles per shape: batch and seqlen are needed")
-    chunk_loop = gated_chunk_loop_macro(
-        chunk=chunk,
-        heads=heads,
-        group_size=heads // groups,
-        dk=dk,
-        block_dv=block_dv,
-        scale=scale,
-        num_stages=num_stages,
-        dtype=dtype,
-        arch=arch,
-        gamma=gamma,
-    )
     state_shape = [batch * heads, 1, dk, dv]
 
     @T.prim_func
@@ -222,6 +221,82 @@ def gated_fwd(
                 start,
                 end,
                 bbh,
+            )
+
+    return main
+
+
+def packed_gated_fwd(
+    *,
+    heads: int,
+    groups: int,
+    dk: int,
+    dv: int,
+    dtype: str,
+    chunk: int,
+    block_dv: int,
+    num_stages: int,
+    threads: int,
+    arch: str,
+    scale: float = 1.0,
+    gamma: bool = False,
+    initial_state: bool = False,
+    final_state: bool = False,
+):
+    """Return the ``@T.prim_func`` ``main(Q, K, V, Gate, Gamma, H0, O, HT, CuSeqlens)`` of
+    the gated forward over packed sequences (fla's ``cu_seqlens``), as
+    ``kernel.scalar_decay.packed_fwd`` runs a constant decay: one kernel for every token
+    count T and sequence count N, both read from the tensors at launch.
+
+    Q, K: ``[1, T, G, DK]``; V, O: ``[1, T, H, DV]``; Gate: fp32 ``[1, T, H]``; Gamma: fp32
+    ``[H]`` (read only with ``gamma``). CuSeqlens: int32 ``[N + 1]``, offsets from 0 to T,
+    strictly increasing. H0, HT: fp32 ``[N*H, 1, DK, DV]`` (any rows where the call has no
+    state in, or out). One block per (value slice, sequence, head) walks its sequence from
+    its first token; a chunk's tile reaches into the next sequence, whose rows are kept out
+    of the gates' scan (their gate reads as 0, never loaded), of the state (their key
+    weight is 0) and of the output (only the first m rows are stored).
+    """
+    if not get_arch(arch).symbolic_shapes:
+        raise ValueError(f"{arch} compiles per shape: the packed gated forward needs symbolic shapes")
+    chunk_loop = gated_chunk_loop_macro(
+        **gated_loop_knobs(
+            heads=heads, groups=groups, dk=dk, block_dv=block_dv, chunk=chunk, scale=scale,
+            num_stages=num_stages, dtype=dtype, arch=arch, gamma=gamma, packed=True,
+        )
+    )  # fmt: skip
+    tokens, offsets, h0_rows, ht_rows = (T.dynamic(n) for n in ("tokens", "offsets", "h0_rows", "ht_rows"))
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([1, tokens, groups, dk], dtype), K: T.Tensor([1, tokens, groups, dk], dtype),
+        V: T.Tensor([1, tokens, heads, dv], dtype), Gate: T.Tensor([1, tokens, heads], ACCUM),
+        Gamma: T.Tensor([heads], ACCUM), H0: T.Tensor([h0_rows, 1, dk, dv], ACCUM),
+        O: T.Tensor([1, tokens, heads, dv], dtype), HT: T.Tensor([ht_rows, 1, dk, dv], ACCUM),
+        CuSeqlens: T.Tensor([offsets], "int32"),
+    ):  # fmt: skip
+        # bnh = n * H + h: the r heads of a group run in adjacent blocks (their q and k from L2)
+        with T.Kernel(T.ceildiv(dv, block_dv), (offsets - 1) * heads, threads=threads) as (bv, bnh):
+            n = bnh // heads
+            bh = bnh % heads
+            bos = CuSeqlens[n]
+            eos = CuSeqlens[n + 1]
+            start, end = H0 if initial_state else None, HT if final_state else None
+            chunk_loop(
+                Q,
+                K,
+                V,
+                O,
+                Gate,
+                Gamma,
+                0,
+                bh,
+                bv * block_dv,
+                bos,
+                T.ceildiv(eos - bos, chunk),
+                eos,
+                start,
+                end,
+                bnh,
             )
 
     return main

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from kernel.arch import local_arch
-from kernel.gated import gated_fwd
+from kernel.gated import gated_fwd, packed_gated_fwd
 from kernel.resources import compile_funcs
 
 TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -27,11 +27,18 @@ class GatedConfig:
 
 
 def check_call(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, g_gamma: torch.Tensor | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    g_gamma: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> int:
     """r = H // G for q, k ``[B, S, G, DK]``, v ``[B, S, H, DV]`` (fp16 or bf16, contiguous,
-    one CUDA device), g fp32 ``[B, S, H]`` and g_gamma fp32 ``[H]`` (either may be None);
-    one ``ValueError`` per mistake, naming the expected and the actual value."""
+    one CUDA device), g fp32 ``[B, S, H]`` and g_gamma fp32 ``[H]`` (either may be None),
+    and where ``cu_seqlens`` packs sequences, B = 1 and ``cu_seqlens`` an int32 or int64
+    ``[N + 1]`` tensor on q's device; one ``ValueError`` per mistake, naming the expected
+    and the actual value."""
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2]:
         raise ValueError(
             f"q, k, v: expected [B, S, G, DK] twice and [B, S, H, DV], got {q.shape}, {k.shape}, {v.shape}"
@@ -53,17 +60,31 @@ def check_call(
             raise ValueError(f"{name}: expected dtype torch.float32, got {x.dtype}")
         if x.device != q.device:
             raise ValueError(f"{name}: expected device {q.device} (as q), got {x.device}")
+    if cu_seqlens is not None:
+        if b != 1:
+            raise ValueError(f"q, k, v: expected a batch of 1 with cu_seqlens, got {b}")
+        if (
+            cu_seqlens.dim() != 1
+            or cu_seqlens.numel() < 2
+            or cu_seqlens.dtype not in (torch.int32, torch.int64)
+        ):
+            raise ValueError(
+                "cu_seqlens: expected int32 or int64 [N + 1], "
+                f"got {cu_seqlens.dtype} {list(cu_seqlens.shape)}"
+            )
+        if cu_seqlens.device != q.device:
+            raise ValueError(f"cu_seqlens: expected device {q.device} (as q), got {cu_seqlens.device}")
     return heads // groups
 
 
 @functools.cache
 def compile_gated(
     *, heads: int, groups: int, dk: int, dv: int, dtype: str, config: GatedConfig, scale: float,
-    gamma: bool, initial_state: bool, final_state: bool, arch: str,
+    gamma: bool, initial_state: bool, final_state: bool, arch: str, packed: bool = False,
 ):  # fmt: skip
-    """The compiled kernel of ``kernel.gated.gated_fwd`` for these knobs (once per process;
-    TileLang's disk cache across processes)."""
-    func = gated_fwd(
+    """The compiled kernel of ``kernel.gated.gated_fwd`` (``packed``: ``packed_gated_fwd``)
+    for these knobs (once per process; TileLang's disk cache across processes)."""
+    func = (packed_gated_fwd if packed else gated_fwd)(
         heads=heads, groups=groups, dk=dk, dv=dv, dtype=dtype, chunk=config.chunk, block_dv=config.block_dv,
         num_stages=config.num_stages, threads=config.threads, arch=arch, scale=scale, gamma=gamma,
         initial_state=initial_state, final_state=final_state,
@@ -82,6 +103,7 @@ def gated_forward(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
     config: GatedConfig = GatedConfig(),
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -91,28 +113,36 @@ def gated_forward(
         q, k: ``[B, S, G, DK]``; v: ``[B, S, H, DV]`` (fp16 or bf16, contiguous).
         g: fp32 ``[B, S, H]`` log-gates (<= 0), or None; g_gamma: fp32 ``[H]``, or None.
         scale: multiplies q (default DK^-1/2); initial_state: fp32 ``[B, H, DK, DV]``.
+        cu_seqlens: packed sequences, int32 or int64 ``[N + 1]`` offsets from 0 to T,
+            strictly increasing (not checked here: ``kernel.ops.inputs`` checks a model's),
+            with q, k ``[1, T, G, DK]``, v ``[1, T, H, DV]``, g ``[1, T, H]`` and the
+            states ``[N, H, DK, DV]``.
         out: the output tensor to write (a NaN-filled one in the tests), else a new one.
 
     Returns:
-        o ``[B, S, H, DV]`` and, with output_final_state, the fp32 state ``[B, H, DK, DV]``.
+        o ``[B, S, H, DV]`` and, with output_final_state, the fp32 state ``[B, H, DK, DV]``
+        (packed: ``[N, H, DK, DV]``).
     """
-    check_call(q, k, v, g, g_gamma)
+    check_call(q, k, v, g, g_gamma, cu_seqlens)
     b, s, groups, dk = q.shape
     heads, dv = v.shape[2], v.shape[3]
+    n = b if cu_seqlens is None else cu_seqlens.numel() - 1
     kernel = compile_gated(
         heads=heads, groups=groups, dk=dk, dv=dv, dtype=TORCH_DTYPES[q.dtype], config=config,
         scale=dk**-0.5 if scale is None else float(scale), gamma=g_gamma is not None,
         initial_state=initial_state is not None, final_state=output_final_state, arch=local_arch(),
+        packed=cu_seqlens is not None,
     )  # fmt: skip
     f32 = dict(dtype=torch.float32, device=q.device)
     gate = torch.zeros(b, s, heads, **f32) if g is None else g
     gamma = torch.zeros(heads, **f32) if g_gamma is None else g_gamma
     h0 = (
-        torch.empty(b * heads, 1, dk, dv, **f32)
+        torch.empty(n * heads, 1, dk, dv, **f32)
         if initial_state is None
         else initial_state.reshape(-1, 1, dk, dv)
     )
-    ht = torch.empty(b * heads, 1, dk, dv, **f32)
+    ht = torch.empty(n * heads, 1, dk, dv, **f32)
     o = torch.empty_like(v) if out is None else out
-    kernel(q, k, v, gate, gamma, h0.contiguous(), o, ht)
-    return o, (ht.view(b, heads, dk, dv) if output_final_state else None)
+    args = (q, k, v, gate.contiguous(), gamma.contiguous(), h0.contiguous(), o, ht)
+    kernel(*args) if cu_seqlens is None else kernel(*args, cu_seqlens.to(torch.int32).contiguous())
+    return o, (ht.view(n, heads, dk, dv) if output_final_state else None)

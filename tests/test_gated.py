@@ -1,7 +1,8 @@
-"""The gated forward (kernel.gated, kernel.gated_build): its input checks and its sm_90a
-compile here; on a GPU (marked ``gpu``), its outputs and final state against references B
-and C in fp64, on fresh random inputs into NaN-filled outputs, for gates from -1e-4 to -20
-per token, fp16 and bf16, grouped q and k, odd sequence lengths."""
+"""The gated forward (kernel.gated, kernel.gated_build), dense and packed: its input checks
+and its sm_90a compiles here; on a GPU (marked ``gpu``), its outputs and final states
+against references B and C in fp64, on fresh random inputs into NaN-filled outputs, for
+gates from -1e-4 to -20 per token, fp16 and bf16, grouped q and k, odd sequence lengths,
+packed sequences of one token beside long ones."""
 
 import itertools
 import math
@@ -23,6 +24,8 @@ SHAPES = [
 GATES = {"-1e-4": (1e-4, 1e-4), "-20": (20.0, 20.0), "-1e-4..-20": (1e-4, 20.0)}
 DTYPES = [torch.float16, torch.bfloat16]
 CONFIGS = [GatedConfig(64, 64, 1, 128), GatedConfig(64, 64, 2, 256), GatedConfig(64, 128, 1, 128)]
+# packed sequences' lengths: one token first, between and last; a chunk and one; ragged
+PACKED = [[1, 1, 130, 1, 64, 65, 7, 1], [300], [5, 1, 200, 63]]
 
 
 def make(b, s, groups, r, dk, dv, *, gates, dtype, device, seed):
@@ -44,6 +47,12 @@ def make(b, s, groups, r, dk, dv, *, gates, dtype, device, seed):
 @pytest.mark.parametrize(
     "change, match",
     [
+        (lambda q, k, v, g, gg: (q, k, v, g, gg, torch.tensor([0.0, 5.0])), "cu_seqlens: expected int32"),
+        (lambda q, k, v, g, gg: (q, k, v, g, gg, torch.tensor([[0, 5]])), "cu_seqlens: expected int32"),
+        (
+            lambda q, k, v, g, gg: (q, k, v, g, gg, torch.tensor([0, 5], device="meta")),
+            "cu_seqlens: expected dev",
+        ),
         (lambda q, k, v, g, gg: (q, k, v, g[:, :-1], gg), "g: expected shape"),
         (lambda q, k, v, g, gg: (q, k, v, g.double(), gg), "g: expected dtype"),
         (lambda q, k, v, g, gg: (q, k, v, g.to("meta"), gg), "g: expected device"),
@@ -58,18 +67,41 @@ def test_bad_input_is_one_value_error(change, match):
     assert check_call(q, k, v, g, gg) == 3
 
 
-def test_compiles_for_sm_90a():
-    """One config lowers and compiles with nvcc on a machine without a GPU."""
+def test_packed_batch_is_one():
+    q, k, v, g, gg, _ = make(2, 5, 2, 3, 64, 64, gates=(1e-4, 20), dtype=torch.float16, device="cpu", seed=0)
+    with pytest.raises(ValueError, match="batch of 1"):
+        check_call(q, k, v, g, gg, torch.tensor([0, 5]))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_compiles_for_sm_90a(packed):
+    """One config lowers and compiles with nvcc on a machine without a GPU, without spills."""
+    from kernel.gated import gated_fwd, packed_gated_fwd
+    from kernel.resources import ProbeFailure, probe_funcs
+
+    make_func = lambda: [
+        (packed_gated_fwd if packed else gated_fwd)(
+            heads=4, groups=2, dk=64, dv=64, dtype="float16", chunk=64, block_dv=64, num_stages=1,
+            threads=128, arch="sm_90a", scale=0.125, gamma=True, initial_state=True, final_state=True,
+        )
+    ]  # fmt: skip
+    found = probe_funcs(make_func, arch="sm_90a")
+    assert not isinstance(found, ProbeFailure), found
+    assert found.spill_bytes == 0 and found.fits_smem
+
+
+def test_dense_source_scans_by_rows():
+    """The gates are scanned per row, not by ``T.cumsum`` (see kernel.gated.gate_weights_macro)."""
     from kernel.gated import gated_fwd
     from kernel.resources import compile_funcs
 
     func = gated_fwd(
-        heads=4, groups=2, dk=64, dv=64, dtype="float16", chunk=64, block_dv=64, num_stages=1, threads=128,
+        heads=4, groups=2, dk=64, dv=64, dtype="float16", chunk=64, block_dv=64, num_stages=2, threads=256,
         arch="sm_90a", scale=0.125, gamma=True, initial_state=True, final_state=True,
     )  # fmt: skip
     (kernel,) = compile_funcs([func], "sm_90a")
     source = kernel.get_kernel_source()
-    assert "exp2f" in source and "CumSum" not in source  # see kernel.gated.gate_weights_macro
+    assert "exp2f" in source and "CumSum" not in source
 
 
 # ---- on the GPU ------------------------------------------------------------------------------
@@ -126,3 +158,56 @@ def test_without_g_gamma_or_states(gamma, states):
 def test_goal_shape_mamba2_heads():
     """A Mamba2 head layout at length: 24 heads of one group, DK = 128 (d_state), DV = 64."""
     run_case((1, 2048, 1, 24, 128, 64), (1e-4, 20.0), torch.bfloat16, GatedConfig(), seed=3)
+
+
+def packed_case(lengths, groups, r, dk, dv, gates, dtype, config, *, seed, gamma=True, states=True):
+    """Packed sequences of ``lengths`` against references C and B (each sequence alone, from
+    its own state), into NaN-filled outputs."""
+    from kernel.gated_build import gated_forward
+
+    t = sum(lengths)
+    q, k, v, g, gg, _ = make(1, t, groups, r, dk, dv, gates=gates, dtype=dtype, device="cuda", seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    h0 = torch.randn(len(lengths), groups * r, dk, dv, generator=gen).cuda()
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+    out = torch.full_like(v, math.nan)
+    kw = dict(
+        g_gamma=gg if gamma else None, scale=dk**-0.5, initial_state=h0 if states else None, cu_seqlens=cu
+    )
+    o, ht = gated_forward(q, k, v, g, **kw, output_final_state=True, config=config, out=out)
+    torch.cuda.synchronize()
+    assert o is out and ht.shape == (len(lengths), groups * r, dk, dv)
+    ref_c, state_c = refs.gated_kernel_mimic(
+        q, k, v, g, config.chunk, block_dv=config.block_dv, **kw, output_final_state=True
+    )
+    ref_b, state_b = refs.gated_chunked(q, k, v, g, config.chunk, **kw, output_final_state=True)
+    label = f"packed {lengths} G {groups} r {r} {dk}x{dv} gates {gates} {dtype} {config}"
+    for name, want, got in (
+        ("o vs C", ref_c, o), ("o vs B", ref_b, o), ("state vs C", state_c, ht), ("state vs B", state_b, ht),
+    ):  # fmt: skip
+        err = refs.rel_l2(got, want)
+        print(f"{label} {name}: rel L2 {err:.3e}")
+        assert bool(got.isfinite().all()), f"{label} {name}: non-finite"
+        assert err < refs.TOLERANCE, f"{label} {name}: rel L2 {err:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("gates", GATES.values(), ids=GATES.keys())
+@pytest.mark.parametrize("lengths", PACKED, ids=str)
+def test_packed_matches_references(lengths, gates, dtype):
+    packed_case(lengths, 2, 2, 128, 64, gates, dtype, GatedConfig(), seed=len(lengths))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_packed_configs_match_references(config):
+    packed_case(PACKED[0], 1, 4, 64, 128, (1e-4, 20.0), torch.bfloat16, config, seed=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gamma, states", itertools.product((False, True), (False, True)))
+def test_packed_without_g_gamma_or_states(gamma, states):
+    packed_case(
+        PACKED[2], 2, 1, 64, 64, (1e-3, 2.0), torch.float16, GatedConfig(), seed=5, gamma=gamma, states=states
+    )
