@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernel.arch import local_arch
+from kernel.arch import get_arch, local_arch
 from kernel.gated import gated_fwd, packed_gated_fwd
 from kernel.resources import compile_funcs
 
@@ -24,6 +24,16 @@ class GatedConfig:
     block_dv: int = 64
     num_stages: int = 1
     threads: int = 128
+
+
+def gated_config(*, dk: int, dv: int) -> GatedConfig:
+    """The config a model's call runs where none is tuned (no table holds gated configs yet):
+    value blocks of 64 columns where DV allows, else the widest multiple of 16 dividing DV
+    up to 64; 256 threads past DK = 128, whose ``[DK, 64]`` fp32 state would not fit 128
+    threads' registers. Not tuned: the first configs to compile without spills
+    (``experiments/gated/probe.txt``)."""
+    block_dv = max(d for d in range(16, min(dv, 64) + 1, 16) if dv % d == 0)
+    return GatedConfig(chunk=64, block_dv=block_dv, num_stages=1, threads=128 if dk <= 128 else 256)
 
 
 def check_call(
@@ -81,10 +91,14 @@ def check_call(
 def compile_gated(
     *, heads: int, groups: int, dk: int, dv: int, dtype: str, config: GatedConfig, scale: float,
     gamma: bool, initial_state: bool, final_state: bool, arch: str, packed: bool = False,
+    batch: int | None = None, seqlen: int | None = None,
 ):  # fmt: skip
     """The compiled kernel of ``kernel.gated.gated_fwd`` (``packed``: ``packed_gated_fwd``)
-    for these knobs (once per process; TileLang's disk cache across processes)."""
+    for these knobs (once per process; TileLang's disk cache across processes). ``batch``
+    and ``seqlen``: the dense shape where ``arch`` compiles per shape, else None."""
+    shape = {} if packed else dict(batch=batch, seqlen=seqlen)
     func = (packed_gated_fwd if packed else gated_fwd)(
+        **shape,
         heads=heads, groups=groups, dk=dk, dv=dv, dtype=dtype, chunk=config.chunk, block_dv=config.block_dv,
         num_stages=config.num_stages, threads=config.threads, arch=arch, scale=scale, gamma=gamma,
         initial_state=initial_state, final_state=final_state,
@@ -127,11 +141,13 @@ def gated_forward(
     b, s, groups, dk = q.shape
     heads, dv = v.shape[2], v.shape[3]
     n = b if cu_seqlens is None else cu_seqlens.numel() - 1
+    arch = local_arch()
+    per_shape = cu_seqlens is None and not get_arch(arch).symbolic_shapes
     kernel = compile_gated(
         heads=heads, groups=groups, dk=dk, dv=dv, dtype=TORCH_DTYPES[q.dtype], config=config,
         scale=dk**-0.5 if scale is None else float(scale), gamma=g_gamma is not None,
-        initial_state=initial_state is not None, final_state=output_final_state, arch=local_arch(),
-        packed=cu_seqlens is not None,
+        initial_state=initial_state is not None, final_state=output_final_state, arch=arch,
+        packed=cu_seqlens is not None, batch=b if per_shape else None, seqlen=s if per_shape else None,
     )  # fmt: skip
     f32 = dict(dtype=torch.float32, device=q.device)
     gate = torch.zeros(b, s, heads, **f32) if g is None else g

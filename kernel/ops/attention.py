@@ -9,7 +9,8 @@ eagerly on real tensors, the same two implementations run under a plain
 ops; there a split forward also keeps the state entering each segment for the
 backward's dq sweep (``_gradients``), which the ops do not.
 
-fla's arguments map one to one: ``g_gamma`` (log-decay per head) is ``log(decay)``, i.e.
+fla's arguments map one to one: ``g`` (a log-gate per token) is ``g``, served by the gated
+forward (``kernel.ops.gated``); ``g_gamma`` (log-decay per head) is ``log(decay)``, i.e.
 ``decay = exp(g_gamma)``; ``scale``, ``initial_state`` and ``output_final_state`` mean the
 same, and the state is fp32 ``[B, H, DK, DV]`` in both; ``cu_seqlens`` packs sequences as
 fla's does (q, k, v ``[1, T, H, D]``, states ``[N, H, DK, DV]``).
@@ -22,6 +23,7 @@ import torch
 from kernel.config import Call, KernelConfig, Problem
 from kernel.ops import inputs
 from kernel.ops.backward import backward
+from kernel.ops.gated import gated_attention
 from kernel.ops.pool import pool_attention
 from kernel.ops.serve import PLANS, PLANS_MAX, fuses_here, kernel_for
 from kernel.variants import launch, same_segments, unused_state
@@ -36,8 +38,9 @@ def decay_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    decay: float | torch.Tensor,
+    decay: float | torch.Tensor | None = None,
     *,
+    g: torch.Tensor | None = None,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
@@ -47,11 +50,20 @@ def decay_attention(
     from_pool: torch.Tensor | None = None,
     decodes: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``o_t = (scale * q_t) S_t`` with ``S_t = decay_h * S_{t-1} + k_t^T v_t`` per head.
+    """``o_t = (scale * q_t) S_t`` with ``S_t = decay_h * S_{t-1} + k_t^T v_t`` per head
+    (with ``g``: ``S_t = exp(g_t) * decay_h * S_{t-1} + k_t^T v_t``).
 
     Args:
         q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; float16 or bfloat16 CUDA tensors.
-        decay: a float in (0, 1], or a tensor ``[H]`` of one alpha per head in (0, 1].
+            With ``g``, or where q and k hold fewer heads than v, q and k are ``[B, S, G,
+            DK]`` and v ``[B, S, H, DV]``, H a multiple of G: head h reads group ``h // (H //
+            G)`` (Mamba2's ``ngroups``) (``kernel.ops.gated``; forward only).
+        decay: a float in (0, 1], or a tensor ``[H]`` of one alpha per head in (0, 1]; may
+            be None (no decay but ``g``'s) where ``g`` is given.
+        g: fp32 ``[B, S, H]`` (packed ``[1, T, H]``), a log-gate per token and head (<= 0;
+            not checked: that would wait for the GPU), as fla's ``chunk_simple_gla(g=...)``
+            takes it; with ``decay`` too, their log-decays add (fla's ``g`` and ``g_gamma =
+            log(decay)``). Forward only: no tensor of the call may require grad.
         scale: multiplies the queries (default ``DK ** -0.5``, as fla).
         initial_state: fp32 ``[B, H, DK, DV]``, the state before the first token (default zero).
         output_final_state: return the state after the last token.
@@ -76,6 +88,21 @@ def decay_attention(
     A wrong input raises ``ValueError`` before anything is launched. Each scale is a
     constant of the kernels (compiled once per value), where the decay is read at run time.
     """
+    if g is not None or inputs.grouped(q, v):
+        if (
+            pool is not None
+            or slots is not None
+            or from_pool is not None
+            or type(decodes) is not int
+            or decodes
+        ):
+            raise ValueError(
+                "a pool call (pool, slots, from_pool, decodes) takes no g or grouped q and k yet"
+            )
+        return gated_attention(
+            q, k, v, decay, g=g, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        )  # fmt: skip
     if pool is not None or slots is not None or from_pool is not None or type(decodes) is not int or decodes:
         if pool is None or slots is None or from_pool is None:
             raise ValueError(

@@ -107,6 +107,62 @@ def check_tensors(q: Any, k: Any, v: Any) -> None:
         raise ValueError(f"q, k, v must share dtype and device, got {got}")
 
 
+def grouped(q: Any, v: Any) -> bool:
+    """Whether q (and k) hold fewer heads than v: q and k in groups (Mamba2's ``ngroups``),
+    which the gated kernel serves (``kernel.ops.gated``)."""
+    return (
+        isinstance(q, torch.Tensor)
+        and isinstance(v, torch.Tensor)
+        and q.dim() == 4 == v.dim()
+        and (q.shape[2] != v.shape[2])
+    )
+
+
+def check_group_tensors(q: Any, k: Any, v: Any) -> Sizes:
+    """q, k ``[B, S, G, DK]`` and v ``[B, S, H, DV]`` with H a multiple of G, fp16 or bf16
+    CUDA (or meta) tensors of one dtype and device; the call's sizes, H its heads (of at
+    most ``MAX_ROWS`` (batch, head) pairs)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-d tensor [B, S, heads, D], got {_describe(t)}")
+        if t.device.type not in ("cuda", "meta"):
+            raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+    if q.dtype not in DTYPE_NAMES:
+        raise ValueError(f"q must be float16 or bfloat16, got {q.dtype}")
+    if k.shape != q.shape or v.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"k must be shaped as q {list(q.shape)} and v [B, S, H, DV]; got {list(k.shape)}, {list(v.shape)}"
+        )
+    if not (k.dtype == v.dtype == q.dtype) or not (k.device == v.device == q.device):
+        got = ", ".join(f"{t.dtype} on {t.device}" for t in (q, k, v))
+        raise ValueError(f"q, k, v must share dtype and device, got {got}")
+    groups, heads = q.shape[2], v.shape[2]
+    if type(groups) is int and type(heads) is int and (groups < 1 or heads % groups):
+        raise ValueError(f"v's heads H must be a multiple of q and k's groups G = {groups}, got H = {heads}")
+    b, s, _, dk = q.shape
+    found = Sizes(b, heads, s, dk, v.shape[-1])
+    Problem(*(x if type(x) is int else 64 for x in found))
+    if type(b) is int and type(heads) is int:
+        _check_rows(b, heads, "batch")
+    return found
+
+
+def check_gate(g: Any, sizes: Sizes, device: torch.device) -> None:
+    """A per-token log-gate: None, or an fp32 ``[B, S, H]`` tensor (``[1, T, H]`` packed)
+    on q's device. Its values are not checked: that would wait for the GPU."""
+    if g is None:
+        return
+    if not isinstance(g, torch.Tensor):
+        raise ValueError(f"g must be a tensor [B, S, H] or None, got {_describe(g)}")
+    shape = [sizes.batch, sizes.seqlen, sizes.heads]
+    if list(g.shape) != shape:
+        raise ValueError(f"g must be shaped [B, S, H] = {shape}, got {list(g.shape)}")
+    if g.dtype != torch.float32:
+        raise ValueError(f"g must be float32 (log-gates, as fla's), got {g.dtype}")
+    if g.device != device:
+        raise ValueError(f"g is on {g.device} but q is on {device}")
+
+
 def check_alpha(alpha: float) -> None:
     """One decay for every head, in (0, 1] (NaN is not: a comparison, which torch.compile traces)."""
     if not 0.0 < alpha <= 1.0:

@@ -1,0 +1,183 @@
+"""``decay_attention``'s gated calls: a per-token log-gate ``g`` (fla's
+``chunk_simple_gla(q, k, v, g=...)``; Mamba2's ``dt * A``), a per-head decay beside it or
+not, and q and k in groups (Mamba2's ``ngroups``: G heads, v H = G r), on the gated forward
+(``kernel.gated``). Registered as the torch custom op ``decay_tuner::gated_attention`` so
+that it runs under ``torch.compile(fullgraph=True)``; an eager call on real tensors keeps a
+plan per signature, as the constant-decay op does, and launches through it.
+
+Forward only: the gated backward is not built yet, so a call whose inputs require grad
+raises a ``ValueError`` instead of returning outputs no gradient could flow through.
+"""
+
+import math
+from typing import Any
+
+import torch
+
+from kernel.arch import get_arch, local_arch
+from kernel.gated_build import TORCH_DTYPES, compile_gated, gated_config
+from kernel.ops import inputs
+from kernel.ops.serve import PLANS, PLANS_MAX
+
+
+def gated_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: float | torch.Tensor | None,
+    *,
+    g: torch.Tensor | None,
+    scale: float | None,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``decay_attention`` with ``g`` or grouped q and k (its arguments and result)."""
+    if not torch.compiler.is_compiling():
+        try:
+            key = _signature(q, k, v, g, decay, scale, initial_state, output_final_state, cu_seqlens)
+            plan = PLANS.get(key)
+        except (AttributeError, TypeError):  # not tensors where tensors go: checked below
+            key = plan = None
+        if plan is not None:
+            return plan.run(q, k, v, g, decay, initial_state, cu_seqlens)
+    per_head, alpha = (None, 1.0) if decay is None and g is not None else inputs.decay_parts(decay)
+    inputs.check_arguments(scale, initial_state, output_final_state, cu_seqlens)
+    _refuse_grad(q, k, v, g, per_head, initial_state)
+    sizes = inputs.check_group_tensors(q, k, v)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    args = (q, k, v, g, per_head, alpha, scale, initial_state, output_final_state, cu_seqlens)
+    if torch.compiler.is_compiling() or type(q) is not torch.Tensor or q.is_meta:
+        _check_shapes(sizes, q, g, per_head, alpha, initial_state, cu_seqlens)
+        o, final = torch.ops.decay_tuner.gated_attention(*args)
+        return o, (final if output_final_state else None)
+    plan = _GatedPlan(*args)
+    if key is not None:
+        if len(PLANS) >= PLANS_MAX:
+            PLANS.clear()
+        PLANS[key] = plan
+    return plan.run(q, k, v, g, decay, initial_state, cu_seqlens)
+
+
+def _signature(q, k, v, g, decay, scale, initial_state, output_final_state, cu_seqlens) -> tuple:
+    """What an eager call's checks and its kernel depend on but the values of its tensors
+    (``"gated"`` first: the constant-decay op's plans share the table)."""
+    return (
+        "gated", *(_tensor(t) for t in (q, k, v)), None if g is None else _tensor(g), type(decay),
+        _tensor(decay) if type(decay) is torch.Tensor else decay, type(scale), scale,
+        type(output_final_state), output_final_state, torch.is_grad_enabled() and _grad(q, k, v, g, decay,
+        initial_state), None if initial_state is None else _tensor(initial_state),
+        None if cu_seqlens is None else _tensor(cu_seqlens),
+    )  # fmt: skip
+
+
+def _tensor(t: torch.Tensor) -> tuple:
+    return type(t), t.shape, t.dtype, t.device
+
+
+def _grad(*tensors: Any) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _refuse_grad(*tensors: Any) -> None:
+    if torch.is_grad_enabled() and _grad(*tensors):
+        raise ValueError(
+            "decay_attention with g or grouped q and k is forward only: its backward is not built "
+            "yet; run it under torch.no_grad() or torch.inference_mode(), or pass no tensor that "
+            "requires grad"
+        )
+
+
+def _check_shapes(sizes: inputs.Sizes, q, g, decay, alpha, initial_state, cu_seqlens) -> Any:
+    """The checks of a call's gate, decay, offsets and state that need no values (those of
+    q, k and v gave ``sizes``); the number of sequences (B, or N packed)."""
+    inputs.check_gate(g, sizes, q.device)
+    inputs.check_decay(decay, alpha, sizes.heads, q.device)
+    n = sizes.batch
+    if cu_seqlens is not None:
+        inputs.check_offsets_shape(cu_seqlens, sizes, q.device)
+        n = cu_seqlens.shape[0] - 1
+    inputs.check_state(initial_state, sizes, n, q.device)
+    return n
+
+
+class _GatedPlan:
+    """One eager signature checked, and what its calls run, found once: the compiled
+    kernel, the log-decay of a float decay, the stand-ins for a gate or states not passed.
+    Kept in ``kernel.ops.serve.PLANS``, which ``use_table`` empties."""
+
+    __slots__ = ("sizes", "per_head", "gamma", "kernel", "zero_gate", "h0", "ht", "final_shape", "want_final")
+
+    def __init__(self, q, k, v, g, per_head, alpha, scale, initial_state, output_final_state, cu_seqlens):
+        sizes = inputs.check_group_tensors(q, k, v)
+        n = _check_shapes(sizes, q, g, per_head, alpha, initial_state, cu_seqlens)
+        b, h, s, dk, dv = sizes
+        self.sizes, self.per_head, self.want_final = sizes, per_head is not None, output_final_state
+        f32 = dict(dtype=torch.float32, device=q.device)
+        # fla's g_gamma = log(decay): a float decay's is a constant of the plan (read only
+        # where it is not 0)
+        self.gamma = torch.full((h,), math.log(alpha), **f32)
+        arch = local_arch()
+        packed = cu_seqlens is not None
+        per_shape = not packed and not get_arch(arch).symbolic_shapes
+        self.kernel = compile_gated(
+            heads=h, groups=q.shape[2], dk=dk, dv=dv, dtype=TORCH_DTYPES[q.dtype],
+            config=gated_config(dk=dk, dv=dv), scale=scale, gamma=per_head is not None or alpha != 1.0,
+            initial_state=initial_state is not None, final_state=output_final_state, arch=arch, packed=packed,
+            batch=b if per_shape else None, seqlen=s if per_shape else None,
+        )  # fmt: skip
+        self.zero_gate = torch.zeros(b, s, h, **f32) if g is None else None
+        rows = 1 if packed else b * h  # the packed kernel's state rows are symbolic
+        self.h0 = torch.empty(rows, 1, dk, dv, **f32) if initial_state is None else None
+        self.ht = torch.empty(rows, 1, dk, dv, **f32) if not output_final_state else None
+        self.final_shape = (n, h, dk, dv)
+
+    def run(self, q, k, v, g, decay, initial_state, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The call: the values of a decay or offsets tensor checked once per version."""
+        gamma = torch.log(inputs.decay_values(decay)) if self.per_head else self.gamma
+        gate = self.zero_gate if g is None else g.contiguous()
+        _, _, _, dk, dv = self.sizes
+        final = (
+            torch.empty(self.final_shape, dtype=torch.float32, device=q.device) if self.want_final else None
+        )
+        h0 = self.h0 if initial_state is None else initial_state.contiguous().view(-1, 1, dk, dv)
+        ht = self.ht if final is None else final.view(-1, 1, dk, dv)
+        o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        args = (q.contiguous(), k.contiguous(), v.contiguous(), gate, gamma, h0, o, ht)
+        if cu_seqlens is None:
+            self.kernel(*args)
+        else:
+            self.kernel(*args, inputs.offsets_values(cu_seqlens, self.sizes))
+        return o, final
+
+
+def _gated(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    decay: torch.Tensor | None,
+    alpha: float,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's implementation: ``(o, final)``, final an empty ``(0,)`` tensor unless
+    ``output_final_state``."""
+    plan = _GatedPlan(q, k, v, g, decay, alpha, scale, initial_state, output_final_state, cu_seqlens)
+    o, final = plan.run(q, k, v, g, decay, initial_state, cu_seqlens)
+    return o, (final if final is not None else q.new_empty(0, dtype=torch.float32))
+
+
+_gated_op = torch.library.custom_op("decay_tuner::gated_attention", mutates_args=())(_gated)
+
+
+@_gated_op.register_fake
+def _(q, k, v, g, decay, alpha, scale, initial_state, output_final_state, cu_seqlens):
+    sizes = inputs.check_group_tensors(q, k, v)
+    n = _check_shapes(sizes, q, g, decay, alpha, initial_state, cu_seqlens)
+    final = q.new_empty(
+        (n, sizes.heads, sizes.dk, sizes.dv) if output_final_state else (0,), dtype=torch.float32
+    )
+    return v.new_empty(v.shape), final
