@@ -166,7 +166,7 @@ class KernelConfig:
         all of the problem's 2-byte dtype. TileLang gives every buffer its own bytes
         (``kernel.variants.PASS_CONFIGS``) and adds pipeline stages and the state's copy,
         so the compiled kernel needs at least this: a config over an architecture's limit
-        is restricted before it is compiled (``kernel.defaults.violated``)."""
+        is restricted before it is compiled (``kernel.constraints.violated``)."""
         c = self.chunk
         scores = c * c if self.scores == "smem" else 0
         return 2 * (3 * c * problem.dk + 2 * c * self.block_dv + scores)

@@ -3,16 +3,18 @@
 ``default_config`` serves the forward (and each backward sweep, which is a forward call),
 ``dkdv_config`` the backward's fused dk and dv sweep (``kernel.dkdv``). The tuner's first
 trials (``tuner.space.wave_seeds``) and the ops' fallback (``kernel.ops``) both derive
-from them. The rule was fitted to sweeps of every candidate config across shapes
-(``tuner.sweep_data.rule_scores`` scores it; docs/evidence.md#rule-family).
+from them; what any config must keep to run is ``kernel.constraints``'. The rule was
+fitted to sweeps of every candidate config across shapes (``tuner.sweep_data.rule_scores``
+scores it; docs/evidence.md#rule-family).
 """
 
 import dataclasses
 import math
 
 from kernel import dkdv
-from kernel.arch import DEFAULT_ARCH, get_arch
-from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem, knob_choices
+from kernel.arch import get_arch
+from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
+from kernel.constraints import block_dv_error, dkdv_serves, head_size_error, runs
 
 # The family that won across shapes: 64-token chunks (32 where 64 does not fit the shared
 # memory), 256 threads, scores in shared memory. evidence: docs/evidence.md#rule-family
@@ -22,153 +24,6 @@ MAX_DEEP_DK = 128  # 3 pipeline stages paid off up to this DK, 1 beyond
 MAX_NARROW_DK = 128  # halving block_dv paid off up to this DK ...
 NARROW_BELOW = 2048  # ... and in sequences shorter than this, more than splitting them did
 STATIC_SMEM = 1024  # bytes: TileLang's barriers where it warp-specialises the pipeline
-# What TileLang 0.1.15's warpgroup MMA lays out: the state's DK rows 64 at a time, a block's
-# DV columns 32 at a time, two consumer warpgroups at most 224 of them (at 64-token chunks).
-# evidence: docs/evidence.md#head-sizes
-# (Here, not in kernel.arch, which keys the kernels' code: what compiles is no part of it.)
-WGMMA_DK, WGMMA_BLOCK_DV, WGMMA_WIDEST_SHARED = 64, 32, 224
-# Scores in registers lay out for no more than 128 threads on any architecture. (At chunks
-# of 32 tokens they fail too; that failure is left to the compiler: the tests' compile
-# failure.) evidence: docs/evidence.md#regs-threads
-REGS_MAX_THREADS = 128
-
-
-# The kernels take the batch size and sequence length as 32-bit ints (their generated
-# signatures: ``int batch, int seqlen``), and TMA's coordinates are 32-bit.
-MAX_EXTENT = 2**31 - 1
-# The forward kernels launch a row of blocks per (batch, head) pair, or per (sequence, head)
-# pair of packed sequences, along their grid's y axis, which CUDA caps at 65535.
-MAX_ROWS = 65535
-
-
-def rows_error(rows: int, heads: int, what: str = "batch") -> str | None:
-    """Why no kernel runs ``rows`` (batch or packed sequences) x ``heads`` pairs in one call,
-    in one line; None where one does."""
-    if rows * heads > MAX_ROWS:
-        return (
-            f"{what} x heads = {rows} x {heads} = {rows * heads}: the kernels take at most {MAX_ROWS} "
-            f"({what}, head) pairs per call (CUDA's grid); split the {what}"
-        )
-    return None
-
-
-def size_error(problem: Problem) -> str | None:
-    """Why no kernel runs ``problem``'s batch, heads or sequence length, in one line; None
-    where one does."""
-    if max(problem.batch, problem.heads, problem.seqlen) > MAX_EXTENT:
-        return f"{problem}: batch, heads and seqlen must be at most {MAX_EXTENT} (the kernels' 32-bit sizes)"
-    return rows_error(problem.batch, problem.heads)
-
-
-def head_size_error(arch: str, dk: int, dv: int) -> str | None:
-    """Why ``arch``'s kernels cannot run DK x DV, in one line; None where they can."""
-    if not get_arch(arch).wgmma:
-        return None
-    if dk % WGMMA_DK:
-        return (
-            f"on {arch} the kernels need DK a multiple of {WGMMA_DK} (their warpgroup MMA), got {dk} "
-            "(a backward's dq and dk sweeps need it of DV, which is their DK)"
-        )
-    if dv % WGMMA_BLOCK_DV:
-        return f"on {arch} the kernels need DV a multiple of {WGMMA_BLOCK_DV} (their warpgroup MMA), got {dv}"
-    return None
-
-
-def block_dv_error(arch: str, dk: int, config: KernelConfig) -> str | None:
-    """Why ``arch``'s MMA cannot tile ``config``'s products with block_dv columns, in one
-    line; None where it can. The warpgroup MMA lays block_dv out 32 columns at a time, and
-    for two consumer warpgroups at most 224 of them at chunks of 64 tokens or more;
-    elsewhere the warps of ``mma.sync`` share the state's DK x block_dv and the output's
-    chunk x block_dv in whole 16 x 8 tiles, or TileLang 0.1.15 finds no warp partition
-    (docs/evidence.md#head-sizes)."""
-    bdv = config.block_dv
-    if get_arch(arch).wgmma:
-        if bdv % WGMMA_BLOCK_DV:
-            return f"block_dv {bdv}: on {arch} a multiple of {WGMMA_BLOCK_DV}"
-        if bdv > WGMMA_WIDEST_SHARED and config.threads > 128 and config.chunk >= 64:
-            return (
-                f"block_dv {bdv}: on {arch} at most {WGMMA_WIDEST_SHARED} where {config.threads} threads "
-                f"share the state of {config.chunk}-token chunks (128 threads or 32-token chunks compile it)"
-            )
-        return None
-    warps, columns = config.threads // 32, bdv // 8
-    if all(rows // 16 * columns % warps == 0 for rows in (dk, config.chunk)):
-        return None
-    return (
-        f"block_dv {bdv}: {warps} warps cannot share its products with DK = {dk} and chunk "
-        f"{config.chunk} rows in whole 16 x 8 tiles on {arch}"
-    )
-
-
-def tiling_error(arch: str, problem: Problem, config: KernelConfig) -> str | None:
-    """Why ``arch``'s kernels cannot run ``config`` on ``problem``'s head sizes, in one
-    line (``head_size_error``, ``block_dv_error``); None where they can."""
-    return head_size_error(arch, problem.dk, problem.dv) or block_dv_error(arch, problem.dk, config)
-
-
-def knobs(problem: Problem, sweep: str = "forward") -> dict[str, tuple]:
-    """Knob name -> the values the kernels take, in ``KernelConfig``'s field order: the
-    knob table of ``kernel.config`` for this problem's DV (the forward), or the fused dk and
-    dv sweep's, whose design (``kernel.dkdv``) fixes its chunk (64: wgmma's rows), its
-    threads (256: the ``[DK, DV]`` state in registers), its block_dv (DV: the whole state in
-    one block) and its scores (in shared memory), and leaves its stages and segments free.
-    The search space (``tuner.space``) is this table."""
-    table = knob_choices(problem.dv)
-    if sweep == "dkdv":
-        fused = {
-            "chunk": (dkdv.CHUNK,),
-            "block_dv": (problem.dv,),
-            "num_stages": (1, 2),
-            "threads": (dkdv.THREADS,),
-            "scores": ("smem",),
-        }
-        return {name: fused.get(name, values) for name, values in table.items()}
-    return table
-
-
-def violated(
-    problem: Problem, config: KernelConfig, arch: str = DEFAULT_ARCH, sweep: str = "forward"
-) -> list[str]:
-    """Why ``config`` may not run ``problem`` on ``arch``, one reason per broken
-    restriction: it must tile the problem (``KernelConfig.check_fits``), its pipeline may
-    be no deeper than the chunks of one segment it overlaps, and the shared memory it
-    needs at the least (``KernelConfig.smem_floor``; the fused sweep's,
-    ``kernel.dkdv.smem_bytes``) must fit one block of ``arch``; the fused sweep must serve
-    the problem on ``arch`` (``dkdv_config``); and the head sizes and block_dv must be ones
-    ``arch``'s MMA tiles (``tiling_error``), and scores in registers need no more than
-    ``REGS_MAX_THREADS`` threads. Cheap: no compile."""
-    reasons = [reason] if (reason := tiling_error(arch, problem, config)) else []
-    if config.scores == "regs" and config.threads > REGS_MAX_THREADS:
-        reasons.append(
-            f"scores in registers lay out for at most {REGS_MAX_THREADS} threads, not {config.threads}"
-        )
-    limit = get_arch(arch).smem_per_block
-    floor = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else config.smem_floor(problem)
-    if sweep == "dkdv" and dkdv_config(problem, arch) is None:
-        reasons.append(
-            f"the fused dk and dv sweep does not serve DK x DV = {problem.dk} x {problem.dv} on {arch}"
-        )
-    if floor > limit:
-        reasons.append(f"shared memory: at least {floor} B, over {arch}'s {limit} B per block")
-    try:
-        config.check_fits(problem)
-    except ValueError as exc:
-        reasons.append(str(exc))
-    if not config.pipeline_fits(problem):
-        chunks = config.segment_length(problem.seqlen) // config.chunk
-        reasons.append(f"num_stages={config.num_stages} is deeper than the {chunks} chunk(s) of a segment")
-    return reasons
-
-
-def config_error(problem: Problem, config: KernelConfig, arch: str, sweep: str = "forward") -> str | None:
-    """Why ``config``, read from a file, may not serve ``problem`` on ``arch``, in one line:
-    a knob the kernels do not take (``knobs``: no such kernel was ever compiled or checked)
-    or a broken restriction (``violated``); None where it may."""
-    if reasons := violated(problem, config, arch, sweep):
-        return f"config {config.label} on {arch}: {'; '.join(reasons)}"
-    table = knobs(problem, sweep)
-    outside = {k: v for k, v in config.to_dict().items() if v not in table[k]}
-    return f"config {config.label}: {outside} outside the kernels' knobs {table}" if outside else None
 
 
 def preferred_stages(problem: Problem) -> int:
@@ -270,8 +125,7 @@ def dkdv_config(problem: Problem, arch: str, sms: int | None = None) -> KernelCo
     the shared memory, else one. ``sms``: the GPU's SM count, to split the sequence into
     the segment count whose grid comes nearest one block per SM without passing it; None,
     one pass (what packed sequences run)."""
-    too_large = problem.dk * problem.dv > dkdv.MAX_STATE
-    if too_large or not get_arch(arch).wgmma or head_size_error(arch, problem.dk, problem.dv):
+    if not dkdv_serves(problem, arch):
         return None
     limit = get_arch(arch).smem_per_block
     for stages in (2, 1):
@@ -296,15 +150,6 @@ def nearest_grid(config: KernelConfig, problem: Problem, blocks: int) -> KernelC
     if not runnable:
         return None
     return min(runnable, key=lambda c: (abs(math.log2(c.blocks(problem) / blocks)), c.segments))
-
-
-def runs(config: KernelConfig, problem: Problem) -> bool:
-    """Whether ``config`` tiles ``problem`` with a pipeline no deeper than a segment."""
-    try:
-        config.check_fits(problem)
-    except ValueError:
-        return False
-    return config.pipeline_fits(problem)
 
 
 def shorter_pipeline(config: KernelConfig, problem: Problem) -> KernelConfig:

@@ -9,7 +9,7 @@ import optuna
 
 from kernel import KernelConfig, Problem
 from kernel.arch import DEFAULT_ARCH
-from kernel.defaults import tiling_error
+from kernel.constraints import tiling_error
 from kernel.environment import environment, write_json
 from kernel.ops.deploy import FORMAT, VERSION
 from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION

@@ -5,7 +5,8 @@ import pytest
 
 from kernel.arch import ARCHS
 from kernel.config import KernelConfig, Problem, model_call
-from kernel.defaults import CHAIN, STATIC_SMEM, default_config, dkdv_config, runs, smem_bytes
+from kernel.constraints import runs
+from kernel.defaults import CHAIN, STATIC_SMEM, default_config, dkdv_config, smem_bytes
 
 HEADS = [(64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128), (256, 256)]
 SHAPES = [(1, 1, 1), (1, 2, 65), (4, 16, 512), (1, 8, 1000), (8, 16, 4096), (2, 16, 16384), (1, 8, 131072)]
@@ -98,7 +99,7 @@ def test_slower_memory_runs_unsplit_where_the_h200_splits_in_two_past_three_quar
     [(96, 64, "DK a multiple of 64"), (32, 32, "DK a multiple of 64"), (64, 48, "DV a multiple of 32")],
 )
 def test_on_hopper_head_sizes_its_mma_cannot_tile_are_refused_in_one_line(dk, dv, said):
-    """Where no config compiles on sm_90a (``kernel.defaults.head_size_error``), the rule says so
+    """Where no config compiles on sm_90a (``kernel.constraints.head_size_error``), the rule says so
     in one line instead of handing TileLang a config it fails on; the fused sweep does not
     serve them, and sm_80, which compiles them, keeps its rule."""
     problem = Problem(1, 2, 512, dk, dv)
@@ -132,7 +133,7 @@ def test_the_rule_s_config_compiles_for_hopper_at_head_sizes_off_the_bench(dk, d
 @pytest.mark.parametrize("dk", [48, 112])
 def test_the_rule_s_config_compiles_for_ampere_where_its_warps_must_tile_the_state(dk):
     """On sm_80 (``mma.sync``) 8 warps share the state's DK x block_dv in whole 16 x 8 tiles
-    (``kernel.defaults.block_dv_error``): at 512 tokens the rule no longer halves block_dv to 32
+    (``kernel.constraints.block_dv_error``): at 512 tokens the rule no longer halves block_dv to 32
     where DK = 48 or 112 leaves them 12 or 28 tiles, and its pick compiles; where no width
     tiles (DK = DV = 48), it says so in one line."""
     from kernel.resources import Resources, probe

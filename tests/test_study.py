@@ -17,7 +17,7 @@ import pytest
 from helpers import LAYOUT_FAILURE, SMALL, SMALL_PROBLEM, child_env, run_small
 
 from kernel import SEED_CONFIG, KernelConfig, Problem
-from kernel.defaults import knobs, violated
+from kernel.constraints import knobs, violated
 from kernel.ops.deploy import ExportError, load_config, read_export
 from tuner import space
 from tuner.latency import latency_model

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from kernel.arch import ARCHS, DEFAULT_ARCH
 from kernel.config import HEADLINE, SWEEPS, KernelConfig
-from kernel.defaults import MAX_EXTENT, rows_error
+from kernel.constraints import MAX_EXTENT, rows_error
 from refs import TOLERANCE
 
 SAMPLERS = ("tpe", "nsga2", "gp", "grid")
@@ -189,7 +189,7 @@ def parse_config(text: str, flag: str = "--enqueue") -> KernelConfig:
 def parse_shapes(text: str, flag: str = "--shapes") -> list[tuple[int, int, int]]:
     """'8x16x4096,2x16x16384' -> [(8, 16, 4096), (2, 16, 16384)], each shape once;
     ``UsageError`` naming ``flag`` if malformed, or for more (batch, head) pairs than a
-    kernel takes (``kernel.defaults.rows_error``)."""
+    kernel takes (``kernel.constraints.rows_error``)."""
     try:
         shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
     except ValueError:

@@ -1,7 +1,7 @@
 """How each trial's outcome is told to Optuna.
 
 Trial outcomes (Kernel Tuner's "failures are values"):
-- restricted: breaks a named restriction (``kernel.defaults.violated``); COMPLETE, value inf,
+- restricted: breaks a named restriction (``kernel.constraints.violated``); COMPLETE, value inf,
   constraint "restriction" violated, with the restriction's name as the reason.
 - compile_failed: the compiler refused it; COMPLETE, value inf, constraint "compiles"
   violated, with the error class and message as the reason.

@@ -3,7 +3,7 @@
 import optuna
 
 from kernel.config import Problem
-from kernel.defaults import knobs
+from kernel.constraints import knobs
 from tuner.options import SAMPLERS, UsageError
 
 

@@ -1,5 +1,5 @@
-"""The search space: the kernels' knobs for the problem (``kernel.defaults.knobs``), plus
-named restrictions (``kernel.defaults.violated``).
+"""The search space: the kernels' knobs for the problem (``kernel.constraints.knobs``), plus
+named restrictions (``kernel.constraints.violated``).
 
 Restrictions are cheap predicates on a config, checked before any compile: the compiler
 failures known ahead (layouts that never lower, the least shared memory) among them.
@@ -17,7 +17,8 @@ from optuna.distributions import CategoricalDistribution
 
 from kernel.arch import DEFAULT_ARCH, get_arch
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, config_grid
-from kernel.defaults import default_config, dkdv_config, knobs, violated
+from kernel.constraints import knobs, violated
+from kernel.defaults import default_config, dkdv_config
 from tuner.latency import LatencyModel
 from tuner.occupancy import estimated_figures
 from tuner.options import Options, UsageError

@@ -40,7 +40,8 @@ import optuna
 from kernel.arch import resolve
 from kernel.builder import memory_bandwidth, sm_count
 from kernel.config import KernelConfig, Problem, dkdv_call, model_call
-from kernel.defaults import dkdv_config, head_size_error, violated
+from kernel.constraints import head_size_error, violated
+from kernel.defaults import dkdv_config
 from kernel.environment import env_key, environment
 from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, ctrl_c_ignored, result_of
 from kernel.resources import ProbeFailure, probe

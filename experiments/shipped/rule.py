@@ -14,7 +14,8 @@ import statistics
 import sys
 
 from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
-from kernel.defaults import MAX_BLOCK_STATE, default_config, dkdv_config, runs, shorter_pipeline
+from kernel.constraints import runs
+from kernel.defaults import MAX_BLOCK_STATE, default_config, dkdv_config, shorter_pipeline
 from tuner.sweep_data import timings  # the product's reader; its rule_scores gives the "now" rows
 
 

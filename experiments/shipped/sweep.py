@@ -31,7 +31,8 @@ from rule import legacy_config
 
 from kernel.builder import build, precompile, sm_count
 from kernel.config import Call, KernelConfig, Problem, dkdv_call, model_call, whole_chunks
-from kernel.defaults import default_config, dkdv_config, runs
+from kernel.constraints import runs
+from kernel.defaults import default_config, dkdv_config
 from kernel.environment import environment
 from kernel.resources import ProbeFailure
 from kernel.timing import time_gpu

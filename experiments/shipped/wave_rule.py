@@ -31,7 +31,8 @@ from rule import timings
 
 import kernel.defaults
 from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
-from kernel.defaults import default_config, dkdv_config, runs
+from kernel.constraints import runs
+from kernel.defaults import default_config, dkdv_config
 
 SPLITS, FIXEDS = (1.0, 1.2, 1.4, 1.6, 1.8, 2.0), (0, 128, 256, 384, 512, 768, 1024)
 

@@ -23,7 +23,7 @@ from kernel import formats
 from kernel.arch import ARCHS
 from kernel.builder import ScalarDecayKernel, build
 from kernel.config import KernelConfig, Problem
-from kernel.defaults import config_error, size_error
+from kernel.constraints import config_error, size_error
 from kernel.environment import environment, mismatches
 
 FORMAT = formats.BEST_CONFIGS
@@ -66,7 +66,7 @@ def file_arch(path: str | Path, environment: dict[str, Any]) -> str:
 
 def file_problem(value: Any, where: str) -> Problem:
     """The problem a file records at ``where``: every field given, sizes the kernels take
-    (``kernel.defaults.size_error``); else ``ValueError`` naming what is wrong."""
+    (``kernel.constraints.size_error``); else ``ValueError`` naming what is wrong."""
     problem = Problem.from_dict(fields(Problem, value, where))
     if reason := size_error(problem):
         raise ValueError(f"{where}: {reason}")
@@ -112,7 +112,7 @@ def load_config(
 
     ``problem`` defaults to the file's own. Raises ``ExportError`` for a compile-only
     file (its ranking is predicted), for a config this machine's architecture cannot run
-    on ``problem`` (``kernel.defaults.config_error``), and on a mismatch of environment or
+    on ``problem`` (``kernel.constraints.config_error``), and on a mismatch of environment or
     problem unless ``allow_mismatch``.
     """
     data = read_export(path)

@@ -9,8 +9,9 @@ from typing import Any
 from kernel import formats
 from kernel.builder import ScalarDecayKernel, build
 from kernel.config import SWEEPS, KernelConfig, Problem
+from kernel.constraints import config_error, runs
 from kernel.decode import DecodeCase, DecodeConfig, DecodeProblem
-from kernel.defaults import config_error, nearest_grid, runs, shorter_pipeline
+from kernel.defaults import nearest_grid, shorter_pipeline
 from kernel.environment import DECODE_KERNEL, DECODE_MODULES, kernel_key
 from kernel.ops.deploy import (
     ExportError,
@@ -167,7 +168,7 @@ def same_wave(entry: DispatchEntry, problem: Problem) -> KernelConfig | None:
 def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch:
     """Read a dispatch table; ``ExportError`` if it is malformed (no architecture recorded,
     ``deploy.file_arch``, or an entry whose config that architecture's kernels cannot run
-    on its problem, ``kernel.defaults.config_error``, included) or, unless
+    on its problem, ``kernel.constraints.config_error``, included) or, unless
     ``allow_mismatch``, measured in another environment."""
     data = read_versioned(path, "dispatch table", DISPATCH_FORMAT, "entries")
     environment = saved_environment(path, data)

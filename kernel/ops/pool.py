@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from kernel.config import Call, Problem
+from kernel.constraints import rows_error
 from kernel.decode import DecodeProblem
-from kernel.defaults import rows_error
 from kernel.ops import decode as ops_decode
 from kernel.ops import inputs
 from kernel.ops.serve import PLANS, PLANS_MAX, kernel_for

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernel.config import KernelConfig, Problem
+from kernel.constraints import size_error
 from kernel.decode import DecodeCase, DecodeProblem
-from kernel.defaults import size_error
 from tuner import options
 from tuner.options import Options, UsageError, check_writable, default_storage, parse_config
 

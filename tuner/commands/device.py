@@ -9,7 +9,8 @@ from pathlib import Path
 
 from kernel.arch import resolve
 from kernel.config import KernelConfig, Problem, model_call
-from kernel.defaults import default_config, violated
+from kernel.constraints import violated
+from kernel.defaults import default_config
 from tuner.commands.args import problem_of
 from tuner.commands.lines import Progress, fit
 from tuner.options import BENCH_PACKED, UsageError, parse_archs, parse_config, parse_shapes
