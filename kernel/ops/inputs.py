@@ -13,7 +13,7 @@ import torch
 
 from kernel.builder import TORCH_DTYPES, constant_decay
 from kernel.config import Problem
-from kernel.defaults import rows_error
+from kernel.constraints import rows_error
 
 DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 # id -> (weak reference, version) of the decay and cu_seqlens tensors whose values passed
