@@ -147,7 +147,7 @@ def remember(index: Path, kernels: tuple[Any, ...]) -> None:
             entries.append(str(Path(path).resolve().relative_to(root)))
     if len(entries) != len(kernels):
         return
-    from kernel.environment import write_json
+    from kernel.files import write_json
 
     with contextlib.suppress(OSError):  # a read-only cache: every process compiles as before
         write_json(index, {"format": INDEX_FORMAT, "kernels": entries})

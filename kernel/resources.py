@@ -283,7 +283,8 @@ def _kernel_figures(compiled: Any, func: Any, arch: str) -> dict[str, int] | str
     import tilelang
     import tilelang.env
 
-    from kernel.environment import nvcc_version, write_json
+    from kernel.environment import nvcc_version
+    from kernel.files import write_json
 
     source = compiled.get_kernel_source()
     key = [func.script(), source, arch, tilelang.__version__, str(nvcc_version()), str(FIGURES_FORMAT)]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 from plotly.offline import get_plotlyjs
 
-from kernel.environment import replacing
+from kernel.files import replacing
 from kernel.trial_schema import PARAMS, predicted_text
 from reports import compiled, data, decays, figures, markup, search, sections, style
 from reports.data import StudyInfo, Summary, plain_text

@@ -10,7 +10,8 @@ import optuna
 from kernel import KernelConfig, Problem
 from kernel.arch import DEFAULT_ARCH
 from kernel.constraints import tiling_error
-from kernel.environment import environment, write_json
+from kernel.environment import environment
+from kernel.files import write_json
 from kernel.ops.deploy import FORMAT, VERSION
 from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
 from tuner import space

@@ -144,7 +144,7 @@ def test_a_second_process_waits_for_the_first_and_finds_its_entry(tmp_path, fres
         with autotune._locked(path):
             print("locked", flush=True)
             time.sleep(3)
-            __import__("kernel.environment").environment.write_json(path, __import__("json").loads({entry!r}))
+            __import__("kernel.files").files.write_json(path, __import__("json").loads({entry!r}))
         """
     )
     reader = textwrap.dedent(

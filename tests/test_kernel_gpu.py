@@ -103,7 +103,8 @@ def test_rejects_bad_tensors():
 
 
 def test_exported_config_loads_into_a_ready_kernel(tmp_path):
-    from kernel.environment import environment, write_json
+    from kernel.environment import environment
+    from kernel.files import write_json
     from kernel.ops.deploy import FORMAT, VERSION, load_kernel
 
     problem = Problem(2, 3, 300, 64, 64)

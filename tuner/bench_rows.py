@@ -14,7 +14,7 @@ import torch
 
 import refs
 from kernel.config import KernelConfig, Problem
-from kernel.environment import replacing
+from kernel.files import replacing
 from kernel.timing import time_gpu
 
 COPY_BYTES = 1 << 30

@@ -7,7 +7,8 @@ from typing import Any
 import optuna
 
 from kernel import formats
-from kernel.environment import DECODE_KERNEL, write_json
+from kernel.environment import DECODE_KERNEL
+from kernel.files import write_json
 from kernel.ops.deploy import FORMAT, VERSION
 from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
 from kernel.trial_schema import FLOOR, PREDICTED, TIMES

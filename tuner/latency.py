@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel.config import KernelConfig, Problem
-from kernel.environment import replacing
+from kernel.files import replacing
 from kernel.trial_schema import NO_MODEL, OUTSIDE, PREDICTED, UNCALIBRATED
 from tuner.occupancy import Figures, analytic_ratio, blocks_per_sm, floor_bytes, grid
 

@@ -15,7 +15,8 @@ from optuna.trial import FrozenTrial, TrialState
 from kernel import formats
 from kernel.config import SEED_CONFIG, KernelConfig
 from kernel.decode import DECODE_KNOBS, DecodeConfig
-from kernel.environment import ENVIRONMENT_KEYS, env_key, replacing
+from kernel.environment import ENVIRONMENT_KEYS, env_key
+from kernel.files import replacing
 from kernel.trial_schema import FLOOR, MEASURES, PARAMS, PREDICTED, RESOURCES, TRIAL_COLUMNS
 from tuner.claims import interrupted
 from tuner.options import UsageError

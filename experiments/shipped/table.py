@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from kernel.config import Problem
-from kernel.environment import write_json
+from kernel.files import write_json
 from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
 from kernel.ops.tables import SHIPPED
 from tuner.options import parse_config

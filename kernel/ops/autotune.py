@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel.config import SEED_CONFIG, Problem
-from kernel.environment import write_json
+from kernel.files import write_json
 from kernel.ops.deploy import ExportError
 from kernel.ops.dispatch import Dispatch, DispatchEntry, load_dispatch
 

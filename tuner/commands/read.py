@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernel.config import KernelConfig, Problem
-from kernel.environment import env_key, environment, write_json
+from kernel.environment import env_key, environment
+from kernel.files import write_json
 from kernel.trial_schema import NO_MODEL, UNCALIBRATED
 from tuner.commands.args import default_out, named, open_study, out_file
 from tuner.commands.lines import fit
