@@ -1,7 +1,7 @@
 """The scalar-decay chunked linear-attention kernel in TileLang, its config and its probe.
 
-The config types load at once; ``build`` and ``probe`` (and what they need: torch,
-TileLang) load on first use, so a command that only parses arguments stays fast.
+The config types load at once; ``build`` and the probe's types (and what they need:
+torch, TileLang) load on first use, so a command that only parses arguments stays fast.
 """
 
 import importlib
@@ -12,10 +12,9 @@ from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem
 _LAZY = {
     "ScalarDecayKernel": "kernel.builder",
     "build": "kernel.builder",
-    "ProbeFailure": "kernel.resources",
-    "ProbeResult": "kernel.resources",
-    "Resources": "kernel.resources",
-    "probe": "kernel.resources",
+    "ProbeFailure": "kernel.probe",
+    "ProbeResult": "kernel.probe",
+    "Resources": "kernel.probe",
 }
 
 __all__ = ["HEADLINE", "SEED_CONFIG", "KernelConfig", "Problem", *_LAZY]

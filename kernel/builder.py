@@ -14,8 +14,8 @@ import torch
 from kernel import loader
 from kernel.arch import local_arch
 from kernel.config import PLAIN_CALL, Call, KernelConfig, Problem, retnet_decay, whole_chunks
+from kernel.probe import ProbeFailure, ProbeResult, compile_kernel, probe
 from kernel.processes import compile_pool
-from kernel.resources import ProbeFailure, ProbeResult, compile_kernel, probe
 from kernel.variants import launch, launch_dkdv, launch_pool, shape_generic, unused_state
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -270,7 +270,7 @@ def build(
     architecture and assembles it for this GPU: another architecture's code path, run
     here (the Ampere path on Hopper: ``lower_for="sm_80"``). Raises ``ValueError`` for a
     config that cannot tile the problem and ``RuntimeError`` when there is no CUDA device.
-    Compiler failures propagate from TileLang; use :func:`kernel.probe` first to get them
+    Compiler failures propagate from TileLang; use :func:`kernel.probe.probe` first to get them
     as values.
     """
     here = cuda_arch()

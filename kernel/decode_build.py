@@ -12,8 +12,8 @@ import torch
 
 from kernel.arch import DEFAULT_ARCH, local_arch
 from kernel.decode import DecodeConfig, DecodeProblem, decode_step
+from kernel.probe import ProbeResult, compile_funcs, probe_funcs
 from kernel.processes import compile_pool
-from kernel.resources import ProbeResult, compile_funcs, probe_funcs
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def precompile_decode(
 
 def probe_decode(problem: DecodeProblem, config: DecodeConfig, *, arch: str = DEFAULT_ARCH) -> ProbeResult:
     """Compile the decode step for ``arch`` and report its resources, or the compiler's
-    failure (``kernel.resources.probe_funcs``); its ``seed_register_estimate`` is the fp32
+    failure (``kernel.probe.probe_funcs``); its ``seed_register_estimate`` is the fp32
     state elements one thread holds. ``ValueError`` for a config that cannot run
     ``problem``."""
     config.check_fits(problem)

@@ -11,7 +11,7 @@ import torch
 
 from kernel.arch import get_arch, local_arch
 from kernel.gated import gated_fwd, packed_gated_fwd
-from kernel.resources import compile_funcs
+from kernel.probe import compile_funcs
 
 TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 

@@ -29,7 +29,7 @@ from kernel.config import Call, KernelConfig, Problem
 INDEX_FORMAT = 1
 INDEX_DIR = "decay-tuner-index"  # beside TileLang's own folders in its cache
 # The modules whose code decides what a job compiles to (``kernel.environment.KERNEL_MODULES``
-# and the compile options of ``kernel.resources``): their bytes are in the key.
+# and the compile options of ``kernel.probe``): their bytes are in the key.
 _CODE = (
     "config.py",
     "arch.py",
@@ -38,7 +38,7 @@ _CODE = (
     "seq_split.py",
     "dkdv.py",
     "variants.py",
-    "resources.py",
+    "probe.py",
 )
 # TileLang's artifact of each execution backend (``tilelang.cache``): tvm_ffi is CUDA's default.
 _LIBRARY = "executable.so"

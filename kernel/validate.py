@@ -23,7 +23,7 @@ from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem, config_g
 from kernel.decode import DecodeCase
 from kernel.decode_build import DecodeKernel
 from kernel.environment import environment
-from kernel.resources import ProbeFailure
+from kernel.probe import ProbeFailure
 from kernel.timing import time_gpu
 
 # Constant decays (one alpha for every head) checked besides RetNet's per-head gammas.

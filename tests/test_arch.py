@@ -52,7 +52,7 @@ def test_every_architecture_compiles_the_kernel_or_records_why_not(arch):
 
 
 def test_the_ampere_source_issues_mma_not_wgmma():
-    from kernel.resources import compile_kernel
+    from kernel.probe import compile_kernel
 
     config = KernelConfig(64, 64, 1, 128, "smem")
     (hopper,) = compile_kernel(SMALL_PROBLEM, config, "sm_90a")

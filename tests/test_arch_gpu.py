@@ -15,7 +15,7 @@ from kernel import KernelConfig, Problem, build
 from kernel.arch import ARCHS, local_arch
 from kernel.builder import cuda_arch, precompile
 from kernel.config import Call, model_call
-from kernel.resources import ProbeFailure, ProbeResult
+from kernel.probe import ProbeFailure, ProbeResult
 from kernel.validate import check
 from refs import TOLERANCE
 

@@ -13,7 +13,7 @@ import refs
 from kernel.builder import build, cuda_arch, precompile
 from kernel.config import Call, KernelConfig, Problem
 from kernel.ops.attention import decay_attention
-from kernel.resources import Resources
+from kernel.probe import Resources
 from kernel.validate import check, random_qkv
 from refs import TOLERANCE
 

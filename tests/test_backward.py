@@ -219,7 +219,7 @@ def compiled(request) -> None:
     processes."""
     from kernel.builder import cuda_arch, precompile
     from kernel.ops.serve import training_jobs
-    from kernel.resources import Resources
+    from kernel.probe import Resources
 
     jobs = set()
     names = ("b", "s", "h", "dk", "dv", "dtype", "lengths", "with_state")
@@ -312,7 +312,7 @@ def test_the_sweeps_compile_for_hopper_and_ampere():
     compile pool says as each job ends (``warmup``'s progress bar)."""
     from kernel.builder import precompile
     from kernel.defaults import default_config
-    from kernel.resources import Resources
+    from kernel.probe import Resources
 
     problem = Problem(1, 2, 200, 64, 128)
     calls = sweep_calls(problem, Call(0.125, True, True))
@@ -365,7 +365,7 @@ REVERSE_LENGTHS = [1, 63, 64, 65, 300, 17, 2]
 @pytest.fixture(scope="module")
 def compiled_reverse(request) -> None:
     from kernel.builder import cuda_arch, precompile
-    from kernel.resources import Resources
+    from kernel.probe import Resources
 
     for res in precompile(selected(request, "problem", "config", "call"), arch=cuda_arch()):
         assert isinstance(res, Resources), res
@@ -584,7 +584,7 @@ def compiled_for_fla(request) -> None:
     other inside the test, their dozen split kernels did not finish in 150 s on the H200."""
     from kernel.builder import cuda_arch, precompile
     from kernel.ops.serve import training_jobs
-    from kernel.resources import Resources
+    from kernel.probe import Resources
 
     b, s, h, dk = FLA_CASE
     jobs = set()

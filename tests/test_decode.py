@@ -194,7 +194,7 @@ PROBED = [
 @pytest.mark.parametrize("problem,config", PROBED, ids=str)
 def test_compiles_for_hopper_without_spills(problem, config):
     from kernel.decode_build import probe_decode
-    from kernel.resources import Resources
+    from kernel.probe import Resources
 
     res = probe_decode(problem, config, arch="sm_90a")
     assert isinstance(res, Resources), res
@@ -315,7 +315,7 @@ def _compile_all(problem, configs):
     the GIL), so that the builds after are cache hits."""
     from kernel.builder import cuda_arch
     from kernel.decode import decode_step
-    from kernel.resources import compile_funcs
+    from kernel.probe import compile_funcs
 
     compile_funcs([decode_step(problem, c) for c in configs], cuda_arch())
 

@@ -29,7 +29,7 @@ def test_the_rule_runs_every_shape_within_every_architectures_shared_memory():
 def test_the_estimate_is_the_shared_memory_the_lowered_kernels_declare(arch, dk, dv):
     """Lowered (no nvcc) for ``arch``: the dynamic shared memory of every kernel of the
     rule's config, split or not, is the estimate less its static allowance."""
-    from kernel.resources import launch_figures, lower
+    from kernel.probe import launch_figures, lower
     from kernel.variants import prim_funcs
 
     problem = Problem(2, 4, 4096, dk, dv, "bfloat16")
@@ -117,7 +117,7 @@ def test_the_rule_s_config_compiles_for_hopper_at_head_sizes_off_the_bench(dk, d
     forward and fused sweep. At DK = 64, DV = 256 its widest block_dv was 256, which two
     warpgroups cannot lay out (docs/evidence.md#head-sizes)."""
     from kernel.config import dkdv_call
-    from kernel.resources import Resources, probe
+    from kernel.probe import Resources, probe
 
     problem = Problem(1, 2, seqlen, dk, dv)
     config = default_config(problem, "sm_90a", 132)
@@ -136,7 +136,7 @@ def test_the_rule_s_config_compiles_for_ampere_where_its_warps_must_tile_the_sta
     (``kernel.constraints.block_dv_error``): at 512 tokens the rule no longer halves block_dv to 32
     where DK = 48 or 112 leaves them 12 or 28 tiles, and its pick compiles; where no width
     tiles (DK = DV = 48), it says so in one line."""
-    from kernel.resources import Resources, probe
+    from kernel.probe import Resources, probe
 
     problem = Problem(1, 2, 512, dk, 64)
     config = default_config(problem, "sm_80")

@@ -140,7 +140,7 @@ def test_the_fused_sweep_splits_where_one_block_per_head_leaves_sms_idle():
 def test_the_fused_sweep_compiles_as_counted(packed, segments):
     """For sm_90a, states in and out: no spills, and the shared memory ``smem_bytes``
     counts (which ``dkdv_config`` holds against the architecture's limit), split or not."""
-    from kernel.resources import Resources, probe
+    from kernel.probe import Resources, probe
 
     problem = Problem(2, 3, 1 if packed else 600, 64, 128)
     config = dataclasses.replace(dkdv_config(problem, "sm_90a"), segments=segments)
@@ -191,7 +191,7 @@ def _job(problem: Problem, initial: bool, final: bool, lengths, segments: int):
 @pytest.fixture(scope="module")
 def compiled_dkdv(request) -> None:
     from kernel.builder import cuda_arch, precompile
-    from kernel.resources import Resources
+    from kernel.probe import Resources
 
     if not ARCHS[cuda_arch()].wgmma:
         return  # the tests skip

@@ -77,7 +77,7 @@ def test_packed_batch_is_one():
 def test_compiles_for_sm_90a(packed):
     """One config lowers and compiles with nvcc on a machine without a GPU, without spills."""
     from kernel.gated import gated_fwd, packed_gated_fwd
-    from kernel.resources import ProbeFailure, probe_funcs
+    from kernel.probe import ProbeFailure, probe_funcs
 
     make_func = lambda: [
         (packed_gated_fwd if packed else gated_fwd)(
@@ -93,7 +93,7 @@ def test_compiles_for_sm_90a(packed):
 def test_dense_source_scans_by_rows():
     """The gates are scanned per row, not by ``T.cumsum`` (see kernel.gated.gate_weights_macro)."""
     from kernel.gated import gated_fwd
-    from kernel.resources import compile_funcs
+    from kernel.probe import compile_funcs
 
     func = gated_fwd(
         heads=4, groups=2, dk=64, dv=64, dtype="float16", chunk=64, block_dv=64, num_stages=2, threads=256,

@@ -130,7 +130,7 @@ def test_the_default_config_compiles_for_sm_90a_without_spills():
     layout: DK 128 (d_state), DV 64, one group, packed."""
     from kernel.gated import packed_gated_fwd
     from kernel.gated_build import gated_config
-    from kernel.resources import ProbeFailure, probe_funcs
+    from kernel.probe import ProbeFailure, probe_funcs
 
     config = gated_config(dk=128, dv=64)
     make = lambda: [

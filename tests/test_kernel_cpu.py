@@ -9,10 +9,10 @@ import sys
 import pytest
 from helpers import child_env
 
-from kernel import SEED_CONFIG, KernelConfig, ProbeFailure, Problem, Resources, probe
+from kernel import SEED_CONFIG, KernelConfig, ProbeFailure, Problem, Resources
 from kernel.arch import ARCHS
 from kernel.config import HEADLINE, Call, dkdv_call, model_call, retnet_decay
-from kernel.resources import FIGURES, parse_ptxas, read_figures
+from kernel.probe import FIGURES, parse_ptxas, probe, read_figures
 
 
 @pytest.mark.parametrize(
@@ -194,7 +194,7 @@ def test_chunk_step_never_hands_back_a_tile_an_mma_still_reads(config, step, seg
     wait that covers it. Checked on the generated CUDA of the kernel that runs the chunk
     step (single-pass, or the split's outputs kernel), and the checker itself on a copy
     of that CUDA with the waits deleted."""
-    from kernel.resources import compile_kernel
+    from kernel.probe import compile_kernel
 
     config = dataclasses.replace(config, segments=segments)
     source = compile_kernel(Problem(1, 2, 1024, 128, 128), config)[-1].get_kernel_source()
@@ -217,7 +217,7 @@ def test_no_two_shared_buffers_share_memory(config, seqlen):
     """With one chunk the loop is unrolled and TileLang, judging lifetimes by the statements
     that name a buffer, gave Kw_s's memory to O_s while the state's wgmma still read Kw_s
     (kernel.variants.PASS_CONFIGS): every buffer must own its bytes."""
-    from kernel.resources import lower
+    from kernel.probe import lower
     from kernel.variants import prim_funcs
 
     problem = Problem(2, 8, seqlen, 128, 128)
@@ -242,7 +242,7 @@ def test_no_two_shared_buffers_share_memory(config, seqlen):
 def test_configs_without_the_transposed_layout_fall_back_and_compile(config, transposed):
     """The transposed step needs 64 rows of S^T per consumer warpgroup and the scores in
     shared memory; every other config compiles with the async (or sync) step instead."""
-    from kernel.resources import compile_kernel
+    from kernel.probe import compile_kernel
     from kernel.scalar_decay import transposes
 
     knobs = config.to_dict()
@@ -330,7 +330,8 @@ def test_unused_state_has_the_declared_shape_and_allocates_only_to_grow():
 def test_the_package_exports_the_build_function_whatever_was_imported_first():
     """``kernel`` loads ``build`` lazily; no submodule of that name may shadow it."""
     import kernel.builder
-    from kernel import build, probe
+    from kernel import build
+    from kernel.probe import probe
 
     assert build is kernel.builder.build and callable(build) and callable(probe)
 
@@ -359,7 +360,7 @@ def test_a_class_of_whole_chunks_that_does_not_lower_compiles_the_ragged_class_i
     divergent region); ``compile_class`` then compiles the ragged class, which serves every
     length (``kernel.variants.shape_generic``)."""
     from kernel.builder import compile_class
-    from kernel.resources import compile_kernel
+    from kernel.probe import compile_kernel
 
     problem, config = Problem(2, 4, 64, 128, 128), KernelConfig(32, 32, 1, 128, "smem", segments=64)
     call = model_call(problem)
@@ -393,7 +394,7 @@ def test_a_split_s_kernels_compiled_in_threads_are_those_compiled_one_at_a_time(
     script = """
 import tilelang
 from kernel.config import KernelConfig, Problem, dkdv_call
-from kernel.resources import _compile, target
+from kernel.probe import _compile, target
 from kernel.variants import pass_configs, prim_funcs
 p = Problem(1, 4, 1024, 64, 64)
 for call in (None, dkdv_call(p)):

@@ -14,7 +14,7 @@ from helpers import selected
 
 from kernel import SEED_CONFIG, KernelConfig, Problem, build
 from kernel.builder import constant_decay, cuda_arch, precompile
-from kernel.resources import ProbeFailure, ProbeResult, Resources
+from kernel.probe import ProbeFailure, ProbeResult, Resources
 from kernel.validate import ALPHAS, check, validation_grid
 from refs import TOLERANCE
 

@@ -165,7 +165,7 @@ PROBED = [
 
 @pytest.mark.parametrize("problem,config,slots", PROBED, ids=str)
 def test_pool_kernel_compiles_for_hopper_without_spills(problem, config, slots):
-    from kernel.resources import Resources, probe
+    from kernel.probe import Resources, probe
 
     res = probe(problem, config, arch="sm_90a", call=Call(problem.dk**-0.5, packed=True, slots=slots))
     assert isinstance(res, Resources), res

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import refs
-from kernel import KernelConfig, Problem, Resources, probe
+from kernel import KernelConfig, Problem, Resources
 from kernel.config import segment_length
-from kernel.resources import compile_kernel
+from kernel.probe import compile_kernel, probe
 from refs.chunk import chunk_weights
 
 

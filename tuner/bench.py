@@ -30,7 +30,7 @@ from kernel.config import SEED_CONFIG, Call, Problem, model_call, retnet_decay
 from kernel.environment import environment
 from kernel.ops.dispatch import Dispatch
 from kernel.ops.tables import shipped_table
-from kernel.resources import ProbeFailure
+from kernel.probe import ProbeFailure
 from kernel.validate import random_qkv
 from tuner import space
 from tuner.bench_rows import (

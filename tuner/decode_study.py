@@ -32,8 +32,8 @@ from kernel.builder import sm_count
 from kernel.decode import DecodeCase, DecodeConfig, decode_config, decode_knobs
 from kernel.decode_build import probe_decode
 from kernel.environment import decode_environment, env_key
+from kernel.probe import ProbeFailure
 from kernel.processes import CHECKPOINT_S, result_of
-from kernel.resources import ProbeFailure
 from kernel.trial_schema import FLOOR, MEASURES, UNCALIBRATED
 from tuner import outcomes
 from tuner.claims import Claimed, Claims, Owned, worker_index

@@ -31,7 +31,7 @@ class Figures:
 
     @classmethod
     def of(cls, resources: Any) -> "Figures":
-        """From ``kernel.resources.Resources`` or its ``to_dict()`` (a trial's user attrs)."""
+        """From ``kernel.probe.Resources`` or its ``to_dict()`` (a trial's user attrs)."""
         get = resources.get if isinstance(resources, dict) else lambda k: getattr(resources, k)
         smem = get("static_smem") + get("dynamic_smem")
         return cls(int(get("registers")), int(smem), int(get("threads_launched")))

@@ -22,7 +22,7 @@ import time
 import optuna
 from optuna.trial import TrialState
 
-from kernel.resources import Resources
+from kernel.probe import Resources
 from tuner.latency import Prediction
 from tuner.options import Options
 

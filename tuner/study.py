@@ -43,8 +43,8 @@ from kernel.config import KernelConfig, Problem, dkdv_call, model_call
 from kernel.constraints import head_size_error, violated
 from kernel.defaults import dkdv_config
 from kernel.environment import env_key, environment
+from kernel.probe import ProbeFailure, probe
 from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, ctrl_c_ignored, result_of
-from kernel.resources import ProbeFailure, probe
 from kernel.trial_schema import EXTRAPOLATED, MEASURES
 from tuner import outcomes, space
 from tuner.claims import Claimed, Claims, Owned, interrupted, worker_index

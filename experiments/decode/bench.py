@@ -41,7 +41,7 @@ def measure(n: int, h: int, sweep: bool) -> list[dict]:
     from kernel.decode import DecodeProblem, decode_choices, decode_config, decode_step
     from kernel.decode_build import build_decode
     from kernel.ops.decode import decay_decode
-    from kernel.resources import compile_funcs
+    from kernel.probe import compile_funcs
     from kernel.timing import time_gpu
 
     torch.manual_seed(0)

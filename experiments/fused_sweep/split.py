@@ -52,7 +52,7 @@ def prim_funcs(
 def compile_split(problem: Problem, segments: int, initial: bool, final: bool, arch: str):
     """``(config, prim funcs, compiled kernels)``, compiled through TileLang's disk cache."""
     from kernel.arch import target
-    from kernel.resources import _compile
+    from kernel.probe import _compile
 
     config, funcs = prim_funcs(
         problem, segments, scale=problem.dk**-0.5, initial_state=initial, final_state=final, arch=arch
@@ -70,7 +70,7 @@ def _compiles(job: tuple) -> str:
 
 def compile_only() -> list[dict]:
     """ptxas's figures of each kernel at the timed shape, sm_90a, with states and without."""
-    from kernel.resources import _ptxas, launch_figures, lower, parse_ptxas
+    from kernel.probe import _ptxas, launch_figures, lower, parse_ptxas
 
     rows = []
     for segments, (initial, final) in itertools.product(SEGMENTS, [(False, False), (True, True)]):

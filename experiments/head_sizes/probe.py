@@ -7,7 +7,7 @@ memory, one segment, at 1 x 2 x 4096.
 
 from kernel.builder import precompile
 from kernel.config import KernelConfig, Problem
-from kernel.resources import ProbeFailure
+from kernel.probe import ProbeFailure
 
 # (DK, DV, block_dv): DK over the state's rows with DV = 64, then block_dv with DK = 64
 CASES = [(dk, 64, 64) for dk in (16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)] + [

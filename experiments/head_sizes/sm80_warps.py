@@ -7,7 +7,7 @@ they can, it does (compile-only, 1 x 2 x 4096, 64-token chunks, one stage, 256 t
 
 from kernel.builder import precompile
 from kernel.config import KernelConfig, Problem
-from kernel.resources import ProbeFailure
+from kernel.probe import ProbeFailure
 
 CASES = [(16, 16, 16), (32, 16, 16), (32, 32, 32), (48, 48, 48), (48, 96, 32), (80, 80, 16), (48, 64, 64)]
 

@@ -8,7 +8,7 @@ H200 sweep of 128/256 failed every 256-thread config of block_dv 256 the same wa
 
 from kernel.builder import precompile
 from kernel.config import KernelConfig, Problem
-from kernel.resources import ProbeFailure
+from kernel.probe import ProbeFailure
 
 # (DK, DV, config): block_dv 256 at each knob off the rule's, then the widths below it
 CASES = [

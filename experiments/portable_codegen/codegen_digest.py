@@ -12,7 +12,8 @@ import inspect
 import json
 import sys
 
-from kernel import resources, variants
+from kernel import probe as resources
+from kernel import variants
 from kernel.config import Call, KernelConfig, Problem, model_call
 
 ARCH = sys.argv[1] if len(sys.argv) > 1 else "sm_90a"

@@ -18,7 +18,7 @@ STEP = """
 import json, sys, time
 from kernel.builder import compile_class, precompile
 from kernel.config import KernelConfig, Problem, model_call
-from kernel.resources import probe
+from kernel.probe import probe
 p, c = Problem(2, 3, 300, 64, 64), KernelConfig(32, 32, 1, 128, "smem")
 build = lambda: compile_class(p, c, model_call(p), "sm_80", run_on="sm_90a")
 def timed(f):

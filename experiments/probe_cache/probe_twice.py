@@ -11,7 +11,7 @@ import sys
 import time
 
 from kernel.config import KernelConfig, Problem, model_call
-from kernel.resources import probe
+from kernel.probe import probe
 
 P = Problem(1, 2, 256, 64, 64)
 out = []

@@ -17,7 +17,7 @@ from kernel.arch import ARCHS  # noqa: E402
 from kernel.builder import precompile  # noqa: E402
 from kernel.config import Problem, model_call  # noqa: E402
 from kernel.defaults import default_config, smem_bytes  # noqa: E402
-from kernel.resources import Resources  # noqa: E402
+from kernel.probe import Resources  # noqa: E402
 
 HEADS = [(64, 64), (128, 128), (128, 256), (256, 256)]
 

@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 
 from kernel.config import HEADLINE, KernelConfig, model_call
-from kernel.resources import compile_kernel
+from kernel.probe import compile_kernel
 
 LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)([.\w]*)(.*?);")
 

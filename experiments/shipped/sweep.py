@@ -34,7 +34,7 @@ from kernel.config import Call, KernelConfig, Problem, dkdv_call, model_call, wh
 from kernel.constraints import runs
 from kernel.defaults import default_config, dkdv_config
 from kernel.environment import environment
-from kernel.resources import ProbeFailure
+from kernel.probe import ProbeFailure
 from kernel.timing import time_gpu
 from kernel.validate import check, random_qkv
 

@@ -4,7 +4,7 @@ import hashlib
 import json
 import sys
 
-from kernel import resources  # the package on sys.path: see README.md
+from kernel import probe as resources  # the package on sys.path: see README.md
 from kernel.config import KernelConfig, Problem
 
 P = [Problem(2, 3, 1000, 128, 128, 0.9), Problem(1, 2, 700, 64, 128, 0.5, "bfloat16")]

@@ -21,7 +21,7 @@ from kernel.ops.backward import sweep_calls
 from kernel.ops.deploy import ExportError
 from kernel.ops.dispatch import Dispatch
 from kernel.ops.tables import TABLE_VARIABLE, default_table, user_table
-from kernel.resources import ProbeResult
+from kernel.probe import ProbeResult
 from kernel.variants import packed_config, shape_generic
 
 Job = tuple[Problem, KernelConfig, Call]  # what ``build`` compiles

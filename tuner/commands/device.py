@@ -25,7 +25,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     """Compile a config for one or more GPU architectures (no GPU needed) and print its
     resources side by side, or why it cannot exist there; without --config, each
     architecture's default config (kernel.defaults.default_config)."""
-    from kernel.resources import ProbeFailure, probe  # a slow import; probe alone needs it
+    from kernel.probe import ProbeFailure, probe  # a slow import; probe alone needs it
     from kernel.trial_schema import predicted_text
     from tuner.latency import latency_model
     from tuner.occupancy import Figures
@@ -102,7 +102,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     from kernel.ops.decode import warmup_jobs as decode_jobs
     from kernel.ops.serve import use_table, warmup_jobs
     from kernel.ops.tables import user_table
-    from kernel.resources import ProbeFailure
+    from kernel.probe import ProbeFailure
 
     Problem(1, args.heads, 1, args.dk, args.dv, args.dtype)  # validates the flags up front
     if args.workers is not None and args.workers < 1:
