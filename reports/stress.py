@@ -75,7 +75,7 @@ def synthetic_trials(
 def _trial(
     number: int, c: KernelConfig, gpu: bool, rng: np.random.Generator, started: datetime.datetime
 ) -> dict[str, Any]:
-    """One row of the trial log, as ``tuner.study`` would have recorded the trial."""
+    """One row of the trial log, as ``tuner.tuner`` would have recorded the trial."""
     row: dict[str, Any] = dict.fromkeys(TRIAL_COLUMNS)
     row |= {
         "number": number,
@@ -104,7 +104,7 @@ def _trial(
         )
         return row
 
-    if c.chunk == 32 and c.scores == "regs":  # as tuner.study tells a config the compiler refuses
+    if c.chunk == 32 and c.scores == "regs":  # as tuner.tuner tells a config the compiler refuses
         return done(
             "compile_failed",
             reason="InternalError: Layout infer conflict between A and A_cast in "

@@ -19,7 +19,7 @@ from tuner import space
 from tuner.cli import main
 from tuner.latency import latency_model
 from tuner.options import Options
-from tuner.study import Tuner
+from tuner.tuner import Tuner
 
 # A representative subset, small enough for CI: the sync step (32-token chunks), the
 # transposed step (64 rows of S^T per consumer warpgroup on Hopper) and the async step

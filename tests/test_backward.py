@@ -626,7 +626,7 @@ def test_dispatch_backward_adds_the_fused_sweep_s_studies():
     serves the architecture (``--sweep dkdv`` alone: only those); none on sm_80."""
     from tuner.cli import build_parser
     from tuner.commands.args import options_of
-    from tuner.commands.study import dispatch_tasks
+    from tuner.commands.tune import dispatch_tasks
     from tuner.options import UsageError
 
     def tasks(*flags: str) -> list[tuple[str, int, int]]:

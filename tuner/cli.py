@@ -25,7 +25,7 @@ from tuner import options
 from tuner.commands.device import cmd_bench, cmd_probe, cmd_warmup
 from tuner.commands.model import cmd_model
 from tuner.commands.read import cmd_best, cmd_compare, cmd_export, cmd_report, cmd_trials
-from tuner.commands.study import cmd_dispatch, cmd_run
+from tuner.commands.tune import cmd_dispatch, cmd_run
 from tuner.latency import MODEL_BANDWIDTH
 from tuner.options import BENCH_PACKED, BENCH_SHAPES, PROBLEM_FLAGS, STUDIES_DIR, UsageError, default_storage
 

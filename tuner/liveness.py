@@ -78,7 +78,7 @@ def _unowned(study: optuna.Study, grace_s: float) -> list[FrozenTrial]:
     """The RUNNING trials no worker recorded itself on (``pid``) within ``grace_s`` of their
     start: a worker killed between Optuna's ask and its first write, so no heartbeat of
     theirs can go stale. A live worker records itself within milliseconds, unless the
-    storage stalls past the grace (a stale journal lock): it then asks anew (``tuner.study``)."""
+    storage stalls past the grace (a stale journal lock): it then asks anew (``tuner.tuner``)."""
     now = time.time()
     return [
         t

@@ -1,4 +1,4 @@
-"""The Optuna study over the kernel's design space.
+"""The tuner (``Tuner``): the loop that runs one Optuna study over the kernel's design space.
 
 Each round asks the sampler for a batch of configs, probes them across the CPU cores
 (compile for the study's architecture, ``--arch`` or this GPU's: resources or a compiler

@@ -1,5 +1,5 @@
 """The decode step's study (``run --sweep decode``): its knobs (``kernel.decode``'s table),
-measured as the forward's are, by the same loop (``tuner.study.Tuner``) and told the same
+measured as the forward's are, by the same loop (``tuner.tuner.Tuner``) and told the same
 way (``tuner.outcomes``).
 
 A trial compiles one config (``kernel.decode_build.probe_decode``); on a GPU, the worker
@@ -43,8 +43,8 @@ from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
 from tuner.storage import get_storage
 from tuner.studies import hold, open_study
-from tuner.study import Tuner
 from tuner.trials import best_trials, measured_before, trial_config
+from tuner.tuner import Tuner
 from tuner.worker import GpuWorker
 
 # What a compile-only decode study is ranked by (``tuner.studies.hold``'s ``ranked_by``).

@@ -1,4 +1,4 @@
-"""tuner.study: the Tuner loop on the CPU, a compile-only exploration with real TileLang
+"""tuner.tuner: the Tuner loop on the CPU, a compile-only exploration with real TileLang
 compiles, real Optuna and real SQLite: outcomes told as values with their reasons, every
 sampler, the wave seeds measured first, and a kill -9 that loses no finished trial."""
 
@@ -25,7 +25,7 @@ from tuner.liveness import HEARTBEAT_ATTR, fail_stale, interrupt
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
 from tuner.studies import export_dir
-from tuner.study import Tuner
+from tuner.tuner import Tuner
 
 
 def _count(storage: str, name: str, state: optuna.trial.TrialState) -> int:

@@ -23,12 +23,12 @@ from tuner.options import Options, UsageError, default_storage, parse_shapes
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.study import Tuner
+    from tuner.tuner import Tuner
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run an Optuna study over the kernel's design space."""
-    from tuner.study import Tuner  # loads torch, Optuna and pandas
+    from tuner.tuner import Tuner  # loads torch, Optuna and pandas
 
     if args.sweep == "decode":
         return _run_decode(args)
@@ -57,8 +57,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_decode(args: argparse.Namespace) -> int:
     """``run --sweep decode``: one study of the decode step at ``--batch`` sequences
-    (``tuner.decode_study``), this process alone."""
-    from tuner.decode_study import DecodeTuner
+    (``tuner.decode_tuner``), this process alone."""
+    from tuner.decode_tuner import DecodeTuner
     from tuner.studies import check_study_name, default_study_name
 
     case = decode_case_of(args, args.batch)
@@ -275,8 +275,8 @@ def parse_batches(text: str) -> list[int]:
 
 def _tuner(problem: "Problem | DecodeCase", opts: Options, name: str, storage: str) -> "Tuner":
     """The study's process: the forward's and dkdv's ``Tuner``, the decode step's ``DecodeTuner``."""
-    from tuner.decode_study import DecodeTuner
-    from tuner.study import Tuner
+    from tuner.decode_tuner import DecodeTuner
+    from tuner.tuner import Tuner
 
     if opts.sweep == "decode":
         return DecodeTuner(problem, opts, name=name, storage=storage)

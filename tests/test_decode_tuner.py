@@ -1,4 +1,4 @@
-"""The decode step in the tuner (``tuner.decode_study``, ``run --sweep decode``), in the
+"""The decode step in the tuner (``tuner.decode_tuner``, ``run --sweep decode``), in the
 dispatch table (``Dispatch.decode_config``, ``kernel.ops.decode.config_for``), in
 ``warmup`` (``kernel.ops.decode.warmup_jobs``) and in the report, all without a GPU: a
 compile-only study end to end, a table's pick by number of sequences, warmup's jobs, and a
