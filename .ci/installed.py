@@ -11,7 +11,7 @@ import kernel.ops
 import tuner
 from kernel import KernelConfig, Problem
 from kernel.ops import autotune, tables
-from tuner import latency, sweep_data
+from tuner import fit_data, latency
 
 site = Path(sysconfig.get_path("purelib")).resolve()
 checkout = Path(sys.argv[1]).resolve()
@@ -21,10 +21,10 @@ for package in (kernel, tuner):
 
 model = latency.latency_model()  # the shipped model, read as tuning reads it
 assert latency.model_path().resolve().is_relative_to(site) and model.key, latency.model_path()
-fitted_to = [sweep_data.path(name) for name in {*sweep_data.MODEL_SWEEPS, sweep_data.RULE_GRID}]
+fitted_to = [fit_data.path(name) for name in {*fit_data.MODEL_GRIDS, fit_data.RULE_GRID}]
 missing = [str(p) for p in fitted_to if not p.is_file()]
 assert not missing, f"the wheel lacks the sweeps the model and the rule are fitted to: {missing}"
-assert sweep_data.rule_scores([sweep_data.path(sweep_data.RULE_GRID)]), "the rule scored on its grid"
+assert fit_data.rule_scores([fit_data.path(fit_data.RULE_GRID)]), "the rule scored on its grid"
 for table in sorted(tables.SHIPPED.glob("*.json")):  # the shipped dispatch tables
     kernel.ops.load_dispatch(table, allow_mismatch=True)
 

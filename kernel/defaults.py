@@ -4,7 +4,7 @@
 ``dkdv_config`` the backward's fused dk and dv sweep (``kernel.dkdv``). The tuner's first
 trials (``tuner.space.wave_seeds``) and the ops' fallback (``kernel.ops``) both derive
 from them; what any config must keep to run is ``kernel.constraints``'. The rule was
-fitted to sweeps of every candidate config across shapes (``tuner.sweep_data.rule_scores``
+fitted to grids of every candidate config timed across shapes (``tuner.fit_data.rule_scores``
 scores it; docs/evidence.md#rule-family).
 """
 

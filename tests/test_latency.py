@@ -12,17 +12,17 @@ import pytest
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from kernel.config import KernelConfig, Problem
-from tuner import latency, latency_fit, occupancy, space, sweep_data
+from tuner import fit_data, latency, latency_fit, occupancy, space
 from tuner.cli import main
 from tuner.latency import LatencyModel
 from tuner.occupancy import Figures
 from tuner.options import UsageError
 
-TRAIN = sweep_data.path(sweep_data.RULE_GRID)  # 16 heads
+TRAIN = fit_data.path(fit_data.RULE_GRID)  # 16 heads
 # what the shipped model was fitted to, less the shapes held out (docs/tuning.md)
-SWEEPS = [sweep_data.path(name) for name in sweep_data.MODEL_SWEEPS]
-EIGHT_HEADS = sweep_data.path("sweep-128x128_128x256-bfloat16-heldout.jsonl")
-HELD_OUT = sweep_data.MODEL_HELD_OUT
+SWEEPS = [fit_data.path(name) for name in fit_data.MODEL_GRIDS]
+EIGHT_HEADS = fit_data.path("sweep-128x128_128x256-bfloat16-heldout.jsonl")
+HELD_OUT = fit_data.MODEL_HELD_OUT
 
 
 def bhs(s: latency_fit.Sample) -> str:
@@ -39,7 +39,7 @@ def samples() -> tuple[list, list]:
 
 def test_the_shipped_model_is_what_model_fit_makes_of_the_package_s_sweeps(tmp_path, capsys):
     out = tmp_path / "model.json"
-    assert main(["model", "fit", *sweep_data.model_fit_args(), "--out", str(out)]) == 0
+    assert main(["model", "fit", *fit_data.model_fit_args(), "--out", str(out)]) == 0
     made, shipped = json.loads(out.read_text()), json.loads(latency.MODEL_FILE.read_text())
     assert made["trees"] == shipped["trees"] and made["interval"] == shipped["interval"]
     names = lambda trained: [Path(p).name for p in trained.pop("data")]  # noqa: E731
@@ -319,7 +319,7 @@ def test_a_fit_that_ranks_nothing_writes_plain_json_and_says_so(tmp_path, capsys
     """Two shapes' sweeps, of which one has two timings: each fit to the other predicts its
     configs alike, so no rank correlation exists; the row and the file say none, never NaN."""
     out = tmp_path / "small.json"
-    assert main(["model", "fit", "--data", str(sweep_data.path("heldout-64x64-bfloat16-64x8x512.jsonl")),
+    assert main(["model", "fit", "--data", str(fit_data.path("heldout-64x64-bfloat16-64x8x512.jsonl")),
                  "--out", str(out)]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     row = printed.splitlines()[1].split()

@@ -1,7 +1,7 @@
 """Fitting the latency model (``tuner.latency``) to GPU timings, and judging it on shapes
 it never saw.
 
-Timings come from a sweep's JSON lines (``tuner.sweep_data``, the package's: "probe"
+Timings come from a grid log's JSON lines (``tuner.fit_data``, the package's: "probe"
 rows with each kernel's figures, "time" rows with its median) or from the GPU trials of
 every study in a storage. Fitting needs scikit-learn (``pip install scikit-learn``): its
 ``HistGradientBoostingRegressor``, whose trees are then written out as plain JSON.

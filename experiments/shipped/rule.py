@@ -16,7 +16,7 @@ import sys
 from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
 from kernel.constraints import runs
 from kernel.defaults import MAX_BLOCK_STATE, default_config, dkdv_config, shorter_pipeline
-from tuner.sweep_data import timings  # the product's reader; its rule_scores gives the "now" rows
+from tuner.fit_data import timings  # the product's reader; its rule_scores gives the "now" rows
 
 
 def legacy_config(problem: Problem, sms: int) -> KernelConfig:

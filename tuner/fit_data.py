@@ -1,7 +1,7 @@
 """The GPU timings the product is fitted to, shipped as package data (``tuner/data/``): every
 candidate config timed at many shapes, trimmed to what a fit reads. The shipped latency
 model (``tuner/latency_model.json``) is what ``python -m tuner model fit`` makes of
-``MODEL_SWEEPS`` with ``MODEL_HELD_OUT`` held out (``model_fit_args``); ``rule_scores``
+``MODEL_GRIDS`` with ``MODEL_HELD_OUT`` held out (``model_fit_args``); ``rule_scores``
 scores the rule (``kernel.defaults``) on them. Each file's GPU, command and raw rows:
 ``tuner/data/README.md`` and docs/evidence.md.
 """
@@ -17,7 +17,7 @@ from kernel.defaults import default_config, dkdv_config
 
 DATA = Path(__file__).with_name("data")
 # what the shipped latency model was fitted to and judged on (docs/tuning.md)
-MODEL_SWEEPS = (
+MODEL_GRIDS = (
     "sweep-128x128_128x256_64x64_256x256-bfloat16.jsonl",
     "sweep-128x128_128x256-bfloat16-heldout.jsonl",
     "gap-128x128-bfloat16.jsonl",
@@ -35,19 +35,19 @@ SLOW_MEMORY_CHAIN = ("threads128-h100.jsonl", "threads128-near64-h100.jsonl")
 
 
 def path(name: str) -> Path:
-    """The package's copy of the sweep ``name``."""
+    """The package's copy of the grid log ``name``."""
     return DATA / name
 
 
 def model_fit_args() -> list[str]:
     """The arguments of ``python -m tuner model fit`` that make the shipped model (less ``--out``)."""
-    data = [a for name in MODEL_SWEEPS for a in ("--data", str(path(name)))]
+    data = [a for name in MODEL_GRIDS for a in ("--data", str(path(name)))]
     return [*data, "--hold-out", MODEL_HELD_OUT]
 
 
 def timings(paths: Iterable[Path]) -> tuple[dict[tuple, dict[str, float]], int]:
-    """The sweeps' median times, (DK, DV, dtype, sweep, B, H, S) -> config label -> ms, and
-    their GPU's SM count (the last sweep's)."""
+    """The grid logs' median times, (DK, DV, dtype, sweep, B, H, S) -> config label -> ms, and
+    their GPU's SM count (the last log's)."""
     times: dict[tuple, dict[str, float]] = {}
     sms = 0
     for p in paths:
@@ -65,8 +65,8 @@ def rule_ratios(
     paths: Iterable[Path], *, arch: str = "sm_90a", bandwidth: float | None = None
 ) -> dict[tuple, list[tuple[str, float | None]]]:
     """Per (DK, DV, sweep), each shape's (``BxHxS``, the rule's time over the fastest config
-    timed there), None where the sweep did not time the rule's config. The rule is
-    ``kernel.defaults``' for ``arch``, the sweep's SM count and ``bandwidth`` (None: the
+    timed there), None where the grid did not time the rule's config. The rule is
+    ``kernel.defaults``' for ``arch``, the grid's SM count and ``bandwidth`` (None: the
     rule of fast memory)."""
     times, sms = timings(paths)
     found: dict[tuple, list[tuple[str, float | None]]] = {}
