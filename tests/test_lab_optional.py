@@ -69,7 +69,7 @@ def test_the_fitted_product_s_tests_pass_in_a_tree_without_the_lab(tmp_path):
     where = "tests/test_lab_optional.py::test_the_copy_imports_itself"
     tests = [
         where,
-        "tests/test_sweep_data.py",
+        "tests/test_fit_data.py",
         "tests/test_latency.py::test_the_shipped_model_is_what_model_fit_makes_of_the_package_s_sweeps",
     ]
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
