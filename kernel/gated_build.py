@@ -2,6 +2,8 @@
 
 The checks a model's call needs before the launch (``check_call``) raise one ``ValueError``
 each: a gate of the wrong shape, dtype or device, H not a multiple of G.
+TileLang loads with the first compile (``compile_gated``), so ``import kernel.ops`` loads no
+compiler.
 """
 
 import functools
@@ -10,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from kernel.arch import get_arch, local_arch
-from kernel.gated import gated_fwd, packed_gated_fwd
 from kernel.probe import compile_funcs
 
 TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -96,6 +97,8 @@ def compile_gated(
     """The compiled kernel of ``kernel.gated.gated_fwd`` (``packed``: ``packed_gated_fwd``)
     for these knobs (once per process; TileLang's disk cache across processes). ``batch``
     and ``seqlen``: the dense shape where ``arch`` compiles per shape, else None."""
+    from kernel.gated import gated_fwd, packed_gated_fwd  # TileLang: loaded when a kernel is built
+
     shape = {} if packed else dict(batch=batch, seqlen=seqlen)
     func = (packed_gated_fwd if packed else gated_fwd)(
         **shape,
