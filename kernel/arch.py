@@ -1,4 +1,4 @@
-"""The GPU architectures the kernel compiles for, and what each offers it: one table.
+"""The GPU architectures the kernel compiles for, and what each offers it: one registry (``ARCHS``).
 
 Shared memory per block is the most one block may opt into, the CUDA C++ Programming
 Guide's "Maximum amount of shared memory per thread block" (Compute Capabilities,
@@ -70,14 +70,14 @@ DEFAULT_ARCH = "sm_90a"
 
 
 def get_arch(name: str) -> Arch:
-    """The table's entry for ``name``; ``ValueError`` in one line for any other name."""
+    """The registry's entry for ``name``; ``ValueError`` in one line for any other name."""
     if name not in ARCHS:
         raise ValueError(f"unknown architecture {name!r}: the kernel compiles for {', '.join(ARCHS)}")
     return ARCHS[name]
 
 
 def arch_of_capability(major: int, minor: int) -> Arch:
-    """The table's entry for a GPU of compute capability ``major.minor``."""
+    """The registry's entry for a GPU of compute capability ``major.minor``."""
     for arch in ARCHS.values():
         if arch.capability == (major, minor):
             return arch
@@ -88,7 +88,7 @@ def arch_of_capability(major: int, minor: int) -> Arch:
 
 
 def target(arch: str, *, run_on: str | None = None) -> dict:
-    """TileLang's CUDA target lowering for ``arch``. ``run_on`` (an arch of the table)
+    """TileLang's CUDA target lowering for ``arch``. ``run_on`` (an arch of the registry)
     assembles that lowering for another GPU: ``sm_80`` code (``cp.async``, ``mma``) run on
     an H200 is ``target("sm_80", run_on="sm_90a")``; without it nvcc builds ``arch``'s
     binary alone, which an H200 refuses (``CUDA_ERROR_NO_BINARY_FOR_GPU``)."""

@@ -175,7 +175,7 @@ class ScalarDecayKernel:
         dk: torch.Tensor | None = None,
         dv: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(dk, dv)`` of the fused reversed sweep (``call.dkdv``, ``kernel.dkdv``) on
+        """``(dk, dv)`` of the fused reversed pass (``call.dkdv``, ``kernel.dkdv``) on
         tensors checked as ``run``'s: do ``[B, S, H, DV]``; ``initial_state``, dS's start
         after the last token; ``final_state`` receives dS at the first; ``dk`` and ``dv``,
         where given, receive the gradients (like k and v)."""

@@ -28,7 +28,7 @@ KNOBS: dict[str, tuple] = {
 SCORES = KNOBS["scores"]
 SEGMENT_COUNTS = KNOBS["segments"]
 SLOT_DTYPES = ("int32", "int64")  # a pool's slot indices, as torch hands them
-SWEEPS = ("forward", "dkdv")  # the kernels a config is tuned for: the forward, the fused dk+dv sweep
+SWEEPS = ("forward", "dkdv")  # the kernels a config is tuned for: the forward, the fused dk+dv pass
 
 
 def knob_choices(dv: int) -> dict[str, tuple]:
@@ -196,8 +196,8 @@ class Call:
     packed sequences (``cu_seqlens``; one compiled kernel then serves every token and
     sequence count, so the problem's batch and seqlen do not matter to it), and whether
     the recurrence runs backwards in time (``reverse``: the state enters after each
-    sequence's last token and leaves at its first; the backward's dk and dv sweeps,
-    ``kernel.ops.backward``). ``dkdv``: the backward's fused reversed sweep (``kernel.dkdv``),
+    sequence's last token and leaves at its first; the backward's dk and dv passes,
+    ``kernel.ops.backward``). ``dkdv``: the backward's fused reversed pass (``kernel.dkdv``),
     which takes dO too and writes dK and dV; its state in is dS's start, its state out dS
     at the first token. ``slots``: a packed call whose states live in a pool of slots
     (``kernel.scalar_decay.packed_fwd``), the dtype of its slot indices (``SLOT_DTYPES``);
@@ -255,7 +255,7 @@ def model_call(problem: Problem) -> Call:
 
 
 def dkdv_call(problem: Problem) -> Call:
-    """What the tuner measures of the backward's fused dk and dv sweep (``kernel.dkdv``,
+    """What the tuner measures of the backward's fused dk and dv pass (``kernel.dkdv``,
     ``tuner run --sweep dkdv``): the sweep of a model call's backward, with its scale, from no
     final-state gradient and with no initial state, as the bench's backward rows run it."""
     return Call(scale=problem.dk**-0.5, reverse=True, dkdv=True)

@@ -2,7 +2,7 @@
 the restrictions a config must keep to run a problem on an architecture (``violated``;
 ``config_error`` for a config read from a file), and the sizes a call may have
 (``size_error``, ``rows_error``). Cheap predicates, no compile: the rule
-(``kernel.defaults``), the search space (``tuner.space``) and the files a call is served
+(``kernel.rule``), the search space (``tuner.space``) and the files a call is served
 from (``kernel.ops``) all check configs here.
 """
 
@@ -55,7 +55,7 @@ def head_size_error(arch: str, dk: int, dv: int) -> str | None:
     if dk % WGMMA_DK:
         return (
             f"on {arch} the kernels need DK a multiple of {WGMMA_DK} (their warpgroup MMA), got {dk} "
-            "(a backward's dq and dk sweeps need it of DV, which is their DK)"
+            "(a backward's dq and dk passes need it of DV, which is their DK)"
         )
     if dv % WGMMA_BLOCK_DV:
         return f"on {arch} the kernels need DV a multiple of {WGMMA_BLOCK_DV} (their warpgroup MMA), got {dv}"
@@ -133,8 +133,8 @@ def violated(
     """Why ``config`` may not run ``problem`` on ``arch``, one reason per broken
     restriction: it must tile the problem (``KernelConfig.check_fits``), its pipeline may
     be no deeper than the chunks of one segment it overlaps, and the shared memory it
-    needs at the least (``KernelConfig.smem_floor``; the fused sweep's,
-    ``kernel.dkdv.smem_bytes``) must fit one block of ``arch``; the fused sweep must serve
+    needs at the least (``KernelConfig.smem_floor``; the fused pass's,
+    ``kernel.dkdv.smem_bytes``) must fit one block of ``arch``; the fused pass must serve
     the problem on ``arch`` (``dkdv_serves``); and the head sizes and block_dv must be ones
     ``arch``'s MMA tiles (``tiling_error``), and scores in registers need no more than
     ``REGS_MAX_THREADS`` threads. Cheap: no compile."""
@@ -147,7 +147,7 @@ def violated(
     floor = dkdv.smem_bytes(problem, config) if sweep == "dkdv" else config.smem_floor(problem)
     if sweep == "dkdv" and not dkdv_serves(problem, arch):
         reasons.append(
-            f"the fused dk and dv sweep does not serve DK x DV = {problem.dk} x {problem.dv} on {arch}"
+            f"the fused dk and dv pass does not serve DK x DV = {problem.dk} x {problem.dv} on {arch}"
         )
     if floor > limit:
         reasons.append(f"shared memory: at least {floor} B, over {arch}'s {limit} B per block")

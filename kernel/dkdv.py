@@ -1,7 +1,7 @@
-"""The backward's dk and dv in one reversed sweep.
+"""The backward's dk and dv in one reversed pass.
 
-The dk and dv sweeps of ``kernel.ops.backward`` each run the forward backwards in time, and
-their states are each other's transpose: one reversed sweep carries ``dS`` (``[DK, DV]``,
+The dk and dv passes of ``kernel.ops.backward`` each run the forward backwards in time, and
+their states are each other's transpose: one reversed pass carries ``dS`` (``[DK, DV]``,
 fp32) and writes both gradients. Per chunk of ``m`` tokens, with the reversed weights of
 ``kernel.scalar_decay.Direction`` (``Gamma[i, j] = scale alpha^(j-i)`` for ``i <= j < m``)::
 
@@ -9,19 +9,19 @@ fp32) and writes both gradients. Per chunk of ``m`` tokens, with the reversed we
     dK = (V dO^T * Gamma) Q + diag(scale alpha^(m-i)) V dS^T
     dS = alpha^m dS + (diag(alpha^r) Q)^T dO          (rows r < m)
 
-Seven MMAs per chunk where a sweep has four; it reads Q, K, V and dO once and writes dK
-and dV, 6 tensors where the two sweeps move 8. One block per (batch, head), or (sequence,
+Seven MMAs per chunk where a pass has four; it reads Q, K, V and dO once and writes dK
+and dV, 6 tensors where the two passes move 8. One block per (batch, head), or (sequence,
 head) for packed sequences, holds the whole ``[DK, DV]`` state, so it serves a problem
-only where that fits: ``kernel.defaults.dkdv_config``. It is faster than the two sweeps
-(docs/evidence.md#fused-sweep).
+only where that fits: ``kernel.rule.dkdv_config``. It is faster than the two passes
+(docs/evidence.md#fused-pass).
 
-Where one block per (batch, head) leaves SMs idle, the sweep is split along the sequence
+Where one block per (batch, head) leaves SMs idle, the pass is split along the sequence
 as ``kernel.seq_split`` splits the forward (``KernelConfig.segments > 1``, dense batches):
-the dv sweep's reversed ``states`` and ``carry`` kernels on (K, V) := (Q, dO) give dS
+the dv pass's reversed ``states`` and ``carry`` kernels on (K, V) := (Q, dO) give dS
 entering each segment from its end, then one block per (batch, head, segment) runs the
-sweep over its segment from that state, and segment 0's blocks leave dS at the first
-token. It reads Q and dO twice: 8 tensor moves where the two split sweeps make 12, and
-it is faster than they are (docs/evidence.md#fused-sweep).
+pass over its segment from that state, and segment 0's blocks leave dS at the first
+token. It reads Q and dO twice: 8 tensor moves where the two split passes make 12, and
+it is faster than they are (docs/evidence.md#fused-pass).
 
 The numerical rules of the forward hold, through its decay mask, weights and scores
 (``kernel.scalar_decay``): every weight is ``exp2(log2(alpha) * k)`` with ``k >= 0``,
@@ -47,7 +47,7 @@ def smem_bytes(problem: Problem, config: KernelConfig) -> int:
 
 
 def sweep_macro(problem: Problem, config: KernelConfig, *, scale: float, packed: bool, arch: str):
-    """The reversed sweep of one block over ``problem``'s DK and DV in ``config``'s chunks
+    """The reversed pass of one block over ``problem``'s DK and DV in ``config``'s chunks
     and stages, as a ``@T.macro`` ``sweep(Q, K, V, dO, Decay, dK, dV, bb, bh, s_begin,
     s_end, State, Final, bbh, p_in, final)``: tokens ``s_begin`` to
     ``s_end`` of batch ``bb``, head ``bh``, walked chunk by chunk from the last. dS starts
@@ -165,7 +165,7 @@ def prim_funcs(
     H0, HT, dK, dV)]`` (``CuSeqlens`` last where ``packed``); split (``config.segments >
     1``), ``[states(Q, dO, Decay, H0, States), carry(Q, Decay, States), outputs(Q, K, V,
     dO, Decay, States, HT, dK, dV)]`` with ``States`` fp32 ``[B*H, config.segments, DK,
-    DV]``, the dv sweep's reversed kernels of ``kernel.seq_split``.
+    DV]``, the dv pass's reversed kernels of ``kernel.seq_split``.
 
     Q, K, dK: ``[B, S, H, DK]``; V, dO, dV: ``[B, S, H, DV]``, for every B and S where
     ``arch`` allows (``kernel.scalar_decay.sizes``); packed, ``B = 1`` and ``S`` the

@@ -11,7 +11,7 @@ current) differs in four fields, which the upgrade fills in:
   every decay); a study's problem that named one moves it to ``decays`` (its trials
   checked that one decay, with the plain call);
 - a config names every knob (before the sequence split: no ``segments``, one pass);
-- a study names its ``sweep`` (before the backward's fused sweep was tunable: the
+- a study names its ``sweep`` (before the backward's fused pass was tunable: the
   forward); a file or a table's entry that names none, of any version, is the forward's;
 - an environment names its ``arch`` (before: only the GPU's ``capability``).
 

@@ -102,17 +102,17 @@ _PTXAS_PATTERNS = {
 
 
 def parse_ptxas(log: str) -> dict[str, int]:
-    """Pull the resource figures of the one entry function out of ``ptxas --verbose``."""
-    figures = {}
+    """Pull the resources of the one entry function out of ``ptxas --verbose``."""
+    found = {}
     for name, pattern in _PTXAS_PATTERNS.items():
         match = pattern.search(log)
         if match is None and name == "static_smem":  # ptxas omits a zero
-            figures[name] = 0
+            found[name] = 0
         elif match is None:
-            raise ValueError(f"ptxas output has no '{name}' figure:\n{log}")
+            raise ValueError(f"ptxas output has no '{name}' count:\n{log}")
         else:
-            figures[name] = int(match.group(1))
-    return figures
+            found[name] = int(match.group(1))
+    return found
 
 
 def lower(func: Any, *, arch: str = DEFAULT_ARCH):
@@ -198,21 +198,21 @@ def probe_funcs(
         stage: FailureStage = "nvcc" if "Compilation error" in str(exc) else "lower"
         message = "\n".join(filter(None, (printed.text.strip(), str(exc))))
         return ProbeFailure(stage, type(exc).__name__, _summary(message), time.perf_counter() - start)
-    figures = []
+    per_kernel = []
     for compiled, func in zip(kernels, funcs):
-        found = _kernel_figures(compiled, func, arch)
+        found = _kernel_resources(compiled, func, arch)
         if isinstance(found, str):
             return ProbeFailure("nvcc", "CompilationError", _summary(found), time.perf_counter() - start)
-        figures.append(found)
-    smem = max(figures, key=lambda f: f["static_smem"] + f["dynamic_smem"])
+        per_kernel.append(found)
+    smem = max(per_kernel, key=lambda f: f["static_smem"] + f["dynamic_smem"])
     return Resources(
-        registers=max(f["registers"] for f in figures),
-        spill_stores=sum(f["spill_stores"] for f in figures),
-        spill_loads=sum(f["spill_loads"] for f in figures),
-        stack_frame=max(f["stack_frame"] for f in figures),
+        registers=max(f["registers"] for f in per_kernel),
+        spill_stores=sum(f["spill_stores"] for f in per_kernel),
+        spill_loads=sum(f["spill_loads"] for f in per_kernel),
+        stack_frame=max(f["stack_frame"] for f in per_kernel),
         static_smem=smem["static_smem"],
         dynamic_smem=smem["dynamic_smem"],
-        threads_launched=max(f["threads_launched"] for f in figures),
+        threads_launched=max(f["threads_launched"] for f in per_kernel),
         seed_register_estimate=seed_register_estimate,
         compile_seconds=time.perf_counter() - start,
         smem_limit=limit,
@@ -249,7 +249,7 @@ def _captured_output() -> Iterator[_Printed]:
             printed.text = sink.read().decode(errors="replace")
 
 
-def launch_figures(artifact: Any) -> tuple[int, int]:
+def launch_resources(artifact: Any) -> tuple[int, int]:
     """(dynamic shared memory bytes, threads per block) of a lowered TileLang artifact."""
     (device_func,) = artifact.device_mod.functions.values()
     # The extents are JSON but for a symbolic grid (packed sequences), so read the one we need.
@@ -257,29 +257,29 @@ def launch_figures(artifact: Any) -> tuple[int, int]:
     return int(device_func.attrs.get("dyn_shared_memory_buf", 0)), int(threads[1])
 
 
-# The figures a kernel's entry in the figures cache holds. A change to how they are found
-# (the ptxas command, its parsing, the launch figures) bumps FIGURES_FORMAT, which is in the
+# The resources a kernel's entry in the resources cache holds. A change to how they are found
+# (the ptxas command, its parsing, the launch resources) bumps RESOURCES_FORMAT, which is in the
 # cache key: entries made the old way are then never read.
-FIGURES = (*_PTXAS_PATTERNS, "dynamic_smem", "threads_launched")
-FIGURES_FORMAT = 1
+RESOURCE_FIELDS = (*_PTXAS_PATTERNS, "dynamic_smem", "threads_launched")
+RESOURCES_FORMAT = 1
 
 
-def read_figures(path: Path) -> dict[str, int] | None:
-    """A figures cache entry, or None where there is none, it cannot be read or lacks a figure."""
+def read_resources(path: Path) -> dict[str, int] | None:
+    """A resources cache entry, or None where there is none, it cannot be read or lacks a field."""
     with contextlib.suppress(OSError, ValueError):
         kept = json.loads(path.read_text())
-        if isinstance(kept, dict) and all(isinstance(kept.get(k), int) for k in FIGURES):
+        if isinstance(kept, dict) and all(isinstance(kept.get(k), int) for k in RESOURCE_FIELDS):
             return kept
     return None
 
 
-def _kernel_figures(compiled: Any, func: Any, arch: str) -> dict[str, int] | str:
-    """One compiled kernel's figures (ptxas's and the launch's), or ptxas's log where it
-    fails. Kept on disk beside TileLang's kernel cache (``figures/``), keyed by the kernel's
+def _kernel_resources(compiled: Any, func: Any, arch: str) -> dict[str, int] | str:
+    """One compiled kernel's resources (ptxas's and the launch's), or ptxas's log where it
+    fails. Kept on disk beside TileLang's kernel cache (``resources/``), keyed by the kernel's
     TIR and CUDA source, the architecture, the TileLang and nvcc releases and
-    ``FIGURES_FORMAT``: a probe that hits TileLang's cache skips the lowering and the ptxas
+    ``RESOURCES_FORMAT``: a probe that hits TileLang's cache skips the lowering and the ptxas
     run too, which cost as much as the compile itself. An entry that cannot be read, or
-    lacks a figure, is made again."""
+    lacks a field, is made again."""
     import tilelang
     import tilelang.env
 
@@ -287,18 +287,18 @@ def _kernel_figures(compiled: Any, func: Any, arch: str) -> dict[str, int] | str
     from kernel.files import write_json
 
     source = compiled.get_kernel_source()
-    key = [func.script(), source, arch, tilelang.__version__, str(nvcc_version()), str(FIGURES_FORMAT)]
+    key = [func.script(), source, arch, tilelang.__version__, str(nvcc_version()), str(RESOURCES_FORMAT)]
     path = Path(
         tilelang.env.TILELANG_CACHE_DIR,
-        "figures",
+        "resources",
         hashlib.sha256("\0".join(key).encode()).hexdigest() + ".json",
     )
     keep = tilelang.env.is_cache_enabled()
-    kept = read_figures(path) if keep else None
+    kept = read_resources(path) if keep else None
     if kept is not None:
         return kept
-    # A disk-cache hit carries no lowered module: lower again for the launch figures.
-    dynamic_smem, threads_launched = launch_figures(compiled.artifact or lower(func, arch=arch))
+    # A disk-cache hit carries no lowered module: lower again for the launch resources.
+    dynamic_smem, threads_launched = launch_resources(compiled.artifact or lower(func, arch=arch))
     ok, log = _ptxas(source, arch)
     if not ok:
         return log

@@ -56,7 +56,7 @@ def transposes(*, chunk: int, block_dv: int, threads: int, scores: str) -> bool:
 class Direction:
     """Where the recurrence runs: forward in time, or backwards (``reverse``: each token's
     state gathers the tokens from it to its sequence's end, ``S_t = alpha S_{t+1} + k_t^T
-    v_t``; the backward's dk and dv sweeps, ``kernel.ops.backward``). Reversed, the chunks keep
+    v_t``; the backward's dk and dv passes, ``kernel.ops.backward``). Reversed, the chunks keep
     their place and are walked last to first, and within a chunk of ``m`` tokens every
     weight mirrors the forward's: query row i sees key rows j >= i, weighted
     ``alpha^(j-i)``; it reads the state carried in with ``alpha^(m-i)``; key row r writes
@@ -102,7 +102,7 @@ def decay_mask_macro(*, chunk: int, scale: float, time: Direction, transposed: b
     log2(alpha)`` of head ``bh`` (``Decay[bh]``; <= 0), then the fp32 ``[C, C]`` tile
     ``Gamma[i, j] = time.gamma(i, j)`` for query row ``i`` and key row ``j``, or its
     transpose ``Gamma[j, i]`` where ``transposed``. Every chunk step's, and the fused
-    backward sweep's (``kernel.dkdv``)."""
+    backward pass's (``kernel.dkdv``)."""
 
     @T.macro
     def decay_mask(Gamma, lg, Decay, bh):
@@ -121,7 +121,7 @@ def key_weights_macro(*, chunk: int, dk: int, dtype: str, time: Direction):
     """The weighted keys, as a ``@T.macro`` ``weigh(Kw_s, K_s, lg, m)``: row ``r < m`` of
     the ``[C, DK]`` tile ``K_s`` times ``alpha^time.key_power(r, m)`` into ``Kw_s``, the
     rows past ``m`` zero: the rows that write the state carried out (the fused backward
-    sweep weighs its queries so, ``kernel.dkdv``)."""
+    pass weighs its queries so, ``kernel.dkdv``)."""
 
     @T.macro
     def weigh(Kw_s, K_s, lg, m):

@@ -58,7 +58,7 @@ def check(kernel: ScalarDecayKernel, *, seed: int, decay: torch.Tensor | None = 
     L2 of the outputs and of the final state (fp64, against C computed from the same
     rounded inputs), ``state_rel_l2`` for the state alone (None without one), the count of
     elements still NaN (unwritten, or NaN produced) and whether all are finite. A kernel of
-    the backward's fused sweep (``call.dkdv``) is checked as ``_check_dkdv`` says.
+    the backward's fused pass (``call.dkdv``) is checked as ``_check_dkdv`` says.
     """
     if kernel.call.dkdv:
         return _check_dkdv(kernel, seed=seed, decay=decay)
@@ -88,7 +88,7 @@ def check(kernel: ScalarDecayKernel, *, seed: int, decay: torch.Tensor | None = 
 
 
 def _check_dkdv(kernel: ScalarDecayKernel, *, seed: int, decay: torch.Tensor | None) -> dict[str, Any]:
-    """``check`` of the backward's fused sweep: its dK and dV for fresh q, k, v and dO
+    """``check`` of the backward's fused pass: its dK and dV for fresh q, k, v and dO
     (and, where the call takes a state, a fresh final-state gradient dHT as
     ``kernel.ops.backward`` hands it in; where it returns one, dH0) into NaN-filled buffers,
     against reference E (``refs.chunked_backward``) in fp64. ``state_rel_l2``: dH0's."""
@@ -129,7 +129,7 @@ def _decay(problem: Problem, device: torch.device) -> torch.Tensor:
 
 
 def _dkdv_inputs(problem: Problem, seed: int) -> tuple[torch.Tensor, ...]:
-    """Fresh q, k, v and dO (like v) for the fused sweep."""
+    """Fresh q, k, v and dO (like v) for the fused pass."""
     q, k, v = random_qkv(problem, seed=seed)
     gen = torch.Generator(device="cuda").manual_seed(seed + 2)
     return q, k, v, torch.randn(v.shape, generator=gen, device="cuda").to(v.dtype)

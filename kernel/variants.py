@@ -1,6 +1,6 @@
 """Which kernels a config runs, and how one call launches them: the one place that tells
 the single-pass kernel (``segments == 1``) from the sequence split and from the backward's
-fused sweep (``Call.dkdv``), for the probe, the compiler and the call alike."""
+fused pass (``Call.dkdv``), for the probe, the compiler and the call alike."""
 
 import dataclasses
 from typing import Any
@@ -119,7 +119,7 @@ def launch_pool(compiled: tuple[Any, ...], q, k, v, decay, pool, out, cu_seqlens
 def same_segments(a: KernelConfig, b: KernelConfig, seqlen: int) -> bool:
     """Whether two split configs cut a sequence of ``seqlen`` tokens into the same segments
     and hold their states alike (``states_buffer``), so that one's states serve the other
-    (the backward's dq sweep reads the forward's, transposed: ``kernel.ops.attention``)."""
+    (the backward's dq pass reads the forward's, transposed: ``kernel.ops.attention``)."""
     return a.segments == b.segments > 1 and a.segment_length(seqlen) == b.segment_length(seqlen)
 
 
@@ -139,9 +139,9 @@ def launch_dkdv(
     dv,
     cu_seqlens=None,
 ) -> None:
-    """Run the fused sweep (``call.dkdv``, ``kernel.dkdv``) once on checked tensors, as
+    """Run the fused pass (``call.dkdv``, ``kernel.dkdv``) once on checked tensors, as
     ``launch`` runs the forward: dK and dV into ``dk`` and ``dv``. Split, its states over
-    (Q, dO) are the dv sweep's."""
+    (Q, dO) are the dv pass's."""
     if config.segments == 1:
         (single,) = compiled
         single(q, k, v, do, decay, h0, ht, dk, dv, *([cu_seqlens] if call.packed else []))

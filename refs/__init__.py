@@ -33,7 +33,7 @@ _LAZY = {
             "factorised_peak",
             "factorised_safe_chunk_limit",
             "float_class",
-            "gamma_table",
+            "gamma_matrix",
             "gamma_underflow",
         ),
         "numerics",

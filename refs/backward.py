@@ -72,7 +72,7 @@ def _sequence(
     s = q.shape[1]
     starts = range(0, s, chunk)
     weights = [chunk_weights(decay, chunk, length=min(chunk, s - a), device=q.device) for a in starts]
-    # [B, H, L, D] per chunk, L = C but in a ragged last chunk; the tables cut to L.
+    # [B, H, L, D] per chunk, L = C but in a ragged last chunk; the weights cut to L.
     tiles = [[x[:, a : a + chunk].transpose(1, 2) for x in (q, k, v, do)] for a in starts]
     states = [state0]  # the state before each chunk
     for (qc, kc, vc, _), w in zip(tiles, weights):

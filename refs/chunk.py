@@ -10,7 +10,7 @@ every weight <= 1 (docs/design.md section 1):
 
 and the state is carried across a chunk with ``alpha^C``. Per chunk:
 ``O = (Q * w_query) @ S_prev + ((Q K^T) * Gamma) @ V``, then
-``S = alpha^C * S_prev + (K * w_decay)^T @ V``. With one decay per head the tables gain a
+``S = alpha^C * S_prev + (K * w_decay)^T @ V``. With one decay per head the weights gain a
 leading head axis. A ragged last chunk of L < C real rows writes the state with
 ``alpha^(L-1-r)`` and carries it with ``alpha^L`` (``chunk_weights(length=L)``), so that
 the final state is the one after the sequence's last token.
@@ -32,7 +32,7 @@ from .naive import run_fla
 
 
 class ChunkWeights(NamedTuple):
-    """The tables for a float alpha; for one alpha per head each gains a leading ``[H]``."""
+    """The decay weights for a float alpha; for one alpha per head each gains a leading ``[H]``."""
 
     gamma: Tensor  # [C, C] alpha^(i-j) where j <= i, else 0
     w_decay: Tensor  # [C] alpha^(L-1-r) where r < L, else 0 (L = C but in a ragged last chunk)
@@ -162,7 +162,7 @@ def kernel_mimic(
     Per sequence (a grid block walks one), outer loop over DV blocks of width ``block_dv``
     (the kernel grid's first axis; default all of DV), inner loop over chunks in order (the
     ``T.Pipelined`` loop), batch and heads vectorised (the grid's second axis) with per-head
-    weight tables. The output of a chunk is written before the state is updated, and the
+    decay weights. The output of a chunk is written before the state is updated, and the
     state is decayed before the chunk's contribution is added. Runs on the inputs' device.
     Arguments and result as in ``chunked``.
     """

@@ -46,7 +46,7 @@ def effective_memory_length(alpha: float, eps: float = 1e-3) -> float:
     return math.inf if alpha == 1.0 else math.log(eps) / math.log(alpha)
 
 
-def gamma_table(alpha: float, chunk: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def gamma_matrix(alpha: float, chunk: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The intra-chunk weights ``Gamma [C, C]`` (alpha^(i-j), j <= i, else 0) rounded to dtype."""
     return chunk_weights(check_alpha(alpha), check_chunk(chunk)).gamma.to(dtype)
 
@@ -69,14 +69,14 @@ class GammaStats(NamedTuple):
 
 def gamma_underflow(alpha: float, chunk: int, dtype: torch.dtype = torch.float32) -> GammaStats:
     """How ``Gamma`` fares when stored in dtype (seed 3.1 and 3.2 tables)."""
-    table = gamma_table(alpha, chunk, dtype).to(torch.float64)
-    causal = table[torch.ones_like(table, dtype=torch.bool).tril()]
+    gamma = gamma_matrix(alpha, chunk, dtype).to(torch.float64)
+    causal = gamma[torch.ones_like(gamma, dtype=torch.bool).tril()]
     nonzero = causal[causal > 0]
     corner = alpha ** (chunk - 1)
     return GammaStats(
         max=causal.max().item(),
         min_nonzero=nonzero.min().item(),
         underflow_fraction=(causal == 0).double().mean().item(),
-        corner=table[-1, 0].item(),
+        corner=gamma[-1, 0].item(),
         corner_class=float_class(corner, dtype),
     )

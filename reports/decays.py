@@ -9,7 +9,7 @@ import pandas as pd
 import torch
 
 from kernel.config import retnet_decay
-from refs import factorised_peak, gamma_table
+from refs import factorised_peak, gamma_matrix
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
 OVERFLOW_ALPHAS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
@@ -32,9 +32,9 @@ class OverflowInfo(NamedTuple):
 
 def gamma_info(alpha: float, chunk: int) -> GammaInfo:
     """The decay mask ``Gamma [C, C]`` of the seed's figure, future tokens as NaN."""
-    table = gamma_table(alpha, chunk, torch.float64).numpy().copy()
-    table[np.triu_indices(chunk, k=1)] = np.nan
-    return GammaInfo(float(alpha), int(chunk), table)
+    gamma = gamma_matrix(alpha, chunk, torch.float64).numpy().copy()
+    gamma[np.triu_indices(chunk, k=1)] = np.nan
+    return GammaInfo(float(alpha), int(chunk), gamma)
 
 
 def overflow_map(

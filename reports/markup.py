@@ -61,7 +61,7 @@ def figure(fig: go.Figure | None, div_id: str, missing: str) -> str:
     )
 
 
-def table(
+def html_table(
     frame: pd.DataFrame,
     *,
     text: Collection[str],

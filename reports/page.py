@@ -37,7 +37,7 @@ def render_report(frame: pd.DataFrame, info: StudyInfo, *, across: pd.DataFrame 
             _header(s, frame, archs=not side.empty),
             _fronts(s, frame, metric),
             _insight(info, s, frame, metric),
-            _tables(s, frame),
+            _top_and_failures(s, frame),
             sections.decode(s, frame) if info.sweep == "decode" else sections.numerics(s, frame),
             sections.peers(info, frame),
             sections.archs(side),
@@ -223,7 +223,7 @@ def _predictions(frame: pd.DataFrame) -> list[str]:
     ]
 
 
-def _tables(s: Summary, frame: pd.DataFrame) -> str:
+def _top_and_failures(s: Summary, frame: pd.DataFrame) -> str:
     top = data.top_configs(frame, s.objectives if s.timed else [s.metric, *s.objectives])
     fails = data.failures(frame)
     config = "config (C/bDV/stages/threads/scores/segments)"
@@ -263,11 +263,11 @@ def _tables(s: Summary, frame: pd.DataFrame) -> str:
                 f"<h3>Top configs (feasible, each config once, by {markup.escape(', '.join(s.objectives))}), "
                 "and the seed default</h3>"
             ),
-            markup.table(top_shown, text={"trial", config}, highlight=top.baseline.tolist())
+            markup.html_table(top_shown, text={"trial", config}, highlight=top.baseline.tolist())
             if len(top)
             else '<p class="note">No feasible config.</p>',
             "<h3>Failed and infeasible trials, by reason</h3>",
-            markup.table(fails_shown, text={"status", reason, "trial numbers"}, wrap={reason})
+            markup.html_table(fails_shown, text={"status", reason, "trial numbers"}, wrap={reason})
             if len(fails)
             else '<p class="lede">Every finished trial was feasible.</p>',
         ]

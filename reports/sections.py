@@ -109,7 +109,7 @@ def archs(side: pd.DataFrame) -> str:
             markup.figure(
                 compiler_figures.archs_figure(side), "fig-archs", "no config compiled on these architectures"
             ),
-            markup.table(
+            markup.html_table(
                 shown, text={"config", "arch", "status", "reason (first line)"}, wrap={"reason (first line)"}
             ),
         ]

@@ -111,7 +111,7 @@ def gpu_study(
     sweep: str = "forward",
 ) -> optuna.Study:
     """A hand-built GPU study of ``SMALL_PROBLEM``: one trial per latency (None: failed to
-    compile), on the configs of ``GRID`` in order (the fused sweep's: its grid, unsplit
+    compile), on the configs of ``GRID`` in order (the fused pass's: its grid, unsplit
     first)."""
     study = optuna.create_study(storage=storage, study_name=name)
     study.set_user_attr("problem", SMALL_PROBLEM.to_dict())

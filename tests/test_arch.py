@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from helpers import SMALL, SMALL_PROBLEM, dispatch_file
 
-from kernel import KernelConfig, ProbeFailure, Problem, Resources, probe
+from kernel import KernelConfig, ProbeFailure, Problem, Resources
 from kernel.arch import ARCHS, DEFAULT_ARCH, arch_of_capability, get_arch, resolve, target
 from kernel.config import HEADLINE, SEED_CONFIG, Call, model_call
 from kernel.environment import env_key, environment
 from kernel.ops.deploy import ExportError
 from kernel.ops.dispatch import load_dispatch
+from kernel.probe import probe
 from tuner import space
 from tuner.cli import main
 from tuner.latency import latency_model
@@ -182,7 +183,7 @@ def test_probe_prints_one_config_across_architectures(capsys):
         next(i for i, line in enumerate(lines) if line.startswith(f"{a} ")) for a in ("sm_86", "sm_90a")
     )
     sm86, sm90 = lines[i86].split(), lines[i90].split()
-    # each row's figures, then on a line of its own, indented, why it has none or its prediction
+    # each row's numbers, then on a line of its own, indented, why it has none or its prediction
     assert sm86[:2] == ["sm_86", "restricted"] and "over sm_86's 101376 B per block" in lines[i86 + 1]
     assert sm90[0] == "sm_90a" and sm90[5] == "232448" and lines[i90 + 1].startswith("    predicted ")
 

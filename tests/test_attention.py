@@ -136,9 +136,9 @@ def test_a_scale_that_is_no_finite_number_is_refused_naming_it(scale):
 
 def test_a_table_without_the_problem_s_head_sizes_serves_the_default_config_with_a_warning():
     from kernel.config import KernelConfig, Problem
-    from kernel.defaults import default_config
     from kernel.ops.dispatch import Dispatch, DispatchEntry
     from kernel.ops.serve import config_for
+    from kernel.rule import default_config
 
     tuned = KernelConfig(64, 128, 3, 256, "smem", 1)
     table = Dispatch([DispatchEntry(Problem(8, 16, 4096, 128, 128), tuned)], {})
@@ -159,7 +159,7 @@ def test_the_default_config_launches_about_one_block_per_sm(shape, block_dv, seg
     SMs), and the single-pass kernel, at half the block_dv, where a sequence has too few
     chunks to split."""
     from kernel.config import Problem
-    from kernel.defaults import default_config
+    from kernel.rule import default_config
 
     config = default_config(Problem(*shape, 128, 128), "sm_90a", 132)
     assert (config.chunk, config.block_dv, config.threads, config.segments) == (64, block_dv, 256, segments)

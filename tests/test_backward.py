@@ -1,4 +1,4 @@
-"""The backward pass (``kernel.ops.backward``): its three forward sweeps give autograd's
+"""The backward pass (``kernel.ops.backward``): its three forward passes give autograd's
 gradients through reference A and reference E's, in fp64 on the references (here), and
 through ``decay_attention``'s autograd on the GPU kernel (marked ``gpu``)."""
 
@@ -11,18 +11,18 @@ from helpers import selected
 
 import refs
 from kernel.config import Call, KernelConfig, Problem
-from kernel.ops.backward import backward, sweep_calls
+from kernel.ops.backward import backward, pass_calls
 
 F64 = torch.float64
 
 
 def by_copies(forward):
-    """A sweep from a forward that runs forward in time only: reversed, it is the forward
+    """A pass from a forward that runs forward in time only: reversed, it is the forward
     on reversed copies of the tokens, its output reversed back. Packed sequences reverse as
     a whole: the last sequence comes first, with offsets ``T - cu_seqlens`` reversed, and
     the states in reverse order."""
 
-    def sweep(q, k, v, h0, want_final, cu_seqlens, reverse):
+    def forward_pass(q, k, v, h0, want_final, cu_seqlens, reverse):
         if not reverse:
             return forward(q, k, v, h0, want_final, cu_seqlens)
         packed = cu_seqlens is not None
@@ -32,14 +32,14 @@ def by_copies(forward):
         o, final = forward(q.flip(1), k.flip(1), v.flip(1), start, want_final, rev_cu)
         return o.flip(1), (None if final is None else order(final))
 
-    return sweep
+    return forward_pass
 
 
 DECAYS = [0.05, 0.5, 0.97, 1.0]  # one per head: small (alpha^C underflows), RetNet-like, none
 
 
-def _ref_sweep(decay: torch.Tensor, scale: float, chunk: int = 16):
-    """The forward as reference B: what ``backward`` sweeps with, here in fp64."""
+def _ref_pass(decay: torch.Tensor, scale: float, chunk: int = 16):
+    """The forward as reference B: what ``backward`` runs its passes with, here in fp64."""
 
     def forward(q, k, v, h0, want_final, cu):
         out = refs.chunked(
@@ -79,14 +79,14 @@ CASES = [  # (batch, seqlen, DK, DV, cu_seqlens)
 
 @pytest.mark.parametrize("b,s,dk,dv,offsets", CASES)
 @pytest.mark.parametrize("with_dht", [True, False])
-def test_three_sweeps_give_autograd_s_gradients(b, s, dk, dv, offsets, with_dht):
+def test_three_passes_give_autograd_s_gradients(b, s, dk, dv, offsets, with_dht):
     cu = None if offsets is None else torch.tensor(offsets)
     n = b if cu is None else len(offsets) - 1
     q, k, v, do, h0, dht = _inputs(b, s, len(DECAYS), dk, dv, n, seed=s + dk)
     dht = dht if with_dht else None
     decay, scale = torch.tensor(DECAYS, dtype=F64), 0.3
     got = backward(
-        _ref_sweep(decay, scale),
+        _ref_pass(decay, scale),
         q,
         k,
         v,
@@ -110,7 +110,7 @@ def test_three_sweeps_give_autograd_s_gradients(b, s, dk, dv, offsets, with_dht)
 def test_no_initial_state_no_dh0():
     q, k, v, do, _, _ = _inputs(1, 20, 2, 4, 4, 1, seed=3)
     decay = torch.tensor([0.9, 0.5], dtype=F64)
-    *grads, dh0 = backward(_ref_sweep(decay, 1.0), q, k, v, do, decay, 1.0)
+    *grads, dh0 = backward(_ref_pass(decay, 1.0), q, k, v, do, decay, 1.0)
     assert dh0 is None and all(g.shape == x.shape for g, x in zip(grads, (q, k, v)))
 
 
@@ -128,9 +128,19 @@ class _RefAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, h0, decay, cu = ctx.saved_tensors
-        sweep = _ref_sweep(decay, ctx.scale, chunk=4)
+        forward_pass = _ref_pass(decay, ctx.scale, chunk=4)
         grads = backward(
-            sweep, q, k, v, do, decay, ctx.scale, initial_state=h0, dht=dht, cu_seqlens=cu, want_dh0=True
+            forward_pass,
+            q,
+            k,
+            v,
+            do,
+            decay,
+            ctx.scale,
+            initial_state=h0,
+            dht=dht,
+            cu_seqlens=cu,
+            want_dh0=True,
         )
         return *grads, None, None, None
 
@@ -146,39 +156,39 @@ def test_gradcheck(offsets):
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_sweep_calls_are_the_kernel_calls_backward_makes(fused):
-    """What ``sweep_calls`` lists (for compiling and tuning) is what ``backward`` calls,
-    with dk and dv in two sweeps or in one (``fused``, here the two reference sweeps)."""
+def test_pass_calls_are_the_kernel_calls_backward_makes(fused):
+    """What ``pass_calls`` lists (for compiling and tuning) is what ``backward`` calls,
+    with dk and dv in two passes or in one (``fused``, here the two reference passes)."""
     problem = Problem(2, 4, 20, 16, 32)
     q, k, v, do, h0, dht = _inputs(2, 20, 4, 16, 32, 2, seed=1)
     decay = torch.tensor(DECAYS, dtype=F64)
     for initial, final in itertools.product([False, True], repeat=2):
         made: list[tuple[Problem, Call]] = []
-        sweep = _ref_sweep(decay, 0.5)
+        forward_pass = _ref_pass(decay, 0.5)
 
         def record(q_, v_, call, made=made):
             b, s, h, dk_ = q_.shape
             made.append((Problem(b, h, s, dk_, v_.shape[-1]), call))
 
-        def recording(q_, k_, v_, h0_, want_final, cu, reverse, sweep=sweep):
+        def recording(q_, k_, v_, h0_, want_final, cu, reverse, forward_pass=forward_pass):
             record(q_, v_, Call(0.5, h0_ is not None, want_final, reverse=reverse))
-            return sweep(q_, k_, v_, h0_, want_final, cu, reverse)
+            return forward_pass(q_, k_, v_, h0_, want_final, cu, reverse)
 
-        def dkdv(q_, k_, v_, do_, start, want_final, cu, sweep=sweep):
+        def dkdv(q_, k_, v_, do_, start, want_final, cu, forward_pass=forward_pass):
             record(q_, v_, Call(0.5, start is not None, want_final, reverse=True, dkdv=True))
             start_t = None if start is None else start.transpose(-1, -2)
-            dk_, _ = sweep(v_, do_, q_, start_t, False, cu, True)
-            return dk_, *sweep(k_, q_, do_, start, want_final, cu, True)
+            dk_, _ = forward_pass(v_, do_, q_, start_t, False, cu, True)
+            return dk_, *forward_pass(k_, q_, do_, start, want_final, cu, True)
 
         state, grad = (h0 if initial else None), (dht if final else None)
         backward(
             recording, q, k, v, do, decay, 0.5, initial_state=state, dht=grad, want_dh0=initial,
             fused=dkdv if fused else None,
         )  # fmt: skip
-        assert made == sweep_calls(problem, Call(0.5, initial, final), fused), (initial, final)
+        assert made == pass_calls(problem, Call(0.5, initial, final), fused), (initial, final)
 
 
-# ---- on the GPU: decay_attention's autograd, the kernel's sweeps --------------------------
+# ---- on the GPU: decay_attention's autograd, the kernel's passes --------------------------
 
 
 def _gpu_case(b: int, s: int, h: int, dk: int, dv: int, dtype: str, lengths: list[int] | None):
@@ -209,13 +219,13 @@ GPU_CASES = [  # (b, s, h, dk, dv, dtype, packed lengths)
     (2, 1, 4, 128, 128, "bfloat16", None),
     (1, 1 + 63 + 64 + 65 + 300 + 17, 4, 128, 128, "float16", [1, 63, 64, 65, 300, 17]),
     (1, 2 + 1000 + 5, 4, 128, 128, "bfloat16", [2, 1000, 5]),
-    (2, 700, 2, 128, 256, "bfloat16", None),  # fla's RetNet: DV = 2 DK, the dq and dk sweeps at DK = 256
+    (2, 700, 2, 128, 256, "bfloat16", None),  # fla's RetNet: DV = 2 DK, the dq and dk passes at DK = 256
 ]
 
 
 @pytest.fixture(scope="module")
 def compiled(request) -> None:
-    """Compile every kernel the selected GPU cases call, forward and sweeps, in parallel
+    """Compile every kernel the selected GPU cases call, forward and passes, in parallel
     processes."""
     from kernel.builder import cuda_arch, precompile
     from kernel.ops.serve import training_jobs
@@ -260,7 +270,7 @@ def test_decay_attention_gradients_match_autograd_through_a(b, s, h, dk, dv, dty
 def test_training_step_under_torch_compile_fullgraph():
     """The loss compiled whole, with ``fullgraph=True``: its backward graph (which AOTAutograd
     builds from the op's autograd rule) gives eager's gradients: dk, dv and dH0 bit for bit;
-    dq to within 1e-2, since the eager call's dq sweep reads the split forward's states
+    dq to within 1e-2, since the eager call's dq pass reads the split forward's states
     (``kernel.ops.attention._forward``) where the custom op computes them again,
     the same sums in another order. (Dynamo does not trace ``torch.autograd.grad`` itself,
     so the step calls it outside.)"""
@@ -290,11 +300,11 @@ def test_the_backward_op_passes_torch_s_opcheck():
     torch.library.opcheck(op, (q, k, v, do, None, 0.9, 0.125, None, None, None))
 
 
-def test_the_dq_sweep_reads_the_forward_s_states_where_they_cut_alike():
-    """The dq sweep (DK and DV swapped) reads a split forward's states, transposed, only
+def test_the_dq_pass_reads_the_forward_s_states_where_they_cut_alike():
+    """The dq pass (DK and DV swapped) reads a split forward's states, transposed, only
     where both cut the sequence into the same segments (``kernel.variants.same_segments``):
     so the default configs do at DK = DV and DK != DV alike."""
-    from kernel.defaults import default_config
+    from kernel.rule import default_config
     from kernel.variants import same_segments
 
     for b, h, s, dk, dv in [(2, 16, 16384, 128, 128), (1, 4, 1000, 64, 128), (2, 4, 300, 128, 128)]:
@@ -306,16 +316,16 @@ def test_the_dq_sweep_reads_the_forward_s_states_where_they_cut_alike():
     assert not same_segments(dataclasses.replace(split, segments=1), split, 1000)
 
 
-def test_the_sweeps_compile_for_hopper_and_ampere():
-    """Each sweep of a backward with DK != DV, state in and out, compiles with the default
-    config for its shape (the dq and dk sweeps at (DV, DK)), for sm_90a and for sm_80; the
+def test_the_passes_compile_for_hopper_and_ampere():
+    """Each pass of a backward with DK != DV, state in and out, compiles with the default
+    config for its shape (the dq and dk passes at (DV, DK)), for sm_90a and for sm_80; the
     compile pool says as each job ends (``warmup``'s progress bar)."""
     from kernel.builder import precompile
-    from kernel.defaults import default_config
     from kernel.probe import Resources
+    from kernel.rule import default_config
 
     problem = Problem(1, 2, 200, 64, 128)
-    calls = sweep_calls(problem, Call(0.125, True, True))
+    calls = pass_calls(problem, Call(0.125, True, True))
     jobs = [(p, default_config(p, "sm_90a", 132), c) for p, c in calls]
     for arch in ("sm_90a", "sm_80"):
         ended: list[None] = []
@@ -325,7 +335,7 @@ def test_the_sweeps_compile_for_hopper_and_ampere():
 
 
 def test_dispatch_backward_tunes_dk_and_dv_swapped(tmp_path, capsys):
-    """``dispatch --backward`` tunes the shapes of the backward's sweeps: DK x DV and DV x DK
+    """``dispatch --backward`` tunes the shapes of the backward's passes: DK x DV and DV x DK
     (here compile-only for sm_80, as on a machine without its GPU)."""
     from tuner.cli import main
 
@@ -621,8 +631,8 @@ def test_gradients_match_fla_s_chunk_simple_gla(dv):
         assert refs.rel_l2(ours, theirs) < refs.TOLERANCE, name
 
 
-def test_dispatch_backward_adds_the_fused_sweep_s_studies():
-    """``dispatch --backward`` adds a study of the fused dk and dv sweep per shape where it
+def test_dispatch_backward_adds_the_fused_pass_s_studies():
+    """``dispatch --backward`` adds a study of the fused dk and dv pass per shape where it
     serves the architecture (``--sweep dkdv`` alone: only those); none on sm_80."""
     from tuner.cli import build_parser
     from tuner.commands.args import options_of
@@ -650,21 +660,21 @@ def test_dispatch_backward_adds_the_fused_sweep_s_studies():
 
 
 @pytest.mark.gpu
-def test_gpu_dispatch_backward_tunes_the_fused_sweep(tmp_path, monkeypatch):
-    """On Hopper: ``dispatch --backward`` at one shape times the fused sweep's configs (each
+def test_gpu_dispatch_backward_tunes_the_fused_pass(tmp_path, monkeypatch):
+    """On Hopper: ``dispatch --backward`` at one shape times the fused pass's configs (each
     trial's dK and dV checked against reference E), writes its entry to the table, and
     ``decay_attention``'s backward then runs the table's config for it, with autograd's
     gradients through reference A."""
     from kernel.builder import cuda_arch
     from kernel.config import dkdv_call
-    from kernel.defaults import dkdv_config
     from kernel.ops import decay_attention, serve
     from kernel.ops.dispatch import load_dispatch
+    from kernel.rule import dkdv_config
     from tuner.cli import main
 
     problem = Problem(2, 4, 1024, 64, 64)
     if dkdv_config(problem, cuda_arch()) is None:
-        pytest.skip(f"the fused sweep does not serve {cuda_arch()}")
+        pytest.skip(f"the fused pass does not serve {cuda_arch()}")
     monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     argv = [

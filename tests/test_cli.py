@@ -39,16 +39,16 @@ from helpers import (
 import refs
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.config import retnet_decay
-from kernel.defaults import default_config
 from kernel.ops.deploy import ExportError, load_config, read_export
+from kernel.rule import default_config
 from kernel.trial_schema import EXTRAPOLATED, TRIAL_COLUMNS
 from tuner import space
 from tuner.cli import COMMANDS, build_parser, main
 from tuner.commands.device import PROBE_LAST
-from tuner.commands.lines import Progress
 from tuner.latency import latency_model
+from tuner.lines import WIDTH, Progress
 from tuner.studies import default_study_name, export_dir
-from tuner.trials import TABLE, TABLE_WIDTH, save_frame, trials_frame
+from tuner.trials import LISTING_COLUMNS, save_frame, trials_frame
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_trials_prints_whole_numbers_blank_cells_and_first_lines(explored, capsy
     out = capsys.readouterr().out
     heading, header, rows = _table_lines(out)
     assert heading == "study 'e2e' (compile-only for sm_90a: no latency measured, ranked by predicted time)"
-    assert header == list(TABLE) and len(rows) == 4
+    assert header == list(LISTING_COLUMNS) and len(rows) == 4
     printed = "\n".join(rows)
     assert not re.search(r"\d\.0\b", printed)  # smem bytes, registers, spills: no ".0"
     assert not re.search(r"\b(None|NaN|nan|NA|<NA>)\b", printed)  # empty cells are blank
@@ -192,7 +192,7 @@ def test_trials_fits_its_width_and_the_log_keeps_the_whole_reason(tmp_path, caps
     assert main(["trials", *SMALL, "--storage", storage, "--study", "long"]) == 0
     out = capsys.readouterr().out
     heading, header, rows = _table_lines(out)
-    assert TABLE_WIDTH == 120 and max(map(len, out.splitlines())) <= 120
+    assert WIDTH == 120 and max(map(len, out.splitlines())) <= 120
     cut = rows[2].split(maxsplit=3)[3]
     assert re.search(r"\.\.\. \[\d\]$", cut) and _shown_whole(cut, reason.splitlines()[0], out)
     assert len(rows[2]) == 120  # cut at the width, not before
@@ -219,7 +219,7 @@ def test_an_uncalibrated_study_says_so_and_shows_its_predicted_ratio(tmp_path, c
         "study 'old-gpu' (compile-only for sm_80: no latency measured, ranked by predicted time (the "
         "analytic part alone: the latency model was not calibrated for it)"
     )
-    assert header == [c if c != "predicted_ms" else "predicted_x_floor" for c in TABLE]
+    assert header == [c if c != "predicted_ms" else "predicted_x_floor" for c in LISTING_COLUMNS]
     assert [row.split()[3] for row in rows] == ["1.25", "1.5"]
     study.set_user_attr("arch", "sm_90a")  # ranked where the model file could not be read
     add_small_trial(
@@ -244,9 +244,9 @@ def test_best_prints_the_columns_of_trials(explored, capsys):
     assert heading.startswith("study 'e2e' (compile-only") and header == trials_header
     assert ", compiled in environment " in heading and "measured in" not in heading
     (best,) = rows
-    # The same cells as in `trials` but the reason, cut to each table's width; compile-only:
+    # The same cells as in `trials` but the reason, cut to each listing's width; compile-only:
     # median_ms and rel_l2 blank.
-    cells = len(TABLE) - 3
+    cells = len(LISTING_COLUMNS) - 3
     assert best.split()[:cells] in [row.split()[:cells] for row in trials_rows]
     assert best.split()[1] == "ok"
 
@@ -478,13 +478,13 @@ def test_probe_without_a_config_compiles_the_rule_s_config_per_architecture(caps
     out, err = capsys.readouterr()
     heading, _, table = out.partition("\nconfig ")
     header, last, row, why = ("config " + table).splitlines()
-    assert heading.startswith("the default config (kernel.defaults.default_config) of each architecture")
+    assert heading.startswith("the default config (kernel.rule.default_config) of each architecture")
     assert header.split()[:3] == ["config", "arch", "status"] and last == "    " + PROBE_LAST
     assert row.split()[:3] == [config.label, "sm_90a", "ok"]
     assert re.fullmatch(r"    predicted \S+ ms \(\S+ to \S+\), \d+\.\d\dx floor", why), why
     assert err == f"compiling {config.label} for sm_90a (1 of 1)\n"
     help_text = _help_entries("probe")["--config"]
-    assert "(default: each architecture's config of the rule kernel.defaults.default_config" in help_text
+    assert "(default: each architecture's config of the rule kernel.rule.default_config" in help_text
 
 
 def test_probe_of_several_architectures_names_those_the_rule_refuses_and_goes_on(capsys):
@@ -600,7 +600,7 @@ def test_every_flag_has_help_and_shows_its_default(command):
         (["run", "--max-spill-bytes", "-1"], "--max-spill-bytes must be >= 0"),
         (["run", "--enqueue", "64/32/1/128/smem/0"], "segments must be a positive integer"),
         (["best", "--top", "0"], "--top must be positive"),
-        (["run", "--sweep", "dkdv", "--dk", "256", "--dv", "256"], "fused dk and dv sweep does not serve"),
+        (["run", "--sweep", "dkdv", "--dk", "256", "--dv", "256"], "fused dk and dv pass does not serve"),
         (["run", "--sweep", "dkdv", "--arch", "sm_80"], "does not serve DK x DV = 128 x 128 on sm_80"),
         (["run", "--sweep", "dq"], "invalid choice"),
         (["dispatch", "--shapes", "1x2"], "--shapes wants BxHxS"),

@@ -47,7 +47,7 @@ def test_dispatch_picks_the_nearest_shape_and_keeps_its_grid(tmp_path):
 
 
 def test_the_fused_sweep_s_entries_serve_it_alone(tmp_path):
-    """Entries of the fused dk and dv sweep (``"sweep": "dkdv"``) are picked among
+    """Entries of the fused dk and dv pass (``"sweep": "dkdv"``) are picked among
     themselves, as the forward's are, with the segment count of the same grid; a forward
     table has none (``fused``: None, the rule serves), and an unknown sweep is refused."""
     forward = KernelConfig(64, 128, 2, 256)

@@ -1,4 +1,4 @@
-"""The fused dk and dv sweep (``kernel.dkdv``): its chunk loop's algebra in fp64 against
+"""The fused dk and dv pass (``kernel.dkdv``): its chunk loop's algebra in fp64 against
 autograd through reference A, when it serves, and what it compiles to (real TileLang and
 nvcc, no GPU). On the GPU, ``decay_attention``'s gradients run it (tests/test_backward.py)."""
 
@@ -8,14 +8,14 @@ import itertools
 import pytest
 import torch
 from helpers import selected
-from test_backward import CASES, DECAYS, F64, _autograd, _inputs, _ref_sweep, _split_states
+from test_backward import CASES, DECAYS, F64, _autograd, _inputs, _ref_pass, _split_states
 
 import refs
 from kernel.arch import ARCHS
 from kernel.config import Call, KernelConfig, Problem
-from kernel.defaults import dkdv_config
 from kernel.dkdv import MAX_STATE, smem_bytes
 from kernel.ops.backward import backward
+from kernel.rule import dkdv_config
 
 
 def loop(q, k, v, do, decay, scale: float, start, want_final: bool, cu_seqlens, chunk: int = 16):
@@ -70,7 +70,7 @@ def test_the_fused_loop_gives_autograd_s_gradients(b, s, dk, dv, offsets, with_d
         return loop(q_, k_, v_, do_, decay, scale, start, want_final, cu_)
 
     got = backward(
-        _ref_sweep(decay, scale),
+        _ref_pass(decay, scale),
         *(q, k, v, do, decay, scale),
         initial_state=h0,
         dht=dht,
@@ -210,7 +210,7 @@ def test_the_fused_sweep_matches_reference_e(problem, initial, final, lengths, s
     from kernel.validate import random_qkv
 
     if dkdv_config(problem, cuda_arch()) is None:
-        pytest.skip(f"the fused sweep does not serve {cuda_arch()}")
+        pytest.skip(f"the fused pass does not serve {cuda_arch()}")
     p = problem
     q, k, v = random_qkv(p, seed=p.seqlen)
     do = torch.randn_like(v, dtype=torch.float32).to(v.dtype)
@@ -248,7 +248,7 @@ def test_the_fused_sweep_matches_reference_e(problem, initial, final, lengths, s
     ids=str,
 )
 def test_the_tuner_s_check_of_the_fused_sweep(problem, config, call):
-    """``kernel.validate.check_and_time`` on a fused sweep (what a ``--sweep dkdv`` trial
+    """``kernel.validate.check_and_time`` on a fused pass (what a ``--sweep dkdv`` trial
     measures): dK and dV (and dH0 where the call returns it) within tolerance of reference
     E, nothing left NaN, and timed."""
     from kernel.builder import build, cuda_arch
@@ -256,7 +256,7 @@ def test_the_tuner_s_check_of_the_fused_sweep(problem, config, call):
     from kernel.validate import check_and_time
 
     if dkdv_config(problem, cuda_arch()) is None:
-        pytest.skip(f"the fused sweep does not serve {cuda_arch()}")
+        pytest.skip(f"the fused pass does not serve {cuda_arch()}")
     result = check_and_time(build(problem, config, call or dkdv_call(problem)), seed=3)
     assert result["finite"] and result["nan_count"] == 0 and result["rel_l2"] < refs.TOLERANCE, result
     assert (result["state_rel_l2"] is not None) == (call is not None) and result["median_ms"] > 0

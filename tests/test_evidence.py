@@ -1,6 +1,6 @@
 """Evidence in one place (docs/evidence.md): every pointer to it from the product names one
 of its sections, and the product names no GPU model, in prose, a string or an identifier,
-outside the architectures' table, where the figures of one GPU would age."""
+outside the architectures' registry, where the numbers of one GPU would age."""
 
 import ast
 import io
@@ -16,8 +16,8 @@ GPU = re.compile(r"\b(?:[AHB]100|H200|B200|GB200|A800)\b")
 GPU_IN_NAME = re.compile(r"(?<!\d)(?:[AHB]100|H200|B200|A800)(?!\d)", re.IGNORECASE)
 POINTER = re.compile(r"docs/evidence\.md#([\w-]+)")
 # The one module that names GPU models, in prose and in code, and why: what a constant's
-# figures came from lives in docs/evidence.md, and a name says what the constant is.
-GPU_HOME = {"kernel/arch.py": "the architectures' table: each one's reference GPUs and their SM counts"}
+# numbers came from lives in docs/evidence.md, and a name says what the constant is.
+GPU_HOME = {"kernel/arch.py": "the architectures' registry: each one's reference GPUs and their SM counts"}
 
 
 def modules() -> dict[str, str]:

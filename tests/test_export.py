@@ -40,8 +40,8 @@ def test_dispatch_table_takes_each_studys_best(tmp_path):
 
 
 def test_a_fused_sweep_study_s_best_is_marked_in_the_table(tmp_path):
-    """Each entry names its sweep: a study of the backward's fused sweep (``--sweep dkdv``)
-    is served to the fused sweep (``Dispatch.fused``) and not to the forward."""
+    """Each entry names its sweep: a study of the backward's fused pass (``--sweep dkdv``)
+    is served to the fused pass (``Dispatch.fused``) and not to the forward."""
     env = environment()
     forward, fused = gpu_study([0.5, 0.2], env=env), gpu_study([0.1, 0.3], env=env, sweep="dkdv")
     data = export_dispatch([forward, fused], tmp_path / "dispatch.json")

@@ -1,11 +1,11 @@
-"""The package's grid logs (``tuner.fit_data``): the rule (``kernel.defaults``) scores on them
+"""The package's grid logs (``tuner.fit_data``): the rule (``kernel.rule``) scores on them
 what docs/evidence.md records, and the package ships them."""
 
 import tomllib
 
 from helpers import REPO
 
-from kernel.defaults import MEMORY_CLASSES
+from kernel.rule import MEMORY_CLASSES
 from tuner import fit_data
 
 
@@ -24,7 +24,7 @@ def test_the_rule_is_within_1_10x_of_the_best_at_94_of_the_96_points_it_was_fitt
 
 def test_on_slow_memory_the_unsplit_chain_beats_the_fast_memory_rule_s_split():
     """The grids of one consumer warpgroup at half the block_dv beside the rule's split
-    (``kernel.defaults.CHAIN``): with the slow memory's rule 18 of 19 shapes within 1.10x of
+    (``kernel.rule.CHAIN``): with the slow memory's rule 18 of 19 shapes within 1.10x of
     the best timed, with the fast memory's 12."""
     paths = [fit_data.path(name) for name in fit_data.SLOW_MEMORY_CHAIN]
     slow = fit_data.rule_scores(paths, bandwidth=MEMORY_CLASSES[1])

@@ -52,7 +52,7 @@ def test_a_version_1_dispatch_table_reads_in_the_current_form(tmp_path):
 
 
 def test_a_version_1_study_reads_in_the_current_form(tmp_path):
-    """A study from before the run-time decay and the fused sweep: its alpha becomes its
+    """A study from before the run-time decay and the fused pass: its alpha becomes its
     decays (and a run refuses it), its trials without segments ran one pass, its sweep is
     the forward's, what it exports is of the current version."""
     study = optuna.create_study(study_name="old")

@@ -12,7 +12,7 @@ from helpers import child_env
 from kernel import SEED_CONFIG, KernelConfig, ProbeFailure, Problem, Resources
 from kernel.arch import ARCHS
 from kernel.config import HEADLINE, Call, dkdv_call, model_call, retnet_decay
-from kernel.probe import FIGURES, parse_ptxas, probe, read_figures
+from kernel.probe import RESOURCE_FIELDS, parse_ptxas, probe, read_resources
 
 
 @pytest.mark.parametrize(
@@ -338,7 +338,7 @@ def test_the_package_exports_the_build_function_whatever_was_imported_first():
 
 def test_the_packed_kernel_compiles_once_for_every_token_and_sequence_count():
     """Packed sequences: T and N are symbolic in the kernel's signature (one compile serves
-    every packing), and the probe reads its figures from a grid that is symbolic too."""
+    every packing), and the probe reads its resources from a grid that is symbolic too."""
     from kernel.variants import prim_funcs
 
     call = Call(scale=0.125, initial_state=True, final_state=True, packed=True)
@@ -370,14 +370,14 @@ def test_a_class_of_whole_chunks_that_does_not_lower_compiles_the_ragged_class_i
     assert len(kernels) == 3 and all(k.get_kernel_source() for k in kernels)
 
 
-def test_a_figures_cache_entry_that_cannot_be_read_is_made_again(tmp_path):
+def test_a_resources_cache_entry_that_cannot_be_read_is_made_again(tmp_path):
     """A truncated, foreign or incomplete entry reads as none (the probe then makes it
-    again), never as an error or as figures."""
-    good = dict.fromkeys(FIGURES, 1)
+    again), never as an error or as resources."""
+    good = dict.fromkeys(RESOURCE_FIELDS, 1)
     path = tmp_path / "entry.json"
-    assert read_figures(path) is None  # none yet
+    assert read_resources(path) is None  # none yet
     path.write_text(json.dumps(good))
-    assert read_figures(path) == good
+    assert read_resources(path) == good
     for bad in (
         json.dumps(good)[:-5],
         "[1]",
@@ -385,7 +385,7 @@ def test_a_figures_cache_entry_that_cannot_be_read_is_made_again(tmp_path):
         json.dumps({"registers": 1}),
     ):
         path.write_text(bad)
-        assert read_figures(path) is None, bad
+        assert read_resources(path) is None, bad
 
 
 def test_a_split_s_kernels_compiled_in_threads_are_those_compiled_one_at_a_time():

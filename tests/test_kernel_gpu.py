@@ -39,7 +39,7 @@ NUMERIC_CASES += [
     (Problem(2, 3, 300, 128, 128, dtype), KernelConfig(64, 64, 1, 128), alpha)
     for alpha, dtype in itertools.product((*ALPHAS, None), DTYPES)
 ]
-# DK = 256 (the dq and dk sweeps of fla's RetNet layers, DV = 2 DK) at its default config.
+# DK = 256 (the dq and dk passes of fla's RetNet layers, DV = 2 DK) at its default config.
 NUMERIC_CASES += [(Problem(2, 2, 1000, 256, 128), KernelConfig(64, 64, 2, 256), 0.9)]
 
 
@@ -144,7 +144,7 @@ SPLIT_CASES = [
     (Problem(1, 2, 1000, 128, 128), KernelConfig(64, 32, 1, 128, "regs", segments=5), 0.95),
     (Problem(1, 3, 4096, 128, 128), KernelConfig(64, 128, 2, 256, segments=64), 0.999),
     (Problem(2, 16, 4096, 128, 128), KernelConfig(64, 128, 2, 256, segments=8), None),  # RetNet's
-    # DK = 256: the dq and dk sweeps of a backward with DV = 2 DK (fla's RetNet), at the
+    # DK = 256: the dq and dk passes of a backward with DV = 2 DK (fla's RetNet), at the
     # default config for their shape (kernel.ops.dispatch.default_config); single-pass below.
     (Problem(2, 2, 1000, 256, 128, "bfloat16"), KernelConfig(64, 64, 2, 256, segments=2), None),
 ]

@@ -15,7 +15,7 @@ from kernel.config import KernelConfig, Problem
 from tuner import fit_data, latency, latency_fit, occupancy, space
 from tuner.cli import main
 from tuner.latency import LatencyModel
-from tuner.occupancy import Figures
+from tuner.occupancy import BlockResources
 from tuner.options import UsageError
 
 TRAIN = fit_data.path(fit_data.RULE_GRID)  # 16 heads
@@ -75,14 +75,14 @@ def test_the_shipped_model_keeps_its_held_out_accuracy(samples):
 def test_a_prediction_is_calibrated_only_on_the_model_s_architecture():
     model = latency.latency_model()
     problem, config = Problem(4, 16, 8192, 128, 128, "bfloat16"), KernelConfig(64, 128, 3, 256, "smem", 2)
-    figures = Figures(registers=168, smem_bytes=189_440, threads=384)
-    here = model.predict(problem, config, figures, arch="sm_90a")
+    resources = BlockResources(registers=168, smem_bytes=189_440, threads=384)
+    here = model.predict(problem, config, resources, arch="sm_90a")
     assert (
         here.calibrated
         and here.low < here.ratio < here.high
         and here.ms == pytest.approx(here.ratio * occupancy.floor_bytes(problem) / model.bandwidth * 1e3)
     )
-    elsewhere = model.predict(problem, config, figures, arch="sm_80")
+    elsewhere = model.predict(problem, config, resources, arch="sm_80")
     assert not elsewhere.calibrated and elsewhere.ms is None and math.isnan(elsewhere.low)
     assert elsewhere.record()["predicted_by"] == "analytic part alone: uncalibrated for sm_80"
     # 128 blocks on 108 SMs of one block each: two waves, the second of 20
@@ -93,9 +93,9 @@ def test_fewer_waves_predict_faster_on_the_h200():
     """The grid the H200 sweeps found best at 4x8x8192 (one wave) ranks above the split into
     twice the blocks (two waves), as measured there (0.118 against 0.139 ms)."""
     model = latency.latency_model()
-    problem, figures = Problem(4, 8, 8192, 128, 128, "bfloat16"), Figures(168, 189_440, 384)
+    problem, resources = Problem(4, 8, 8192, 128, 128, "bfloat16"), BlockResources(168, 189_440, 384)
     one, two = (
-        model.predict(problem, KernelConfig(64, 128, 3, 256, "smem", n), figures, arch="sm_90a")
+        model.predict(problem, KernelConfig(64, 128, 3, 256, "smem", n), resources, arch="sm_90a")
         for n in (4, 8)
     )
     assert one.ratio < two.ratio
@@ -186,10 +186,10 @@ def test_a_model_file_missing_or_corrupt_falls_back_to_the_analytic_part(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"warning: {bad}: cannot read the latency model")
     problem, config = Problem(8, 16, 4096, 128, 128), KernelConfig(64, 128, 3, 256, "smem")
-    figures = occupancy.estimated_figures(problem, config, "forward", "sm_90a")
-    prediction = model.predict(problem, config, figures, arch="sm_90a")
+    resources = occupancy.estimated_resources(problem, config, "forward", "sm_90a")
+    prediction = model.predict(problem, config, resources, arch="sm_90a")
     assert not prediction.calibrated and prediction.ms is None
-    assert prediction.ratio == occupancy.analytic_ratio(problem, config, figures, "sm_90a")
+    assert prediction.ratio == occupancy.analytic_ratio(problem, config, resources, "sm_90a")
     assert prediction.record()["predicted_by"] == "analytic part alone: no latency model could be read"
     assert main(["model", "show"]) == 2  # asked for by name: refused
     assert "bad.json" in capsys.readouterr().err
@@ -225,7 +225,7 @@ def test_a_storage_s_gpu_trials_are_timings_to_fit_to(tmp_path, samples):
         study.set_user_attr("mode", "gpu")
         study.set_user_attr("sweep", found[0].sweep)
         for s in found:
-            f = s.figures
+            f = s.resources
             study.add_trial(
                 optuna.trial.create_trial(
                     params=s.config.to_dict(),
@@ -243,7 +243,7 @@ def test_a_storage_s_gpu_trials_are_timings_to_fit_to(tmp_path, samples):
                     },
                 )
             )
-    old = optuna.create_study(storage=storage, study_name="older")  # trials without figures: skipped
+    old = optuna.create_study(storage=storage, study_name="older")  # trials without resources: skipped
     old.set_user_attr("problem", samples[1][0].problem.to_dict())
     old.set_user_attr("mode", "gpu")
     distributions = space.distributions(samples[1][0].problem)
@@ -344,18 +344,18 @@ def test_a_prediction_counts_the_sms_of_the_gpu_at_hand():
     the sm_90a reference): the same config predicts slower on fewer SMs."""
     model, problem = latency.latency_model(), Problem(8, 16, 4096, 128, 128)
     config = KernelConfig(64, 128, 3, 256, "smem")
-    figures = occupancy.estimated_figures(problem, config, "forward", "sm_90a")
-    here = {sms: model.predict(problem, config, figures, arch="sm_90a", sms=sms) for sms in (None, 132, 78)}
+    resources = occupancy.estimated_resources(problem, config, "forward", "sm_90a")
+    here = {sms: model.predict(problem, config, resources, arch="sm_90a", sms=sms) for sms in (None, 132, 78)}
     assert here[None] == here[132] and here[78].ratio > here[132].ratio
-    assert occupancy.analytic_ratio(problem, config, figures, "sm_80", sms=78) != occupancy.analytic_ratio(
-        problem, config, figures, "sm_80"
+    assert occupancy.analytic_ratio(problem, config, resources, "sm_80", sms=78) != occupancy.analytic_ratio(
+        problem, config, resources, "sm_80"
     )
 
 
 def test_blocks_per_sm_follow_each_architecture_s_resident_threads():
     """384 threads a block: 5 fit the 2,048 threads of an sm_80 or sm_90a SM, 4 the 1,536 of
     an sm_86, sm_89 or sm_120 one (shared memory and registers permitting)."""
-    small = Figures(registers=32, smem_bytes=1024, threads=384)
+    small = BlockResources(registers=32, smem_bytes=1024, threads=384)
     assert {
         arch: occupancy.blocks_per_sm(small, arch) for arch in ("sm_80", "sm_90a", "sm_86", "sm_89", "sm_120")
     } == {
@@ -367,9 +367,9 @@ def test_blocks_per_sm_follow_each_architecture_s_resident_threads():
     }
 
 
-def test_a_timing_takes_the_figures_of_its_own_chunk_class(tmp_path):
+def test_a_timing_takes_the_resources_of_its_own_chunk_class(tmp_path):
     """S = 6000 is no whole number of 64-token chunks: its kernel is the ragged class's, and
-    where the sweep probed that class its figures are the timing's; a sweep that probed only
+    where the sweep probed that class its resources are the timing's; a sweep that probed only
     the class of whole chunks (as before the class had a kernel of its own) lends its own."""
     lines = map(json.loads, EIGHT_HEADS.read_text().splitlines())
     probe = next(r for r in lines if r["kind"] == "probe" and "resources" in r)
@@ -382,5 +382,5 @@ def test_a_timing_takes_the_figures_of_its_own_chunk_class(tmp_path):
     for probes, want in (([probe, ragged], 255), ([probe], registers)):
         path.write_text("\n".join(json.dumps(r) for r in [env, *probes, *times]))
         whole, odd = latency_fit.from_sweep(path)[0]
-        assert whole.figures.registers == registers != 255
-        assert odd.figures.registers == want
+        assert whole.resources.registers == registers != 255
+        assert odd.resources.registers == want

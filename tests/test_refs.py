@@ -458,7 +458,7 @@ def test_gamma_fp16_underflow_fraction():
     d0 = math.ceil(math.log(2.0**-25) / math.log(0.8))  # first distance that rounds to 0
     zeros = sum(128 - d for d in range(d0, 128))  # causal entries at distance i - j >= d0
     assert stats.underflow_fraction == pytest.approx(zeros / (128 * 129 / 2))
-    assert refs.gamma_table(0.8, 128, torch.float16)[-1, 0] == 0
+    assert refs.gamma_matrix(0.8, 128, torch.float16)[-1, 0] == 0
 
 
 # ---- contracts: dtype, shape, validation, metric ---------------------------------------

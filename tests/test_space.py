@@ -5,7 +5,7 @@ from helpers import SMALL_PROBLEM
 from kernel import SEED_CONFIG, KernelConfig, Problem
 from kernel.config import SEGMENT_COUNTS
 from kernel.constraints import knobs, violated
-from kernel.defaults import CHAIN, default_config
+from kernel.rule import CHAIN, default_config
 from tuner import space
 
 SHALLOW = "num_stages={} is deeper than the {} chunk(s) of a segment"

@@ -29,7 +29,7 @@ def fresh_server():
 def test_every_shipped_table_is_tuned_for_these_kernels():
     """The stale policy: a change to the kernels' code re-tunes the shipped tables in the
     same change (docs/ops.md). Each is a dispatch table of one GPU model and architecture,
-    forward and fused-sweep entries, measured on these kernels. (None ships today:
+    forward and fused-pass entries, measured on these kernels. (None ships today:
     experiments/shipped/README.md says why.)"""
     for path in sorted(SHIPPED.glob("*.json")):
         table = load_dispatch(path, allow_mismatch=True)

@@ -1,4 +1,4 @@
-"""tuner.trials: the trial log as a pandas frame and as a table, and a study against a yardstick."""
+"""tuner.trials: the trial log as a pandas frame and as a listing, and a study against a yardstick."""
 
 import math
 
@@ -10,7 +10,7 @@ from helpers import GRID, SMALL_PROBLEM, gpu_study
 from kernel import SEED_CONFIG, KernelConfig
 from kernel.trial_schema import EXTRAPOLATED, TRIAL_COLUMNS
 from tuner import space
-from tuner.trials import TABLE, best_trials, compare, save_frame, table, trials_frame
+from tuner.trials import LISTING_COLUMNS, best_trials, compare, listing, save_frame, trials_frame
 
 
 def test_trials_frame_from_hand_built_study():
@@ -62,19 +62,19 @@ def test_compare_against_yardstick():
         compare(trials_frame(gpu_study([None])), grid)
 
 
-def test_table_cuts_a_long_reason_to_its_width_and_keeps_it_whole_in_a_note():
+def test_listing_cuts_a_long_reason_to_its_width_and_keeps_it_whole_in_a_note():
     frame = trials_frame(gpu_study([0.5, None]))
     frame.loc[0, "reason"] = "short"
     first = "CompileError: " + "x" * 200
     frame.loc[1, "reason"] = first + "\nsecond line"
-    lines = table(frame, width=130).splitlines()
-    assert max(map(len, lines)) == 130 and lines[0].split() == list(TABLE)
+    lines = listing(frame, width=130).splitlines()
+    assert max(map(len, lines)) == 130 and lines[0].split() == list(LISTING_COLUMNS)
     assert lines[1].endswith(" short") and lines[2].endswith(
         "CompileError: " + "x" * (lines[2].count("x")) + "... [1]"
     )
     assert lines[3] == "" and "".join(line.strip() for line in lines[4:]) == f"[1] {first}"
     assert "second line" not in "\n".join(lines)
-    wide = table(frame, width=400).splitlines()  # room for the whole first line: nothing is cut
+    wide = listing(frame, width=400).splitlines()  # room for the whole first line: nothing is cut
     assert wide[2].endswith("x" * 200) and "..." not in "\n".join(wide)
 
 

@@ -255,10 +255,10 @@ def test_workers_started_with_one_seed_propose_different_configs(tmp_path):
 
 
 def test_the_fused_sweep_is_tuned_in_its_own_study(tmp_path, studies_dir):
-    """``run --sweep dkdv``: a compile-only study of the backward's fused dk and dv sweep.
+    """``run --sweep dkdv``: a compile-only study of the backward's fused dk and dv pass.
     Its trials take the sweep's own knobs (``knobs(.., "dkdv")``), its first ones
     are ``dkdv_config``'s pick and its neighbours (no seed config: that is a forward's), the
-    probe compiles the fused sweep (its shared memory, not a forward's), and the study
+    probe compiles the fused pass (its shared memory, not a forward's), and the study
     refuses a forward run."""
     from kernel import dkdv
     from tuner.cli import main
@@ -279,7 +279,7 @@ def test_the_fused_sweep_is_tuned_in_its_own_study(tmp_path, studies_dir):
         )
     with pytest.raises(UsageError, match="tunes the dkdv kernel"):
         Tuner(SMALL_PROBLEM, Options(), name=study.study_name, storage=storage)
-    with pytest.raises(ExportError, match="fused dk and dv sweep, not of a forward kernel"):
+    with pytest.raises(ExportError, match="fused dk and dv pass, not of a forward kernel"):
         load_config(export_dir(storage, study.study_name, studies_dir) / "best.json", allow_mismatch=True)
 
 
@@ -296,7 +296,7 @@ def test_a_study_ranked_by_spill_bytes_is_not_resumed(tmp_path):
 
 
 def test_the_fused_sweep_s_space():
-    from kernel.defaults import dkdv_config
+    from kernel.rule import dkdv_config
 
     long = Problem(2, 16, 16384, 128, 128)
     table = knobs(long, "dkdv")
@@ -310,7 +310,7 @@ def test_the_fused_sweep_s_space():
     ]
     seeds = space.wave_seeds(long, sms=132, sweep="dkdv")
     assert seeds[0] == dkdv_config(long, "sm_90a", 132) and [c.segments for c in seeds] == [4, 2, 8]
-    assert violated(long, seeds[0], "sm_80", "dkdv")[0].startswith("the fused dk and dv sweep does not serve")
+    assert violated(long, seeds[0], "sm_80", "dkdv")[0].startswith("the fused dk and dv pass does not serve")
     big = Problem(1, 1, 64, 256, 256)
     assert any("does not serve" in r for r in violated(big, space.grid(big, "dkdv")[0], sweep="dkdv"))
     assert space.wave_seeds(big, sweep="dkdv") == []
@@ -372,7 +372,7 @@ def test_a_trial_failed_elsewhere_stops_none_of_the_other_heartbeats(tmp_path, c
 
 
 def test_n_trials_counts_new_configs_and_says_when_the_space_has_no_more(tmp_path, capsys, monkeypatch):
-    """The fused sweep at S=64: 14 configs, one the restrictions allow. Asked for 20, a run
+    """The fused pass at S=64: 14 configs, one the restrictions allow. Asked for 20, a run
     tries each config once, a repeat the sampler proposes served from its first trial and
     not counted, then says why it stopped at 14; run again, it asks no trial and says so."""
     from tuner.cli import main

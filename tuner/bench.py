@@ -1,7 +1,7 @@
 """Benchmark over a grid of shapes, all in one process on one GPU, for the forward and for
 the backward and forward plus backward, each against the shape's HBM floor
 (``tuner.bench_rows``): what a model gets **out of the box** (no table of the user's: the
-table shipped for this GPU, else the rule of ``kernel.defaults``), the **tuned** kernel,
+table shipped for this GPU, else the rule of ``kernel.rule``), the **tuned** kernel,
 the seed's config (forward), fla's ``chunk_simple_gla`` and plain torch (forward); then
 a packed batch of sequences of mixed lengths with ``cu_seqlens``, ours against fla.
 
@@ -55,7 +55,7 @@ def out_of_the_box() -> tuple[Dispatch | None, str]:
     """What a fresh process serves where the user names no table (``DECAY_TUNER_TABLE`` is
     not read): the table shipped for this GPU, else None (the rule); and where it came from."""
     table = shipped_table(environment())
-    return table, "the shipped table" if table else "the rule (kernel.defaults)"
+    return table, "the shipped table" if table else "the rule (kernel.rule)"
 
 
 def served_by(dispatch: Dispatch, problem: Problem) -> str:

@@ -230,14 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument(
         "--config",
         help="C/bDV/stages/threads[/scores[/segments]] (default: each architecture's config of the rule "
-        "kernel.defaults.default_config for the problem)",
+        "kernel.rule.default_config for the problem)",
     )
     probe.add_argument(
         "--arch", help=f"architectures, comma-separated, or all ({', '.join(ARCHS)}); default: this GPU's"
     )
     warm = sub.choices["warmup"]
     _problem_flags(warm, ("heads", "dk", "dv", "dtype"))
-    warm.add_argument("--backward", action="store_true", help="also the kernels of the backward's sweeps")
+    warm.add_argument("--backward", action="store_true", help="also the kernels of the backward's passes")
     warm.add_argument(
         "--arch", choices=list(ARCHS), help="the architecture to compile for; default: this GPU's"
     )

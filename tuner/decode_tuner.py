@@ -38,7 +38,7 @@ from kernel.trial_schema import FLOOR, MEASURES, UNCALIBRATED
 from tuner import outcomes
 from tuner.claims import Claimed, Claims, Owned, worker_index
 from tuner.liveness import fail_interrupted, fail_stale
-from tuner.occupancy import Figures, blocks_per_sm
+from tuner.occupancy import BlockResources, blocks_per_sm
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
 from tuner.storage import get_storage
@@ -53,13 +53,13 @@ PREDICTED_BY = f"{UNCALIBRATED}: the decode step's waves on the SMs, no fitted m
 
 
 def decode_waves(
-    case: DecodeCase, config: DecodeConfig, figures: Figures, arch: str, sms: int | None
+    case: DecodeCase, config: DecodeConfig, resources: BlockResources, arch: str, sms: int | None
 ) -> float:
     """The slots of the launched waves over the blocks that fill them (1: every wave full;
     a grid smaller than the GPU counts its idle slots), on ``sms`` SMs (default: the arch's
     reference GPU's)."""
     blocks = config.blocks(case.rows, case.problem.dv)
-    slots = (sms or get_arch(arch).sms) * blocks_per_sm(figures, arch)
+    slots = (sms or get_arch(arch).sms) * blocks_per_sm(resources, arch)
     return math.ceil(blocks / slots) * slots / blocks
 
 
@@ -189,7 +189,7 @@ class DecodeTuner(Tuner):
             trial.set_user_attr("reason", outcomes.over_budget_reason(res, self.options))
             outcomes.tell(self.study, trial, [math.inf] * n, "infeasible", start)
             return
-        ratio = decode_waves(self.problem, config, Figures.of(res), self.arch, self.sms)
+        ratio = decode_waves(self.problem, config, BlockResources.of(res), self.arch, self.sms)
         trial.set_user_attr("predicted_x_floor", ratio)
         trial.set_user_attr("predicted_by", PREDICTED_BY)
         if not self.gpu:

@@ -53,7 +53,7 @@ def export_dispatch(
 ) -> dict[str, Any]:
     """Write the dispatch table (``kernel.ops.dispatch.Dispatch``): the best config of each
     study measured in environment ``env`` (None: any), one entry per tuned shape (its
-    ``sweep``: "forward", or "dkdv" for a study of the backward's fused sweep), and of each
+    ``sweep``: "forward", or "dkdv" for a study of the backward's fused pass), and of each
     decode study (``run --sweep decode``) measured in ``decode_env``, one entry per number
     of sequences, with the decode kernel's code key (``kernel.environment.DECODE_KERNEL``).
     All studies must be GPU studies measured in one environment (the decode kernel's key

@@ -2,7 +2,7 @@
 candidate config timed at many shapes, trimmed to what a fit reads. The shipped latency
 model (``tuner/latency_model.json``) is what ``python -m tuner model fit`` makes of
 ``MODEL_GRIDS`` with ``MODEL_HELD_OUT`` held out (``model_fit_args``); ``rule_scores``
-scores the rule (``kernel.defaults``) on them. Each file's GPU, command and raw rows:
+scores the rule (``kernel.rule``) on them. Each file's GPU, command and raw rows:
 ``tuner/data/README.md`` and docs/evidence.md.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel.config import Problem
-from kernel.defaults import default_config, dkdv_config
+from kernel.rule import default_config, dkdv_config
 
 DATA = Path(__file__).with_name("data")
 # what the shipped latency model was fitted to and judged on (docs/tuning.md)
@@ -30,7 +30,7 @@ MODEL_HELD_OUT = "3x24x6000,1x4x65536,64x8x512,8x24x1000,2x32x3000,3x12x6000"
 # the grid the rule was fitted to, and the same grid on a GPU of slower memory
 RULE_GRID = "sweep-128x128_128x256_64x64_256x256-bfloat16.jsonl"
 SLOW_MEMORY_GRID = "sweep-128x128-bfloat16-h100.jsonl"
-# the rule's split beside one consumer warpgroup at half the block_dv (kernel.defaults.CHAIN)
+# the rule's split beside one consumer warpgroup at half the block_dv (kernel.rule.CHAIN)
 SLOW_MEMORY_CHAIN = ("threads128-h100.jsonl", "threads128-near64-h100.jsonl")
 
 
@@ -66,7 +66,7 @@ def rule_ratios(
 ) -> dict[tuple, list[tuple[str, float | None]]]:
     """Per (DK, DV, sweep), each shape's (``BxHxS``, the rule's time over the fastest config
     timed there), None where the grid did not time the rule's config. The rule is
-    ``kernel.defaults``' for ``arch``, the grid's SM count and ``bandwidth`` (None: the
+    ``kernel.rule``' for ``arch``, the grid's SM count and ``bandwidth`` (None: the
     rule of fast memory)."""
     times, sms = timings(paths)
     found: dict[tuple, list[tuple[str, float | None]]] = {}

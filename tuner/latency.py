@@ -1,5 +1,5 @@
 """A latency model learned from GPU timings: from a config, its problem and the probe's
-figures, the kernel's predicted time as a ratio to the HBM floor, with an interval.
+resources, the kernel's predicted time as a ratio to the HBM floor, with an interval.
 
 The model is a small gradient-boosted regression tree ensemble, fitted by
 ``tuner.latency_fit`` (``python -m tuner model fit``) and shipped as plain JSON
@@ -23,7 +23,7 @@ from typing import Any
 from kernel.config import KernelConfig, Problem
 from kernel.files import replacing
 from kernel.trial_schema import NO_MODEL, OUTSIDE, PREDICTED, UNCALIBRATED
-from tuner.occupancy import Figures, analytic_ratio, blocks_per_sm, floor_bytes, grid
+from tuner.occupancy import BlockResources, analytic_ratio, blocks_per_sm, floor_bytes, grid
 
 MODEL_FILE = Path(__file__).with_name("latency_model.json")
 MODEL_VARIABLE = "DECAY_TUNER_LATENCY_MODEL"  # a model file of the user's, fitted to their GPU
@@ -54,18 +54,23 @@ FEATURES = (
 
 
 def features(
-    problem: Problem, config: KernelConfig, sweep: str, figures: Figures, arch: str, sms: int | None = None
+    problem: Problem,
+    config: KernelConfig,
+    sweep: str,
+    resources: BlockResources,
+    arch: str,
+    sms: int | None = None,
 ) -> list[float]:
     """The model's inputs, in the order of ``FEATURES``, on a GPU of ``sms`` SMs (default:
     the arch's reference GPU's)."""
     p, c = problem, config
-    blocks, slots, waves = grid(p, c, figures, arch, sms)
+    blocks, slots, waves = grid(p, c, resources, arch, sms)
     last = blocks - (waves - 1) * slots
     return [
         math.log2(blocks / slots),
         waves,
         last / slots,
-        blocks_per_sm(figures, arch),
+        blocks_per_sm(resources, arch),
         c.num_stages,
         math.log2(c.block_dv),
         math.log2(p.dk),
@@ -74,9 +79,9 @@ def features(
         math.log2(c.segment_count(p.seqlen)),
         math.log2(c.segment_length(p.seqlen)),
         c.chunk,
-        figures.registers,
-        figures.smem_bytes / 1024,
-        figures.threads,
+        resources.registers,
+        resources.smem_bytes / 1024,
+        resources.threads,
         math.log2(p.batch * p.heads),
         math.log2(p.seqlen),
     ]
@@ -228,7 +233,7 @@ class LatencyModel:
         self,
         problem: Problem,
         config: KernelConfig,
-        figures: Figures,
+        resources: BlockResources,
         *,
         arch: str,
         sweep: str = "forward",
@@ -237,9 +242,9 @@ class LatencyModel:
         """The prediction on ``arch``, on a GPU of ``sms`` SMs where known (the GPU at hand;
         default: the arch's reference GPU's)."""
         if arch != self.arch:
-            ratio = analytic_ratio(problem, config, figures, arch, sms)
+            ratio = analytic_ratio(problem, config, resources, arch, sms)
             return Prediction(ratio, math.nan, math.nan, False, arch, None, self.gpu)
-        log = self.log_ratio(features(problem, config, sweep, figures, arch, sms))
+        log = self.log_ratio(features(problem, config, sweep, resources, arch, sms))
         floor_ms = floor_bytes(problem, sweep) / self.bandwidth * 1e3
         low, high = (math.exp(log + q) for q in self.interval)
         covered = self.covers(problem, config)

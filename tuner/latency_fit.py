@@ -2,7 +2,7 @@
 it never saw.
 
 Timings come from a grid log's JSON lines (``tuner.fit_data``, the package's: "probe"
-rows with each kernel's figures, "time" rows with its median) or from the GPU trials of
+rows with each kernel's resources, "time" rows with its median) or from the GPU trials of
 every study in a storage. Fitting needs scikit-learn (``pip install scikit-learn``): its
 ``HistGradientBoostingRegressor``, whose trees are then written out as plain JSON.
 """
@@ -18,7 +18,7 @@ from typing import Any
 from kernel.config import KernelConfig, Problem, whole_chunks
 from kernel.trial_schema import measured_ms
 from tuner.latency import LatencyModel, features
-from tuner.occupancy import Figures, floor_bytes
+from tuner.occupancy import BlockResources, floor_bytes
 from tuner.options import UsageError, parse_config
 
 # Chosen among 7 settings by held-out accuracy. evidence: docs/evidence.md#latency-model
@@ -38,7 +38,7 @@ class Sample:
     problem: Problem
     config: KernelConfig
     sweep: str
-    figures: Figures
+    resources: BlockResources
     median_ms: float
     arch: str
 
@@ -49,15 +49,15 @@ class Sample:
         return (p.dk, p.dv, self.sweep, p.batch, p.heads, p.seqlen)
 
     def features(self) -> list[float]:
-        return features(self.problem, self.config, self.sweep, self.figures, self.arch)
+        return features(self.problem, self.config, self.sweep, self.resources, self.arch)
 
     def log_ratio(self, bandwidth: float) -> float:
         return math.log(self.median_ms * 1e-3 * bandwidth / floor_bytes(self.problem, self.sweep))
 
 
 def from_sweep(path: Path) -> tuple[list[Sample], str]:
-    """The timed rows of a sweep's JSON lines, each with its kernel's figures; and its GPU."""
-    figures, samples, gpu, arch = {}, [], "", ""
+    """The timed rows of a sweep's JSON lines, each with its kernel's resources; and its GPU."""
+    resources, samples, gpu, arch = {}, [], "", ""
     try:
         lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as exc:
@@ -68,14 +68,14 @@ def from_sweep(path: Path) -> tuple[list[Sample], str]:
                 gpu, arch = r["env"]["gpu"], r["env"]["arch"]
             elif r.get("kind") == "probe" and "resources" in r:
                 key = (r["dk"], r["dv"], r["heads"], r["sweep"], r["config"], r.get("ragged", False))
-                figures[key] = Figures.of(r["resources"])
+                resources[key] = BlockResources.of(r["resources"])
             elif r.get("kind") == "time" and "median_ms" in r:
                 p = Problem(r["b"], r["h"], r["s"], r["dk"], r["dv"], r["dtype"])
                 config = parse_config(r["config"], "its config")
                 key = (r["dk"], r["dv"], r["h"], r["sweep"], r["config"])
-                # the figures of S's chunk class; a sweep that probed only whole chunks, of that class
-                fig = figures.get((*key, not whole_chunks(p, config.chunk))) or figures[(*key, False)]
-                samples.append(Sample(p, config, r["sweep"], fig, measured_ms(r["median_ms"]), arch))
+                # the resources of S's chunk class; a sweep that probed only whole chunks, of that class
+                found = resources.get((*key, not whole_chunks(p, config.chunk))) or resources[(*key, False)]
+                samples.append(Sample(p, config, r["sweep"], found, measured_ms(r["median_ms"]), arch))
     except (KeyError, TypeError, AttributeError, ValueError) as exc:  # UsageError too
         raise UsageError(f"{path}: not a sweep's JSON lines: {type(exc).__name__}: {exc}") from None
     if not samples:
@@ -85,7 +85,7 @@ def from_sweep(path: Path) -> tuple[list[Sample], str]:
 
 def from_storage(url: str) -> tuple[list[Sample], str]:
     """The feasible GPU trials of every study in a storage (a trial that lacks a measured
-    time or the compiler's figures is skipped); and their GPU (the first named)."""
+    time or the compiler's resources is skipped); and their GPU (the first named)."""
     import optuna
 
     from tuner.storage import get_storage
@@ -112,8 +112,8 @@ def from_storage(url: str) -> tuple[list[Sample], str]:
             except ValueError:  # no measured time
                 continue
             try:
-                fig = Figures.of(t.user_attrs)
-            except (TypeError, ValueError):  # a trial of an older tool, without the figures
+                fig = BlockResources.of(t.user_attrs)
+            except (TypeError, ValueError):  # a trial of an older tool, without the resources
                 continue
             env = t.user_attrs.get("environment") or {}
             gpus.append(env.get("gpu", ""))

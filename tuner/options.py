@@ -103,7 +103,7 @@ class Options:
     )
     sweep: str = option(
         "forward",
-        "the kernel to tune: the forward, dkdv, the backward's fused dk and dv sweep "
+        "the kernel to tune: the forward, dkdv, the backward's fused dk and dv pass "
         "(kernel.dkdv; Hopper, DK x DV <= 128 x 128), or decode, the decode step on a pool of states "
         "(kernel.decode; --batch is the number of sequences)",
         choices=(*SWEEPS, "decode"),

@@ -7,7 +7,7 @@ Everything else the compiler decides (other failures, spills, shared memory) is 
 probe, which records it as a value.
 
 Two kernels are tuned (``sweep``): the forward (``"forward"``, every knob of
-``kernel.config``), and the backward's fused dk and dv sweep (``"dkdv"``, ``kernel.dkdv``),
+``kernel.config``), and the backward's fused dk and dv pass (``"dkdv"``, ``kernel.dkdv``),
 whose design fixes all its knobs but its stages and its segments.
 """
 
@@ -18,9 +18,9 @@ from optuna.distributions import CategoricalDistribution
 from kernel.arch import DEFAULT_ARCH, get_arch
 from kernel.config import SEED_CONFIG, KernelConfig, Problem, config_grid
 from kernel.constraints import knobs, violated
-from kernel.defaults import default_config, dkdv_config
+from kernel.rule import default_config, dkdv_config
 from tuner.latency import LatencyModel
-from tuner.occupancy import estimated_figures
+from tuner.occupancy import estimated_resources
 from tuner.options import Options, UsageError
 
 
@@ -42,8 +42,8 @@ def wave_seeds(
     sweep: str = "forward",
     bandwidth: float | None = None,
 ) -> list[KernelConfig]:
-    """Configs worth measuring first: the rule's config (``kernel.defaults``: the forward's
-    ``default_config``, the fused sweep's ``dkdv_config``), whose segment count gives the
+    """Configs worth measuring first: the rule's config (``kernel.rule``: the forward's
+    ``default_config``, the fused pass's ``dkdv_config``), whose segment count gives the
     grid nearest one wave of blocks (one per SM) without passing it, then the segment
     counts on either side of it; for the forward each also at the other depth of 2 and 3
     stages (2 where the rule runs 1). ``sms``: the GPU's SM count; by default that of
@@ -80,7 +80,7 @@ def predicted_first(
     sms: int | None = None,
 ) -> list[KernelConfig]:
     """The ``n`` configs of the space the latency model predicts fastest on ``arch``, from
-    figures estimated before any compile (``tuner.occupancy.estimated_figures``), among those
+    resources estimated before any compile (``tuner.occupancy.estimated_resources``), among those
     whose knobs it was fitted to (``LatencyModel.covers``) and whose estimated shared memory
     fits a block; none where it is not calibrated for ``arch``. ``sms``: the GPU's SMs,
     where known."""
@@ -88,13 +88,13 @@ def predicted_first(
         return []
     limit, ranked = get_arch(arch).smem_per_block, []
     for config in grid(problem, sweep):
-        figures = estimated_figures(problem, config, sweep, arch)
+        resources = estimated_resources(problem, config, sweep, arch)
         if (
             model.covers(problem, config)
-            and figures.smem_bytes <= limit
+            and resources.smem_bytes <= limit
             and not violated(problem, config, arch, sweep)
         ):
-            prediction = model.predict(problem, config, figures, arch=arch, sweep=sweep, sms=sms)
+            prediction = model.predict(problem, config, resources, arch=arch, sweep=sweep, sms=sms)
             ranked.append((prediction.ratio, config))
     return [config for _, config in sorted(ranked, key=lambda r: r[0])[:n]]
 

@@ -19,12 +19,13 @@ from kernel.environment import ENVIRONMENT_KEYS, env_key
 from kernel.files import replacing
 from kernel.trial_schema import FLOOR, MEASURES, PARAMS, PREDICTED, RESOURCES, TRIAL_COLUMNS
 from tuner.claims import interrupted
+from tuner.lines import WIDTH
 from tuner.options import UsageError
 
 # Outcomes that cost a GPU launch (a cached trial reuses an earlier launch and costs none).
 GPU_OUTCOMES = ("ok", "incorrect", "runtime_failed")
-# The trial table's columns, as `trials` and `best` print them, and its widest line.
-TABLE = (
+# The trial listing's columns, as `trials` and `best` print them.
+LISTING_COLUMNS = (
     "number",
     "status",
     "config",
@@ -36,7 +37,6 @@ TABLE = (
     "registers",
     "reason",
 )
-TABLE_WIDTH = 120
 
 
 def is_feasible(trial: FrozenTrial) -> bool:
@@ -208,10 +208,10 @@ def trials_frame(study: optuna.Study, *, env: str | None = None) -> pd.DataFrame
     return pd.DataFrame(rows, columns=list(TRIAL_COLUMNS))
 
 
-def table(frame: pd.DataFrame, columns=TABLE, width: int = TABLE_WIDTH) -> str:
+def listing(frame: pd.DataFrame, columns=LISTING_COLUMNS, width: int = WIDTH) -> str:
     """The trial log as text: the config as its label, whole numbers without a decimal
     point, empty cells blank, each reason's first line. A reason that would take a line past
-    ``width`` characters is cut (to no fewer than 12) and ends in "... [n]": the table is
+    ``width`` characters is cut (to no fewer than 12) and ends in "... [n]": the listing is
     followed by a blank line and its notes, ``[n]`` and the whole first line of each cut
     reason, wrapped at ``width`` (the log's files keep every reason whole). Where no trial
     has a predicted time in ms (the latency model is not calibrated for the study's

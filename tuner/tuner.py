@@ -41,16 +41,16 @@ from kernel.arch import resolve
 from kernel.builder import memory_bandwidth, sm_count
 from kernel.config import KernelConfig, Problem, dkdv_call, model_call
 from kernel.constraints import head_size_error, violated
-from kernel.defaults import dkdv_config
 from kernel.environment import env_key, environment
 from kernel.probe import ProbeFailure, probe
 from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, ctrl_c_ignored, result_of
+from kernel.rule import dkdv_config
 from kernel.trial_schema import EXTRAPOLATED, MEASURES
 from tuner import outcomes, space
 from tuner.claims import Claimed, Claims, Owned, interrupted, worker_index
 from tuner.latency import latency_model
 from tuner.liveness import fail_interrupted, fail_stale, interrupt, record_heartbeat
-from tuner.occupancy import Figures
+from tuner.occupancy import BlockResources
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
 from tuner.storage import get_storage
@@ -73,7 +73,7 @@ class Tuner:
             raise UsageError(f"{reason}: nothing to tune")
         if self.sweep == "dkdv" and dkdv_config(problem, self.arch) is None:
             raise UsageError(
-                f"the fused dk and dv sweep does not serve DK x DV = {problem.dk} x {problem.dv} on "
+                f"the fused dk and dv pass does not serve DK x DV = {problem.dk} x {problem.dv} on "
                 f"{self.arch} (Hopper, DK x DV <= 128 x 128): nothing to tune"
             )
         self.model = latency_model()  # ranks compile-only trials; predicts beside measured ones
@@ -352,7 +352,7 @@ class Tuner:
             outcomes.tell(self.study, trial, [math.inf] * len(self.objectives), "infeasible", start)
             return
         prediction = self.model.predict(
-            self.problem, config, Figures.of(res), arch=self.arch, sweep=self.sweep, sms=self.sms
+            self.problem, config, BlockResources.of(res), arch=self.arch, sweep=self.sweep, sms=self.sms
         )
         outcomes.predicted(trial, prediction)
         if not self.gpu:

@@ -15,7 +15,7 @@ on log time, no new dependency):
 - ``waves+knobs``: the same terms as features, with the knobs (stages, chunk, split or not,
   block state) beside them, each a fitted coefficient.
 
-The rule (``kernel.defaults``) is scored on the same shapes as the yardstick.
+The rule (``kernel.rule``) is scored on the same shapes as the yardstick.
 """
 
 import json
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from kernel.config import Problem
-from kernel.defaults import default_config, dkdv_config
+from kernel.rule import default_config, dkdv_config
 from tuner.options import parse_config
 
 HERE = Path(__file__).resolve().parent.parent / "shipped"

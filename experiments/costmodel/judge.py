@@ -1,5 +1,5 @@
 """The latency model in use (the shipped one, or the file DECAY_TUNER_LATENCY_MODEL names)
-judged on sweeps it was never fitted to, beside the rule (``kernel.defaults``): per (head
+judged on sweeps it was never fitted to, beside the rule (``kernel.rule``): per (head
 size, sweep, shape) with 3 configs or more, Spearman between predicted and measured, the
 model's top-1 and the best of its top 5 over the measured best, and the rule's config over
 the best where the sweep timed it; then the summary against the issue's goals.
@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from kernel.arch import get_arch
-from kernel.defaults import default_config, dkdv_config
+from kernel.rule import default_config, dkdv_config
 from tuner import latency_fit
 from tuner.latency import latency_model
 

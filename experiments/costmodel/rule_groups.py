@@ -1,4 +1,4 @@
-"""Per (sweep, shape) of sweeps' JSON lines: the rule's config (``kernel.defaults``, split
+"""Per (sweep, shape) of sweeps' JSON lines: the rule's config (``kernel.rule``, split
 for the sweep's SM count) over the group's best, and the best config.
 
     cd experiments/shipped && PYTHONPATH=../../..:. python3 ../costmodel/rule_groups.py \
@@ -11,7 +11,7 @@ from rule import timings
 from wave_rule import ratios, segments_by
 
 from kernel.config import Problem
-from kernel.defaults import default_config, dkdv_config
+from kernel.rule import default_config, dkdv_config
 
 times, sms = timings(sys.argv[1:])
 with segments_by(None):

@@ -70,7 +70,7 @@ def _compiles(job: tuple) -> str:
 
 def compile_only() -> list[dict]:
     """ptxas's figures of each kernel at the timed shape, sm_90a, with states and without."""
-    from kernel.probe import _ptxas, launch_figures, lower, parse_ptxas
+    from kernel.probe import _ptxas, launch_resources, lower, parse_ptxas
 
     rows = []
     for segments, (initial, final) in itertools.product(SEGMENTS, [(False, False), (True, True)]):
@@ -83,7 +83,7 @@ def compile_only() -> list[dict]:
         for name, func, kernel in zip(("states", "carry", "outputs"), funcs, kernels):
             ok, log = _ptxas(kernel.get_kernel_source(), "sm_90a")
             figures = parse_ptxas(log) if ok else {"ptxas_error": log[-1000:]}
-            smem, threads = launch_figures(kernel.artifact or lower(func, arch="sm_90a"))
+            smem, threads = launch_resources(kernel.artifact or lower(func, arch="sm_90a"))
             rows.append(
                 row | {"kernel": name} | figures | {"dynamic_smem": smem, "threads_launched": threads}
             )

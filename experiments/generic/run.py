@@ -19,7 +19,7 @@ import torch
 
 from kernel.builder import build, compiles, precompile, sm_count
 from kernel.config import Call, KernelConfig, Problem, dkdv_call, model_call
-from kernel.defaults import default_config, dkdv_config
+from kernel.rule import default_config, dkdv_config
 from kernel.validate import check
 
 STATES = Call(scale=0.125, initial_state=True, final_state=True)

@@ -1,6 +1,6 @@
 """The shared memory the rule's forward configs declare on each architecture, compiled
 here (no GPU): the rule before the fit (``legacy_config``) against the rule now, and the
-rule's estimate (``kernel.defaults.smem_bytes``) beside what ptxas and the lowering report.
+rule's estimate (``kernel.rule.smem_bytes``) beside what ptxas and the lowering report.
 
     PYTHONPATH=. python3 experiments/rule_smem/probe.py > experiments/rule_smem/probe.jsonl
 """
@@ -16,7 +16,7 @@ from rule import legacy_config  # noqa: E402
 from kernel.arch import ARCHS  # noqa: E402
 from kernel.builder import precompile  # noqa: E402
 from kernel.config import Problem, model_call  # noqa: E402
-from kernel.defaults import default_config, smem_bytes  # noqa: E402
+from kernel.rule import default_config, smem_bytes  # noqa: E402
 from kernel.probe import Resources  # noqa: E402
 
 HEADS = [(64, 64), (128, 128), (128, 256), (256, 256)]

@@ -1,4 +1,4 @@
-"""The rule (``kernel.defaults``) scored against sweeps of every candidate config: per head
+"""The rule (``kernel.rule``) scored against sweeps of every candidate config: per head
 size and sweep, the rule's time over the fastest checked config at each shape, for the rule
 as the code has it now and for the rule before it was fitted (``legacy_config``).
 
@@ -15,7 +15,7 @@ import sys
 
 from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
 from kernel.constraints import runs
-from kernel.defaults import MAX_BLOCK_STATE, default_config, dkdv_config, shorter_pipeline
+from kernel.rule import MAX_BLOCK_STATE, default_config, dkdv_config, shorter_pipeline
 from tuner.fit_data import timings  # the product's reader; its rule_scores gives the "now" rows
 
 

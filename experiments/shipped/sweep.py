@@ -1,5 +1,5 @@
 """Every candidate config timed at every shape of a grid, in one process on one GPU: the
-studies behind the shipped tables and the rule (``kernel.defaults``), and the cost
+studies behind the shipped tables and the rule (``kernel.rule``), and the cost
 model's training data.
 
     python experiments/shipped/sweep.py 128x128,128x256 bfloat16 [BxHxS,...] > sweep.jsonl
@@ -32,9 +32,9 @@ from rule import legacy_config
 from kernel.builder import build, precompile, sm_count
 from kernel.config import Call, KernelConfig, Problem, dkdv_call, model_call, whole_chunks
 from kernel.constraints import runs
-from kernel.defaults import default_config, dkdv_config
 from kernel.environment import environment
 from kernel.probe import ProbeFailure
+from kernel.rule import default_config, dkdv_config
 from kernel.timing import time_gpu
 from kernel.validate import check, random_qkv
 

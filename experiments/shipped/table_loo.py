@@ -2,7 +2,7 @@
 out: per (head size, dtype, sweep), a dispatch table built from the sweeps' other shapes
 serves the left-out one as a user's call is served (``Dispatch.pick``: the nearest entry,
 its segment count by ``same_wave``); its measured time there over the best config the
-sweep timed there, beside the rule's (``kernel.defaults`` for 132 SMs). Tables:
+sweep timed there, beside the rule's (``kernel.rule`` for 132 SMs). Tables:
 ``best``, each entry its shape's fastest config (what ``table.py`` writes); ``robust``, the
 rule's config unless another was 3 % faster at the entry's shape. "untimed": the served
 config was not timed at the left-out shape.
@@ -18,8 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from kernel.config import KernelConfig, Problem
-from kernel.defaults import default_config, dkdv_config
 from kernel.ops.dispatch import Dispatch, DispatchEntry
+from kernel.rule import default_config, dkdv_config
 from tuner.options import parse_config
 
 

@@ -1,4 +1,4 @@
-"""A candidate for the rule's segment count (``kernel.defaults.nearest_grid``), scored
+"""A candidate for the rule's segment count (``kernel.rule.nearest_grid``), scored
 against the rule over sweeps of every candidate config, as ``rule.py`` scores the rule.
 
 The rule splits a sequence into the segment count whose grid comes nearest one block per
@@ -29,10 +29,10 @@ from collections.abc import Iterator
 
 from rule import timings
 
-import kernel.defaults
+import kernel.rule
 from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
 from kernel.constraints import runs
-from kernel.defaults import default_config, dkdv_config
+from kernel.rule import default_config, dkdv_config
 
 SPLITS, FIXEDS = (1.0, 1.2, 1.4, 1.6, 1.8, 2.0), (0, 128, 256, 384, 512, 768, 1024)
 
@@ -58,12 +58,12 @@ def fewest_waves(split: float, fixed: float):
 @contextlib.contextmanager
 def segments_by(choose) -> Iterator[None]:
     """The rule with ``choose`` for its segment count (None: the rule as it is)."""
-    kept = kernel.defaults.nearest_grid
-    kernel.defaults.nearest_grid = choose or kept
+    kept = kernel.rule.nearest_grid
+    kernel.rule.nearest_grid = choose or kept
     try:
         yield
     finally:
-        kernel.defaults.nearest_grid = kept
+        kernel.rule.nearest_grid = kept
 
 
 def ratios(times: dict[tuple, dict[str, float]], sms: int) -> dict[tuple, float | None]:

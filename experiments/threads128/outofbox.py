@@ -1,4 +1,4 @@
-"""What a fresh process serves on this GPU (``kernel.defaults.default_config`` with its
+"""What a fresh process serves on this GPU (``kernel.rule.default_config`` with its
 bandwidth: on an H100, ``CHAIN`` where the H200's rule splits in two past 3/4 of the SMs)
 against the H200's rule (the same rule without a bandwidth, served as a table of its
 configs for the forward and the backward's dq sweep), forward and forward plus backward,
@@ -24,7 +24,7 @@ import torch
 import refs
 from kernel.builder import cuda_arch, memory_bandwidth, precompile, sm_count
 from kernel.config import Call, Problem, model_call, retnet_decay
-from kernel.defaults import default_config
+from kernel.rule import default_config
 from kernel.ops import decay_attention, serve
 from kernel.ops.dispatch import Dispatch, DispatchEntry
 from kernel.timing import time_gpu

@@ -2,12 +2,12 @@
 ``chunk_simple_gla`` for a constant decay per head, registered as the torch custom op
 ``decay_tuner::decay_attention`` so that it runs under ``torch.compile(fullgraph=True)``
 and inside a captured CUDA graph. It is differentiable in q, k, v and the initial state:
-its autograd rule is the op ``decay_tuner::decay_attention_backward``, sweeps of the same
+its autograd rule is the op ``decay_tuner::decay_attention_backward``, passes of the same
 kernel (``kernel.ops.backward``; dk and dv in one where ``kernel.dkdv`` serves). Called
 eagerly on real tensors, the same two implementations run under a plain
 ``torch.autograd.Function`` instead, without the host time of torch's dispatch of the
 ops; there a split forward also keeps the state entering each segment for the
-backward's dq sweep (``_gradients``), which the ops do not.
+backward's dq pass (``_gradients``), which the ops do not.
 
 fla's arguments map one to one: ``g`` (a log-gate per token) is ``g``, served by the gated
 forward (``kernel.ops.gated``); ``g_gamma`` (log-decay per head) is ``log(decay)``, i.e.
@@ -29,7 +29,7 @@ from kernel.ops.serve import PLANS, PLANS_MAX, fuses_here, kernel_for
 from kernel.variants import launch, same_segments, unused_state
 
 # A split forward's config and the state entering each of its segments, which the
-# backward's dq sweep reads instead of computing them again.
+# backward's dq pass reads instead of computing them again.
 Split = tuple[KernelConfig, torch.Tensor]
 _PLANS, _PLANS_MAX = PLANS, PLANS_MAX
 
@@ -171,7 +171,7 @@ class _Plan:
 
     __slots__ = (
         "problem", "sequences", "call", "alpha", "scale", "per_head", "kern", "decay", "launch",
-        "unused", "final_shape", "want_final", "sweeps",
+        "unused", "final_shape", "want_final", "passes",
     )  # fmt: skip
 
     def __init__(self, q, k, v, per_head, alpha, scale, initial_state, output_final_state, cu_seqlens):
@@ -189,7 +189,7 @@ class _Plan:
         self.launch = (kern.problem, kern.config, kern.call, kern.launchers or kern.compiled)
         self.unused = unused_state(kern.problem, q.device)
         self.final_shape = (sequences, problem.heads, problem.dk, problem.dv)
-        self.sweeps: dict[tuple, Any] = {}
+        self.passes: dict[tuple, Any] = {}
 
     def run(self, q, k, v, decay, initial_state, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The call: the values of a decay or offsets tensor checked once per version."""
@@ -241,7 +241,7 @@ class _EagerPlan(torch.autograd.Function):
         dht = dfinal if dfinal is not None and dfinal.numel() else None
         g = _Grads(q, k, v, do, decay, 1.0, plan.scale, initial_state, dht, cu_seqlens)
         split = None if states is None else (ctx.split_config, states)
-        dq, dk, dv, dh0 = _sweeps(g, split, plan.sweeps)
+        dq, dk, dv, dh0 = _passes(g, split, plan.passes)
         return None, dq, dk, dv, None, (dh0 if initial_state is not None else None), None
 
 
@@ -331,19 +331,19 @@ def _backward(
     dht: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward op's implementation: ``(dq, dk, dv, dH0)`` by the kernel's sweeps
+    """The backward op's implementation: ``(dq, dk, dv, dH0)`` by the kernel's passes
     (``kernel.ops.backward``) on the inputs the forward checked; dH0 is an empty ``(0,)``
     tensor where the forward took no state."""
-    return _sweeps(_Grads(q, k, v, do, decay, alpha, scale, initial_state, dht, cu_seqlens), None)
+    return _passes(_Grads(q, k, v, do, decay, alpha, scale, initial_state, dht, cu_seqlens), None)
 
 
-def _sweeps(
+def _passes(
     g: _Grads, split: Split | None, kept: dict[tuple, Any] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_backward``, given the forward's ``Split`` where it ran split (an eager call
-    keeps it): the dq sweep, the forward on (dO, V, K), has the forward's states
+    keeps it): the dq pass, the forward on (dO, V, K), has the forward's states
     transposed, so where it cuts the sequence into the same segments it reads them and
-    runs its outputs kernel alone. ``kept``: the kernel of each sweep, by what decides it
+    runs its outputs kernel alone. ``kept``: the kernel of each pass, by what decides it
     (an eager ``_Plan``'s, filled on its first backward)."""
     if kept is None:
         decay = inputs.decay_tensor(g.decay, g.alpha, g.q.shape[2], g.q.device)
@@ -357,18 +357,18 @@ def _sweeps(
     kept = {} if kept is None else kept
 
     def kernel(p: Problem, *flags: bool) -> Any:
-        key = (p.dk, *flags)  # DK tells the dq and dk sweeps' (DV, DK) from the others
+        key = (p.dk, *flags)  # DK tells the dq and dk passes' (DV, DK) from the others
         kern = kept.get(key)
         if kern is None:
             kern = kept[key] = kernel_for(p, Call(scale, *flags[:4], dkdv=flags[4]), sequences)
         return kern
 
-    def sweep(q_, k_, v_, h0, want_final, offsets, reverse):
+    def forward_pass(q_, k_, v_, h0, want_final, offsets, reverse):
         p = problem if q_ is q else inputs.shape_problem(q_.shape, v_.shape[-1], q_.dtype)
         final = _empty_state(q, p, sequences, True) if want_final else None
         kern, states = kernel(p, h0 is not None, want_final, offsets is not None, reverse, False), None
         if split is not None and not reverse and same_segments(kern.config, split[0], p.seqlen):
-            states = split[1].transpose(-1, -2).contiguous()  # the dq sweep's states
+            states = split[1].transpose(-1, -2).contiguous()  # the dq pass's states
         return kern.run(q_, k_, v_, decay, h0, final, None, offsets, states)[0], final
 
     def fused(q_, k_, v_, do_, start, want_final, offsets):
@@ -377,7 +377,7 @@ def _sweeps(
         return *kern.run_dkdv(q_, k_, v_, do_, decay, start, final, offsets), final
 
     dq, dk, dv, dh0 = backward(
-        sweep,
+        forward_pass,
         q,
         k,
         v,

@@ -16,7 +16,7 @@ the table on disk, and is served from it.
   from the look-up to the write, so a second process waits, then finds the entry. The
   table is replaced atomically (a temporary file, then ``os.replace``).
 - A study that finds no correct config, fails or runs past ``CHILD_LIMIT_S`` leaves the
-  table as it was: the call falls back to the rule (``kernel.defaults``) with a warning,
+  table as it was: the call falls back to the rule (``kernel.rule``) with a warning,
   and no process tries that bucket again (no shape within ``COVERS`` of it): the failure
   is kept beside the table (``<table>.failed.json``; delete it to try again), so the ranks
   of a job do not each wait out the same failing study.

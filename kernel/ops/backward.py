@@ -1,5 +1,5 @@
-"""The backward pass: three sweeps of the forward kernel, or one sweep of it and
-the fused dk and dv sweep (``kernel.dkdv``) where that serves the problem.
+"""The backward pass: three passes of the forward kernel, or one pass of it and
+the fused dk and dv pass (``kernel.dkdv``) where that serves the problem.
 
 With ``o_t = scale q_t S_t``, ``S_t = a S_{t-1} + k_t^T v_t`` and ``S_{-1} = H0`` (the
 initial state), over T tokens, the gradients given ``do`` and ``dHT`` (the final state's)
@@ -14,23 +14,23 @@ are, with ``dS_t = sum_{s >= t} a^(s-t) scale q_s^T do_s + a^(T-1-t) dHT``::
 ``dk`` and ``dv`` are the forward run backwards in time (``reverse``: token ``T-1-t``
 first): with (v, do, q) and (k, q, do), the reversed sum over ``s' <= t'`` is the sum over
 ``s >= t``, and the state term ``scale a^(t'+1) q'_t' H0'`` is the ``dHT`` term when ``H0'
-= dHT / (scale a)`` (transposed for ``dk``). The ``dv`` sweep's final state ``F = a^T H0'
+= dHT / (scale a)`` (transposed for ``dk``). The ``dv`` pass's final state ``F = a^T H0'
 + sum_s a^s q_s^T do_s`` gives ``dH0 = scale a F``.
 
-So each sweep is a forward call: the same kernel, its fp32 state and weights <= 1
+So each pass is a forward call: the same kernel, its fp32 state and weights <= 1
 (docs/design.md), and the config the dispatch table tuned for its shape ((DV, DK) for the
-``dq`` and ``dk`` sweeps). The kernel runs backwards in time itself
+``dq`` and ``dk`` passes). The kernel runs backwards in time itself
 (``kernel.scalar_decay.Direction``): it reads the tensors in place, no reversed copies.
 Dividing ``dHT`` by ``scale a`` stays finite for every decay of a model (it overflows fp32
 only where ``|dHT| > 3e38 scale a``). The decay is not learned: no gradient for it.
 
-The dk sweep's state is the dv sweep's transposed, so ``kernel.dkdv`` carries it once and
-writes both: from the dv sweep's start, with its final state, and with its own config:
+The dk pass's state is the dv pass's transposed, so ``kernel.dkdv`` carries it once and
+writes both: from the dv pass's start, with its final state, and with its own config:
 the table's entry for it where ``dispatch --backward`` tuned one (``--sweep dkdv``), else
-``kernel.defaults.dkdv_config``'s rule.
+``kernel.rule.dkdv_config``'s rule.
 
-``backward`` takes the forward as ``sweep`` so that the same algebra runs on the GPU kernel
-(``kernel.ops.attention``) and, in the tests, on the fp64 references, whose reversed sweep is
+``backward`` takes the forward as ``forward_pass`` so that the same algebra runs on the GPU kernel
+(``kernel.ops.attention``) and, in the tests, on the fp64 references, whose reversed pass is
 the forward on reversed copies of the tokens.
 """
 
@@ -41,13 +41,13 @@ from torch import Tensor
 
 from kernel.config import Call, Problem
 
-# sweep(q, k, v, initial_state, output_final_state, cu_seqlens, reverse) -> (o, final or None):
+# forward_pass(q, k, v, initial_state, output_final_state, cu_seqlens, reverse) -> (o, final or None):
 # the forward with the decay and the scale bound, backwards in time where ``reverse``.
-Sweep = Callable[
+ForwardPass = Callable[
     [Tensor, Tensor, Tensor, Tensor | None, bool, Tensor | None, bool], tuple[Tensor, Tensor | None]
 ]
 # dkdv(q, k, v, do, start, output_final_state, cu_seqlens) -> (dk, dv, final or None): the dk
-# and dv sweeps in one (``kernel.dkdv``), from the dv sweep's start, with its final state.
+# and dv passes in one (``kernel.dkdv``), from the dv pass's start, with its final state.
 Fused = Callable[
     [Tensor, Tensor, Tensor, Tensor, Tensor | None, bool, Tensor | None],
     tuple[Tensor, Tensor, Tensor | None],
@@ -55,7 +55,7 @@ Fused = Callable[
 
 
 def backward(
-    sweep: Sweep,
+    forward_pass: ForwardPass,
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -73,18 +73,18 @@ def backward(
     and ``dht`` of the final state (None: zero), in the forward's layout: q, k
     ``[B, S, H, DK]``, v and do ``[B, S, H, DV]``, states ``[B or N, H, DK, DV]`` in fp32,
     decay ``[H]`` (one alpha per head). dH0 is computed only with ``want_dh0``. With
-    ``fused``, dk and dv come from it instead of two reversed sweeps."""
+    ``fused``, dk and dv come from it instead of two reversed passes."""
     h0_t = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
-    dq, _ = sweep(do, v, k, h0_t, False, cu_seqlens, False)
+    dq, _ = forward_pass(do, v, k, h0_t, False, cu_seqlens, False)
     start = None
-    if dht is not None:  # the dHT term enters as the reversed sweeps' initial state
+    if dht is not None:  # the dHT term enters as the reversed passes' initial state
         start = dht / (scale * decay.to(dht.dtype)[:, None, None])
     if fused is not None:
         dk, dv, final = fused(q, k, v, do, start, want_dh0, cu_seqlens)
     else:
         start_t = None if start is None else start.transpose(-1, -2).contiguous()
-        dk, _ = sweep(v, do, q, start_t, False, cu_seqlens, True)
-        dv, final = sweep(k, q, do, start, want_dh0, cu_seqlens, True)
+        dk, _ = forward_pass(v, do, q, start_t, False, cu_seqlens, True)
+        dv, final = forward_pass(k, q, do, start, want_dh0, cu_seqlens, True)
     dh0 = None
     if want_dh0:
         assert final is not None
@@ -92,11 +92,11 @@ def backward(
     return dq, dk, dv, dh0
 
 
-def sweep_calls(problem: Problem, call: Call, fused: bool = False) -> list[tuple[Problem, Call]]:
+def pass_calls(problem: Problem, call: Call, fused: bool = False) -> list[tuple[Problem, Call]]:
     """The kernel calls the backward of ``call`` on ``problem`` makes, dq's, dk's and dv's
     (with ``fused``: dq's, then dk's and dv's in one): what it compiles, and what a table
-    must hold to serve it. The reversed sweeps start from the final state's gradient where
-    the forward returned its state, and the dv sweep returns a state where the forward
+    must hold to serve it. The reversed passes start from the final state's gradient where
+    the forward returned its state, and the dv pass returns a state where the forward
     took one."""
     swapped = dataclasses.replace(problem, dk=problem.dv, dv=problem.dk)
     scale, packed = call.scale, call.packed

@@ -118,7 +118,7 @@ def load_config(
     data = read_export(path)
     if data.get("sweep") != "forward":
         raise ExportError(
-            f"{path} holds configs of the backward's fused dk and dv sweep, not of a forward kernel: "
+            f"{path} holds configs of the backward's fused dk and dv pass, not of a forward kernel: "
             "serve them through a dispatch table (python -m tuner dispatch --backward)"
         )
     if data.get("mode") == "compile-only":

@@ -11,7 +11,6 @@ from kernel.builder import ScalarDecayKernel, build
 from kernel.config import SWEEPS, KernelConfig, Problem
 from kernel.constraints import config_error, runs
 from kernel.decode import DecodeCase, DecodeConfig, DecodeProblem
-from kernel.defaults import nearest_grid, shorter_pipeline
 from kernel.environment import DECODE_KERNEL, DECODE_MODULES, kernel_key
 from kernel.ops.deploy import (
     ExportError,
@@ -24,6 +23,7 @@ from kernel.ops.deploy import (
     saved_environment,
 )
 from kernel.ops.inputs import check_qkv, decay_parts, decay_tensor
+from kernel.rule import nearest_grid, shorter_pipeline
 from kernel.trial_schema import measured_ms
 
 DISPATCH_FORMAT = formats.DISPATCH
@@ -37,7 +37,7 @@ class DispatchEntry:
     problem: Problem
     config: KernelConfig
     median_ms: float | None = None
-    sweep: str = "forward"  # or "dkdv": the backward's fused dk and dv sweep (kernel.dkdv)
+    sweep: str = "forward"  # or "dkdv": the backward's fused dk and dv pass (kernel.dkdv)
 
     def distance(self, problem: Problem) -> float:
         """How far ``problem``'s shape is from this entry's, in log2(B*H) plus log2(S)."""
@@ -128,7 +128,7 @@ class Dispatch:
         return nearest if config == nearest.config else DispatchEntry(nearest.problem, config, None, sweep)
 
     def fused(self, problem: Problem) -> KernelConfig | None:
-        """The fused dk and dv sweep's config for ``problem``, picked as ``pick`` picks; None
+        """The fused dk and dv pass's config for ``problem``, picked as ``pick`` picks; None
         where the table holds no such entry of its DK, DV and dtype."""
         try:
             return self.pick(problem, "dkdv").config
@@ -157,7 +157,7 @@ class Dispatch:
 def same_wave(entry: DispatchEntry, problem: Problem) -> KernelConfig | None:
     """``entry``'s config with the segment count (of ``SEGMENT_COUNTS``) whose grid on
     ``problem`` comes nearest, in log2, to the grid the entry was tuned with, without a
-    split past it (``kernel.defaults.nearest_grid``); the config itself when it runs
+    split past it (``kernel.rule.nearest_grid``); the config itself when it runs
     ``problem`` with that many blocks already; ``None`` when no count runs ``problem``."""
     tuned = entry.config.blocks(entry.problem)
     if runs(entry.config, problem) and entry.config.blocks(problem) == tuned:

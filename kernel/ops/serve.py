@@ -1,5 +1,5 @@
 """Which kernel serves a call: the rule that picks its config (the table's pick for its
-shape, else ``kernel.defaults``), and the kernels built for it, kept for the process."""
+shape, else ``kernel.rule``), and the kernels built for it, kept for the process."""
 
 import dataclasses
 import functools
@@ -14,14 +14,14 @@ import torch
 from kernel.arch import get_arch
 from kernel.builder import ScalarDecayKernel, build, cuda_arch, memory_bandwidth, precompile, sm_count
 from kernel.config import Call, KernelConfig, Problem
-from kernel.defaults import MEMORY_CLASSES, default_config, dkdv_config
 from kernel.environment import environment
 from kernel.ops import autotune
-from kernel.ops.backward import sweep_calls
+from kernel.ops.backward import pass_calls
 from kernel.ops.deploy import ExportError
 from kernel.ops.dispatch import Dispatch
 from kernel.ops.tables import TABLE_VARIABLE, default_table, user_table
 from kernel.probe import ProbeResult
+from kernel.rule import MEMORY_CLASSES, default_config, dkdv_config
 from kernel.variants import packed_config, shape_generic
 
 Job = tuple[Problem, KernelConfig, Call]  # what ``build`` compiles
@@ -54,7 +54,7 @@ PLANS_MAX = _SERVED_MAX
 def use_table(table: Dispatch | str | Path | None, *, autotune: bool = False) -> None:
     """Serve every later call with the config ``table`` picks for its shape: a ``Dispatch``,
     or the path of a dispatch table file (``kernel.ops.tables.user_table``); ``None`` serves
-    the rule of ``kernel.defaults`` alone, ``DEFAULT`` what a process starts with
+    the rule of ``kernel.rule`` alone, ``DEFAULT`` what a process starts with
     (``kernel.ops.tables.default_table``: the file ``DECAY_TUNER_TABLE`` names, else the
     table shipped for this GPU). With ``autotune``, a call the table at that path lacks
     tunes its shape into it first (``kernel.ops.autotune``; the file need not exist yet)."""
@@ -117,7 +117,7 @@ def kernel_job(
     bandwidth: float | None = None,
 ) -> Job:
     """What a call compiles: the table's config for its shape on ``arch`` with ``sms`` SMs and
-    ``bandwidth`` (``kernel.defaults.default_config``; on this GPU, default: its own;
+    ``bandwidth`` (``kernel.rule.default_config``; on this GPU, default: its own;
     compiling ahead for ``arch``, default: its reference GPU's). Packed sequences run the single-pass
     kernel with the config picked for ``sequences`` sequences of the mean length
     (``kernel.variants.packed_config``); a compiled kernel serves every T and N, so packed
@@ -131,7 +131,7 @@ def kernel_job(
     if call.dkdv:  # the table's dk+dv entry, else the rule's; packed sequences run one pass
         config = dkdv_config(p, arch, None if call.packed else sms)
         if config is None:
-            raise ValueError(f"the fused dk and dv sweep does not serve {p} on {arch}")
+            raise ValueError(f"the fused dk and dv pass does not serve {p} on {arch}")
         tuned = None if table is None else table.fused(p)
         if tuned is not None:
             config = dataclasses.replace(tuned, segments=1) if call.packed else tuned
@@ -155,7 +155,7 @@ def config_for(
 ) -> KernelConfig:
     """The table's pick for ``problem``; where there is no table, or it holds no entry of
     the problem's DK, DV and dtype, the rule's for ``arch``, ``sms`` SMs and ``bandwidth``
-    (``kernel.defaults.default_config``), with a warning naming the command that tunes it."""
+    (``kernel.rule.default_config``), with a warning naming the command that tunes it."""
     if table is not None:
         try:
             return table.pick(problem).config
@@ -170,8 +170,8 @@ def config_for(
 
 
 def fuses(problem: Problem, arch: str) -> bool:
-    """Whether the backward of ``problem`` runs dk and dv in one sweep (``kernel.dkdv``) on
-    a GPU of ``arch``: wherever that sweep serves the problem (``kernel.defaults.dkdv_config``)."""
+    """Whether the backward of ``problem`` runs dk and dv in one pass (``kernel.dkdv``) on
+    a GPU of ``arch``: wherever that pass serves the problem (``kernel.rule.dkdv_config``)."""
     return dkdv_config(problem, arch) is not None
 
 
@@ -190,16 +190,16 @@ def backward_jobs(
     sms: int | None = None,
     bandwidth: float | None = None,
 ) -> list[Job]:
-    """The ``kernel_job`` of each sweep the backward of ``call`` runs, in order."""
+    """The ``kernel_job`` of each pass the backward of ``call`` runs, in order."""
     fused = fuses_here(problem) if arch is None else fuses(problem, arch)
     return [
         kernel_job(p, c, sequences, arch=arch, sms=sms, bandwidth=bandwidth)
-        for p, c in sweep_calls(problem, call, fused)
+        for p, c in pass_calls(problem, call, fused)
     ]
 
 
 def backward_configs(problem: Problem, call: Call, sequences: int) -> dict[str, KernelConfig]:
-    """The configs the backward of ``call`` on ``problem`` runs, by sweep: ``dq``, then
+    """The configs the backward of ``call`` on ``problem`` runs, by pass: ``dq``, then
     ``dk+dv`` where it fuses, else ``dk`` and ``dv``."""
     names = ("dq", "dk+dv") if fuses_here(problem) else ("dq", "dk", "dv")
     return {name: job[1] for name, job in zip(names, backward_jobs(problem, call, sequences))}
@@ -207,7 +207,7 @@ def backward_configs(problem: Problem, call: Call, sequences: int) -> dict[str, 
 
 def training_jobs(problem: Problem, call: Call, sequences: int) -> set[Job]:
     """What a differentiable call compiles: its forward's ``kernel_job`` and its backward's
-    sweeps', to compile ahead in parallel (``kernel.builder.precompile``)."""
+    passes', to compile ahead in parallel (``kernel.builder.precompile``)."""
     return {kernel_job(problem, call, sequences), *backward_jobs(problem, call, sequences)}
 
 
@@ -231,10 +231,10 @@ def warmup_jobs(
 ) -> list[Job]:
     """Every job a model of ``heads`` heads of ``dk`` x ``dv`` calls under the table served
     (``served_table``; else the rule) on ``arch`` with ``sms`` SMs (default: its reference
-    GPU's) and ``bandwidth`` (default: each of ``kernel.defaults.MEMORY_CLASSES``, so that
+    GPU's) and ``bandwidth`` (default: each of ``kernel.rule.MEMORY_CLASSES``, so that
     a GPU of either finds its own): the forward of fla's defaults (scale
     ``DK^-1/2``, no state in; the final state returned, or not) dense over the shapes above
-    and packed, and with ``backward`` each sweep of their backward. One per compiled kernel
+    and packed, and with ``backward`` each pass of their backward. One per compiled kernel
     (``kernel.variants.shape_generic``): a few configs for every shape. ``ValueError`` for a
     head count, head sizes or dtype ``Problem`` refuses, an SM count that is no positive
     integer, and an architecture whose kernels are compiled per shape

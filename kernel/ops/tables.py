@@ -1,6 +1,6 @@
 """The table a process serves when its model names none: a user's own, named by
 ``DECAY_TUNER_TABLE``, else the table shipped for this GPU (package data in ``tables/``,
-made by ``experiments/shipped``), else none (the rule of ``kernel.defaults``).
+made by ``experiments/shipped``), else none (the rule of ``kernel.rule``).
 
 A shipped table is trusted where its GPU model, architecture and kernel code key
 (``kernel.environment.kernel_key``) are this machine's. A change to the kernels' code

@@ -10,9 +10,9 @@ from pathlib import Path
 from kernel.arch import resolve
 from kernel.config import KernelConfig, Problem, model_call
 from kernel.constraints import violated
-from kernel.defaults import default_config
+from kernel.rule import default_config
 from tuner.commands.args import problem_of
-from tuner.commands.lines import Progress, fit
+from tuner.lines import Progress, fit
 from tuner.options import BENCH_PACKED, UsageError, parse_archs, parse_config, parse_shapes
 
 # The resource columns of ``probe``'s table, and what the indented line under each row holds.
@@ -24,11 +24,11 @@ PROBE_INDENT = "    "
 def cmd_probe(args: argparse.Namespace) -> int:
     """Compile a config for one or more GPU architectures (no GPU needed) and print its
     resources side by side, or why it cannot exist there; without --config, each
-    architecture's default config (kernel.defaults.default_config)."""
+    architecture's default config (kernel.rule.default_config)."""
     from kernel.probe import ProbeFailure, probe  # a slow import; probe alone needs it
     from kernel.trial_schema import predicted_text
     from tuner.latency import latency_model
-    from tuner.occupancy import Figures
+    from tuner.occupancy import BlockResources
 
     problem = problem_of(args)
     given = None if args.config is None else parse_config(args.config, "--config")
@@ -49,7 +49,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     else:  # the rule's config may differ by architecture: a column of its own
         print(
             fit(
-                f"the default config (kernel.defaults.default_config) of each architecture for {problem} "
+                f"the default config (kernel.rule.default_config) of each architecture for {problem} "
                 "in the model form, compile-only"
             ),
             flush=True,
@@ -69,13 +69,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
             row = _probe_row(arch, status, [""] * 5, why.splitlines()[0][:160], config=label)
         else:
             status = "ok" if res.fits_smem else "over_smem"
-            figures = (res.registers, res.spill_bytes, res.smem_bytes, res.smem_limit, res.threads_launched)
+            numbers = (res.registers, res.spill_bytes, res.smem_bytes, res.smem_limit, res.threads_launched)
             why = "cannot launch: more shared memory than a block may have"
             if res.fits_smem:
                 why = predicted_text(
-                    latency_model().predict(problem, config, Figures.of(res), arch=arch).record()
+                    latency_model().predict(problem, config, BlockResources.of(res), arch=arch).record()
                 )
-            row = _probe_row(arch, status, figures, why, config=label)
+            row = _probe_row(arch, status, numbers, why, config=label)
         print(row, flush=True)
     return 0
 

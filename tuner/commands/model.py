@@ -20,7 +20,7 @@ def cmd_model(args: argparse.Namespace) -> int:
     print its accuracy on shapes held out of the fit (fit), or show the model in use (show).
 
     The model predicts a config's time from its knobs, its problem and the compiler's
-    figures; compile-only runs rank by it. It needs scikit-learn to fit, not to predict."""
+    resource counts; compile-only runs rank by it. It needs scikit-learn to fit, not to predict."""
     from tuner import latency
 
     if args.action == "show":

@@ -12,7 +12,7 @@ from kernel.environment import env_key, environment
 from kernel.files import write_json
 from kernel.trial_schema import NO_MODEL, UNCALIBRATED
 from tuner.commands.args import default_out, named, open_study, out_file
-from tuner.commands.lines import fit
+from tuner.lines import fit
 from tuner.options import UsageError
 
 if TYPE_CHECKING:
@@ -33,13 +33,13 @@ def _heading(study: "optuna.Study", frame: "pd.DataFrame", arch: str | None = No
             why = "no latency model is fitted to the decode step"
         note += f" (the analytic part alone: {why})"
     sweep = study.user_attrs.get("sweep")
-    kernel = {"dkdv": "the backward's fused dk+dv sweep, ", "decode": "the decode step, "}.get(sweep, "")
+    kernel = {"dkdv": "the backward's fused dk+dv pass, ", "decode": "the decode step, "}.get(sweep, "")
     return f"study {study.study_name!r} ({kernel}{mode}{where}{note})"
 
 
 def cmd_trials(args: argparse.Namespace) -> int:
     """Print the trial log of a study."""
-    from tuner.trials import table, trials_frame  # loads Optuna and pandas
+    from tuner.trials import listing, trials_frame  # loads Optuna and pandas
 
     study = open_study(args)
     frame = trials_frame(study)
@@ -47,13 +47,13 @@ def cmd_trials(args: argparse.Namespace) -> int:
     if frame.empty:
         print("no trials yet")
         return 0
-    print(frame.to_string(index=False) if args.all_columns else table(frame))
+    print(frame.to_string(index=False) if args.all_columns else listing(frame))
     return 0
 
 
 def cmd_best(args: argparse.Namespace) -> int:
     """Print the best configs of a study, best first, as `trials` prints trials."""
-    from tuner.trials import best_trials, table, trials_frame  # loads Optuna and pandas
+    from tuner.trials import best_trials, listing, trials_frame  # loads Optuna and pandas
 
     study = open_study(args)
     env = _env(args, study)
@@ -63,7 +63,7 @@ def cmd_best(args: argparse.Namespace) -> int:
         return 1
     frame = trials_frame(study).set_index("number", drop=False).loc[best]
     print(fit(f"{_heading(study, frame, _saved_env(study, env).get('arch'))}, {_env_line(study, env)}"))
-    print(table(frame))
+    print(listing(frame))
     return 0
 
 

@@ -12,12 +12,12 @@ from kernel.arch import resolve
 from kernel.config import KernelConfig, Problem
 from kernel.constraints import head_size_error
 from kernel.decode import DecodeCase, DecodeConfig
-from kernel.defaults import dkdv_config
 from kernel.environment import decode_environment, env_key, environment
+from kernel.rule import dkdv_config
 from kernel.trial_schema import predicted_text
 from tuner import fleet
 from tuner.commands.args import decode_case_of, exports, named, options_of, out_file, problem_of, where
-from tuner.commands.lines import fit
+from tuner.lines import fit
 from tuner.options import Options, UsageError, default_storage, parse_shapes
 
 if TYPE_CHECKING:
@@ -235,7 +235,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 
 def dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[tuple[Problem, Options]]:
     """The studies of ``dispatch``, a (problem, options) each: per shape the forward's at DK x
-    DV; with ``--backward`` also at DV x DK (the dq sweep's shape) and the fused dk and dv
+    DV; with ``--backward`` also at DV x DK (the dq pass's shape) and the fused dk and dv
     sweep's (``--sweep dkdv``) where it serves the shape on ``arch``; with ``--sweep dkdv``
     only those."""
     shapes = parse_shapes(args.shapes)
@@ -254,7 +254,7 @@ def dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[t
         tasks += [(decode_case_of(args, n, h), decode) for h in heads_of for n in parse_batches(args.batches)]
     if not tasks:
         raise UsageError(
-            f"the fused dk and dv sweep serves none of these shapes on {arch} (Hopper, DK x DV <= 128 x 128)"
+            f"the fused dk and dv pass serves none of these shapes on {arch} (Hopper, DK x DV <= 128 x 128)"
         )
     for dk, dv in heads if opts.sweep != "decode" else ():  # before any study: the swapped sweeps would fail
         if reason := head_size_error(arch, dk, dv):

@@ -1,4 +1,4 @@
-"""kernel.defaults: the rule's configs fit every architecture, its shared-memory estimate
+"""kernel.rule: the rule's configs fit every architecture, its shared-memory estimate
 is what the compiled kernels declare, and it keeps the choices the H200 sweeps fitted."""
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from kernel.arch import ARCHS
 from kernel.config import KernelConfig, Problem, model_call
 from kernel.constraints import runs
-from kernel.defaults import CHAIN, STATIC_SMEM, default_config, dkdv_config, smem_bytes
+from kernel.rule import CHAIN, STATIC_SMEM, default_config, dkdv_config, smem_bytes
 
 HEADS = [(64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128), (256, 256)]
 SHAPES = [(1, 1, 1), (1, 2, 65), (4, 16, 512), (1, 8, 1000), (8, 16, 4096), (2, 16, 16384), (1, 8, 131072)]
@@ -29,14 +29,14 @@ def test_the_rule_runs_every_shape_within_every_architectures_shared_memory():
 def test_the_estimate_is_the_shared_memory_the_lowered_kernels_declare(arch, dk, dv):
     """Lowered (no nvcc) for ``arch``: the dynamic shared memory of every kernel of the
     rule's config, split or not, is the estimate less its static allowance."""
-    from kernel.probe import launch_figures, lower
+    from kernel.probe import launch_resources, lower
     from kernel.variants import prim_funcs
 
     problem = Problem(2, 4, 4096, dk, dv, "bfloat16")
     config = default_config(problem, arch)
     assert config.segments > 1  # the split's kernels, the larger of its passes
     funcs = prim_funcs(problem, config, model_call(problem), arch=arch)
-    declared = max(launch_figures(lower(f, arch=arch))[0] for f in funcs)
+    declared = max(launch_resources(lower(f, arch=arch))[0] for f in funcs)
     assert declared == smem_bytes(problem, config) - STATIC_SMEM <= ARCHS[arch].smem_per_block
 
 
@@ -59,7 +59,7 @@ def test_the_rule_keeps_the_choices_the_sweeps_fitted():
 def test_a_split_never_passes_one_block_per_sm():
     """A grid past the SM count runs a second wave: at 3x24x6000 (72 blocks on 132 SMs) the
     split in two, 144 blocks, took 1.48x the unsplit forward and 1.19x the unsplit fused
-    sweep (experiments/costmodel/README.md). Unsplit grids may be larger."""
+    pass (experiments/costmodel/README.md). Unsplit grids may be larger."""
     for dk, dv in HEADS:
         for b, h, s in [*SHAPES, (3, 24, 6000), (1, 40, 8192), (5, 17, 3000), (1, 3, 65536)]:
             problem = Problem(b, h, s, dk, dv)
@@ -100,7 +100,7 @@ def test_slower_memory_runs_unsplit_where_the_h200_splits_in_two_past_three_quar
 )
 def test_on_hopper_head_sizes_its_mma_cannot_tile_are_refused_in_one_line(dk, dv, said):
     """Where no config compiles on sm_90a (``kernel.constraints.head_size_error``), the rule says so
-    in one line instead of handing TileLang a config it fails on; the fused sweep does not
+    in one line instead of handing TileLang a config it fails on; the fused pass does not
     serve them, and sm_80, which compiles them, keeps its rule."""
     problem = Problem(1, 2, 512, dk, dv)
     with pytest.raises(ValueError, match=f"on sm_90a the kernels need {said}") as caught:
@@ -114,7 +114,7 @@ def test_on_hopper_head_sizes_its_mma_cannot_tile_are_refused_in_one_line(dk, dv
 def test_the_rule_s_config_compiles_for_hopper_at_head_sizes_off_the_bench(dk, dv, seqlen):
     """At 512 tokens the rule halves block_dv (DV = 96 gave 48, which sm_90a's warpgroup MMA
     cannot lay out): on sm_90a it keeps multiples of 32, and the kernels it picks compile,
-    forward and fused sweep. At DK = 64, DV = 256 its widest block_dv was 256, which two
+    forward and fused pass. At DK = 64, DV = 256 its widest block_dv was 256, which two
     warpgroups cannot lay out (docs/evidence.md#head-sizes)."""
     from kernel.config import dkdv_call
     from kernel.probe import Resources, probe

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-WIDTH = 120  # the columns a printed line keeps within, as tuner.trials.TABLE_WIDTH's tables do
+WIDTH = 120  # the columns a printed line keeps within: prose, progress and the trial listing
 
 
 def fit(text: str, indent: str = "") -> str:

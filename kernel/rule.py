@@ -1,7 +1,7 @@
 """The config a kernel runs where no table holds one: the one home of the rule.
 
-``default_config`` serves the forward (and each backward sweep, which is a forward call),
-``dkdv_config`` the backward's fused dk and dv sweep (``kernel.dkdv``). The tuner's first
+``default_config`` serves the forward (and each backward pass, which is a forward call),
+``dkdv_config`` the backward's fused dk and dv pass (``kernel.dkdv``). The tuner's first
 trials (``tuner.space.wave_seeds``) and the ops' fallback (``kernel.ops``) both derive
 from them; what any config must keep to run is ``kernel.constraints``'. The rule was
 fitted to grids of every candidate config timed across shapes (``tuner.fit_data.rule_scores``
@@ -36,7 +36,7 @@ def smem_bytes(problem: Problem, config: KernelConfig) -> int:
     shared memory): per stage Q, K (``[C, DK]``) and V (``[C, bDV]``); once the weighted
     keys (``[C, DK]``), the output tile (``[C, bDV]``), the scores (``[C, C]``) and, where
     block_dv < 128, the state's copy (``[DK, bDV]``), all 2-byte; plus ``STATIC_SMEM``.
-    Checked against the compiled kernels (tests/test_defaults.py)."""
+    Checked against the compiled kernels (tests/test_rule.py)."""
     c, dk, bdv = config.chunk, problem.dk, config.block_dv
     staged = config.num_stages * c * (2 * dk + bdv)
     state_copy = dk * bdv if bdv < 128 else 0
@@ -119,8 +119,8 @@ def unsplit_on_slow_memory(pick: KernelConfig, problem: Problem, arch: str, sms:
 
 
 def dkdv_config(problem: Problem, arch: str, sms: int | None = None) -> KernelConfig | None:
-    """The fused dk and dv sweep's config for ``problem`` on ``arch``, or None where the
-    sweep does not serve it (the backward then runs two sweeps): it serves Hopper (wgmma),
+    """The fused dk and dv pass's config for ``problem`` on ``arch``, or None where the
+    pass does not serve it (the backward then runs two passes): it serves Hopper (wgmma),
     a state of at most ``kernel.dkdv.MAX_STATE`` elements, with two stages where they fit
     the shared memory, else one. ``sms``: the GPU's SM count, to split the sequence into
     the segment count whose grid comes nearest one block per SM without passing it; None,
