@@ -23,7 +23,7 @@ DATA = Path(__file__).resolve().parent / "data"
 SMALL = ["--dk", "64", "--dv", "64", "--batch", "1", "--heads", "2", "--seqlen", "256"]
 SMALL_PROBLEM = Problem(1, 2, 256, 64, 64)
 # SMALL_PROBLEM's grid (tuner.space.grid) where sm_90a's MMA tiles it, as a study there keeps it
-GRID = [c for c in space.grid(SMALL_PROBLEM) if not tiling_error(DEFAULT_ARCH, SMALL_PROBLEM, c)]
+GRID = [c for c in space.search_space(SMALL_PROBLEM).grid if not tiling_error(DEFAULT_ARCH, SMALL_PROBLEM, c)]
 LAYOUT_FAILURE = "32/32/2/128/regs"  # TileLang 0.1.15 cannot lay out register scores at C = 32
 
 
@@ -94,7 +94,7 @@ def dispatch_file(tmp_path: Path, pairs: list[tuple[Problem, KernelConfig]], **c
 
 def add_small_trial(study: optuna.Study, config: KernelConfig, value: float, **attrs) -> None:
     """A finished trial of ``SMALL_PROBLEM``'s space in ``study``, with ``attrs``."""
-    distributions = space.distributions(SMALL_PROBLEM)
+    distributions = space.search_space(SMALL_PROBLEM).distributions
     study.add_trial(
         optuna.trial.create_trial(
             params=config.to_dict(), distributions=distributions, value=value, user_attrs=attrs
@@ -119,8 +119,8 @@ def gpu_study(
     study.set_user_attr("objectives", ["median_ms"])
     if sweep != "forward":
         study.set_user_attr("sweep", sweep)
-    dists = space.distributions(SMALL_PROBLEM, sweep)
-    configs = GRID if sweep == "forward" else space.grid(SMALL_PROBLEM, sweep)
+    dists = space.search_space(SMALL_PROBLEM, sweep).distributions
+    configs = GRID if sweep == "forward" else space.search_space(SMALL_PROBLEM, sweep).grid
     for config, ms in zip(configs, latencies):
         attrs = {"mode": "gpu", "status": "ok" if ms else "compile_failed", "environment": env}
         state = optuna.trial.TrialState.COMPLETE if ms else optuna.trial.TrialState.FAIL

@@ -76,7 +76,10 @@ def test_a_config_over_an_architectures_shared_memory_is_restricted_before_compi
             == f"shared memory: at least {floor} B, over {arch}'s {ARCHS[arch].smem_per_block} B per block"
         )
     assert space.violated(HEADLINE, config, "sm_90a") == space.violated(HEADLINE, config, "sm_100a") == []
-    assert all(not space.violated(HEADLINE, c, "sm_86") for c in space.wave_seeds(HEADLINE, arch="sm_86"))
+    assert all(
+        not space.violated(HEADLINE, c, "sm_86")
+        for c in space.wave_seeds(space.search_space(HEADLINE, arch="sm_86"))
+    )
 
 
 def test_a_compile_only_study_seeds_one_wave_of_its_architectures_reference_gpu(tmp_path):
@@ -91,19 +94,23 @@ def test_a_compile_only_study_seeds_one_wave_of_its_architectures_reference_gpu(
     for arch in ("sm_80", "sm_90a"):
         study = Tuner(problem, Options(arch=arch), name=arch, storage=storage).study
         queued = [KernelConfig.from_dict(t.system_attrs["fixed_params"]) for t in study.trials]
-        predicted = space.predicted_first(problem, latency_model(), arch=arch)
+        predicted = space.predicted_first(space.search_space(problem, arch=arch), latency_model())
         assert (predicted == []) == (arch == "sm_80")
-        assert queued == list(dict.fromkeys([SEED_CONFIG, *space.wave_seeds(problem, arch=arch), *predicted]))
+        assert queued == list(
+            dict.fromkeys(
+                [SEED_CONFIG, *space.wave_seeds(space.search_space(problem, arch=arch)), *predicted]
+            )
+        )
         assert all(not space.violated(problem, c, arch) for c in queued)
-        seeds = queued[1 : 1 + len(space.wave_seeds(problem, arch=arch))]
+        seeds = queued[1 : 1 + len(space.wave_seeds(space.search_space(problem, arch=arch)))]
         assert {(c.chunk, c.block_dv, c.threads, c.scores) for c in seeds} == {(64, 128, 256, "smem")}
         assert sorted(c.num_stages for c in seeds) == [2, 2, 2, 3, 3, 3]
         segments[arch] = sorted({c.segments for c in seeds})
     assert segments == {"sm_80": [1, 2, 4], "sm_90a": [2, 4, 8]}
     # the same configs for the same SM count; the rule's depth leads (2 stages on sm_80,
     # where 3 are over its shared memory, 3 on sm_90a)
-    ampere = space.wave_seeds(problem, arch="sm_80")
-    hopper = space.wave_seeds(problem, arch="sm_90a", sms=108)
+    ampere = space.wave_seeds(space.search_space(problem, arch="sm_80"))
+    hopper = space.wave_seeds(space.search_space(problem, arch="sm_90a"), sms=108)
     assert set(ampere) == set(hopper) and (ampere[0].num_stages, hopper[0].num_stages) == (2, 3)
 
 

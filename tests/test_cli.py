@@ -184,7 +184,7 @@ def test_trials_fits_its_width_and_the_log_keeps_the_whole_reason(tmp_path, caps
     study.add_trial(
         optuna.trial.create_trial(
             params=GRID[2].to_dict(),
-            distributions=space.distributions(SMALL_PROBLEM),
+            distributions=space.search_space(SMALL_PROBLEM).distributions,
             state=optuna.trial.TrialState.FAIL,
             user_attrs={"mode": "gpu", "status": "compile_failed", "reason": reason},
         )

@@ -48,7 +48,7 @@ def test_a_fused_sweep_study_s_best_is_marked_in_the_table(tmp_path):
     assert [e["sweep"] for e in data["entries"]] == ["forward", "dkdv"]
     table = load_dispatch(tmp_path / "dispatch.json")
     assert table.pick(SMALL_PROBLEM).config == GRID[1]
-    assert table.fused(SMALL_PROBLEM) == space.grid(SMALL_PROBLEM, "dkdv")[0]
+    assert table.fused(SMALL_PROBLEM) == space.search_space(SMALL_PROBLEM, "dkdv").grid[0]
 
 
 def test_dispatch_refuses_compile_only_and_mixed_studies(tmp_path):

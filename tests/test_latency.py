@@ -229,7 +229,7 @@ def test_a_storage_s_gpu_trials_are_timings_to_fit_to(tmp_path, samples):
             study.add_trial(
                 optuna.trial.create_trial(
                     params=s.config.to_dict(),
-                    distributions=space.distributions(s.problem, s.sweep),
+                    distributions=space.search_space(s.problem, s.sweep).distributions,
                     value=s.median_ms,
                     user_attrs={
                         "status": "ok",
@@ -246,7 +246,7 @@ def test_a_storage_s_gpu_trials_are_timings_to_fit_to(tmp_path, samples):
     old = optuna.create_study(storage=storage, study_name="older")  # trials without resources: skipped
     old.set_user_attr("problem", samples[1][0].problem.to_dict())
     old.set_user_attr("mode", "gpu")
-    distributions = space.distributions(samples[1][0].problem)
+    distributions = space.search_space(samples[1][0].problem).distributions
     old.add_trial(
         optuna.trial.create_trial(
             params=samples[1][0].config.to_dict(),
@@ -282,7 +282,7 @@ def test_a_study_measures_first_what_the_model_predicts_fastest(samples):
     model = latency.latency_model()
     for (dk, dv, sweep, b, h, seqlen), timed in groups.items():
         problem = Problem(b, h, seqlen, dk, dv, "bfloat16")
-        first = space.predicted_first(problem, model, arch="sm_90a", sweep=sweep)
+        first = space.predicted_first(space.search_space(problem, sweep=sweep, arch="sm_90a"), model)
         assert len(first) == 4 and all(model.covers(problem, c) for c in first)
         assert all(not space.violated(problem, c, "sm_90a", sweep) for c in first)
         if len(timed) >= 3:
@@ -290,7 +290,9 @@ def test_a_study_measures_first_what_the_model_predicts_fastest(samples):
                 missed.add(f"{b}x{h}x{seqlen}")
             checked += 1
     assert checked == 12 and missed <= {"3x12x6000"}
-    assert space.predicted_first(Problem(8, 16, 4096, 128, 128), model, arch="sm_80") == []
+    assert (
+        space.predicted_first(space.search_space(Problem(8, 16, 4096, 128, 128), arch="sm_80"), model) == []
+    )
 
 
 def test_model_fit_without_held_out_shapes_leaves_each_shape_out(tmp_path, capsys):

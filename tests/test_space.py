@@ -16,7 +16,7 @@ def test_space_table_and_restrictions():
     assert table["block_dv"] == (16, 32, 48, 96)
     assert table["scores"] == ("smem", "regs")
     assert table["segments"][0] == 1  # the single-pass kernel, then the sequence-split variant
-    assert len(list(space.grid(SMALL_PROBLEM))) == 3 * 3 * 4 * 2 * 2 * len(SEGMENT_COUNTS)
+    assert len(list(space.search_space(SMALL_PROBLEM).grid)) == 3 * 3 * 4 * 2 * 2 * len(SEGMENT_COUNTS)
     short = Problem(1, 1, 40, 64, 64)  # one chunk of 64: a 2-stage pipeline has nothing to overlap
     assert violated(short, KernelConfig(64, 32, 2, 128)) == [SHALLOW.format(2, 1)]
     assert violated(short, KernelConfig(32, 32, 2, 128)) == []
@@ -44,31 +44,36 @@ def test_wave_seeds_launch_about_one_wave_and_are_allowed():
     # 2x16x16384, DV = 128 at block_dv 128: 32 blocks per segment count, 4 segments = 128
     # blocks, the nearest to 132 SMs; its neighbours 2 and 8, at 2 and 3 stages.
     problem = Problem(2, 16, 16384, 128, 128)
-    seeds = space.wave_seeds(problem, sms=132)
+    seeds = space.wave_seeds(space.search_space(problem), sms=132)
     assert sorted((c.segments, c.num_stages) for c in seeds) == [(n, s) for n in (2, 4, 8) for s in (2, 3)]
     assert {(c.chunk, c.block_dv, c.threads, c.scores) for c in seeds} == {(64, 128, 256, "smem")}
     # twice the SMs: one more doubling of segments
-    assert {c.segments for c in space.wave_seeds(problem, sms=264)} == {4, 8, 16}
+    assert {c.segments for c in space.wave_seeds(space.search_space(problem), sms=264)} == {4, 8, 16}
     # 1 segment at most: the headline's 128 (batch, head) pairs already fill the GPU
-    assert {c.segments for c in space.wave_seeds(Problem(8, 16, 4096, 128, 128))} == {1, 2}
+    assert {c.segments for c in space.wave_seeds(space.search_space(Problem(8, 16, 4096, 128, 128)))} == {
+        1,
+        2,
+    }
     # DV = 256 is split in two 128-wide blocks; a sequence of 256 tokens halves block_dv
     # rather than split; restricted configs are never seeded
     for problem, width in ((Problem(3, 5, 3000, 128, 256), 128), (Problem(1, 2, 256, 64, 64), 32)):
-        seeds = space.wave_seeds(problem)
+        seeds = space.wave_seeds(space.search_space(problem))
         assert all(c.block_dv == width for c in seeds)
         assert all(violated(problem, c) == [] for c in seeds)
     # the one-wave count (64 segments) would leave no pipeline: the rule's runnable count leads
     short = Problem(1, 2, 256, 64, 64)
     assert (
-        space.wave_seeds(short)[0]
+        space.wave_seeds(space.search_space(short))[0]
         == default_config(short, "sm_90a")
         == KernelConfig(64, 32, 3, 256, "smem", 1)
     )
     # an H100's bandwidth: its rule's config leads, and the H200's split is seeded too
     four = Problem(4, 16, 8192, 128, 128)
-    h100 = space.wave_seeds(four, sms=132, bandwidth=3.35e12)
+    h100 = space.wave_seeds(space.search_space(four), sms=132, bandwidth=3.35e12)
     assert h100[0] == CHAIN and default_config(four, "sm_90a", 132) in h100
-    assert space.wave_seeds(four, sms=132, bandwidth=4.8e12) == space.wave_seeds(four, sms=132)
+    assert space.wave_seeds(space.search_space(four), sms=132, bandwidth=4.8e12) == space.wave_seeds(
+        space.search_space(four), sms=132
+    )
 
 
 def test_hopper_refuses_before_any_compile_what_its_mma_cannot_tile():
@@ -83,7 +88,7 @@ def test_hopper_refuses_before_any_compile_what_its_mma_cannot_tile():
     assert any(
         "DK a multiple of 64" in r for r in violated(odd, KernelConfig(64, 64, 1, 256, "smem"), "sm_90a")
     )
-    assert space.outside_space(Problem(1, 2, 256, 32, 48), SEED_CONFIG) == {"block_dv": 32}
+    assert space.search_space(Problem(1, 2, 256, 32, 48)).outside(SEED_CONFIG) == {"block_dv": 32}
 
 
 def test_ampere_refuses_before_any_compile_what_its_warps_cannot_tile():

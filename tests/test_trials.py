@@ -16,7 +16,7 @@ from tuner.trials import LISTING_COLUMNS, best_trials, compare, listing, save_fr
 def test_trials_frame_from_hand_built_study():
     study = optuna.create_study()
     study.set_user_attr("problem", SMALL_PROBLEM.to_dict())
-    dists = space.distributions(SMALL_PROBLEM)
+    dists = space.search_space(SMALL_PROBLEM).distributions
     ok = optuna.trial.create_trial(
         params=SEED_CONFIG.to_dict(),
         distributions=dists,
@@ -82,7 +82,7 @@ def test_best_orders_configs_tied_at_infinity_by_their_predicted_time():
     """A compile-only study of a head size its latency model never saw: every config is an
     extrapolation, told infinity; ``best`` orders them by the prediction, not by trial number."""
     study = optuna.create_study()
-    dists = space.distributions(SMALL_PROBLEM)
+    dists = space.search_space(SMALL_PROBLEM).distributions
     predicted = [2.3, 1.1, None, 1.4]  # None: a trial that recorded no prediction
     for config, x in zip(GRID, predicted):
         attrs = {"status": "ok", "reason": EXTRAPOLATED} | ({"predicted_x_floor": x} if x else {})

@@ -226,9 +226,14 @@ def test_studies_measure_the_wave_seeds_first(options, seeded, tmp_path):
     predicted best, each once (unless turned off, or for the grid)."""
     problem = Problem(2, 8, 2048, 64, 64)
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    first = [*space.wave_seeds(problem), *space.predicted_first(problem, latency_model(), arch="sm_90a")]
+    first = [
+        *space.wave_seeds(space.search_space(problem)),
+        *space.predicted_first(space.search_space(problem, arch="sm_90a"), latency_model()),
+    ]
     expected = list(dict.fromkeys([SEED_CONFIG, *(first if seeded else [])]))
-    assert len(expected) > 1 + len(space.wave_seeds(problem)) or not seeded  # the model adds its own
+    assert (
+        len(expected) > 1 + len(space.wave_seeds(space.search_space(problem))) or not seeded
+    )  # the model adds its own
     for _ in range(2):  # a second run over a queue nobody asked yet does not duplicate it
         study = Tuner(problem, options, name="s", storage=storage).study
         queued = [t.system_attrs["fixed_params"] for t in study.get_trials(deepcopy=False)]
@@ -237,7 +242,7 @@ def test_studies_measure_the_wave_seeds_first(options, seeded, tmp_path):
 
 def _proposals(study: optuna.Study, n: int = 4) -> list[dict]:
     """The next ``n`` configs the study's sampler proposes (nothing queued is left)."""
-    dists = space.distributions(SMALL_PROBLEM)
+    dists = space.search_space(SMALL_PROBLEM).distributions
     return [study.ask(dists).params for _ in range(n)]
 
 
@@ -250,7 +255,12 @@ def test_workers_started_with_one_seed_propose_different_configs(tmp_path):
     ours = _proposals(first.study), _proposals(second.study)
     assert ours[0] != ours[1]
     # Two samplers of one seed would propose the same: what the offset prevents.
-    same = [_proposals(optuna.create_study(sampler=make_sampler("tpe", SMALL_PROBLEM, 3))) for _ in range(2)]
+    same = [
+        _proposals(
+            optuna.create_study(sampler=make_sampler("tpe", space.search_space(SMALL_PROBLEM).knobs, 3))
+        )
+        for _ in range(2)
+    ]
     assert same[0] == same[1] == ours[0]
 
 
@@ -270,7 +280,7 @@ def test_the_fused_sweep_is_tuned_in_its_own_study(tmp_path, studies_dir):
     study = optuna.load_study(study_name="b1-h2-s256-dk64-dv64-float16-dkdv", storage=storage)
     assert study.user_attrs["sweep"] == "dkdv"
     configs = [KernelConfig.from_dict(t.params) for t in study.trials if t.state.is_finished()]
-    assert configs == space.wave_seeds(SMALL_PROBLEM, sweep="dkdv")[:2]
+    assert configs == space.wave_seeds(space.search_space(SMALL_PROBLEM, sweep="dkdv"))[:2]
     for t, config in zip(study.trials, configs):
         assert (config.chunk, config.block_dv, config.threads) == (dkdv.CHUNK, 64, dkdv.THREADS)
         assert t.user_attrs["status"] == "ok"
@@ -305,15 +315,17 @@ def test_the_fused_sweep_s_space():
         and table["block_dv"] == (128,)
         and table["segments"] == knobs(long)["segments"]
     )
-    assert space.grid(long, "dkdv") == [
+    assert space.search_space(long, "dkdv").grid == [
         KernelConfig(64, 128, stages, 256, "smem", n) for stages in (1, 2) for n in table["segments"]
     ]
-    seeds = space.wave_seeds(long, sms=132, sweep="dkdv")
+    seeds = space.wave_seeds(space.search_space(long, sweep="dkdv"), sms=132)
     assert seeds[0] == dkdv_config(long, "sm_90a", 132) and [c.segments for c in seeds] == [4, 2, 8]
     assert violated(long, seeds[0], "sm_80", "dkdv")[0].startswith("the fused dk and dv pass does not serve")
     big = Problem(1, 1, 64, 256, 256)
-    assert any("does not serve" in r for r in violated(big, space.grid(big, "dkdv")[0], sweep="dkdv"))
-    assert space.wave_seeds(big, sweep="dkdv") == []
+    assert any(
+        "does not serve" in r for r in violated(big, space.search_space(big, "dkdv").grid[0], sweep="dkdv")
+    )
+    assert space.wave_seeds(space.search_space(big, sweep="dkdv")) == []
 
 
 class _StalledAsk(optuna.samplers.RandomSampler):
@@ -380,7 +392,7 @@ def test_n_trials_counts_new_configs_and_says_when_the_space_has_no_more(tmp_pat
 
     monkeypatch.setattr("tuner.cli.STUDIES_DIR", tmp_path)
     problem = Problem(1, 2, 64, 64, 64)
-    grid = space.grid(problem, "dkdv")
+    grid = space.search_space(problem, "dkdv").grid
     assert len(grid) == 14 and sum(not violated(problem, c, "sm_90a", "dkdv") for c in grid) == 1
     storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     argv = ["run", "--dk", "64", "--dv", "64", "--batch", "1", "--heads", "2", "--seqlen", "64"]

@@ -87,7 +87,9 @@ def run(
     problems = [Problem(b, h, s, dk, dv, dtype) for b, h, s in shapes]
     default = {p: config_for(p, table, arch=arch, sms=sms, bandwidth=rate) for p in problems}
     candidates = {
-        p: [dispatch.pick(p).config] if dispatch else space.wave_seeds(p, arch=arch, sms=sms, bandwidth=rate)
+        p: [dispatch.pick(p).config]
+        if dispatch
+        else space.wave_seeds(space.search_space(p, arch=arch), sms=sms, bandwidth=rate)
         for p in problems
     }
     configs = {p: list(dict.fromkeys([SEED_CONFIG, *candidates[p], default[p]])) for p in problems}

@@ -41,6 +41,7 @@ from tuner.liveness import fail_interrupted, fail_stale
 from tuner.occupancy import BlockResources, blocks_per_sm
 from tuner.options import Options, UsageError
 from tuner.samplers import make_sampler
+from tuner.space import Space
 from tuner.storage import get_storage
 from tuner.studies import hold, open_study
 from tuner.trials import best_trials, measured_before, trial_config
@@ -63,6 +64,14 @@ def decode_waves(
     return math.ceil(blocks / slots) * slots / blocks
 
 
+def decode_space(case: DecodeCase) -> Space:
+    """The decode step's search space: its knob table (``kernel.decode.decode_knobs``), every
+    config of it, and each one's restriction (``DecodeConfig.fits_error``)."""
+    knobs = decode_knobs(case.problem)
+    grid = [DecodeConfig(b, t) for b in knobs["block_dv"] for t in knobs["threads"]]
+    return Space(knobs, grid, {c: c.fits_error(case.problem) or "" for c in grid}, sweep="decode")
+
+
 class DecodeTuner(Tuner):
     """One ``run --sweep decode`` process: the forward's loop over the decode step's knobs."""
 
@@ -76,18 +85,20 @@ class DecodeTuner(Tuner):
         self.env = decode_environment(self.arch)
         self.env_key = env_key(self.env)
         self.objectives = outcomes.objective_names(self.gpu, options.multi_objective)
-        self.knobs = decode_knobs(case.problem)
+        self.space = decode_space(case)
         self.storage = get_storage(storage, heartbeat_s=options.heartbeat_s, grace_s=options.grace_s)
         self.study = open_study(
             case,  # its to_dict: the study's problem
             name=name,
             storage=self.storage,
-            sampler=self._sampler(options.seed),
+            sampler=make_sampler(options.sampler, self.space.knobs, options.seed),
             directions=["minimize"] * len(self.objectives),
         )
         self.worker_index = worker_index(self.study)
         if self.worker_index:
-            self.study.sampler = self._sampler(options.seed + self.worker_index)
+            self.study.sampler = make_sampler(
+                options.sampler, self.space.knobs, options.seed + self.worker_index
+            )
         mode = "gpu" if self.gpu else "compile-only"
         hold(self.study, storage, objectives=self.objectives, sweep="decode", mode=mode, arch=self.arch,
              ranked_by=RANKED_BY)  # fmt: skip
@@ -99,21 +110,12 @@ class DecodeTuner(Tuner):
         self.sms = sm_count() if self.gpu else None
         self.rule = decode_config(case.problem, case.rows, self.sms or get_arch(self.arch).sms)
         self._enqueue_rule()
-        self.distributions = {
-            k: optuna.distributions.CategoricalDistribution(v) for k, v in self.knobs.items()
-        }
-        self.grid = [DecodeConfig(b, t) for b in self.knobs["block_dv"] for t in self.knobs["threads"]]
         self._fills = random.Random(options.seed + self.worker_index)
         self.explored = 0
         cores = os.cpu_count() or 1
         self.workers = options.workers or (max(1, cores - 2) if self.gpu else cores)
         self.depth = min(self.workers, 8) if self.gpu and options.sampler != "grid" else self.workers
         self.gpu_evaluations = 0
-
-    def _sampler(self, seed: int) -> optuna.samplers.BaseSampler:
-        if self.options.sampler == "grid":
-            return optuna.samplers.GridSampler({k: list(v) for k, v in self.knobs.items()}, seed=seed)
-        return make_sampler(self.options.sampler, None, seed)  # only the grid reads the problem
 
     def _enqueue_rule(self) -> None:
         """Queue the rule's config (``kernel.decode.decode_config`` at N), the baseline, unless
@@ -126,13 +128,10 @@ class DecodeTuner(Tuner):
                 return
         self.study.enqueue_trial(rule, user_attrs={"baseline": True})
 
-    def restriction(self, config: DecodeConfig) -> str | None:
-        return config.fits_error(self.problem.problem)
-
     def _ask(self, pool: ProcessPoolExecutor) -> tuple[optuna.Trial, DecodeConfig, Future | Owned | None]:
         trial = self._owned_trial()
         config = DecodeConfig(**trial.params)
-        if self.restriction(config):
+        if self.space.restriction(config):
             return trial, config, None
         state = self.claims.claim(config, trial.number)
         if isinstance(state, Owned):
@@ -156,14 +155,6 @@ class DecodeTuner(Tuner):
                 time.sleep(CHECKPOINT_S)
                 self._checkpoint()
 
-    def _fill(self, repeat: optuna.Trial, untried: dict) -> None:
-        free = [c for c, queued in untried.items() if not queued]
-        allowed = [c for c in free if not self.restriction(c)]
-        if allowed or free:
-            config = self._fills.choice(allowed or free)
-            self.study.enqueue_trial(config.to_dict(), user_attrs={"instead_of_repeat": repeat.number})
-            untried[config] = True
-
     def _evaluate(self, trial: optuna.Trial, config: DecodeConfig, res, worker: GpuWorker | None) -> None:
         start = time.perf_counter()
         trial.set_user_attr("env_key", self.env_key)
@@ -172,7 +163,7 @@ class DecodeTuner(Tuner):
         n = len(self.objectives)
         if res is None:
             outcomes.reject(
-                self.study, trial, n, "restricted", "restriction", self.restriction(config), start
+                self.study, trial, n, "restricted", "restriction", self.space.restriction(config), start
             )
             return
         for key, value in res.to_dict().items():

@@ -2,14 +2,12 @@
 
 import optuna
 
-from kernel.config import Problem
-from kernel.constraints import knobs
 from tuner.options import SAMPLERS, UsageError
 
 
-def make_sampler(
-    name: str, problem: Problem, seed: int, sweep: str = "forward"
-) -> optuna.samplers.BaseSampler:
+def make_sampler(name: str, knobs: dict[str, tuple], seed: int) -> optuna.samplers.BaseSampler:
+    """The sampler ``name`` seeded with ``seed``; the grid's over ``knobs`` (a search space's
+    table, ``tuner.space.Space.knobs``), which the others leave to the study's asks."""
     if name == "tpe":
         return optuna.samplers.TPESampler(
             seed=seed, multivariate=True, n_startup_trials=8, constant_liar=True
@@ -23,5 +21,5 @@ def make_sampler(
             raise UsageError("the gp sampler needs scipy: pip install scipy") from None
         return optuna.samplers.GPSampler(seed=seed)
     if name == "grid":
-        return optuna.samplers.GridSampler({k: list(v) for k, v in knobs(problem, sweep).items()}, seed=seed)
+        return optuna.samplers.GridSampler({k: list(v) for k, v in knobs.items()}, seed=seed)
     raise UsageError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")

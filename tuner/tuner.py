@@ -39,12 +39,10 @@ import optuna
 
 from kernel.arch import resolve
 from kernel.builder import memory_bandwidth, sm_count
-from kernel.config import KernelConfig, Problem, dkdv_call, model_call
-from kernel.constraints import head_size_error, violated
+from kernel.config import KernelConfig, Problem
 from kernel.environment import env_key, environment
 from kernel.probe import ProbeFailure, probe
 from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, ctrl_c_ignored, result_of
-from kernel.rule import dkdv_config
 from kernel.trial_schema import EXTRAPOLATED, MEASURES
 from tuner import outcomes, space
 from tuner.claims import Claimed, Claims, Owned, interrupted, worker_index
@@ -66,21 +64,17 @@ class Tuner:
         self.problem, self.options = problem, options
         # What the worker builds and measures, and the probe compiles: the same kernel.
         self.sweep = options.sweep
-        self.call = dkdv_call(problem) if self.sweep == "dkdv" else model_call(problem)
-        space.check_in_space(problem, options.enqueue, self.sweep)
         self.arch, self.gpu = resolve(options.arch)  # gpu: the kernels run and are timed here
-        if reason := head_size_error(self.arch, problem.dk, problem.dv):
-            raise UsageError(f"{reason}: nothing to tune")
-        if self.sweep == "dkdv" and dkdv_config(problem, self.arch) is None:
-            raise UsageError(
-                f"the fused dk and dv pass does not serve DK x DV = {problem.dk} x {problem.dv} on "
-                f"{self.arch} (Hopper, DK x DV <= 128 x 128): nothing to tune"
-            )
+        self.space = space.search_space(problem, self.sweep, self.arch)  # built once: the run's
+        if self.space.unusable:
+            raise UsageError(f"{self.space.unusable}: nothing to tune")
+        self.space.check(options.enqueue)
+        self.call = self.space.call
         self.model = latency_model()  # ranks compile-only trials; predicts beside measured ones
         self.env = environment(self.arch)
         self.env_key = env_key(self.env)
         self.objectives = outcomes.objective_names(self.gpu, options.multi_objective)
-        sampler = make_sampler(options.sampler, problem, options.seed, self.sweep)
+        sampler = make_sampler(options.sampler, self.space.knobs, options.seed)
         self.storage = get_storage(storage, heartbeat_s=options.heartbeat_s, grace_s=options.grace_s)
         self.study = open_study(
             problem,
@@ -93,7 +87,7 @@ class Tuner:
         self.worker_index = worker_index(self.study)
         if self.worker_index:
             self.study.sampler = make_sampler(
-                options.sampler, problem, options.seed + self.worker_index, self.sweep
+                options.sampler, self.space.knobs, options.seed + self.worker_index
             )
         mode = "gpu" if self.gpu else "compile-only"
         hold(
@@ -112,12 +106,8 @@ class Tuner:
         self._checkpoint: Callable[[], None] = lambda: None  # raises for a Ctrl-C (run's)
         self.sms = sm_count() if self.gpu else None  # None: the architecture's reference GPU's
         rate = memory_bandwidth() if self.gpu else None
-        first = space.first_configs(
-            problem, self.model, options, arch=self.arch, sms=self.sms, bandwidth=rate
-        )
+        first = space.first_configs(self.space, self.model, options, sms=self.sms, bandwidth=rate)
         enqueue(self.study, first, self.env_key)
-        self.distributions = space.distributions(problem, self.sweep)
-        self.grid = space.grid(problem, self.sweep)
         self._fills = random.Random(options.seed + self.worker_index)  # which untried config fills a repeat
         self.explored = 0  # configs new to the study in this environment, this run
         cores = os.cpu_count() or 1
@@ -222,14 +212,14 @@ class Tuner:
                 queued.add(trial_config(t))
             elif t.state == optuna.trial.TrialState.RUNNING or here:
                 tried.add(trial_config(t))
-        return {c: c in queued for c in self.grid if c not in tried}
+        return {c: c in queued for c in self.space.grid if c not in tried}
 
     def _fill(self, repeat: optuna.Trial, untried: dict[KernelConfig, bool]) -> None:
         """Queue a config not yet tried in place of ``repeat``'s (a config tried before),
         one the restrictions allow where one is left, else any, chosen at random by the
         seed; none where every untried config is queued already."""
         free = [c for c, queued in untried.items() if not queued]
-        allowed = [c for c in free if not violated(self.problem, c, self.arch, self.sweep)]
+        allowed = [c for c in free if not self.space.restriction(c)]
         if allowed or free:
             config = self._fills.choice(allowed or free)
             self.study.enqueue_trial(config.to_dict(), user_attrs={"instead_of_repeat": repeat.number})
@@ -237,7 +227,7 @@ class Tuner:
 
     def _exhausted_text(self) -> str:
         """Why a run explored fewer configs than ``n_trials``: the space holds no more."""
-        n, total = self.options.n_trials, len(self.grid)
+        n, total = self.options.n_trials, len(self.space.grid)
         if not self.explored:
             return f"no config explored, not {n}: each of the space's {total} was tried in this environment"
         return (
@@ -264,7 +254,7 @@ class Tuner:
         """Ask a trial and claim its config: compile it when the claim is this trial's."""
         trial = self._owned_trial()
         config = KernelConfig(**trial.params)
-        if violated(self.problem, config, self.arch, self.sweep):
+        if self.space.restriction(config):
             return trial, config, None  # nothing to compile or measure
         state = self.claims.claim(config, trial.number)
         if isinstance(state, Owned):
@@ -281,7 +271,7 @@ class Tuner:
             try:
                 with warnings.catch_warnings():  # Optuna warns that its heartbeat suits Study.optimize:
                     warnings.filterwarnings("ignore", "Heartbeat of storage")  # this loop records its own
-                    asked = self.study.ask(self.distributions)
+                    asked = self.study.ask(self.space.distributions)
                 record_heartbeat(self.study._storage, asked._trial_id)
                 self._live.add(asked._trial_id)
                 asked.set_user_attr("host", socket.gethostname())
@@ -325,7 +315,7 @@ class Tuner:
         trial.set_user_attr("environment", self.env)
         trial.set_user_attr("mode", "gpu" if self.gpu else "compile-only")
         if res is None:
-            reason = "; ".join(violated(self.problem, config, self.arch, self.sweep))
+            reason = self.space.restriction(config)
             outcomes.reject(
                 self.study, trial, len(self.objectives), "restricted", "restriction", reason, start
             )
