@@ -159,8 +159,8 @@ def predicted_against_measured(frame: pd.DataFrame) -> pd.DataFrame:
 
 def prediction_check(frame: pd.DataFrame, *, least: int = 5, off: float = 1.3) -> list[str]:
     """How far the latency model's predictions are from the measurements, one line per GPU
-    with ``least`` or more trials that have both; a line says to refit where the median
-    ratio is over ``off`` or under ``1 / off``."""
+    with ``least`` or more trials that have both; a line says where the GPU's own model
+    comes from where the median ratio is over ``off`` or under ``1 / off``."""
     lines = []
     for gpu, rows in predicted_against_measured(frame).groupby("env_gpu", dropna=False):
         if len(rows) < least:
@@ -169,8 +169,8 @@ def prediction_check(frame: pd.DataFrame, *, least: int = 5, off: float = 1.3) -
         text = f"latency model on {gpu}: measured / predicted {ratio:.2f} (median of {len(rows)} trials)"
         if not 1 / off <= ratio <= off:
             text += (
-                f"; the model is off by {max(ratio, 1 / ratio) - 1:.0%} on this GPU: fit one to it with "
-                "python -m tuner model fit --storage URL and set DECAY_TUNER_LATENCY_MODEL"
+                f"; the model is off by {max(ratio, 1 / ratio) - 1:.0%} on this GPU: a GPU run refits this "
+                "GPU's own from its trials at its end (python -m tuner model show lists them)"
             )
         lines.append(text)
     return lines

@@ -34,9 +34,12 @@ def studies_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
     """The studies folder of this test, a temporary one (never the checkout's ``studies/``),
     for the processes it starts (``DECAY_TUNER_STUDIES``) and in this one: every loaded
     module's ``STUDIES_DIR``, which ``tuner.options`` reads from the environment at import
-    and other modules import from it."""
+    and other modules import from it. The per-GPU latency models go to an empty folder of
+    the test's too (``DECAY_TUNER_MODEL_CACHE``): a GPU test's run refits one, which would
+    rank the next test's studies."""
     folder = tmp_path_factory.mktemp("studies")
     monkeypatch.setenv("DECAY_TUNER_STUDIES", str(folder))
+    monkeypatch.setenv("DECAY_TUNER_MODEL_CACHE", str(tmp_path_factory.mktemp("latency-models")))
     for module in list(sys.modules.values()):
         if isinstance(getattr(module, "STUDIES_DIR", None), Path):
             monkeypatch.setattr(module, "STUDIES_DIR", folder)

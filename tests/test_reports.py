@@ -733,7 +733,7 @@ def test_the_architectures_section_renders_in_chromium(archs, tmp_path):
 
 def test_prediction_check_says_when_the_latency_model_is_off_per_gpu():
     """Measured over predicted, per GPU, over trials measured (not copied): a model too slow
-    or too fast by more than 30 % is named, with the command that refits it."""
+    or too fast by more than 30 % is named, with where the GPU's own model comes from."""
     frame = trials_frame(gpu_study([0.5, 0.4, 0.3, 0.2, 0.6, 0.7, None], env={"gpu": "NVIDIA H200"}))
     assert search.prediction_check(frame) == []  # no predictions recorded
     frame["predicted_ms"] = frame.median_ms / 1.1
@@ -743,7 +743,7 @@ def test_prediction_check_says_when_the_latency_model_is_off_per_gpu():
     for ratio, off in ((1.5, "50%"), (0.7, "43%")):  # measured slower, and faster, than predicted
         frame["predicted_ms"] = frame.median_ms / ratio
         (line,) = search.prediction_check(frame)
-        assert f"off by {off} on this GPU: fit one to it with python -m tuner model fit" in line
+        assert f"off by {off} on this GPU: a GPU run refits this GPU's own from its trials" in line
     frame.loc[frame.number >= 2, "cached_from"] = 0  # copies of trial 0: not measurements
     assert search.prediction_check(frame) == []  # fewer than 5 measured trials with both
     frame["cached_from"] = None

@@ -39,6 +39,18 @@ def path(name: str) -> Path:
     return DATA / name
 
 
+def grids_of(gpu: str, arch: str) -> list[Path]:
+    """The package's grid logs timed on ``gpu`` (its name as torch gives it) for ``arch``: what
+    a refit of that GPU's latency model adds to its own trials (``tuner.latency_cache``)."""
+    found = []
+    for grid in sorted(DATA.glob("*.jsonl")):
+        with grid.open() as f:
+            env = json.loads(f.readline()).get("env") or {}  # the env row comes first
+        if env.get("gpu") == gpu and env.get("arch") == arch:
+            found.append(grid)
+    return found
+
+
 def model_fit_args() -> list[str]:
     """The arguments of ``python -m tuner model fit`` that make the shipped model (less ``--out``)."""
     data = [a for name in MODEL_GRIDS for a in ("--data", str(path(name)))]

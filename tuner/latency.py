@@ -50,6 +50,7 @@ FEATURES = (
     "threads",
     "log2 B*H",
     "log2 S",
+    "per-token gate",  # 0: a constant decay per head; 1: the gated kernel's (kernel.gated), once timed
 )
 
 
@@ -60,9 +61,11 @@ def features(
     resources: BlockResources,
     arch: str,
     sms: int | None = None,
+    *,
+    gate: bool = False,
 ) -> list[float]:
     """The model's inputs, in the order of ``FEATURES``, on a GPU of ``sms`` SMs (default:
-    the arch's reference GPU's)."""
+    the arch's reference GPU's); ``gate`` for a decay per token (``kernel.gated``)."""
     p, c = problem, config
     blocks, slots, waves = grid(p, c, resources, arch, sms)
     last = blocks - (waves - 1) * slots
@@ -84,6 +87,7 @@ def features(
         resources.threads,
         math.log2(p.batch * p.heads),
         math.log2(p.seqlen),
+        float(gate),
     ]
 
 
@@ -132,7 +136,7 @@ class LatencyModel:
     trees: tuple[tuple[tuple[float, ...], ...], ...]
     interval: tuple[float, float]  # log residual quantiles on held-out shapes
     trained: dict[str, Any]  # provenance: data, held-out shapes and their accuracy
-    domain: dict[str, list]  # each knob's values, and the [DK, DV] pairs, it was fitted to
+    domain: dict[str, list]  # each knob's values, the [DK, DV] pairs and the gates it was fitted to
 
     @functools.cached_property
     def key(self) -> str:
@@ -141,11 +145,16 @@ class LatencyModel:
         numbers = (self.arch, self.gpu, self.bandwidth, self.baseline, self.trees, self.interval, self.domain)
         return hashlib.sha256(repr(numbers).encode()).hexdigest()[:12]
 
-    def covers(self, problem: Problem, config: KernelConfig) -> bool:
-        """Whether ``config``'s knobs and the head sizes are all among those fitted to: a
-        prediction elsewhere extrapolates (a tree knows nothing of a chunk it never saw)."""
+    def covers(self, problem: Problem, config: KernelConfig, *, gate: bool = False) -> bool:
+        """Whether ``config``'s knobs, the head sizes and the decay's kind (``gate``) are all
+        among those fitted to: a prediction elsewhere extrapolates (a tree knows nothing of a
+        chunk it never saw). A model that lists no gates was fitted to constant decays."""
         knobs = config.to_dict().items()
-        return all(v in self.domain[k] for k, v in knobs) and [problem.dk, problem.dv] in self.domain["dk_dv"]
+        return (
+            all(v in self.domain[k] for k, v in knobs)
+            and [problem.dk, problem.dv] in self.domain["dk_dv"]
+            and float(gate) in self.domain.get("gate", [0.0])
+        )
 
     @classmethod
     def load(cls, path: Path = MODEL_FILE) -> "LatencyModel":
@@ -154,8 +163,9 @@ class LatencyModel:
             if (
                 not isinstance(data, dict)
                 or data.get("format") != MODEL_FORMAT
-                or data.get("features") != list(FEATURES)
-            ):
+                or not isinstance(data.get("features"), list)
+                or data["features"] != list(FEATURES[: len(data["features"])])
+            ):  # a model of fewer features (an older file) predicts the same: its trees never read the rest
                 raise ValueError(f"not a latency model of these features ({MODEL_FORMAT})")
             model = cls(
                 data["arch"],
@@ -168,6 +178,8 @@ class LatencyModel:
                 data["domain"],
             )
             model.check()
+            if any(node[0] >= len(data["features"]) for tree in model.trees for node in tree):
+                raise ValueError("a tree node reads a feature the file does not list")
             return model
         except KeyError as exc:
             raise ValueError(f"{path}: cannot read the latency model: no field {exc}") from None
@@ -183,7 +195,8 @@ class LatencyModel:
             raise ValueError(f"bandwidth {self.bandwidth} or interval {self.interval} out of range")
         if not all(math.isfinite(x) for x in (self.baseline, *self.interval)):
             raise ValueError(f"baseline {self.baseline} or interval {self.interval} not finite")
-        if not isinstance(self.domain, dict) or set(self.domain) != {*KernelConfig().to_dict(), "dk_dv"}:
+        named = {*KernelConfig().to_dict(), "dk_dv"}
+        if not isinstance(self.domain, dict) or not named <= set(self.domain) <= {*named, "gate"}:
             raise ValueError("its domain does not name every knob and the head sizes")
         if not all(isinstance(values, list) for values in self.domain.values()) or not all(
             isinstance(pair, list) and len(pair) == 2 for pair in self.domain["dk_dv"]
@@ -238,16 +251,17 @@ class LatencyModel:
         arch: str,
         sweep: str = "forward",
         sms: int | None = None,
+        gate: bool = False,
     ) -> Prediction:
         """The prediction on ``arch``, on a GPU of ``sms`` SMs where known (the GPU at hand;
-        default: the arch's reference GPU's)."""
+        default: the arch's reference GPU's); ``gate`` for a decay per token."""
         if arch != self.arch:
             ratio = analytic_ratio(problem, config, resources, arch, sms)
             return Prediction(ratio, math.nan, math.nan, False, arch, None, self.gpu)
-        log = self.log_ratio(features(problem, config, sweep, resources, arch, sms))
+        log = self.log_ratio(features(problem, config, sweep, resources, arch, sms, gate=gate))
         floor_ms = floor_bytes(problem, sweep) / self.bandwidth * 1e3
         low, high = (math.exp(log + q) for q in self.interval)
-        covered = self.covers(problem, config)
+        covered = self.covers(problem, config, gate=gate)
         return Prediction(math.exp(log), low, high, True, arch, floor_ms, self.gpu, covered)
 
 

@@ -41,6 +41,7 @@ class Sample:
     resources: BlockResources
     median_ms: float
     arch: str
+    gate: bool = False  # a decay per token (kernel.gated): a sweep's row says so
 
     @property
     def shape(self) -> tuple:
@@ -49,7 +50,7 @@ class Sample:
         return (p.dk, p.dv, self.sweep, p.batch, p.heads, p.seqlen)
 
     def features(self) -> list[float]:
-        return features(self.problem, self.config, self.sweep, self.resources, self.arch)
+        return features(self.problem, self.config, self.sweep, self.resources, self.arch, gate=self.gate)
 
     def log_ratio(self, bandwidth: float) -> float:
         return math.log(self.median_ms * 1e-3 * bandwidth / floor_bytes(self.problem, self.sweep))
@@ -75,7 +76,8 @@ def from_sweep(path: Path) -> tuple[list[Sample], str]:
                 key = (r["dk"], r["dv"], r["h"], r["sweep"], r["config"])
                 # the resources of S's chunk class; a sweep that probed only whole chunks, of that class
                 found = resources.get((*key, not whole_chunks(p, config.chunk))) or resources[(*key, False)]
-                samples.append(Sample(p, config, r["sweep"], found, measured_ms(r["median_ms"]), arch))
+                ms, gate = measured_ms(r["median_ms"]), bool(r.get("gate", False))
+                samples.append(Sample(p, config, r["sweep"], found, ms, arch, gate))
     except (KeyError, TypeError, AttributeError, ValueError) as exc:  # UsageError too
         raise UsageError(f"{path}: not a sweep's JSON lines: {type(exc).__name__}: {exc}") from None
     if not samples:
@@ -86,17 +88,30 @@ def from_sweep(path: Path) -> tuple[list[Sample], str]:
 def from_storage(url: str) -> tuple[list[Sample], str]:
     """The feasible GPU trials of every study in a storage (a trial that lacks a measured
     time or the compiler's resources is skipped); and their GPU (the first named)."""
+    from tuner.storage import get_storage
+
+    samples, gpus = storage_samples(get_storage(url, create=False), url)
+    if not samples:
+        raise UsageError(f"{url}: no GPU trials to fit to")
+    return samples, next((g for g in gpus if g), "")
+
+
+def storage_samples(
+    storage, url: str, *, gpu: str | None = None, arch: str | None = None
+) -> tuple[list[Sample], list[str]]:
+    """The feasible GPU trials of the forward and dkdv studies in ``storage`` (an Optuna
+    storage, read from ``url``), of ``gpu`` on ``arch`` where given, and each one's GPU. A
+    trial counts as a GPU one by its own mode, else its study's."""
     import optuna
 
-    from tuner.storage import get_storage
     from tuner.trials import is_feasible, trial_config
 
-    storage = get_storage(url, create=False)
     samples, gpus = [], []
-    for summary in optuna.get_all_study_summaries(storage):
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
-        if study.user_attrs.get("mode") != "gpu" or "problem" not in study.user_attrs:
-            continue
+        mode = study.user_attrs.get("mode")
+        if study.user_attrs.get("sweep") == "decode" or "problem" not in study.user_attrs:
+            continue  # the decode step's problem and configs are another kernel's
         try:
             problem = Problem.from_dict(study.user_attrs["problem"])
         except (TypeError, ValueError, AttributeError) as exc:
@@ -105,7 +120,7 @@ def from_storage(url: str) -> tuple[list[Sample], str]:
             ) from None
         sweep = study.user_attrs.get("sweep", "forward")
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            if "cached_from" in t.user_attrs or not is_feasible(t):
+            if t.user_attrs.get("mode", mode) != "gpu" or "cached_from" in t.user_attrs or not is_feasible(t):
                 continue
             try:
                 ms = measured_ms(t.user_attrs.get("median_ms"))
@@ -116,12 +131,12 @@ def from_storage(url: str) -> tuple[list[Sample], str]:
             except (TypeError, ValueError):  # a trial of an older tool, without the resources
                 continue
             env = t.user_attrs.get("environment") or {}
+            found = t.user_attrs.get("arch", study.user_attrs.get("arch", ""))
+            if (gpu is not None and env.get("gpu") != gpu) or (arch is not None and found != arch):
+                continue
             gpus.append(env.get("gpu", ""))
-            arch = t.user_attrs.get("arch", study.user_attrs.get("arch", ""))
-            samples.append(Sample(problem, trial_config(t), sweep, fig, ms, arch))
-    if not samples:
-        raise UsageError(f"{url}: no GPU trials to fit to")
-    return samples, next((g for g in gpus if g), "")
+            samples.append(Sample(problem, trial_config(t), sweep, fig, ms, found))
+    return samples, gpus
 
 
 def fit(samples: list[Sample], *, gpu: str, bandwidth: float, trained: dict[str, Any]) -> LatencyModel:
@@ -145,7 +160,8 @@ def fit(samples: list[Sample], *, gpu: str, bandwidth: float, trained: dict[str,
 def domain(samples: list[Sample]) -> dict[str, list]:
     """Each knob's values among ``samples``, and their [DK, DV] pairs, sorted."""
     knobs = {k: sorted({getattr(s.config, k) for s in samples}) for k in KernelConfig().to_dict()}
-    return knobs | {"dk_dv": [list(p) for p in sorted({(s.problem.dk, s.problem.dv) for s in samples})]}
+    pairs = [list(p) for p in sorted({(s.problem.dk, s.problem.dv) for s in samples})]
+    return knobs | {"dk_dv": pairs, "gate": sorted({float(s.gate) for s in samples})}
 
 
 def _tree(nodes) -> tuple[tuple[float, ...], ...]:
@@ -220,14 +236,14 @@ def judge(model: LatencyModel, samples: Iterable[Sample]) -> list[dict[str, Any]
 
 def residual_interval(model: LatencyModel, samples: list[Sample], bandwidth: float) -> tuple[float, float]:
     """The 10th and 90th percentile of log(measured / predicted) over ``samples``."""
-    return _interval(_residuals(model, samples, bandwidth))
+    return quantile_interval(_residuals(model, samples, bandwidth))
 
 
 def _residuals(model: LatencyModel, samples: list[Sample], bandwidth: float) -> list[float]:
     return [s.log_ratio(bandwidth) - model.log_ratio(s.features()) for s in samples]
 
 
-def _interval(residuals: list[float]) -> tuple[float, float]:
+def quantile_interval(residuals: list[float]) -> tuple[float, float]:
     ordered = sorted(residuals)
     return tuple(ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.1, 0.9))  # type: ignore[return-value]
 
@@ -269,26 +285,34 @@ def fit_and_judge(
 
 
 def fit_each_shape_out(
-    samples: list[Sample], *, gpu: str, bandwidth: float, sources: list[str]
+    samples: list[Sample], *, gpu: str, bandwidth: float, sources: list[str], folds: int | None = None
 ) -> tuple[LatencyModel, list[dict[str, Any]]]:
     """Judge by leaving each shape out in turn (a fit to the others ranks its configs, and
     their residuals give the interval), then fit to every sample: a calibration to a
-    user's GPU from a storage of a few studies, none held back from the model it ships."""
+    user's GPU from a storage of a few studies, none held back from the model it ships.
+    ``folds``: leave the sorted shapes out in that many interleaved sets instead, one fit
+    each (a bounded time: the refit at the end of a GPU run)."""
     shapes = sorted({s.shape for s in samples})
     if len(shapes) < 2:
         raise UsageError(
             f"all {len(samples)} timings are of one shape: judging a model on shapes it never saw "
             "needs two or more (tune another shape into the storage)"
         )
+    sets = (
+        [shapes[i::folds] for i in range(folds)] if folds and folds < len(shapes) else [[s] for s in shapes]
+    )
     rows, residuals = [], []
-    for shape in shapes:
-        out = [s for s in samples if s.shape == shape]
-        model = fit([s for s in samples if s.shape != shape], gpu=gpu, bandwidth=bandwidth, trained={})
+    for left in map(set, sets):
+        out = [s for s in samples if s.shape in left]
+        model = fit([s for s in samples if s.shape not in left], gpu=gpu, bandwidth=bandwidth, trained={})
         rows += judge(model, out)
         residuals += _residuals(model, out, bandwidth)
     model = fit(samples, gpu=gpu, bandwidth=bandwidth, trained={})
-    trained = _trained(sources, samples, samples, rows, "each shape left out in turn")
-    return replace(model, interval=_interval(residuals), trained=trained), rows
+    how = (
+        "each shape left out in turn" if len(sets) == len(shapes) else f"shapes left out in {len(sets)} sets"
+    )
+    trained = _trained(sources, samples, samples, rows, how)
+    return replace(model, interval=quantile_interval(residuals), trained=trained), rows
 
 
 def _trained(sources: list[str], train: list, test: list, rows: list, how: str) -> dict[str, Any]:

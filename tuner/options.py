@@ -101,6 +101,12 @@ class Options:
         f"else {DEFAULT_ARCH} compile-only; dispatch, whose table is measured, refuses without a GPU)",
         choices=tuple(ARCHS),
     )
+    for_gpu: str | None = option(
+        None,
+        "the GPU a compile-only run ranks for, named as torch names it (model show lists those cached): "
+        "its own latency model, refit from its trials at the end of GPU runs on it, else the shipped one "
+        "(default: a GPU run's GPU; compile-only, the shipped model)",
+    )
     sweep: str = option(
         "forward",
         "the kernel to tune: the forward, dkdv, the backward's fused dk and dv pass "

@@ -207,8 +207,8 @@ def hold(
     if mode == "compile-only" and held_model not in (None, ranked_by) and study.get_trials(deepcopy=False):
         raise UsageError(
             f"study {name!r} was ranked by the latency model {held_model}; the model in use is "
-            f"{ranked_by} (DECAY_TUNER_LATENCY_MODEL names it), and the ranks of two models do not "
-            "compare: use another --study"
+            f"{ranked_by} (DECAY_TUNER_LATENCY_MODEL or --for-gpu chooses it), and the ranks of two "
+            "models do not compare: use another --study"
         )
     if mode == "compile-only":
         study.set_user_attr("ranked_by", ranked_by)

@@ -46,7 +46,7 @@ from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, 
 from kernel.trial_schema import EXTRAPOLATED, MEASURES
 from tuner import outcomes, space
 from tuner.claims import Claimed, Claims, Owned, interrupted, worker_index
-from tuner.latency import latency_model
+from tuner.latency_cache import gpu_key, model_for, refresh
 from tuner.liveness import fail_interrupted, fail_stale, interrupt, record_heartbeat
 from tuner.occupancy import BlockResources
 from tuner.options import Options, UsageError
@@ -70,9 +70,15 @@ class Tuner:
             raise UsageError(f"{self.space.unusable}: nothing to tune")
         self.space.check(options.enqueue)
         self.call = self.space.call
-        self.model = latency_model()  # ranks compile-only trials; predicts beside measured ones
         self.env = environment(self.arch)
         self.env_key = env_key(self.env)
+        named = self.env["gpu"] if self.gpu else options.for_gpu
+        if self.gpu and options.for_gpu and gpu_key(options.for_gpu, self.arch) != gpu_key(named, self.arch):
+            raise UsageError(
+                f"--for-gpu names the GPU a compile-only run ranks for; this run measures on {named}"
+            )
+        # ranks compile-only trials, predicts beside measured ones; the line says which it is
+        self.model, self.model_line = model_for(named, self.arch)
         self.objectives = outcomes.objective_names(self.gpu, options.multi_objective)
         sampler = make_sampler(options.sampler, self.space.knobs, options.seed)
         self.storage = get_storage(storage, heartbeat_s=options.heartbeat_s, grace_s=options.grace_s)
@@ -105,7 +111,8 @@ class Tuner:
         self._pool: ProcessPoolExecutor | None = None
         self._checkpoint: Callable[[], None] = lambda: None  # raises for a Ctrl-C (run's)
         self.sms = sm_count() if self.gpu else None  # None: the architecture's reference GPU's
-        rate = memory_bandwidth() if self.gpu else None
+        self.storage_url = storage
+        self.bandwidth = rate = memory_bandwidth() if self.gpu else None
         first = space.first_configs(self.space, self.model, options, sms=self.sms, bandwidth=rate)
         enqueue(self.study, first, self.env_key)
         self._fills = random.Random(options.seed + self.worker_index)  # which untried config fills a repeat
@@ -197,6 +204,20 @@ class Tuner:
                 if worker is not None:
                     worker.close()
         return self.study
+
+    def refresh_model(self) -> str | None:
+        """After a run that measured trials on this GPU (one stopped by Ctrl-C or SIGTERM
+        too): its GPU's latency model refit or rescaled from every measured trial of it in
+        the storage, into the user's cache (``tuner.latency_cache.refresh``); the line
+        saying what was written, None where this run measured nothing. A failure is that
+        line too, naming its class: it never fails the run."""
+        if not self.gpu or not self.gpu_evaluations:
+            return None
+        gpu = self.env["gpu"]
+        try:
+            return refresh(self.storage, self.storage_url, gpu=gpu, arch=self.arch, bandwidth=self.bandwidth)
+        except Exception as exc:
+            return f"latency model of {gpu} not refreshed: {type(exc).__name__}: {exc}".splitlines()[0]
 
     def _untried(self, but: int | None = None) -> dict[KernelConfig, bool]:
         """The space's configs no trial has tried in this environment or runs now (on any

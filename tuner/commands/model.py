@@ -17,7 +17,8 @@ JUDGED = ("shape", "dk", "dv", "sweep", "configs", "spearman", "top1_over_best",
 
 def cmd_model(args: argparse.Namespace) -> int:
     """Fit the latency model to GPU timings (sweeps' JSON lines, a storage's GPU trials) and
-    print its accuracy on shapes held out of the fit (fit), or show the model in use (show).
+    print its accuracy on shapes held out of the fit (fit), or show the model in use and
+    those cached per GPU (show).
 
     The model predicts a config's time from its knobs, its problem and the compiler's
     resource counts; compile-only runs rank by it. It needs scikit-learn to fit, not to predict."""
@@ -27,9 +28,22 @@ def cmd_model(args: argparse.Namespace) -> int:
         given = [f"--{k.replace('_', '-')}" for k in FIT_ONLY if getattr(args, k) is not None]
         if given:
             raise UsageError(f"model show takes no {', '.join(given)}: model fit's")
+        from tuner import latency_cache
+
         model = latency.LatencyModel.load(latency.model_path())
         print(f"{latency.model_path()}: {model.gpu} ({model.arch}), {len(model.trees)} trees")
         print(json.dumps(model.trained, indent=1))
+        cached = latency_cache.cached_models()
+        print(f"per GPU, refit at the end of GPU runs ({latency_cache.cache_dir()}): {len(cached) or 'none'}")
+        for path, found in cached:
+            if isinstance(found, str):
+                print(f"  {path.name}: {found}")
+                continue
+            held = found.trained.get("held_out") or {}
+            rho = held.get("spearman_median")
+            judged = "" if rho is None else f", Spearman median {rho:.2f} over {held.get('shapes')} shapes"
+            made = latency_cache.made_by(found)
+            print(f"  {path.name}: {found.gpu} ({found.arch}), {made}{judged} (--for-gpu {found.gpu!r})")
         return 0
     from tuner import latency_fit
     from tuner.commands.args import named, out_file

@@ -129,15 +129,23 @@ def _export_run(study: "optuna.Study", out: Path, env: str) -> int:
 
 
 def _run_and_log(tuner: "Tuner", folder: Path) -> "optuna.Study":
-    """Run the study, then save its trial log (CSV and Parquet) in ``folder``, with its
-    exports; a run stopped by Ctrl-C or SIGTERM saves the log of its trials so far first (a
-    second Ctrl-C cuts that short)."""
+    """Say which latency model ranks the study, run it, then save its trial log (CSV and
+    Parquet) in ``folder``, with its exports, and refresh the GPU's latency model from its
+    measured trials (``Tuner.refresh_model``); a run stopped by Ctrl-C or SIGTERM does both
+    for its trials so far (a second Ctrl-C cuts that short)."""
+    forward = tuner.sweep != "decode"  # the decode step's study ranks by its waves, no model
+    if forward:
+        print(fit(tuner.model_line), file=sys.stderr)
     try:
         tuner.run()
     except KeyboardInterrupt:  # goes on after the log
         _log(tuner.study, folder, tuner.options.grace_s, f"{_this_run(tuner)}, stopped")
+        if forward and (line := tuner.refresh_model()):
+            print(fit(line), file=sys.stderr)
         raise
     _log(tuner.study, folder, tuner.options.grace_s, f"{_this_run(tuner)} this run")
+    if forward and (line := tuner.refresh_model()):
+        print(fit(line), file=sys.stderr)
     return tuner.study
 
 
