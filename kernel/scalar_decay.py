@@ -194,9 +194,11 @@ def chunk_loop_macro(
     carried in, then the state carried out. ``Decay[bh]`` is the head's alpha in (0, 1],
     read at run time; ``scale`` multiplies the queries. ``State`` is ``None`` (start from
     zero) or an fp32 ``[B*H, P, DK, DV]`` tensor whose ``[bbh, p_in]`` slice is the state
-    to start from where the run-time condition ``start`` holds (default: always; else
-    zero); ``Final`` is ``None`` or the fp32 ``[B*H, 1, DK, DV]`` tensor that receives the
-    state after ``s_end`` where the run-time condition ``final`` holds. A
+    to start from where ``start`` holds (default: always; else zero); ``Final`` is ``None``
+    or the fp32 ``[B*H, 1, DK, DV]`` tensor that receives the state after ``s_end`` where
+    ``final`` holds. Each condition is a bool, or a function of no arguments returning the
+    run-time condition, called where the state is read or written (``pool_fwd``): the state
+    read is then a masked load, not a branch around a copy. A
     ragged last chunk (``m < C`` tokens) weights its keys by their distance to its last
     token and decays the state by ``alpha^m``, so the state carried out is exact. Shared by
     the single-pass kernel and the sequence-split variant (``kernel.seq_split``). ``arch``
@@ -252,6 +254,9 @@ def chunk_loop_macro(
         decay_mask(Gamma, lg, Decay, bh)
         if State is None:
             T.clear(S_f)
+        elif callable(start):  # a run-time condition (``pool_fwd``): a masked load, no branch
+            for i, j in T.Parallel(dk, block_dv):
+                S_f[i, j] = T.if_then_else(start(), State[bbh, p_in, i, v0 + j], T.Cast(accum, 0))
         elif start:
             T.copy(State[bbh, p_in, :, v0 : v0 + block_dv], S_f)
         else:
@@ -309,7 +314,10 @@ def chunk_loop_macro(
                 for i, j in T.Parallel(dk, block_dv):
                     S_f[i, j] *= alpha_power(lg[0], m)
                 T.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV] -> [DK, bDV]
-        if Final is not None and final:
+        if Final is not None and callable(final):  # a run-time condition, evaluated here
+            if final():
+                T.copy(S_f, Final[bbh, 0, :, v0 : v0 + block_dv])
+        elif Final is not None and final:
             T.copy(S_f, Final[bbh, 0, :, v0 : v0 + block_dv])
 
     return chunk_loop
@@ -382,6 +390,9 @@ def transposed_chunk_loop_macro(
         decay_mask(GammaT, lg, Decay, bh)  # GammaT[j, i]: key j, query i
         if State is None:
             T.clear(ST_f)
+        elif callable(start):  # a run-time condition (``pool_fwd``): a masked load, no branch
+            for v, d in T.Parallel(block_dv, dk):
+                ST_f[v, d] = T.if_then_else(start(), State[bbh, p_in, d, v0 + v], T.Cast(accum, 0))
         elif start:
             for v, d in T.Parallel(block_dv, dk):
                 ST_f[v, d] = State[bbh, p_in, d, v0 + v]
@@ -415,7 +426,11 @@ def transposed_chunk_loop_macro(
             mma.wait(0)
             if mma.asynchronous:
                 touch[0] = V_s[0, 0]
-        if Final is not None and final:
+        if Final is not None and callable(final):  # a run-time condition, evaluated here
+            if final():
+                for v, d in T.Parallel(block_dv, dk):
+                    Final[bbh, 0, d, v0 + v] = ST_f[v, d]
+        elif Final is not None and final:
             for v, d in T.Parallel(block_dv, dk):
                 Final[bbh, 0, d, v0 + v] = ST_f[v, d]
 
@@ -569,6 +584,15 @@ def pool_fwd(problem: Problem, *, slots: str, initial_state=False, final_state=F
     tokens, offsets, sequences, rows = (T.dynamic(n) for n in ("tokens", "offsets", "sequences", "pool_rows"))
     qk, vo, decay = tensor_types(1, tokens, heads=heads, dk=dk, dv=dv, dtype=problem.dtype)
 
+    # The conditions go to the chunk loop as functions, expanded where the state is read and
+    # written. A condition passed as an expression is bound to a variable above TileLang's
+    # producer/consumer split; where the state is written under it, TileLang 0.1.15's
+    # ThreadSync refuses the consumer branch's barriers ("not warp-uniform. Condition: not
+    # tx < 128", sm_90a, 256 threads with the state not transposed).
+    def kept(slot):
+        """Whether ``slot`` lies in the pool: else no state is read or written."""
+        return (slot >= 0) & (slot < T.Cast("int64", rows // heads))
+
     @T.prim_func
     def main(
         Q: qk(), K: qk(), V: vo(), Decay: decay(), Pool: T.Tensor([rows, 1, dk, dv], ACCUM), O: vo(),
@@ -581,7 +605,6 @@ def pool_fwd(problem: Problem, *, slots: str, initial_state=False, final_state=F
             bos = CuSeqlens[n]
             eos = CuSeqlens[n + 1]
             slot = T.Cast("int64", Slots[n])
-            kept = (slot >= 0) & (slot < T.Cast("int64", rows // heads))  # else no state read or written
             row = T.Cast("int32", slot) * heads + bh  # used only where kept
             chunk_loop(
                 Q,
@@ -599,8 +622,8 @@ def pool_fwd(problem: Problem, *, slots: str, initial_state=False, final_state=F
                 Pool,
                 row,
                 0,
-                kept,
-                kept & (FromPool[n] != 0),
+                lambda: kept(slot),
+                lambda: kept(slot) & (FromPool[n] != 0),
             )
 
     return main

@@ -12,6 +12,8 @@ import itertools
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import refs
 from kernel.arch import DEFAULT_ARCH, get_arch
@@ -159,6 +161,28 @@ def test_a_good_traced_call_gives_the_output_shape():
     q, k, v, pool, slots = _meta()
     o = decay_decode(q, k, v, torch.full((4,), 0.9, device="meta"), pool=pool, slots=slots)
     assert o.shape == (3, 1, 4, 32) and o.dtype == torch.float16 and o.is_meta
+
+
+def _symbolic(mode, shape, dtype=torch.float32):
+    """A fake CUDA tensor of ``shape`` with every size symbolic, as opcheck's
+    test_aot_dispatch_dynamic and torch.compile's dynamic shapes trace it."""
+    dims = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * len(shape))
+    fake = mode.from_tensor(torch.empty(shape, dtype=dtype, device="meta"), symbolic_context=dims)
+    fake.fake_device = torch.device("cuda")
+    return fake
+
+
+def test_the_fake_implementation_takes_symbolic_sizes():
+    """Traced with every size symbolic, the fake implementation checks what needs no
+    concrete sizes and builds no problem of symbolic ones ("heads must be a positive
+    integer, got s36", opcheck on a GPU)."""
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    q, k, v = (_symbolic(mode, (3, 1, 4, 64), torch.float16) for _ in range(3))
+    pool, slots = _symbolic(mode, (9, 4, 64, 64)), _symbolic(mode, (3,), torch.int32)
+    with mode:
+        for decay in (_symbolic(mode, (4,)), None):
+            o = torch.ops.decay_tuner.decay_decode.default(q, k, v, decay, 0.9, 0.125, pool, slots)
+            assert o.dtype == torch.float16 and o.dim() == 4 and o.device.type == "cuda"
 
 
 def test_slot_values_checked_on_request(monkeypatch):

@@ -13,6 +13,8 @@ import math
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import refs
 from kernel.config import Call, KernelConfig, Problem
@@ -127,6 +129,29 @@ def test_a_good_traced_call_gives_the_output_shape(launches):
     assert not launches  # traced: the op's fake implementation
 
 
+def _symbolic(mode, shape, dtype=torch.float32):
+    """A fake CUDA tensor of ``shape`` with every size symbolic (opcheck's
+    test_aot_dispatch_dynamic, torch.compile's dynamic shapes)."""
+    dims = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * len(shape))
+    fake = mode.from_tensor(torch.empty(shape, dtype=dtype, device="meta"), symbolic_context=dims)
+    fake.fake_device = torch.device("cuda")
+    return fake
+
+
+def test_the_fake_implementation_takes_symbolic_sizes(launches):
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    q, k = (_symbolic(mode, (1, 20, 4, 64), torch.float16) for _ in range(2))
+    v, pool = _symbolic(mode, (1, 20, 4, 32), torch.float16), _symbolic(mode, (8, 4, 64, 32))
+    slots, cu = _symbolic(mode, (6,), torch.int32), _symbolic(mode, (7,), torch.int32)
+    from_pool = _symbolic(mode, (6,), torch.bool)
+    op = torch.ops.decay_tuner.decay_attention_pool.default
+    with mode:
+        for decay in (_symbolic(mode, (4,)), None):
+            o = op(q, k, v, decay, 0.9, 0.125, pool, slots, from_pool, cu, 3)
+            assert o.dtype == torch.float16 and o.dim() == 4
+    assert not launches
+
+
 def test_a_pool_call_is_inference_only(launches):
     call = _meta()
     q, k, v = (call.pop(x) for x in "qkv")
@@ -171,6 +196,54 @@ def test_pool_kernel_compiles_for_hopper_without_spills(problem, config, slots):
     assert isinstance(res, Resources), res
     assert res.spill_bytes == 0 and res.stack_frame == 0, res
     assert res.fits_smem, res
+
+
+# Every config a pool call of the GPU tests picks on an H100 (132 SMs, 3.35e12 B/s: the
+# rule's slower-memory side) and ahead of time (fast memory's side), and a grid of the
+# knobs around them, lowered for sm_90a: 256 threads with the state not transposed failed
+# to lower on the H100 ("[ThreadSync] ... not warp-uniform. Condition: not tx < 128").
+H100 = (132, 3.35e12)
+
+
+def _picked_pool_configs():
+    from kernel.arch import get_arch
+    from kernel.ops.serve import kernel_job
+
+    found = set()
+    for lengths, h, dk, dv, dtype, slot_dtype in GPU_CASES:
+        problem = Problem(1, h, sum(lengths), dk, dv, str(dtype).removeprefix("torch."))
+        call = Call(dk**-0.5, packed=True, slots=str(slot_dtype).removeprefix("torch."))
+        for sms, bandwidth in (H100, (get_arch("sm_90a").sms, None)):
+            job = kernel_job(problem, call, len(lengths), arch="sm_90a", sms=sms, bandwidth=bandwidth)
+            found.add(job)
+    return sorted(found, key=str)
+
+
+LOWERED_GRID = [
+    (Problem(1, 8, 64, d, d), KernelConfig(64, bdv, stages, threads, "smem", 1))
+    for d in (128, 64)
+    for bdv in (64, 128)
+    for threads in (128, 256)
+    for stages in (1, 2, 3)
+    if bdv <= d
+]
+
+
+def test_pool_kernel_lowers_for_hopper_at_every_config_picked_and_a_grid():
+    from kernel.probe import lower
+    from kernel.variants import prim_funcs
+
+    jobs = _picked_pool_configs()
+    assert {job[1] for job in jobs} >= {KernelConfig(64, 64, 2, 256, "smem", 1)}  # the H100's
+    jobs += [(p, c, Call(p.dk**-0.5, packed=True, slots="int32")) for p, c in LOWERED_GRID]
+    failed = []
+    for problem, config, call in jobs:
+        try:
+            for func in prim_funcs(problem, config, call, arch="sm_90a"):
+                lower(func, arch="sm_90a")
+        except Exception as exc:  # TVM raises many types
+            failed.append((problem, config, str(exc).strip().splitlines()[-1][:200]))
+    assert not failed, failed
 
 
 # --- on a GPU ---------------------------------------------------------------------------

@@ -230,7 +230,10 @@ _decode_op = torch.library.custom_op("decay_tuner::decay_decode", mutates_args=(
 def _(q, k, v, decay, alpha, scale, pool, slots):
     _, h, dk, dv, pool_dtype, slot_dtype = check_step(q, k, v, pool, slots)
     inputs.check_decay(decay, alpha, h, q.device)
-    DecodeProblem(h, dk, dv, inputs.DTYPE_NAMES[q.dtype], pool_dtype, slot_dtype, scale)
+    # Sizes traced symbolically (torch.compile's dynamic shapes, opcheck's) are checked
+    # where the real call runs; a placeholder takes each one's place here.
+    sizes = (x if type(x) is int else 64 for x in (h, dk, dv))
+    DecodeProblem(*sizes, inputs.DTYPE_NAMES[q.dtype], pool_dtype, slot_dtype, scale)
     return q.new_empty(v.shape)
 
 
