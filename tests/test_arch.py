@@ -249,7 +249,7 @@ def test_a_second_architecture_on_one_study_measures_the_seeds_for_itself(tmp_pa
     for arch in ("sm_80", "sm_89"):  # each architecture's own, and named so, whichever ran last
         key = env_key(environment(arch))
         if main(["best", "--storage", storage, "--study", "both", *SMALL, "--env", key]) == 0:
-            heading = capsys.readouterr().out.splitlines()[0]
+            heading = " ".join(capsys.readouterr().out.split("\n\n")[0].split())  # wrapped at 120 columns
             assert f"(compile-only for {arch}:" in heading and f"no GPU: compile-only for {arch}," in heading
             shown.append(arch)
     assert "sm_80" in shown  # the first run's, which the second's --arch once relabelled

@@ -25,7 +25,7 @@ def test_default_study_name_is_the_problem():
 
 
 def test_a_study_keeps_its_problem(tmp_path):
-    storage = f"sqlite:///{tmp_path / 'sub' / 'db.sqlite'}"  # the folder is made
+    storage = f"sqlite:///{tmp_path / 'db.sqlite'}"
     study = open_study(SMALL_PROBLEM, name="s", storage=storage)
     assert study.user_attrs["problem"] == SMALL_PROBLEM.to_dict()
     assert open_study(SMALL_PROBLEM, name="s", storage=storage).study_name == "s"  # resumed
