@@ -7,7 +7,10 @@ rows = [json.loads(line) for line in (Path(__file__).parent / "bench.jsonl").ope
 shapes: dict = {}
 for r in rows:
     shapes.setdefault((r["n"], r["heads"]), {})[r["what"]] = r
-print("| N x H | ours GPU us | floor us | ours/floor | fla+gather/scatter us | fla/ours | ours host us/call | config |")
+print(
+    "| N x H | ours GPU us | floor us | ours/floor | fla+gather/scatter us | fla/ours | ours host us/call |",
+    "config |",
+)
 print("|---|---|---|---|---|---|---|---|")
 for (n, h), d in shapes.items():
     o, f, fla = d["ours"], d["copy (floor)"], d["fla fused_recurrent + gather/scatter"]

@@ -16,8 +16,8 @@ from rule import legacy_config  # noqa: E402
 from kernel.arch import ARCHS  # noqa: E402
 from kernel.builder import precompile  # noqa: E402
 from kernel.config import Problem, model_call  # noqa: E402
-from kernel.rule import default_config, smem_bytes  # noqa: E402
 from kernel.probe import Resources  # noqa: E402
+from kernel.rule import default_config, smem_bytes  # noqa: E402
 
 HEADS = [(64, 64), (128, 128), (128, 256), (256, 256)]
 

@@ -24,9 +24,9 @@ import torch
 import refs
 from kernel.builder import cuda_arch, memory_bandwidth, precompile, sm_count
 from kernel.config import Call, Problem, model_call, retnet_decay
-from kernel.rule import default_config
 from kernel.ops import decay_attention, serve
 from kernel.ops.dispatch import Dispatch, DispatchEntry
+from kernel.rule import default_config
 from kernel.timing import time_gpu
 from tuner.bench_rows import copy_bandwidth
 
