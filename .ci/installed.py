@@ -23,7 +23,7 @@ model = latency.latency_model()  # the shipped model, read as tuning reads it
 assert latency.model_path().resolve().is_relative_to(site) and model.key, latency.model_path()
 fitted_to = [fit_data.path(name) for name in {*fit_data.MODEL_GRIDS, fit_data.RULE_GRID}]
 missing = [str(p) for p in fitted_to if not p.is_file()]
-assert not missing, f"the wheel lacks the sweeps the model and the rule are fitted to: {missing}"
+assert not missing, f"the wheel lacks the grids the model and the rule are fitted to: {missing}"
 assert fit_data.rule_scores([fit_data.path(fit_data.RULE_GRID)]), "the rule scored on its grid"
 for table in sorted(tables.SHIPPED.glob("*.json")):  # the shipped dispatch tables
     kernel.ops.load_dispatch(table, allow_mismatch=True)
@@ -32,4 +32,4 @@ cmd, env = autotune.child_command(Problem(1, 2, 256, 64, 64), Path("table.json")
 assert cmd[:3] == [sys.executable, "-m", "tuner"], cmd
 assert str(checkout) not in env.get("PYTHONPATH", ""), env.get("PYTHONPATH")
 assert KernelConfig().to_dict()
-print(f"installed: kernel and tuner from {site}; the latency model {model.key}; {len(fitted_to)} sweeps")
+print(f"installed: kernel and tuner from {site}; the latency model {model.key}; {len(fitted_to)} grids")
