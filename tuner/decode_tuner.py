@@ -20,15 +20,12 @@ forward's key is left as it was.
 """
 
 import math
-import os
-import random
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import optuna
 
 from kernel.arch import get_arch, resolve
-from kernel.builder import sm_count
 from kernel.decode import DecodeCase, DecodeConfig, decode_config, decode_knobs
 from kernel.decode_build import probe_decode
 from kernel.environment import decode_environment, env_key
@@ -36,14 +33,10 @@ from kernel.probe import ProbeFailure
 from kernel.processes import CHECKPOINT_S, result_of
 from kernel.trial_schema import FLOOR, MEASURES, UNCALIBRATED
 from tuner import outcomes
-from tuner.claims import Claimed, Claims, Owned, worker_index
-from tuner.liveness import fail_interrupted, fail_stale
+from tuner.claims import Claimed, Owned
 from tuner.occupancy import BlockResources, blocks_per_sm
 from tuner.options import Options, UsageError
-from tuner.samplers import make_sampler
 from tuner.space import Space
-from tuner.storage import get_storage
-from tuner.studies import hold, open_study
 from tuner.trials import best_trials, measured_before, trial_config
 from tuner.tuner import Tuner
 from tuner.worker import GpuWorker
@@ -86,36 +79,9 @@ class DecodeTuner(Tuner):
         self.env_key = env_key(self.env)
         self.objectives = outcomes.objective_names(self.gpu, options.multi_objective)
         self.space = decode_space(case)
-        self.storage = get_storage(storage, heartbeat_s=options.heartbeat_s, grace_s=options.grace_s)
-        self.study = open_study(
-            case,  # its to_dict: the study's problem
-            name=name,
-            storage=self.storage,
-            sampler=make_sampler(options.sampler, self.space.knobs, options.seed),
-            directions=["minimize"] * len(self.objectives),
-        )
-        self.worker_index = worker_index(self.study)
-        if self.worker_index:
-            self.study.sampler = make_sampler(
-                options.sampler, self.space.knobs, options.seed + self.worker_index
-            )
-        mode = "gpu" if self.gpu else "compile-only"
-        hold(self.study, storage, objectives=self.objectives, sweep="decode", mode=mode, arch=self.arch,
-             ranked_by=RANKED_BY)  # fmt: skip
-        self.interrupted = fail_interrupted(self.study) + fail_stale(self.study, options.grace_s)
-        self.claims = Claims(self.study, self.env_key, options.grace_s)
-        self._live: set[int] = set()
-        self._pool: ProcessPoolExecutor | None = None
-        self._checkpoint = lambda: None
-        self.sms = sm_count() if self.gpu else None
+        self._open(case, name=name, storage=storage, ranked_by=RANKED_BY)  # its to_dict: the problem
         self.rule = decode_config(case.problem, case.rows, self.sms or get_arch(self.arch).sms)
         self._enqueue_rule()
-        self._fills = random.Random(options.seed + self.worker_index)
-        self.explored = 0
-        cores = os.cpu_count() or 1
-        self.workers = options.workers or (max(1, cores - 2) if self.gpu else cores)
-        self.depth = min(self.workers, 8) if self.gpu and options.sampler != "grid" else self.workers
-        self.gpu_evaluations = 0
 
     def _enqueue_rule(self) -> None:
         """Queue the rule's config (``kernel.decode.decode_config`` at N), the baseline, unless

@@ -40,6 +40,7 @@ import optuna
 from kernel.arch import resolve
 from kernel.builder import memory_bandwidth, sm_count
 from kernel.config import KernelConfig, Problem
+from kernel.decode import DecodeCase
 from kernel.environment import env_key, environment
 from kernel.probe import ProbeFailure, probe
 from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, ctrl_c_ignored, result_of
@@ -80,13 +81,23 @@ class Tuner:
         # ranks compile-only trials, predicts beside measured ones; the line says which it is
         self.model, self.model_line = model_for(named, self.arch)
         self.objectives = outcomes.objective_names(self.gpu, options.multi_objective)
-        sampler = make_sampler(options.sampler, self.space.knobs, options.seed)
+        self._open(problem, name=name, storage=storage, ranked_by=self.model.key)
+        self.storage_url = storage
+        self.bandwidth = rate = memory_bandwidth() if self.gpu else None
+        first = space.first_configs(self.space, self.model, options, sms=self.sms, bandwidth=rate)
+        enqueue(self.study, first, self.env_key)
+
+    def _open(self, problem: Problem | DecodeCase, *, name: str, storage: str, ranked_by: str) -> None:
+        """Open (or join) the study of ``problem`` for this run's ``space``, ``objectives``,
+        ``sweep``, ``arch`` and ``options``, hold it for them (``ranked_by``: what ranks its
+        compile-only trials), fail the trials a killed run left, and size the run's workers."""
+        options = self.options
         self.storage = get_storage(storage, heartbeat_s=options.heartbeat_s, grace_s=options.grace_s)
         self.study = open_study(
             problem,
             name=name,
             storage=self.storage,
-            sampler=sampler,
+            sampler=make_sampler(options.sampler, self.space.knobs, options.seed),
             directions=["minimize"] * len(self.objectives),
         )
         # Workers on one study with one --seed would otherwise propose the same configs.
@@ -103,7 +114,7 @@ class Tuner:
             sweep=self.sweep,
             mode=mode,
             arch=self.arch,
-            ranked_by=self.model.key,
+            ranked_by=ranked_by,
         )
         self.interrupted = fail_interrupted(self.study) + fail_stale(self.study, options.grace_s)
         self.claims = Claims(self.study, self.env_key, options.grace_s)
@@ -111,10 +122,6 @@ class Tuner:
         self._pool: ProcessPoolExecutor | None = None
         self._checkpoint: Callable[[], None] = lambda: None  # raises for a Ctrl-C (run's)
         self.sms = sm_count() if self.gpu else None  # None: the architecture's reference GPU's
-        self.storage_url = storage
-        self.bandwidth = rate = memory_bandwidth() if self.gpu else None
-        first = space.first_configs(self.space, self.model, options, sms=self.sms, bandwidth=rate)
-        enqueue(self.study, first, self.env_key)
         self._fills = random.Random(options.seed + self.worker_index)  # which untried config fills a repeat
         self.explored = 0  # configs new to the study in this environment, this run
         cores = os.cpu_count() or 1
