@@ -75,7 +75,7 @@ def test_the_fused_sweep_s_entries_serve_it_alone(tmp_path):
 def test_a_picked_split_never_passes_the_grid_it_was_tuned_with():
     """An entry tuned at 128 blocks (2x16x16384 in 4 segments) serves 3x24x6000 (72 blocks
     unsplit) unsplit: split in two, its 144 blocks would pass the 132 SMs and run a second
-    wave (experiments/costmodel/README.md). A shape it can reach without passing is split."""
+    wave (docs/evidence.md#rule-family). A shape it can reach without passing is split."""
     entry = DispatchEntry(Problem(2, 16, 16384, 128, 128), KernelConfig(64, 128, 3, 256, segments=4))
     assert same_wave(entry, Problem(3, 24, 6000, 128, 128)).segments == 1
     assert same_wave(entry, Problem(1, 40, 8192, 128, 128)).segments == 2  # 80 blocks: nearer 128 than 40

@@ -59,7 +59,7 @@ def test_the_rule_keeps_the_choices_the_sweeps_fitted():
 def test_a_split_never_passes_one_block_per_sm():
     """A grid past the SM count runs a second wave: at 3x24x6000 (72 blocks on 132 SMs) the
     split in two, 144 blocks, took 1.48x the unsplit forward and 1.19x the unsplit fused
-    pass (experiments/costmodel/README.md). Unsplit grids may be larger."""
+    pass (docs/evidence.md#rule-family). Unsplit grids may be larger."""
     for dk, dv in HEADS:
         for b, h, s in [*SHAPES, (3, 24, 6000), (1, 40, 8192), (5, 17, 3000), (1, 3, 65536)]:
             problem = Problem(b, h, s, dk, dv)

@@ -101,8 +101,9 @@ def test_ampere_refuses_before_any_compile_what_its_warps_cannot_tile():
 
 
 def test_register_scores_past_128_threads_are_restricted_everywhere():
-    """They never compile (tests/test_kernel_cpu.py's layout failure, experiments/
-    regs_threads/): refused untried on every architecture; 128 threads are left to compile."""
+    """They never compile (tests/test_kernel_cpu.py's layout failure,
+    docs/evidence.md#regs-threads): refused untried on every architecture; 128 threads are left
+    to compile."""
     problem = Problem(1, 2, 512, 64, 64)
     for arch in ("sm_80", "sm_90a", "sm_120"):
         assert violated(problem, KernelConfig(64, 64, 2, 256, "regs"), arch) == [

@@ -30,11 +30,11 @@ def test_every_shipped_table_is_tuned_for_these_kernels():
     """The stale policy: a change to the kernels' code re-tunes the shipped tables in the
     same change (docs/ops.md). Each is a dispatch table of one GPU model and architecture,
     forward and fused-pass entries, measured on these kernels. (None ships today:
-    experiments/shipped/README.md says why.)"""
+    docs/evidence.md#rule-family says why.)"""
     for path in sorted(SHIPPED.glob("*.json")):
         table = load_dispatch(path, allow_mismatch=True)
         env = table.environment
-        assert env["kernel"] == kernel_key(), f"{path.name} is stale: re-tune it (experiments/shipped)"
+        assert env["kernel"] == kernel_key(), f"{path.name} is stale: re-tune it (docs/ops.md)"
         assert env["arch"] in ARCHS and env["gpu"], path.name
         assert {e.sweep for e in table.entries} == {"forward", "dkdv"}, path.name
 
