@@ -91,14 +91,20 @@ def check_qkv(q: Any, k: Any, v: Any) -> Problem:
 def check_tensors(q: Any, k: Any, v: Any) -> None:
     """q, k ``[B, S, H, DK]`` and v ``[B, S, H, DV]``, fp16 or bf16 CUDA (or meta) tensors
     of one dtype and device."""
+    _check_qkv(q, k, v, "H", shared=3)
+
+
+def _check_qkv(q: Any, k: Any, v: Any, heads: str, *, shared: int) -> None:
+    """Four dimensions each, CUDA (or meta), fp16 or bf16, one dtype and device; k shaped as
+    q, and v sharing q's first ``shared`` sizes (``heads``: what the message calls q's third)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-d tensor [B, S, H, D], got {_describe(t)}")
+            raise ValueError(f"{name} must be a 4-d tensor [B, S, {heads}, D], got {_describe(t)}")
         if t.device.type not in ("cuda", "meta"):
             raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
     if q.dtype not in DTYPE_NAMES:
         raise ValueError(f"q must be float16 or bfloat16, got {q.dtype}")
-    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+    if k.shape != q.shape or v.shape[:shared] != q.shape[:shared]:
         raise ValueError(
             f"k must be shaped as q {list(q.shape)} and v [B, S, H, DV]; got {list(k.shape)}, {list(v.shape)}"
         )
@@ -122,20 +128,7 @@ def check_group_tensors(q: Any, k: Any, v: Any) -> Sizes:
     """q, k ``[B, S, G, DK]`` and v ``[B, S, H, DV]`` with H a multiple of G, fp16 or bf16
     CUDA (or meta) tensors of one dtype and device; the call's sizes, H its heads (of at
     most ``MAX_ROWS`` (batch, head) pairs)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-d tensor [B, S, heads, D], got {_describe(t)}")
-        if t.device.type not in ("cuda", "meta"):
-            raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
-    if q.dtype not in DTYPE_NAMES:
-        raise ValueError(f"q must be float16 or bfloat16, got {q.dtype}")
-    if k.shape != q.shape or v.shape[:2] != q.shape[:2]:
-        raise ValueError(
-            f"k must be shaped as q {list(q.shape)} and v [B, S, H, DV]; got {list(k.shape)}, {list(v.shape)}"
-        )
-    if not (k.dtype == v.dtype == q.dtype) or not (k.device == v.device == q.device):
-        got = ", ".join(f"{t.dtype} on {t.device}" for t in (q, k, v))
-        raise ValueError(f"q, k, v must share dtype and device, got {got}")
+    _check_qkv(q, k, v, "heads", shared=2)
     groups, heads = q.shape[2], v.shape[2]
     if type(groups) is int and type(heads) is int and (groups < 1 or heads % groups):
         raise ValueError(f"v's heads H must be a multiple of q and k's groups G = {groups}, got H = {heads}")
