@@ -629,6 +629,7 @@ def test_every_flag_has_help_and_shows_its_default(command):
         (["run", "--storage", "sqlite://"], "keeps nothing"),
         (["run", "--study", ""], "--study wants a name, got ''"),
         (["compare", "--against", ""], "--against wants a name, got ''"),
+        (["run", "--for-gpu", ""], "--for-gpu wants a name, got ''"),
         (["run", "--study", "storages/j-1/b1"], "is reserved: the studies folder's storages/ holds"),
         (["run", "--study", "decay-tuner.db-journal"], "names the storage's file '"),
         (["export", "--study", "decay-tuner.db-wal/x"], "decay-tuner.db-wal': choose another --study"),

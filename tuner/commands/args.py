@@ -82,15 +82,15 @@ def options_of(args: argparse.Namespace) -> Options:
 def named(args: argparse.Namespace, *flags: str) -> None:
     """``UsageError`` for a name flag given as the empty string."""
     for flag in flags:
-        if getattr(args, flag) == "":
-            raise UsageError(f"--{flag} wants a name, got ''")
+        if getattr(args, flag, None) == "":
+            raise UsageError(f"--{flag.replace('_', '-')} wants a name, got ''")
 
 
 def where(args: argparse.Namespace) -> tuple[str, str]:
     """(study name, storage URL) from the flags, defaulting to the problem's study in studies/."""
     from tuner.studies import check_study_name, default_study_name  # loads Optuna
 
-    named(args, "study", "storage")
+    named(args, "study", "storage", "for_gpu")
     sweep = getattr(args, "sweep", "forward")  # run's; the read-only commands name a dkdv study with --study
     return check_study_name(
         args.study or default_study_name(problem_of(args), sweep)
