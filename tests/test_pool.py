@@ -287,6 +287,10 @@ def _live(slots, rows):
 
 
 # (lengths, H, DK, DV, dtype, slot dtype): odd lengths, one-token sequences among prefills.
+# The chunk kernel's state update multiplies the decayed k rounded to q's dtype (the seed's
+# design), so a prefilled state carries that rounding as the outputs do: 2e-4 (fp16) and
+# 1.6e-3 (bf16) against fp64 on the H100 (experiments/gpu_tests/pool_decode_bec4195.log).
+STATE_TOL = 1e-2
 GPU_CASES = [
     ([1, 63, 64, 65, 200, 7], 8, 128, 128, torch.float16, torch.int32),
     ([300, 1, 1, 129, 2048], 16, 128, 128, torch.bfloat16, torch.int64),
@@ -322,7 +326,7 @@ def test_prefill_into_a_poisoned_pool_matches_reference_a_then_decodes_go_on(cas
     assert final is None and o.shape == v.shape and o.dtype == dtype
     assert not o.isnan().any()
     assert _rel(ref_o, o) < 1e-2
-    assert _rel(ref_final[live], pool[slots[live].long()]) < 1e-4
+    assert _rel(ref_final[live], pool[slots[live].long()]) < STATE_TOL
     untouched = torch.ones(rows, dtype=torch.bool, device="cuda")
     untouched[slots[live].long()] = False
     assert torch.equal(_bits(before[untouched]), _bits(pool[untouched]))
@@ -340,7 +344,7 @@ def test_prefill_into_a_poisoned_pool_matches_reference_a_then_decodes_go_on(cas
             output_final_state=True,
         )  # fmt: skip
         assert _rel(ref, os_) < 1e-2, step
-    assert _rel(state, pool[used.long()]) < 1e-4
+    assert _rel(state, pool[used.long()]) < STATE_TOL
     assert torch.equal(_bits(before[untouched]), _bits(pool[untouched]))
 
 
@@ -379,11 +383,11 @@ def test_a_mixed_batch_equals_its_parts_run_apart(dtype):
     assert torch.equal(o[0, :d], o_dec[:, 0]) and torch.equal(o[:, d:], o_pre)
     assert torch.equal(_bits(pool), _bits(apart))
     ref_o, ref_final = _reference(q, k, v, decay, cu, start, dk**-0.5)
-    assert _rel(ref_o, o) < 1e-2 and _rel(ref_final, pool[slots.long()]) < 1e-4
+    assert _rel(ref_o, o) < 1e-2 and _rel(ref_final, pool[slots.long()]) < STATE_TOL
     # All through the packed kernel (no decodes hint): the same results within rounding.
     again = original
     o_one, _ = decay_attention(q, k, v, decay, cu_seqlens=cu, pool=again, slots=slots, from_pool=from_pool)
-    assert _rel(ref_o, o_one) < 1e-2 and _rel(ref_final, again[slots.long()]) < 1e-4
+    assert _rel(ref_o, o_one) < 1e-2 and _rel(ref_final, again[slots.long()]) < STATE_TOL
 
 
 @pytest.mark.gpu
@@ -456,7 +460,7 @@ def test_captured_graph_of_a_fixed_t_replays_new_batches():
         ref_o, ref_final = _reference(q, k, v, decay, cu, start, dk**-0.5)
         assert _rel(ref_o, o) < 1e-2, step
         live = slots >= 0
-        assert _rel(ref_final[live], pool[slots[live].long()]) < 1e-4, step
+        assert _rel(ref_final[live], pool[slots[live].long()]) < STATE_TOL, step
         untouched = torch.ones(rows, dtype=torch.bool, device="cuda")
         untouched[slots[live].long()] = False
         assert torch.equal(_bits(before[untouched]), _bits(pool[untouched])), step

@@ -1,0 +1,72 @@
+"""Where forward plus backward spends its time, ours at 8x16x4096 and 2x16x16384 (128/128,
+fp16, RetNet's decays, the final state returned, as ``measure.py``'s warm part): the GPU's
+kernels by name (torch.profiler, 20 calls), and the host's Python by function (cProfile,
+200 calls queued without a sync).
+
+    source .gpu/setup.sh && python3 experiments/host_path/breakdown.py   # prints; with OUT, $OUT/breakdown.txt too
+"""
+
+import cProfile
+import io
+import os
+import pstats
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from kernel.ops import decay_attention  # noqa: E402
+
+
+def tensors(b: int, s: int, h: int = 16, d: int = 128):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (
+        torch.randn(b, s, h, d, device="cuda", dtype=torch.float16, generator=g).requires_grad_(True)
+        for _ in range(3)
+    )
+    gammas = torch.tensor([1 - 2 ** (-5 - i) for i in range(h)], device="cuda")
+    return q, k, v, gammas, torch.randn_like(v)
+
+
+def main() -> None:
+    lines = []
+    for b, s in ((8, 4096), (2, 16384)):
+        q, k, v, gammas, do = tensors(b, s)
+
+        def once() -> None:
+            o, _ = decay_attention(q, k, v, gammas, output_final_state=True)
+            o.backward(do)
+
+        for _ in range(20):
+            once()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            for _ in range(20):
+                once()
+            torch.cuda.synchronize()
+        lines.append(f"== {b}x16x{s}: GPU kernels, 20 calls")
+        lines.append(prof.key_averages().table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=70))
+        lines.append(f"== {b}x16x{s}: host ops, 20 calls")
+        lines.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70))
+        prof_py = cProfile.Profile()
+        torch.cuda.synchronize()
+        prof_py.enable()
+        for _ in range(200):
+            once()
+        prof_py.disable()
+        torch.cuda.synchronize()
+        for order in ("tottime", "cumulative"):
+            text = io.StringIO()
+            pstats.Stats(prof_py, stream=text).sort_stats(order).print_stats(30)
+            lines.append(f"== {b}x16x{s}: Python, 200 calls, by {order}")
+            lines.append(text.getvalue())
+    out = "\n".join(lines)
+    print(out)
+    if os.environ.get("OUT"):
+        (Path(os.environ["OUT"]) / "breakdown.txt").write_text(out)
+
+
+if __name__ == "__main__":
+    main()
