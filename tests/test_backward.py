@@ -267,6 +267,40 @@ def test_decay_attention_gradients_match_autograd_through_a(b, s, h, dk, dv, dty
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", [GPU_CASES[0], GPU_CASES[4]], ids=str)
+def test_a_final_state_no_gradient_reaches_runs_the_passes_warmup_compiled(case):
+    """``output_final_state`` with a loss of ``o`` alone: no zeros are made for the state's
+    gradient, the reversed passes start from a kept zero state, twice alike, on the kernels
+    a final state's backward compiles (``training_jobs``), and nothing else compiles."""
+    from kernel.builder import compiles, cuda_arch, precompile
+    from kernel.ops.attention import decay_attention
+    from kernel.ops.serve import training_jobs
+
+    b, s, h, dk, dv, dtype, lengths = case
+    q, k, v, do, h0, _, cu = _gpu_case(b, s, h, dk, dv, dtype, lengths)
+    n = b if lengths is None else len(lengths)
+    precompile(
+        sorted(
+            training_jobs(Problem(b, h, s, dk, dv, dtype), Call(0.1, False, True, cu is not None), n), key=str
+        ),
+        arch=cuda_arch(),
+    )
+    decay = torch.tensor(DECAYS[:h], device="cuda")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    before = compiles()
+    grads = []
+    for _ in range(2):
+        o, final = decay_attention(*leaves, decay, scale=0.1, output_final_state=True, cu_seqlens=cu)
+        _poison_allocator()
+        grads.append(torch.autograd.grad((o.float() * do.float()).sum(), leaves))
+    assert compiles() == before
+    want = _autograd(q, k, v, torch.zeros_like(h0), decay, 0.1, do, None, cu)
+    for name, g, again, w in zip(("dq", "dk", "dv"), *grads, want):
+        assert torch.equal(g, again), name
+        assert not g.isnan().any() and refs.rel_l2(g, w) < refs.TOLERANCE, (name, refs.rel_l2(g, w))
+
+
+@pytest.mark.gpu
 def test_training_step_under_torch_compile_fullgraph():
     """The loss compiled whole, with ``fullgraph=True``: its backward graph (which AOTAutograd
     builds from the op's autograd rule) gives eager's gradients: dk, dv and dH0 bit for bit;

@@ -3,7 +3,7 @@ fp16, RetNet's decays, the final state returned, as ``measure.py``'s warm part):
 kernels by name (torch.profiler, 20 calls), and the host's Python by function (cProfile,
 200 calls queued without a sync).
 
-    source .gpu/setup.sh && python3 experiments/host_path/breakdown.py   # prints; with OUT, $OUT/breakdown.txt too
+    source .gpu/setup.sh && python3 experiments/host_path/breakdown.py   # with OUT: $OUT/breakdown.txt
 """
 
 import cProfile
@@ -36,6 +36,7 @@ def main() -> None:
         q, k, v, gammas, do = tensors(b, s)
 
         def once() -> None:
+            q.grad = k.grad = v.grad = None  # as a training step's zero_grad
             o, _ = decay_attention(q, k, v, gammas, output_final_state=True)
             o.backward(do)
 
@@ -47,9 +48,15 @@ def main() -> None:
                 once()
             torch.cuda.synchronize()
         lines.append(f"== {b}x16x{s}: GPU kernels, 20 calls")
-        lines.append(prof.key_averages().table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=70))
+        lines.append(
+            prof.key_averages().table(
+                sort_by="self_device_time_total", row_limit=14, max_name_column_width=70
+            )
+        )
         lines.append(f"== {b}x16x{s}: host ops, 20 calls")
-        lines.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70))
+        lines.append(
+            prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70)
+        )
         prof_py = cProfile.Profile()
         torch.cuda.synchronize()
         prof_py.enable()

@@ -9,10 +9,14 @@ One script, each part in a child process with a timeout:
   cold     a fresh process, 3 times: ``import torch``, ``import kernel.ops``, CUDA's start
            (``torch.cuda.init()`` and a tiny op), the first forward call (synchronised), then
            the first forward+backward; which heavy modules the first call imported;
-  warm     eager host time per call: wall time of 200 calls queued without a sync, over
-           200; the wall time per call with the sync; the GPU kernels' time per call
-           (torch.profiler). Forward 8x16x4096 128/128 fp16, RetNet decays, the final state
-           returned; forward+backward at 8x16x4096 and 2x16x16384;
+  warm     eager host time per call: the median over 10 batches of the wall time of 20
+           calls queued after a sync, over 20 (so few launches that CUDA's queue never
+           fills and makes the host wait for the GPU); the wall time per call of 200 calls
+           with the sync; the GPU kernels' time per call (torch.profiler); triton's
+           ``do_bench`` (L2 flushed). Forward 8x16x4096 128/128 fp16, RetNet decays, the
+           final state returned (no gradient reaches it); forward+backward at 8x16x4096
+           and 2x16x16384, the gradients set to None before each call as a training
+           step's ``zero_grad`` does (else each call adds into them);
   fla      the same warm figures for fla's ``chunk_simple_gla`` (skipped where fla does not import).
 Prints a table; with ``OUT`` set, writes JSON lines to ``$OUT/host_path.jsonl``.
 """
@@ -97,13 +101,14 @@ else:
     from fla.ops.simple_gla import chunk_simple_gla
     def call(q, k, v, g):
         return chunk_simple_gla(q, k, v, g=None, g_gamma=g.log(), scale=q.shape[-1] ** -0.5, output_final_state=True)
-N = 200
+N, QUEUED = 200, 20
 def run(case, b, s):
     backward = case != "fwd"
     q, k, v, gammas = tensors(b, s, grad=backward)
     do = torch.randn_like(v)
     if backward:
-        def once():
+        def once():  # gradients set to None first, as a training step's zero_grad does
+            q.grad = k.grad = v.grad = None
             o, st = call(q, k, v, gammas)
             o.backward(do)
     else:
@@ -112,11 +117,18 @@ def run(case, b, s):
                 call(q, k, v, gammas)
     for _ in range(20):
         once()
+    hosts = []
+    for _ in range(10):  # 20 calls queued after a sync: too few launches to fill CUDA's queue
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(QUEUED):
+            once()
+        hosts.append((time.perf_counter() - t) / QUEUED)
+    host = sorted(hosts)[len(hosts) // 2]
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(N):
         once()
-    host = (time.perf_counter() - t) / N
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t) / N
     from torch.profiler import profile, ProfilerActivity
@@ -125,8 +137,10 @@ def run(case, b, s):
             once()
         torch.cuda.synchronize()
     kern = sum(e.device_time_total for e in prof.events() if e.device_type.name == "CUDA") / 20
+    from triton.testing import do_bench
+    bench = do_bench(once, warmup=25, rep=200, return_mode="median")
     return {"part": "warm", "impl": which, "case": case, "shape": f"{b}x16x{s}", "host_us": host * 1e6,
-            "wall_us": wall * 1e6, "kernels_us": kern}
+            "wall_us": wall * 1e6, "kernels_us": kern, "do_bench_us": bench * 1e3}
 for case, (b, h, s) in json.loads(sys.argv[2]).items():
     print(json.dumps(run(case, b, s)), flush=True)
 """
@@ -170,7 +184,8 @@ def main() -> None:
         elif r["part"] == "warm":
             print(
                 f"{r['impl']:5} {r['case']:13} {r['shape']:11} host {r['host_us']:7.1f} us/call  "
-                f"wall {r['wall_us']:7.1f} us/call  kernels {r['kernels_us']:7.1f} us/call"
+                f"wall {r['wall_us']:7.1f} us/call  kernels {r['kernels_us']:7.1f} us/call  "
+                f"do_bench {r['do_bench_us']:7.1f} us"
             )
         else:
             print(json.dumps(r)[:3000])

@@ -231,6 +231,7 @@ class _EagerPlan(torch.autograd.Function):
         config, states = (None, None) if split is None else split
         ctx.save_for_backward(q, k, v, decay, initial_state, cu_seqlens, states)
         ctx.plan, ctx.split_config = plan, config
+        ctx.set_materialize_grads(False)  # a final state's gradient left None: no zeros made
         return (o, final) if plan.want_final else o
 
     @staticmethod
@@ -238,10 +239,9 @@ class _EagerPlan(torch.autograd.Function):
         q, k, v, decay, initial_state, cu_seqlens, states = ctx.saved_tensors
         plan = ctx.plan
         do = torch.zeros_like(v) if do is None else do
-        dht = dfinal if dfinal is not None and dfinal.numel() else None
-        g = _Grads(q, k, v, do, decay, 1.0, plan.scale, initial_state, dht, cu_seqlens)
+        g = _Grads(q, k, v, do, decay, 1.0, plan.scale, initial_state, dfinal, cu_seqlens)
         split = None if states is None else (ctx.split_config, states)
-        dq, dk, dv, dh0 = _passes(g, split, plan.passes)
+        dq, dk, dv, dh0 = _passes(g, split, plan.passes, zero_start=plan.want_final and dfinal is None)
         return None, dq, dk, dv, None, (dh0 if initial_state is not None else None), None
 
 
@@ -338,13 +338,16 @@ def _backward(
 
 
 def _passes(
-    g: _Grads, split: Split | None, kept: dict[tuple, Any] | None = None
+    g: _Grads, split: Split | None, kept: dict[tuple, Any] | None = None, zero_start: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_backward``, given the forward's ``Split`` where it ran split (an eager call
     keeps it): the dq pass, the forward on (dO, V, K), has the forward's states
     transposed, so where it cuts the sequence into the same segments it reads them and
     runs its outputs kernel alone. ``kept``: the kernel of each pass, by what decides it
-    (an eager ``_Plan``'s, filled on its first backward)."""
+    (an eager ``_Plan``'s, filled on its first backward). ``zero_start``: the forward
+    returned its final state but no gradient reached it; the reversed passes run the
+    kernels a final state's backward runs (those ``warmup`` compiled) from a kept zero
+    state, where dividing a zero gradient would cost launches."""
     if kept is None:
         decay = inputs.decay_tensor(g.decay, g.alpha, g.q.shape[2], g.q.device)
     else:  # an eager plan's: the fp32 decay its forward checked and ran
@@ -363,8 +366,19 @@ def _passes(
             kern = kept[key] = kernel_for(p, Call(scale, *flags[:4], dkdv=flags[4]), sequences)
         return kern
 
+    def zeros() -> torch.Tensor:
+        """The reversed passes' zero start (``zero_start``), made once per plan."""
+        start = kept.get("zero")
+        if start is None:
+            start = torch.zeros(sequences * problem.heads * problem.dk * problem.dv, device=q.device)
+            if not torch.cuda.is_current_stream_capturing():  # a graph's buffer is the graph's
+                kept["zero"] = start
+        return start
+
     def forward_pass(q_, k_, v_, h0, want_final, offsets, reverse):
         p = problem if q_ is q else inputs.shape_problem(q_.shape, v_.shape[-1], q_.dtype)
+        if reverse and zero_start and h0 is None:
+            h0 = zeros()
         final = _empty_state(q, p, sequences, True) if want_final else None
         kern, states = kernel(p, h0 is not None, want_final, offsets is not None, reverse, False), None
         if split is not None and not reverse and same_segments(kern.config, split[0], p.seqlen):
@@ -373,6 +387,8 @@ def _passes(
 
     def fused(q_, k_, v_, do_, start, want_final, offsets):
         final = _empty_state(q, problem, sequences, True) if want_final else None
+        if zero_start and start is None:
+            start = zeros()
         kern = kernel(problem, start is not None, want_final, offsets is not None, True, True)
         return *kern.run_dkdv(q_, k_, v_, do_, decay, start, final, offsets), final
 
