@@ -52,7 +52,9 @@ class DecodeProblem:
     """What one compiled decode kernel serves: every batch size N and pool size (both read
     from the tensors at launch) of ``heads`` heads of ``dk`` x ``dv`` states. ``dtype``:
     q, k, v and o; ``pool_dtype``: the states; ``slot_dtype``: the slot indices;
-    ``scale`` multiplies the queries, a constant of the kernel."""
+    ``scale`` multiplies the queries, a constant of the kernel; ``gated``: each (sequence,
+    head) also reads a log-gate ``g`` of its token (simple GLA's, Mamba2's ``dt * A``) and
+    decays by ``alpha_h * exp(g)``."""
 
     heads: int
     dk: int
@@ -61,6 +63,7 @@ class DecodeProblem:
     pool_dtype: str = "float32"
     slot_dtype: str = "int32"
     scale: float = 1.0
+    gated: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.heads, bool) or not isinstance(self.heads, int) or self.heads < 1:
@@ -83,13 +86,18 @@ class DecodeProblem:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
             raise ValueError(f"scale must be a finite number, got {scale!r}")
         object.__setattr__(self, "scale", float(scale))
+        if not isinstance(self.gated, bool):
+            raise ValueError(f"gated must be True or False, got {self.gated!r}")
 
     def state_bytes(self) -> int:
         """Bytes of one (slot, head) state in the pool."""
         return self.dk * self.dv * (4 if self.pool_dtype == "float32" else 2)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not self.gated:  # a constant decay's records read as before the gate
+            del data["gated"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
@@ -214,11 +222,13 @@ def decode_config(problem: DecodeProblem, rows: int, sms: int) -> DecodeConfig:
 
 
 def decode_step(problem: DecodeProblem, config: DecodeConfig):
-    """The ``@T.prim_func`` ``main(Q, K, V, Decay, Slots, Pool, O)`` of one step, for every
-    batch size N and pool size P (symbolic, read from the tensors at launch).
+    """The ``@T.prim_func`` ``main(Q, K, V, Decay, Slots, Pool, O)`` of one step (gated:
+    ``main(Q, K, V, Decay, G, Slots, Pool, O)``), for every batch size N and pool size P
+    (symbolic, read from the tensors at launch).
 
     Q, K: ``[N, 1, H, DK]``; V, O: ``[N, 1, H, DV]``; all of ``dtype``. Decay: fp32 ``[H]``,
-    each head's alpha. Slots: ``[N]`` of ``slot_dtype``, the pool row of each sequence.
+    each head's alpha. G: fp32 ``[N, 1, H]``, each token's log-gate (the decay is
+    ``alpha_h * exp(G)``). Slots: ``[N]`` of ``slot_dtype``, the pool row of each sequence.
     Pool: ``[P, H, DK, DV]`` of ``pool_dtype``, read and written in place at the valid
     slots only. Accumulation is fp32; a bf16 pool is rounded once, on the store."""
     import tilelang.language as T
@@ -229,6 +239,41 @@ def decode_step(problem: DecodeProblem, config: DecodeConfig):
     batch, slots = T.dynamic("batch, slots")
     pool_shape, slot_dtype, pool_dtype = [slots, heads, dk, dv], problem.slot_dtype, problem.pool_dtype
 
+    @T.macro
+    def step(Q, K, V, Slots, Pool, O, alpha, n, h, v0):
+        """One block's ``[DK, block_dv]`` slice of the state of (n, h), decayed by ``alpha``."""
+        S = T.alloc_fragment([dk, block_dv], ACCUM)
+        o = T.alloc_fragment([block_dv], ACCUM)
+        slot = Slots[n]
+        if slot >= 0 and slot < slots:
+            T.copy(Pool[slot, h, :, v0 : v0 + block_dv], S)
+            for d, j in T.Parallel(dk, block_dv):  # S' = alpha S + k^T v
+                S[d, j] = S[d, j] * alpha + T.Cast(ACCUM, K[n, 0, h, d]) * T.Cast(ACCUM, V[n, 0, h, v0 + j])
+            T.copy(S, Pool[slot, h, :, v0 : v0 + block_dv])
+            for d, j in T.Parallel(dk, block_dv):  # the terms of q S', summed over DK
+                S[d, j] = S[d, j] * T.Cast(ACCUM, Q[n, 0, h, d])
+            T.reduce_sum(S, o, dim=0)  # [DK, bDV] -> [bDV]
+            for j in T.Parallel(block_dv):
+                O[n, 0, h, v0 + j] = T.Cast(dtype, o[j] * scale)
+        else:  # padding (-1) or out of range: no state touched, a zero row
+            for j in T.Parallel(block_dv):
+                O[n, 0, h, v0 + j] = T.Cast(dtype, 0)
+
+    if problem.gated:
+
+        @T.prim_func
+        def gated(
+            Q: T.Tensor([batch, 1, heads, dk], dtype), K: T.Tensor([batch, 1, heads, dk], dtype),
+            V: T.Tensor([batch, 1, heads, dv], dtype), Decay: T.Tensor([heads], ACCUM),
+            G: T.Tensor([batch, 1, heads], ACCUM), Slots: T.Tensor([batch], slot_dtype),
+            Pool: T.Tensor(pool_shape, pool_dtype), O: T.Tensor([batch, 1, heads, dv], dtype),
+        ):  # fmt: skip
+            with T.Kernel(batch * heads, dv // block_dv, threads=threads) as (bnh, bv):
+                n, h = bnh // heads, bnh % heads
+                step(Q, K, V, Slots, Pool, O, Decay[h] * T.exp(G[n, 0, h]), n, h, bv * block_dv)
+
+        return gated
+
     @T.prim_func
     def main(
         Q: T.Tensor([batch, 1, heads, dk], dtype), K: T.Tensor([batch, 1, heads, dk], dtype),
@@ -237,26 +282,7 @@ def decode_step(problem: DecodeProblem, config: DecodeConfig):
         O: T.Tensor([batch, 1, heads, dv], dtype),
     ):  # fmt: skip
         with T.Kernel(batch * heads, dv // block_dv, threads=threads) as (bnh, bv):
-            n = bnh // heads
-            h = bnh % heads
-            v0 = bv * block_dv
-            S = T.alloc_fragment([dk, block_dv], ACCUM)
-            o = T.alloc_fragment([block_dv], ACCUM)
-            slot = Slots[n]
-            if slot >= 0 and slot < slots:
-                T.copy(Pool[slot, h, :, v0 : v0 + block_dv], S)
-                for d, j in T.Parallel(dk, block_dv):  # S' = alpha S + k^T v
-                    S[d, j] = S[d, j] * Decay[h] + T.Cast(ACCUM, K[n, 0, h, d]) * T.Cast(
-                        ACCUM, V[n, 0, h, v0 + j]
-                    )
-                T.copy(S, Pool[slot, h, :, v0 : v0 + block_dv])
-                for d, j in T.Parallel(dk, block_dv):  # the terms of q S', summed over DK
-                    S[d, j] = S[d, j] * T.Cast(ACCUM, Q[n, 0, h, d])
-                T.reduce_sum(S, o, dim=0)  # [DK, bDV] -> [bDV]
-                for j in T.Parallel(block_dv):
-                    O[n, 0, h, v0 + j] = T.Cast(dtype, o[j] * scale)
-            else:  # padding (-1) or out of range: no state touched, a zero row
-                for j in T.Parallel(block_dv):
-                    O[n, 0, h, v0 + j] = T.Cast(dtype, 0)
+            n, h = bnh // heads, bnh % heads
+            step(Q, K, V, Slots, Pool, O, Decay[h], n, h, bv * block_dv)
 
     return main

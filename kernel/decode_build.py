@@ -34,14 +34,21 @@ class DecodeKernel:
         slots: torch.Tensor,
         pool: torch.Tensor,
         out: torch.Tensor | None = None,
+        gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One step: q, k ``[N, 1, H, DK]``; v ``[N, 1, H, DV]``; decay fp32 ``[H]``; slots
-        ``[N]``; pool ``[P, H, DK, DV]``, updated in place at the valid slots; all
-        contiguous on one CUDA device, of the problem's dtypes. Returns o ``[N, 1, H, DV]``
-        (into ``out`` where given): zero rows where the slot is outside ``[0, P)``."""
+        ``[N]``; pool ``[P, H, DK, DV]``, updated in place at the valid slots; gate (a
+        gated problem's, and only its) fp32 ``[N, 1, H]``; all contiguous on one CUDA
+        device, of the problem's dtypes. Returns o ``[N, 1, H, DV]`` (into ``out`` where
+        given): zero rows where the slot is outside ``[0, P)``."""
+        if (gate is not None) != self.problem.gated:
+            raise ValueError("a gated decode kernel takes a gate, and only it")
         if out is None:
             out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        self.compiled(q, k, v, decay, slots, pool, out)
+        if gate is None:
+            self.compiled(q, k, v, decay, slots, pool, out)
+        else:
+            self.compiled(q, k, v, decay, gate, slots, pool, out)
         return out
 
     @property

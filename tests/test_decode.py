@@ -113,6 +113,11 @@ def _bad_calls():
         "decay 0": {"decay": 0.0},
         "decay None": {"decay": None},
         "scale NaN": {"scale": float("nan")},
+        "g of T = 2": {"g": torch.empty(3, 2, 4, device="meta")},
+        "g of 2 heads": {"g": torch.empty(3, 1, 2, device="meta")},
+        "g fp16": {"g": torch.empty(3, 1, 4, dtype=torch.float16, device="meta")},
+        "g on the CPU": {"g": torch.empty(3, 1, 4)},
+        "g a float": {"g": -0.5},
     }
 
 
@@ -130,7 +135,7 @@ def test_bad_input_is_one_value_error_before_any_launch(name, monkeypatch):
         bad = _bad_calls()[name]
         args = (bad.get("q", q), bad.get("k", k), bad.get("v", v), bad.get("decay"), 0.9, 0.125)
         with pytest.raises(ValueError):
-            ops_decode._decode(*args, bad.get("pool", pool), bad.get("slots", slots))
+            ops_decode._decode(*args, bad.get("pool", pool), bad.get("slots", slots), bad.get("g"))
     assert not launched
 
 
@@ -139,7 +144,7 @@ def test_a_call_like_a_checked_one_but_for_one_thing_is_still_refused(monkeypatc
     launched = []
 
     class Fake:
-        def run(self, *args):
+        def run(self, *args, **kwargs):
             launched.append(args)
 
     monkeypatch.setattr(ops_decode, "_SERVED", {})
@@ -153,7 +158,7 @@ def test_a_call_like_a_checked_one_but_for_one_thing_is_still_refused(monkeypatc
             continue
         args = (bad.get("q", q), bad.get("k", k), bad.get("v", v), bad.get("decay"), 0.9, 0.125)
         with pytest.raises(ValueError):
-            ops_decode._decode(*args, bad.get("pool", pool), bad.get("slots", slots))
+            ops_decode._decode(*args, bad.get("pool", pool), bad.get("slots", slots), bad.get("g"))
     assert len(launched) == 2
 
 
@@ -212,6 +217,8 @@ PROBED = [
     (DecodeProblem(8, 128, 64), DecodeConfig(16, 64)),
     (DecodeProblem(4, 256, 128), DecodeConfig(128, 256)),
     (DecodeProblem(1, 128, 128), DecodeConfig(64, 64)),  # 128 elements a thread
+    (DecodeProblem(8, 128, 128, "bfloat16", gated=True), DecodeConfig(32, 128)),  # a gate per token
+    (DecodeProblem(1, 128, 128, gated=True), DecodeConfig(64, 64)),
 ]
 
 
@@ -303,6 +310,53 @@ def test_steps_chained_match_reference_a(case):
         assert _rel(state, pool[slots.long()]) < tol, step
         state = pool[slots.long()].double()  # a bf16 pool rounds: chain from what it holds
     assert _unused_rows_untouched(before, pool, slots.long())
+
+
+# (N, H, DK, DV, dtype, pool dtype, slot dtype, a decay beside the gate)
+GATED_CASES = [
+    (1, 8, 128, 128, torch.float16, torch.float32, torch.int32, True),
+    (37, 8, 128, 64, torch.bfloat16, torch.float32, torch.int64, False),
+    (256, 16, 64, 64, torch.float16, torch.bfloat16, torch.int32, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GATED_CASES, ids=str)
+def test_gated_steps_chained_match_the_gated_reference_a(case):
+    """``g`` per (sequence, head), from -1e-4 to -20 (a gate that empties the state), with
+    or without a decay beside it; a padding row; the pool's unused rows NaN and untouched."""
+    from refs.gated import gated_recurrent
+
+    n, h, dk, dv, dtype, pool_dtype, slot_dtype, with_decay = case
+    rows = 2 * n + 3
+    pool = _pool(rows, h, dk, dv, pool_dtype, seed=3)
+    slots = torch.randperm(rows, device="cuda")[:n].to(slot_dtype)
+    if n > 1:
+        slots[n // 2] = -1
+    live = slots >= 0
+    pool[torch.ones(rows, dtype=torch.bool, device="cuda").index_fill_(0, slots[live].long(), False)] = float(
+        "nan"
+    )
+    before = pool.clone()
+    decay = torch.tensor(DECAYS[:h], device="cuda") if with_decay else None
+    gamma = None if decay is None else decay.double().log()
+    state = pool[slots[live].long()].double()
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    for step, (low, high) in enumerate([(-1e-4, -1e-4), (-20.0, -20.0), (-20.0, -1e-4), (-3.0, -0.01)]):
+        q, k, v = _inputs(n, h, dk, dv, dtype, seed=20 + step)
+        g = (torch.rand(n, 1, h, generator=gen, device="cuda") * (high - low) + low).float()
+        o = decay_decode(q, k, v, decay, pool=pool, slots=slots, g=g)
+        assert o.shape == (n, 1, h, dv) and o.dtype == dtype and not o.isnan().any()
+        assert not o[~live].any()
+        ref_o, state = gated_recurrent(
+            q[live], k[live], v[live], g[live].double(), g_gamma=gamma, scale=dk**-0.5,
+            initial_state=state, output_final_state=True,
+        )  # fmt: skip
+        assert _rel(ref_o, o[live]) < 1e-2, step
+        tol = 1e-5 if pool_dtype == torch.float32 else 2e-2
+        assert _rel(state, pool[slots[live].long()]) < tol, step
+        state = pool[slots[live].long()].double()
+    assert _unused_rows_untouched(before, pool, slots[live].long())
 
 
 @pytest.mark.gpu

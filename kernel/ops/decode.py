@@ -38,25 +38,31 @@ def decay_decode(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    decay: float | torch.Tensor,
+    decay: float | torch.Tensor | None,
     *,
     pool: torch.Tensor,
     slots: torch.Tensor,
     scale: float | None = None,
+    g: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode step: for each sequence n and head h, with ``S = pool[slots[n], h]``,
-    ``S <- decay_h * S + k^T v`` in place and ``o = (scale * q) S``.
+    ``S <- decay_h * S + k^T v`` in place and ``o = (scale * q) S`` (with ``g``: ``S <-
+    exp(g[n, 0, h]) * decay_h * S + k^T v``).
 
     Args:
         q, k: ``[N, 1, H, DK]``; v: ``[N, 1, H, DV]``; float16 or bfloat16 CUDA tensors
             (fla's ``[B, T, H, D]`` with T = 1).
-        decay: a float in (0, 1], or a tensor ``[H]`` of one alpha per head in (0, 1].
+        decay: a float in (0, 1], or a tensor ``[H]`` of one alpha per head in (0, 1];
+            may be None (no decay but ``g``'s) where ``g`` is given.
         pool: the states, float32 (or bfloat16) ``[P, H, DK, DV]``, contiguous, on q's
             device; the rows ``slots`` names are updated in place, no other.
         slots: int32 (or int64) ``[N]`` on q's device, the pool row of each sequence; -1
             (padding), like any value outside ``[0, P)``, touches no state and gives a
             zero output row.
         scale: multiplies the queries (default ``DK ** -0.5``, as fla).
+        g: fp32 ``[N, 1, H]``, each token's log-gate (<= 0; not checked: that would wait
+            for the GPU), as ``decay_attention(..., g=)`` and fla's ``fused_recurrent_simple_gla``
+            take it with T = 1.
 
     Returns:
         o ``[N, 1, H, DV]`` in q's dtype.
@@ -65,28 +71,32 @@ def decay_decode(
     untouched. Repeated slots within one call race: ``DECAY_TUNER_CHECK_SLOTS=1`` refuses
     them (and slots out of range), reading the slots on every call.
     """
-    per_head, alpha = inputs.decay_parts(decay)
+    per_head, alpha = (None, 1.0) if decay is None and g is not None else inputs.decay_parts(decay)
     inputs.check_arguments(scale, None, False, None)
     # Traced (torch.compile, fake or meta tensors): the op, whose fake implementation gives
     # the shape. On real tensors: its implementation, without the op's dispatch.
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor or q.is_meta:
-        check_step(q, k, v, pool, slots)
+        check_step(q, k, v, pool, slots, g)
         scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-        return torch.ops.decay_tuner.decay_decode(q, k, v, per_head, alpha, scale, pool, slots)
+        return torch.ops.decay_tuner.decay_decode(q, k, v, per_head, alpha, scale, pool, slots, g)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    return _decode(q, k, v, per_head, alpha, scale, pool, slots)
+    return _decode(q, k, v, per_head, alpha, scale, pool, slots, g)
 
 
-def check_step(q: Any, k: Any, v: Any, pool: Any, slots: Any) -> tuple[int, int, int, int, str, str]:
+def check_step(
+    q: Any, k: Any, v: Any, pool: Any, slots: Any, g: Any = None
+) -> tuple[int, int, int, int, str, str]:
     """The checks that need no values, of a traced call too: q, k ``[N, 1, H, DK]``, v
     ``[N, 1, H, DV]`` (``inputs.check_tensors``; T = 1), the pool ``[P, H, DK, DV]`` of
-    float32 or bfloat16, contiguous, and the slots int32 or int64 ``[N]``, both on q's
-    device. Returns ``(N, H, DK, DV, pool dtype, slot dtype)``."""
+    float32 or bfloat16, contiguous, the slots int32 or int64 ``[N]``, and the gate, None
+    or fp32 ``[N, 1, H]`` (``inputs.check_gate``), all on q's device. Returns ``(N, H, DK,
+    DV, pool dtype, slot dtype)``."""
     inputs.check_tensors(q, k, v)
     n, t, h, dk = q.shape
     dv = v.shape[-1]
     if t != 1:
         raise ValueError(f"a decode step takes one token per sequence, q [N, 1, H, DK]; got T = {t}")
+    inputs.check_gate(g, inputs.sizes(q, v), q.device)
     if type(n) is int and n < 1:  # symbolic where torch.compile traces a dynamic batch
         raise ValueError(f"a decode step takes at least one sequence, got N = {n}")
     if not isinstance(pool, torch.Tensor):
@@ -186,17 +196,19 @@ def _decode(
     scale: float,
     pool: torch.Tensor,
     slots: torch.Tensor,
+    g: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The op's implementation: checks, then one launch. The checks of types, shapes,
     dtypes, devices and layout that passed once for a call's ``_signature`` are not run
     again: a server's step costs a few attribute reads before its launch."""
-    key = (_signature(q, k, v, pool, slots), scale)
+    key = (_signature(q, k, v, pool, slots, g), scale)
     served = _SERVED.get(key)
     if served is not None and served[2] is not served_table():
         served = None
     if served is None:
-        n, heads, dk, dv, pool_dtype, slot_dtype = check_step(q, k, v, pool, slots)
-        problem = DecodeProblem(heads, dk, dv, inputs.DTYPE_NAMES[q.dtype], pool_dtype, slot_dtype, scale)
+        n, heads, dk, dv, pool_dtype, slot_dtype = check_step(q, k, v, pool, slots, g)
+        dtype = inputs.DTYPE_NAMES[q.dtype]
+        problem = DecodeProblem(heads, dk, dv, dtype, pool_dtype, slot_dtype, scale, g is not None)
     else:
         heads, kern, _ = served
     decay = inputs.decay_tensor(decay, alpha, heads, q.device)
@@ -207,10 +219,13 @@ def _decode(
         if len(_SERVED) >= _SERVED_MAX:
             _SERVED.clear()
         _SERVED[key] = (heads, kern, served_table())
-    return kern.run(q.contiguous(), k.contiguous(), v.contiguous(), decay, slots.contiguous(), pool)
+    gate = None if g is None else g.contiguous()
+    return kern.run(
+        q.contiguous(), k.contiguous(), v.contiguous(), decay, slots.contiguous(), pool, gate=gate
+    )
 
 
-def _signature(q: Any, k: Any, v: Any, pool: Any, slots: Any) -> tuple | None:
+def _signature(q: Any, k: Any, v: Any, pool: Any, slots: Any, g: Any) -> tuple | None:
     """What ``check_step`` and the choice of kernel read of a call: equal signatures pass
     or fail them alike. None where an argument is no tensor."""
     try:
@@ -218,6 +233,7 @@ def _signature(q: Any, k: Any, v: Any, pool: Any, slots: Any) -> tuple | None:
             type(q), type(k), type(v), type(pool), type(slots), q.shape, k.shape, v.shape,
             q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, pool.shape, pool.dtype,
             pool.device, pool.is_contiguous(), slots.shape, slots.dtype, slots.device,
+            None if g is None else (type(g), g.shape, g.dtype, g.device),
         )  # fmt: skip
     except AttributeError:
         return None
@@ -227,8 +243,8 @@ _decode_op = torch.library.custom_op("decay_tuner::decay_decode", mutates_args=(
 
 
 @_decode_op.register_fake
-def _(q, k, v, decay, alpha, scale, pool, slots):
-    _, h, dk, dv, pool_dtype, slot_dtype = check_step(q, k, v, pool, slots)
+def _(q, k, v, decay, alpha, scale, pool, slots, g=None):
+    _, h, dk, dv, pool_dtype, slot_dtype = check_step(q, k, v, pool, slots, g)
     inputs.check_decay(decay, alpha, h, q.device)
     # Sizes traced symbolically (torch.compile's dynamic shapes, opcheck's) are checked
     # where the real call runs; a placeholder takes each one's place here.
