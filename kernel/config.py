@@ -29,6 +29,12 @@ SCORES = KNOBS["scores"]
 SEGMENT_COUNTS = KNOBS["segments"]
 SLOT_DTYPES = ("int32", "int64")  # a pool's slot indices, as torch hands them
 SWEEPS = ("forward", "dkdv")  # the kernels a config is tuned for: the forward, the fused dk+dv pass
+# A problem's decay: a constant per head ("head", the seed's kernels, read at run time), or a
+# log-gate per token, fla's ``g`` (``"token"``: ``kernel.gated``, q and k in groups or not).
+GATES = ("head", "token")
+# The per-token log-gates a gated problem is checked with (``kernel.validate``): -lo to -hi,
+# their magnitudes spread evenly in log, the range the gated kernel is built to be safe for.
+GATE_RANGE = (1e-4, 20.0)
 
 
 def knob_choices(dv: int) -> dict[str, tuple]:
@@ -56,10 +62,17 @@ def _positive_int(name: str, value: Any) -> None:
 class Problem:
     """One attention call: Q, K ``[batch, seqlen, heads, dk]``; V, O ``[batch, seqlen, heads, dv]``.
 
-    No decay: the kernels read each head's decay at run time, so one compiled kernel, one
-    study and one dispatch entry serve every decay. A problem dict written before that
+    No decay value: the kernels read each head's decay at run time, so one compiled kernel,
+    one study and one dispatch entry serve every decay. A problem dict written before that
     (best-config files, dispatch tables) names one ``alpha``; ``from_dict`` reads it and
     ignores the alpha (``LEGACY_FIELDS``).
+
+    ``gate``: the decay's kind (``GATES``): ``"head"``, a constant per head (the seed's
+    kernels), or ``"token"``, a per-token log-gate ``g [B, S, H]`` (``kernel.gated``),
+    whose q and k may come in ``groups`` (Mamba2's ``ngroups``: Q, K ``[batch, seqlen,
+    groups, dk]``, ``heads`` a multiple of it; None where they have ``heads`` heads, as
+    ``groups == heads`` is stored). Both stay out of ``to_dict`` and the repr at their
+    defaults, so a constant-decay problem's records read as before.
     """
 
     batch: int
@@ -68,6 +81,8 @@ class Problem:
     dk: int
     dv: int
     dtype: str = "float16"
+    gate: str = "head"
+    groups: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "seqlen"):
@@ -82,13 +97,50 @@ class Problem:
                 )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.gate not in GATES:
+            raise ValueError(f"gate must be one of {GATES}, got {self.gate!r}")
+        if self.groups is not None:
+            _positive_int("groups", self.groups)
+            if self.gate != "token":
+                raise ValueError("groups of q and k need the per-token gate's kernel: gate='token'")
+            if self.heads % self.groups:
+                raise ValueError(f"heads must be a multiple of groups = {self.groups}, got {self.heads}")
+            if self.groups == self.heads:
+                object.__setattr__(self, "groups", None)
+
+    @property
+    def qk_heads(self) -> int:
+        """The heads of Q and K: ``groups``, else ``heads``."""
+        return self.groups or self.heads
+
+    @property
+    def kind(self) -> tuple:
+        """What a problem tuned at one shape shares with the shapes its config serves (a
+        dispatch table's bucket): the head sizes, the dtype and the gate."""
+        return self.dk, self.dv, self.dtype, self.gate
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        return {k: v for k, v in data.items() if k not in GATE_FIELDS or v != GATE_FIELDS[k]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
         return cls(**_known_fields(cls, {k: v for k, v in data.items() if k not in LEGACY_FIELDS}))
+
+    def __repr__(self) -> str:
+        return f"Problem({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
+
+
+# Problem fields and their defaults, a constant decay's, which its records leave out.
+GATE_FIELDS = {"gate": "head", "groups": None}
+
+
+def gate_flags(problem: Problem) -> list[str]:
+    """The command line's flags of ``problem``'s gate (``--gate token [--groups G]``; none
+    for a constant decay): what a child ``python -m tuner`` is handed beside the shape."""
+    if problem.gate == "head":
+        return []
+    return ["--gate", problem.gate, *(["--groups", str(problem.groups)] if problem.groups else [])]
 
 
 @dataclass(frozen=True)

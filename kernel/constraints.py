@@ -100,8 +100,12 @@ def knobs(problem: Problem, sweep: str = "forward") -> dict[str, tuple]:
     dv sweep's, whose design (``kernel.dkdv``) fixes its chunk (64: wgmma's rows), its
     threads (256: the ``[DK, DV]`` state in registers), its block_dv (DV: the whole state in
     one block) and its scores (in shared memory), and leaves its stages and segments free.
+    A per-token gate's forward (``kernel.gated``, ``problem.gate == "token"``) keeps its
+    scores in shared memory and runs one pass (segments 1), its other knobs free.
     The search space (``tuner.space``) is this table."""
     table = knob_choices(problem.dv)
+    if problem.gate == "token":
+        return table | {"scores": ("smem",), "segments": (1,)}
     if sweep == "dkdv":
         fused = {
             "chunk": (dkdv.CHUNK,),

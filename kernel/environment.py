@@ -26,6 +26,8 @@ KERNEL_MODULES = (
     "seq_split.py",
     "dkdv.py",
     "variants.py",
+    "gated.py",  # a per-token gate's forward (Problem.gate), tuned and served as the others
+    "gated_build.py",
 )
 # The decode step's (``kernel.decode``): its own key, ``decode_kernel`` in a decode study's
 # environment, so that a changed decode kernel never reuses a decode trial and the forward's

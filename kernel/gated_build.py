@@ -1,40 +1,25 @@
 """Compile ``kernel.gated``'s forward for the local GPU and call it on torch tensors.
 
 The checks a model's call needs before the launch (``check_call``) raise one ``ValueError``
-each: a gate of the wrong shape, dtype or device, H not a multiple of G.
+each: a gate of the wrong shape, dtype or device, H not a multiple of G. A kernel is keyed
+as the constant-decay ones are: a per-token gate's ``Problem`` (``gate="token"``, its
+groups), a ``KernelConfig`` of its knob table (``kernel.constraints.knobs``) and a ``Call``;
+``kernel.variants.prim_funcs`` hands such a problem to ``prim_func``, so that the probe,
+``tuner run --gate token`` and ``tuner warmup --gate token`` compile what a call runs.
 TileLang loads with the first compile (``compile_gated``), so ``import kernel.ops`` loads no
 compiler.
 """
 
 import functools
-from dataclasses import dataclass
 
 import torch
 
-from kernel.arch import get_arch, local_arch
+from kernel.arch import local_arch
+from kernel.config import Call, KernelConfig, Problem
 from kernel.probe import compile_funcs
+from kernel.rule import gated_config
 
 TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
-
-@dataclass(frozen=True)
-class GatedConfig:
-    """The knobs of the gated forward (as ``kernel.config.KernelConfig``'s single pass)."""
-
-    chunk: int = 64
-    block_dv: int = 64
-    num_stages: int = 1
-    threads: int = 128
-
-
-def gated_config(*, dk: int, dv: int) -> GatedConfig:
-    """The config a model's call runs where none is tuned (no table holds gated configs yet):
-    value blocks of 64 columns where DV allows, else the widest multiple of 16 dividing DV
-    up to 64; 256 threads past DK = 128, whose ``[DK, 64]`` fp32 state would not fit 128
-    threads' registers. Not tuned: the first configs to compile without spills
-    (``experiments/gated/probe.txt``)."""
-    block_dv = max(d for d in range(16, min(dv, 64) + 1, 16) if dv % d == 0)
-    return GatedConfig(chunk=64, block_dv=block_dv, num_stages=1, threads=128 if dk <= 128 else 256)
 
 
 def check_call(
@@ -88,25 +73,39 @@ def check_call(
     return heads // groups
 
 
-@functools.cache
-def compile_gated(
-    *, heads: int, groups: int, dk: int, dv: int, dtype: str, config: GatedConfig, scale: float,
-    gamma: bool, initial_state: bool, final_state: bool, arch: str, packed: bool = False,
-    batch: int | None = None, seqlen: int | None = None,
-):  # fmt: skip
-    """The compiled kernel of ``kernel.gated.gated_fwd`` (``packed``: ``packed_gated_fwd``)
-    for these knobs (once per process; TileLang's disk cache across processes). ``batch``
-    and ``seqlen``: the dense shape where ``arch`` compiles per shape, else None."""
+def prim_func(problem: Problem, config: KernelConfig, call: Call, *, arch: str, gamma: bool = False):
+    """The ``@T.prim_func`` of ``kernel.gated`` for a per-token gate's ``problem`` (its
+    heads and groups, head sizes and dtype; its batch and sequence length where ``arch``
+    compiles per shape), ``config``'s knobs and ``call``'s scale, states and packing
+    (``packed_gated_fwd``); ``gamma``: a per-head log-decay is added to the gates. ``ValueError``
+    for a call of the backward or of a pool, which the gated kernel does not run."""
     from kernel.gated import gated_fwd, packed_gated_fwd  # TileLang: loaded when a kernel is built
 
-    shape = {} if packed else dict(batch=batch, seqlen=seqlen)
-    func = (packed_gated_fwd if packed else gated_fwd)(
-        **shape,
-        heads=heads, groups=groups, dk=dk, dv=dv, dtype=dtype, chunk=config.chunk, block_dv=config.block_dv,
-        num_stages=config.num_stages, threads=config.threads, arch=arch, scale=scale, gamma=gamma,
-        initial_state=initial_state, final_state=final_state,
+    if call.reverse or call.slots is not None:
+        raise ValueError("the gated forward runs forward calls of their own states: no backward, no pool")
+    p, c = problem, config
+    knobs = dict(
+        heads=p.heads, groups=p.qk_heads, dk=p.dk, dv=p.dv, dtype=p.dtype, chunk=c.chunk, block_dv=c.block_dv,
+        num_stages=c.num_stages, threads=c.threads, arch=arch, scale=call.scale, gamma=gamma,
+        initial_state=call.initial_state, final_state=call.final_state,
     )  # fmt: skip
-    (kernel,) = compile_funcs([func], arch)
+    if call.packed:
+        return packed_gated_fwd(**knobs)
+    return gated_fwd(**knobs, batch=p.batch, seqlen=p.seqlen)
+
+
+def compile_gated(problem: Problem, config: KernelConfig, call: Call, *, gamma: bool, arch: str):
+    """The compiled kernel of ``prim_func`` for ``arch`` (once per process and shape class,
+    ``kernel.variants.shape_generic``; TileLang's disk cache across processes, where
+    ``tuner warmup`` and the tuner's probes put it)."""
+    from kernel.variants import shape_generic
+
+    return _compiled(shape_generic(problem, config, arch), config, call, gamma, arch)
+
+
+@functools.cache
+def _compiled(problem: Problem, config: KernelConfig, call: Call, gamma: bool, arch: str):
+    (kernel,) = compile_funcs([prim_func(problem, config, call, arch=arch, gamma=gamma)], arch)
     return kernel
 
 
@@ -121,7 +120,7 @@ def gated_forward(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
-    config: GatedConfig = GatedConfig(),
+    config: KernelConfig | None = None,
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(o, final_state)`` of the gated recurrence (``refs.gated_recurrent``) on the GPU.
@@ -134,6 +133,7 @@ def gated_forward(
             strictly increasing (not checked here: ``kernel.ops.inputs`` checks a model's),
             with q, k ``[1, T, G, DK]``, v ``[1, T, H, DV]``, g ``[1, T, H]`` and the
             states ``[N, H, DK, DV]``.
+        config: the knobs (default: the rule's, ``kernel.rule.gated_config``).
         out: the output tensor to write (a NaN-filled one in the tests), else a new one.
 
     Returns:
@@ -144,14 +144,11 @@ def gated_forward(
     b, s, groups, dk = q.shape
     heads, dv = v.shape[2], v.shape[3]
     n = b if cu_seqlens is None else cu_seqlens.numel() - 1
-    arch = local_arch()
-    per_shape = cu_seqlens is None and not get_arch(arch).symbolic_shapes
-    kernel = compile_gated(
-        heads=heads, groups=groups, dk=dk, dv=dv, dtype=TORCH_DTYPES[q.dtype], config=config,
-        scale=dk**-0.5 if scale is None else float(scale), gamma=g_gamma is not None,
-        initial_state=initial_state is not None, final_state=output_final_state, arch=arch,
-        packed=cu_seqlens is not None, batch=b if per_shape else None, seqlen=s if per_shape else None,
-    )  # fmt: skip
+    problem = Problem(b, heads, s, dk, dv, TORCH_DTYPES[q.dtype], "token", groups)
+    scale = dk**-0.5 if scale is None else float(scale)
+    call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None)
+    config = gated_config(problem) if config is None else config
+    kernel = compile_gated(problem, config, call, gamma=g_gamma is not None, arch=local_arch())
     f32 = dict(dtype=torch.float32, device=q.device)
     gate = torch.zeros(b, s, heads, **f32) if g is None else g
     gamma = torch.zeros(heads, **f32) if g_gamma is None else g_gamma

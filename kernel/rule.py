@@ -1,7 +1,8 @@
 """The config a kernel runs where no table holds one: the one home of the rule.
 
-``default_config`` serves the forward (and each backward pass, which is a forward call),
-``dkdv_config`` the backward's fused dk and dv pass (``kernel.dkdv``). The tuner's first
+``default_config`` serves the forward (and each backward pass, which is a forward call; a
+per-token gate's forward, ``gated_config``), ``dkdv_config`` the backward's fused dk and dv
+pass (``kernel.dkdv``). The tuner's first
 trials (``tuner.space.wave_seeds``) and the ops' fallback (``kernel.ops``) both derive
 from them; what any config must keep to run is ``kernel.constraints``'. The rule was
 fitted to grids of every candidate config timed across shapes (``tuner.fit_data.rule_scores``
@@ -13,8 +14,8 @@ import math
 
 from kernel import dkdv
 from kernel.arch import get_arch
-from kernel.config import SEGMENT_COUNTS, KernelConfig, Problem
-from kernel.constraints import block_dv_error, dkdv_serves, head_size_error, runs
+from kernel.config import KernelConfig, Problem
+from kernel.constraints import block_dv_error, dkdv_serves, head_size_error, knobs, runs
 
 # The family that won across shapes: 64-token chunks (32 where 64 does not fit the shared
 # memory), 256 threads, scores in shared memory. evidence: docs/evidence.md#rule-family
@@ -78,7 +79,10 @@ def default_config(
     reference GPU), with a pipeline no deeper than a segment's chunks. Of grids as near,
     the unsplit one wins, then the wider block_dv, then fewer segments (which read K and V
     less often). On a GPU whose memory is slower than ``SLOW_MEMORY`` (``bandwidth``, peak
-    bytes/s; None: fast memory's), ``unsplit_on_slow_memory`` may trade a split for ``CHAIN``."""
+    bytes/s; None: fast memory's), ``unsplit_on_slow_memory`` may trade a split for ``CHAIN``.
+    A per-token gate's problem gets ``gated_config``."""
+    if problem.gate == "token":
+        return gated_config(problem)
     base = family(problem, arch)
     blocks = sms or get_arch(arch).sms
     widths = [base.block_dv]
@@ -100,6 +104,16 @@ def default_config(
     if bandwidth is not None and bandwidth < SLOW_MEMORY:
         return unsplit_on_slow_memory(pick, problem, arch, blocks)
     return pick
+
+
+def gated_config(problem: Problem) -> KernelConfig:
+    """The per-token gate's forward (``kernel.gated``) where no table holds a tuned config:
+    64-token chunks, value blocks of 64 columns where DV allows (else the widest multiple
+    of 16 dividing DV up to 64), one stage, 128 threads up to DK = 128 and 256 past it,
+    whose ``[DK, 64]`` fp32 state would not fit 128 threads' registers. Not tuned: the
+    first configs to compile without spills (``experiments/gated/probe.txt``)."""
+    block_dv = max(d for d in range(16, min(problem.dv, 64) + 1, 16) if problem.dv % d == 0)
+    return KernelConfig(64, block_dv, 1, 128 if problem.dk <= 128 else 256, "smem", 1)
 
 
 # On slow memory a split in two, which reads K and V twice, costs more than running the
@@ -141,10 +155,11 @@ def nearest_grid(config: KernelConfig, problem: Problem, blocks: int) -> KernelC
     to ``blocks`` without a split past it (with ``blocks`` the SM count, the blocks past it
     would run as a second wave, a short one that still takes as long as the first);
     ``None`` when no count runs ``problem``. A tie goes to fewer segments, which read K and
-    V less often."""
+    V less often. The counts are those the problem's kernels take (``knobs``: one, for a
+    per-token gate's)."""
     runnable = [
         c
-        for c in (dataclasses.replace(config, segments=n) for n in SEGMENT_COUNTS)
+        for c in (dataclasses.replace(config, segments=n) for n in knobs(problem)["segments"])
         if runs(c, problem) and (c.segments == 1 or c.blocks(problem) <= blocks)
     ]
     if not runnable:

@@ -19,7 +19,17 @@ import torch
 
 import refs
 from kernel.builder import TORCH_DTYPES, ScalarDecayKernel, build, constant_decay, cuda_arch, precompile
-from kernel.config import HEADLINE, SEED_CONFIG, KernelConfig, Problem, config_grid, model_call, retnet_decay
+from kernel.config import (
+    GATE_RANGE,
+    HEADLINE,
+    SEED_CONFIG,
+    Call,
+    KernelConfig,
+    Problem,
+    config_grid,
+    model_call,
+    retnet_decay,
+)
 from kernel.decode import DecodeCase
 from kernel.decode_build import DecodeKernel
 from kernel.environment import environment
@@ -168,6 +178,60 @@ def check_and_time(
                 return kernel(q, k, v, decay=decay, initial_state=states[0], final_state=states[1], out=out)
 
         result |= time_gpu(timed).to_dict()
+    return result
+
+
+def gated_inputs(problem: Problem, *, seed: int) -> tuple[torch.Tensor, ...]:
+    """Fresh normal q, k ``[B, S, G, DK]`` and v ``[B, S, H, DV]`` of a per-token gate's
+    problem on the GPU, and its fp32 log-gates ``g [B, S, H]``: -lo to -hi of
+    ``kernel.config.GATE_RANGE``, their magnitudes spread evenly in log."""
+    p, dtype = problem, TORCH_DTYPES[problem.dtype]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(p.batch, p.seqlen, *shape, generator=gen, device="cuda")
+
+    lo, hi = (math.log(x) for x in GATE_RANGE)
+    g = -torch.exp(lo + (hi - lo) * torch.rand(p.batch, p.seqlen, p.heads, generator=gen, device="cuda"))
+    q, k, v = (randn(h, d).to(dtype) for h, d in ((p.qk_heads, p.dk), (p.qk_heads, p.dk), (p.heads, p.dv)))
+    return q, k, v, g
+
+
+def check_and_time_gated(
+    problem: Problem, config: KernelConfig, call: Call, *, seed: int, tolerance: float = refs.TOLERANCE
+) -> dict[str, Any]:
+    """``check_and_time`` of a per-token gate's forward (``kernel.gated``, ``tuner run --gate
+    token``): ``config`` compiled for ``call`` on this GPU, run once on fresh inputs
+    (``gated_inputs``; a fresh initial state where the call takes one) into NaN-filled
+    outputs and compared in fp64 with reference C's per-token form
+    (``refs.gated_kernel_mimic``: the output and the final state); then, when correct, timed
+    on other fresh inputs (``kernel.timing.time_gpu``)."""
+    from kernel.gated_build import compile_gated
+
+    p = problem
+    kernel = compile_gated(p, config, call, gamma=False, arch=cuda_arch())
+    rows = p.batch * p.heads
+    gamma = torch.zeros(p.heads, device="cuda")  # read by no kernel compiled without gamma
+
+    def args(seed: int) -> tuple[torch.Tensor, ...]:
+        q, k, v, g = gated_inputs(p, seed=seed)
+        gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+        h0 = torch.randn(rows, 1, p.dk, p.dv, generator=gen, device="cuda")
+        nan = torch.full((rows, 1, p.dk, p.dv), math.nan, device="cuda")
+        return q, k, v, g, gamma, h0, torch.full_like(v, math.nan), nan
+
+    q, k, v, g, _, h0, out, ht = checked = args(seed)
+    kernel(*checked)
+    torch.cuda.synchronize()
+    ref, ref_state = refs.gated_kernel_mimic(
+        q, k, v, g, config.chunk, block_dv=config.block_dv, scale=call.scale, output_final_state=True,
+        initial_state=h0.view(p.batch, p.heads, p.dk, p.dv) if call.initial_state else None,
+    )  # fmt: skip
+    state = [(ht.view(ref_state.shape), ref_state)] if call.final_state else []
+    result = _verdict([(out, ref), *state], call.final_state)
+    if result["finite"] and result["rel_l2"] < tolerance:
+        timed = args(seed + 2)
+        result |= time_gpu(lambda: kernel(*timed)).to_dict()
     return result
 
 

@@ -1,6 +1,7 @@
 """Which kernels a config runs, and how one call launches them: the one place that tells
-the single-pass kernel (``segments == 1``) from the sequence split and from the backward's
-fused pass (``Call.dkdv``), for the probe, the compiler and the call alike."""
+the single-pass kernel (``segments == 1``) from the sequence split, from the backward's
+fused pass (``Call.dkdv``) and from a per-token gate's forward (``Problem.gate``,
+``kernel.gated``), for the probe, the compiler and the call alike."""
 
 import dataclasses
 from typing import Any
@@ -35,18 +36,21 @@ def shape_generic(problem: Problem, config: KernelConfig, arch: str) -> Problem:
     or 1. Elsewhere dense kernels are compiled per shape. The head count stays a
     compile-time constant: a model's is fixed, and with B, H and S all symbolic TileLang
     0.1.15 fails to lower the split's transposed outputs kernel ("[ThreadSync] Cannot lower
-    a required shared-memory sync inside a divergent region")."""
+    a required shared-memory sync inside a divergent region"). A per-token gate's kernel
+    counts every chunk's tokens at run time: one class, S = 1."""
     if not get_arch(arch).symbolic_shapes:
         return problem
-    seqlen = config.chunk if whole_chunks(problem, config.chunk) else 1
-    return Problem(1, problem.heads, seqlen, problem.dk, problem.dv, problem.dtype)
+    seqlen = config.chunk if whole_chunks(problem, config.chunk) and problem.gate == "head" else 1
+    return dataclasses.replace(problem, batch=1, seqlen=seqlen)
 
 
 def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, *, arch: str) -> list:
     """The ``@T.prim_func`` kernels of ``config``'s variant for ``arch`` (a name of
     ``kernel.arch.ARCHS``), in launch order."""
-    from kernel import dkdv, scalar_decay, seq_split  # TileLang: loaded when a kernel is built
+    from kernel import dkdv, gated_build, scalar_decay, seq_split  # TileLang: loaded when a kernel is built
 
+    if problem.gate == "token":
+        return [gated_build.prim_func(problem, config, call, arch=arch)]
     knobs = call.to_dict()
     slots = knobs.pop("slots")  # a pool's: the packed single-pass kernel's alone (``Call``)
     if knobs.pop("dkdv"):

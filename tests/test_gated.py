@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import refs
-from kernel.gated_build import GatedConfig, check_call
+from kernel.config import KernelConfig
+from kernel.gated_build import check_call
 
 # (B, S, G, r, DK, DV): one token, S < C, ragged last chunks, groups (Mamba2's G = 1), DK != DV
 SHAPES = [
@@ -23,7 +24,8 @@ SHAPES = [
 ]
 GATES = {"-1e-4": (1e-4, 1e-4), "-20": (20.0, 20.0), "-1e-4..-20": (1e-4, 20.0)}
 DTYPES = [torch.float16, torch.bfloat16]
-CONFIGS = [GatedConfig(64, 64, 1, 128), GatedConfig(64, 64, 2, 256), GatedConfig(64, 128, 1, 128)]
+CONFIGS = [KernelConfig(64, 64, 1, 128), KernelConfig(64, 64, 2, 256), KernelConfig(64, 128, 1, 128)]
+FIRST = CONFIGS[0]  # the config the cases of every shape run
 # packed sequences' lengths: one token first, between and last; a chunk and one; ragged
 PACKED = [[1, 1, 130, 1, 64, 65, 7, 1], [300], [5, 1, 200, 63]]
 
@@ -134,7 +136,7 @@ def run_case(shape, gates, dtype, config, *, seed, gamma=True, states=True):
 @pytest.mark.parametrize("gates", GATES.values(), ids=GATES.keys())
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_kernel_matches_references(shape, gates, dtype):
-    run_case(shape, gates, dtype, GatedConfig(), seed=sum(shape))
+    run_case(shape, gates, dtype, FIRST, seed=sum(shape))
 
 
 @pytest.mark.gpu
@@ -149,15 +151,13 @@ def test_configs_match_references(shape, config):
 @pytest.mark.gpu
 @pytest.mark.parametrize("gamma, states", itertools.product((False, True), (False, True)))
 def test_without_g_gamma_or_states(gamma, states):
-    run_case(
-        (2, 100, 2, 2, 64, 64), (1e-3, 2.0), torch.bfloat16, GatedConfig(), seed=2, gamma=gamma, states=states
-    )
+    run_case((2, 100, 2, 2, 64, 64), (1e-3, 2.0), torch.bfloat16, FIRST, seed=2, gamma=gamma, states=states)
 
 
 @pytest.mark.gpu
 def test_goal_shape_mamba2_heads():
     """A Mamba2 head layout at length: 24 heads of one group, DK = 128 (d_state), DV = 64."""
-    run_case((1, 2048, 1, 24, 128, 64), (1e-4, 20.0), torch.bfloat16, GatedConfig(), seed=3)
+    run_case((1, 2048, 1, 24, 128, 64), (1e-4, 20.0), torch.bfloat16, FIRST, seed=3)
 
 
 def packed_case(lengths, groups, r, dk, dv, gates, dtype, config, *, seed, gamma=True, states=True):
@@ -196,7 +196,7 @@ def packed_case(lengths, groups, r, dk, dv, gates, dtype, config, *, seed, gamma
 @pytest.mark.parametrize("gates", GATES.values(), ids=GATES.keys())
 @pytest.mark.parametrize("lengths", PACKED, ids=str)
 def test_packed_matches_references(lengths, gates, dtype):
-    packed_case(lengths, 2, 2, 128, 64, gates, dtype, GatedConfig(), seed=len(lengths))
+    packed_case(lengths, 2, 2, 128, 64, gates, dtype, FIRST, seed=len(lengths))
 
 
 @pytest.mark.gpu
@@ -209,5 +209,5 @@ def test_packed_configs_match_references(config):
 @pytest.mark.parametrize("gamma, states", itertools.product((False, True), (False, True)))
 def test_packed_without_g_gamma_or_states(gamma, states):
     packed_case(
-        PACKED[2], 2, 1, 64, 64, (1e-3, 2.0), torch.float16, GatedConfig(), seed=5, gamma=gamma, states=states
+        PACKED[2], 2, 1, 64, 64, (1e-3, 2.0), torch.float16, FIRST, seed=5, gamma=gamma, states=states
     )

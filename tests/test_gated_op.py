@@ -13,6 +13,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import refs
+from kernel.config import KernelConfig, Problem
 from kernel.ops.attention import decay_attention
 
 
@@ -126,13 +127,13 @@ def test_meta_tensors_give_the_shapes():
 
 
 def test_the_default_config_compiles_for_sm_90a_without_spills():
-    """The config a model's call runs (``kernel.gated_build.gated_config``) at a Mamba2 head
-    layout: DK 128 (d_state), DV 64, one group, packed."""
+    """The config a model's call runs where no table holds one (``kernel.rule.gated_config``)
+    at a Mamba2 head layout: DK 128 (d_state), DV 64, one group, packed."""
     from kernel.gated import packed_gated_fwd
-    from kernel.gated_build import gated_config
     from kernel.probe import ProbeFailure, probe_funcs
+    from kernel.rule import gated_config
 
-    config = gated_config(dk=128, dv=64)
+    config = gated_config(Problem(1, 24, 1, 128, 64, "bfloat16", "token", 1))
     make = lambda: [
         packed_gated_fwd(
             heads=24, groups=1, dk=128, dv=64, dtype="bfloat16", chunk=config.chunk, block_dv=config.block_dv,
@@ -149,9 +150,10 @@ def test_the_default_config_compiles_for_sm_90a_without_spills():
     "dk, dv, block_dv, threads", [(64, 64, 64, 128), (128, 32, 32, 128), (256, 48, 48, 256)]
 )
 def test_the_default_config_fits_the_head_sizes(dk, dv, block_dv, threads):
-    from kernel.gated_build import GatedConfig, gated_config
+    from kernel.rule import gated_config
 
-    assert gated_config(dk=dk, dv=dv) == GatedConfig(64, block_dv, 1, threads)
+    problem = Problem(1, 4, 1, dk, dv, gate="token")
+    assert gated_config(problem) == KernelConfig(64, block_dv, 1, threads, "smem", 1)
 
 
 # ---- on the GPU ------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ storage refit its model into the user's cache (or rescale one, where they are fe
 compile-only run for that GPU then ranks by it and says so, and a GPU never seen ranks by
 the shipped model."""
 
+import dataclasses
 import json
 import math
 import statistics
@@ -173,12 +174,12 @@ def test_the_per_token_gate_is_a_feature_no_shipped_timing_has():
     extrapolation)."""
     sample = latency_fit.from_sweep(NEAR64)[0][0]
     assert latency.FEATURES[-1] == "per-token gate" and sample.features()[-1] == 0.0
-    gated = latency_fit.Sample(*[getattr(sample, f) for f in ("problem", "config", "sweep", "resources")],
-                               sample.median_ms, sample.arch, gate=True)  # fmt: skip
+    gated_problem = dataclasses.replace(sample.problem, gate="token")  # the decay's kind is the problem's
+    gated = dataclasses.replace(sample, problem=gated_problem)
     assert gated.features()[:-1] == sample.features()[:-1] and gated.features()[-1] == 1.0
     shipped = latency.latency_model()
     assert len(json.loads(latency.MODEL_FILE.read_text())["features"]) == len(latency.FEATURES) - 1
     config = latency_fit.from_sweep(fit_data.path(fit_data.RULE_GRID))[0][0].config  # a knob it covers
-    assert shipped.covers(sample.problem, config) and not shipped.covers(sample.problem, config, gate=True)
-    prediction = shipped.predict(sample.problem, config, sample.resources, arch="sm_90a", gate=True)
+    assert shipped.covers(sample.problem, config) and not shipped.covers(gated_problem, config)
+    prediction = shipped.predict(gated_problem, config, sample.resources, arch="sm_90a")
     assert prediction.calibrated and not prediction.covered

@@ -7,6 +7,7 @@ once.
 
 import _thread
 import argparse
+import dataclasses
 import inspect
 import os
 import signal
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from kernel.arch import ARCHS
-from kernel.config import HEADLINE
+from kernel.config import GATES, HEADLINE
 from kernel.decode import POOL_DTYPES
 from kernel.processes import Stop, sigterm_stops
 from tuner import options
@@ -73,11 +74,12 @@ class _Given(argparse.Action):
 
 
 def _problem_flags(p: argparse.ArgumentParser, names=tuple(PROBLEM_FLAGS)) -> None:
-    defaults = HEADLINE.to_dict()
+    defaults = dataclasses.asdict(HEADLINE)  # the gate's fields too, at a constant decay's
     for name in names:
-        kind = type(defaults[name])
+        kind = int if name == "groups" else type(defaults[name])
+        extra = {"choices": GATES} if name == "gate" else {}
         p.add_argument(
-            f"--{name}", type=kind, default=defaults[name], action=_Given, help=PROBLEM_FLAGS[name]
+            f"--{name}", type=kind, default=defaults[name], action=_Given, help=PROBLEM_FLAGS[name], **extra
         )
 
 
@@ -130,7 +132,7 @@ def _shape_flags(p: argparse.ArgumentParser, what: str) -> None:
         default=",".join("x".join(map(str, s)) for s in BENCH_SHAPES),
         help=f"{what}: comma-separated BxHxS",
     )
-    _problem_flags(p, ("dk", "dv", "dtype"))
+    _problem_flags(p, ("dk", "dv", "dtype", "gate", "groups"))
 
 
 def _decode_flags(run: argparse.ArgumentParser, dispatch: argparse.ArgumentParser) -> None:
@@ -236,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--arch", help=f"architectures, comma-separated, or all ({', '.join(ARCHS)}); default: this GPU's"
     )
     warm = sub.choices["warmup"]
-    _problem_flags(warm, ("heads", "dk", "dv", "dtype"))
+    _problem_flags(warm, ("heads", "dk", "dv", "dtype", "gate", "groups"))
     warm.add_argument("--backward", action="store_true", help="also the kernels of the backward's passes")
     warm.add_argument(
         "--arch", choices=list(ARCHS), help="the architecture to compile for; default: this GPU's"

@@ -27,7 +27,7 @@ from typing import IO
 from kernel.config import Problem
 from kernel.processes import Stop, sigterm_stops
 from tuner import options
-from tuner.options import PROBLEM_FLAGS, Options, UsageError
+from tuner.options import Options, UsageError
 
 # Seconds the children get to stop after Ctrl-C before they are killed.
 STOP_S = 60.0
@@ -225,7 +225,7 @@ def _stop(live: list[_Child], lock: threading.Lock) -> None:
 def run_argv(problem: Problem, opts: Options, name: str, storage: str) -> tuple[str, ...]:
     """The ``run`` command line of a worker of ``--gpus``: ``problem`` and ``opts`` as flags."""
     argv = ["run", "--worker", "--study", name, "--storage", storage]
-    argv += [a for key in PROBLEM_FLAGS for a in (f"--{key}", str(getattr(problem, key)))]
+    argv += [a for key, value in problem.to_dict().items() for a in (f"--{key}", str(value))]
     for f in options.fields():
         value = getattr(opts, f.name)
         if isinstance(f.default, bool):

@@ -50,7 +50,7 @@ FEATURES = (
     "threads",
     "log2 B*H",
     "log2 S",
-    "per-token gate",  # 0: a constant decay per head; 1: the gated kernel's (kernel.gated), once timed
+    "per-token gate",  # 0: a constant decay per head; 1: the gated kernel's (Problem.gate, kernel.gated)
 )
 
 
@@ -61,11 +61,9 @@ def features(
     resources: BlockResources,
     arch: str,
     sms: int | None = None,
-    *,
-    gate: bool = False,
 ) -> list[float]:
     """The model's inputs, in the order of ``FEATURES``, on a GPU of ``sms`` SMs (default:
-    the arch's reference GPU's); ``gate`` for a decay per token (``kernel.gated``)."""
+    the arch's reference GPU's)."""
     p, c = problem, config
     blocks, slots, waves = grid(p, c, resources, arch, sms)
     last = blocks - (waves - 1) * slots
@@ -87,7 +85,7 @@ def features(
         resources.threads,
         math.log2(p.batch * p.heads),
         math.log2(p.seqlen),
-        float(gate),
+        float(p.gate == "token"),
     ]
 
 
@@ -145,15 +143,16 @@ class LatencyModel:
         numbers = (self.arch, self.gpu, self.bandwidth, self.baseline, self.trees, self.interval, self.domain)
         return hashlib.sha256(repr(numbers).encode()).hexdigest()[:12]
 
-    def covers(self, problem: Problem, config: KernelConfig, *, gate: bool = False) -> bool:
-        """Whether ``config``'s knobs, the head sizes and the decay's kind (``gate``) are all
-        among those fitted to: a prediction elsewhere extrapolates (a tree knows nothing of a
-        chunk it never saw). A model that lists no gates was fitted to constant decays."""
+    def covers(self, problem: Problem, config: KernelConfig) -> bool:
+        """Whether ``config``'s knobs, the head sizes and the decay's kind (``Problem.gate``)
+        are all among those fitted to: a prediction elsewhere extrapolates (a tree knows
+        nothing of a chunk it never saw). A model that lists no gates was fitted to constant
+        decays."""
         knobs = config.to_dict().items()
         return (
             all(v in self.domain[k] for k, v in knobs)
             and [problem.dk, problem.dv] in self.domain["dk_dv"]
-            and float(gate) in self.domain.get("gate", [0.0])
+            and float(problem.gate == "token") in self.domain.get("gate", [0.0])
         )
 
     @classmethod
@@ -251,17 +250,16 @@ class LatencyModel:
         arch: str,
         sweep: str = "forward",
         sms: int | None = None,
-        gate: bool = False,
     ) -> Prediction:
         """The prediction on ``arch``, on a GPU of ``sms`` SMs where known (the GPU at hand;
-        default: the arch's reference GPU's); ``gate`` for a decay per token."""
+        default: the arch's reference GPU's)."""
         if arch != self.arch:
             ratio = analytic_ratio(problem, config, resources, arch, sms)
             return Prediction(ratio, math.nan, math.nan, False, arch, None, self.gpu)
-        log = self.log_ratio(features(problem, config, sweep, resources, arch, sms, gate=gate))
+        log = self.log_ratio(features(problem, config, sweep, resources, arch, sms))
         floor_ms = floor_bytes(problem, sweep) / self.bandwidth * 1e3
         low, high = (math.exp(log + q) for q in self.interval)
-        covered = self.covers(problem, config, gate=gate)
+        covered = self.covers(problem, config)
         return Prediction(math.exp(log), low, high, True, arch, floor_ms, self.gpu, covered)
 
 

@@ -41,7 +41,6 @@ class Sample:
     resources: BlockResources
     median_ms: float
     arch: str
-    gate: bool = False  # a decay per token (kernel.gated): a sweep's row says so
 
     @property
     def shape(self) -> tuple:
@@ -50,7 +49,7 @@ class Sample:
         return (p.dk, p.dv, self.sweep, p.batch, p.heads, p.seqlen)
 
     def features(self) -> list[float]:
-        return features(self.problem, self.config, self.sweep, self.resources, self.arch, gate=self.gate)
+        return features(self.problem, self.config, self.sweep, self.resources, self.arch)
 
     def log_ratio(self, bandwidth: float) -> float:
         return math.log(self.median_ms * 1e-3 * bandwidth / floor_bytes(self.problem, self.sweep))
@@ -71,13 +70,13 @@ def from_sweep(path: Path) -> tuple[list[Sample], str]:
                 key = (r["dk"], r["dv"], r["heads"], r["sweep"], r["config"], r.get("ragged", False))
                 resources[key] = BlockResources.of(r["resources"])
             elif r.get("kind") == "time" and "median_ms" in r:
-                p = Problem(r["b"], r["h"], r["s"], r["dk"], r["dv"], r["dtype"])
+                gate = "token" if r.get("gate") else "head"  # a row of per-token gates says so
+                p = Problem(r["b"], r["h"], r["s"], r["dk"], r["dv"], r["dtype"], gate)
                 config = parse_config(r["config"], "its config")
                 key = (r["dk"], r["dv"], r["h"], r["sweep"], r["config"])
                 # the resources of S's chunk class; a sweep that probed only whole chunks, of that class
                 found = resources.get((*key, not whole_chunks(p, config.chunk))) or resources[(*key, False)]
-                ms, gate = measured_ms(r["median_ms"]), bool(r.get("gate", False))
-                samples.append(Sample(p, config, r["sweep"], found, ms, arch, gate))
+                samples.append(Sample(p, config, r["sweep"], found, measured_ms(r["median_ms"]), arch))
     except (KeyError, TypeError, AttributeError, ValueError) as exc:  # UsageError too
         raise UsageError(f"{path}: not a sweep's JSON lines: {type(exc).__name__}: {exc}") from None
     if not samples:
@@ -161,7 +160,7 @@ def domain(samples: list[Sample]) -> dict[str, list]:
     """Each knob's values among ``samples``, and their [DK, DV] pairs, sorted."""
     knobs = {k: sorted({getattr(s.config, k) for s in samples}) for k in KernelConfig().to_dict()}
     pairs = [list(p) for p in sorted({(s.problem.dk, s.problem.dv) for s in samples})]
-    return knobs | {"dk_dv": pairs, "gate": sorted({float(s.gate) for s in samples})}
+    return knobs | {"dk_dv": pairs, "gate": sorted({float(s.problem.gate == "token") for s in samples})}
 
 
 def _tree(nodes) -> tuple[tuple[float, ...], ...]:

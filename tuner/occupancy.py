@@ -50,16 +50,19 @@ def estimated_resources(problem: Problem, config: KernelConfig, sweep: str, arch
     return BlockResources(registers, smem, config.threads + producer)
 
 
-STATE_BYTES = 4  # the final state is fp32
+STATE_BYTES = GATE_BYTES = 4  # the final state and a per-token gate's log-gates are fp32
 
 
 def traffic_bytes(problem: Problem, *, sequences: int | None = None) -> int:
-    """Fewest bytes a forward pass moves: Q, K and V read once, O written once (fp16 /
-    bf16 elements), and the fp32 final state of each sequence (``problem.batch``, or
-    ``sequences`` of a packed batch) written once."""
+    """Fewest bytes a forward pass moves: Q and K (of ``Problem.qk_heads`` heads) and V
+    read once, O written once (fp16 / bf16 elements), a per-token gate's fp32 log-gates
+    ``g [B, S, H]`` read once, and the fp32 final state of each sequence
+    (``problem.batch``, or ``sequences`` of a packed batch) written once."""
     p = problem
     n = p.batch if sequences is None else sequences
-    return p.batch * p.seqlen * p.heads * (2 * p.dk + 2 * p.dv) * 2 + n * p.heads * p.dk * p.dv * STATE_BYTES
+    gate = p.heads * GATE_BYTES if p.gate == "token" else 0
+    tokens = p.batch * p.seqlen * ((2 * p.qk_heads * p.dk + 2 * p.heads * p.dv) * 2 + gate)
+    return tokens + n * p.heads * p.dk * p.dv * STATE_BYTES
 
 
 def floor_bytes(problem: Problem, sweep: str = "forward") -> int:

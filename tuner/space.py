@@ -9,7 +9,10 @@ probe, which records it as a value.
 
 Two kernels are tuned (``sweep``): the forward (``"forward"``, every knob of
 ``kernel.config``), and the backward's fused dk and dv pass (``"dkdv"``, ``kernel.dkdv``),
-whose design fixes all its knobs but its stages and its segments.
+whose design fixes all its knobs but its stages and its segments. A per-token gate's
+problem (``Problem.gate``, ``run --gate token``) tunes its forward, ``kernel.gated``:
+one pass, scores in shared memory, its chunk, block_dv, stages and threads free
+(``kernel.constraints.knobs``).
 """
 
 import dataclasses
@@ -71,6 +74,8 @@ def search_space(problem: Problem, sweep: str = "forward", arch: str = DEFAULT_A
     grid = [c for c in config_grid(problem.dv) if all(v in table[k] for k, v in c.to_dict().items())]
     call = dkdv_call(problem) if sweep == "dkdv" else model_call(problem)
     unusable = head_size_error(arch, problem.dk, problem.dv) or ""
+    if not unusable and sweep == "dkdv" and problem.gate == "token":
+        unusable = "the per-token gate's kernel (kernel.gated) has no backward yet: no fused dk and dv pass"
     if not unusable and sweep == "dkdv" and not dkdv_serves(problem, arch):
         unusable = (
             f"the fused dk and dv pass does not serve DK x DV = {problem.dk} x {problem.dv} on "

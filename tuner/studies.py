@@ -24,8 +24,11 @@ BESIDE = {"sqlite": ("-journal", "-wal", "-shm"), "journal": (".lock",)}
 
 
 def forward_study_name(problem: Problem, sweep: str = "forward") -> str:
+    """``b8-h16-s4096-dk128-dv128-float16``, then ``-gated`` for a per-token gate (and
+    ``-g1`` for its groups) and ``-dkdv`` for the fused pass's sweep."""
     p = problem
-    return f"b{p.batch}-h{p.heads}-s{p.seqlen}-dk{p.dk}-dv{p.dv}-{p.dtype}" + (
+    gate = ("-gated" + (f"-g{p.groups}" if p.groups else "")) if p.gate == "token" else ""
+    return f"b{p.batch}-h{p.heads}-s{p.seqlen}-dk{p.dk}-dv{p.dv}-{p.dtype}{gate}" + (
         "-dkdv" if sweep == "dkdv" else ""
     )
 

@@ -50,11 +50,13 @@ def _inject(config: Any) -> None:  # a KernelConfig or a DecodeConfig: its label
 def _measure(job: dict[str, Any]) -> dict[str, Any]:
     if job.get("sweep") == "decode":
         return _measure_decode(job)
-    from kernel.validate import check_and_time
+    from kernel.validate import check_and_time, check_and_time_gated
 
     problem, config = Problem.from_dict(job["problem"]), KernelConfig.from_dict(job["config"])
     _inject(config)
     call = Call(**job["call"]) if "call" in job else model_call(problem)
+    if problem.gate == "token":  # per-token gates against reference C's per-token form
+        return check_and_time_gated(problem, config, call, seed=job["seed"], tolerance=job["tolerance"])
     kernel = build(problem, config, call)  # RetNet's decays: check_and_time's default
     return check_and_time(kernel, seed=job["seed"], tolerance=job["tolerance"])
 

@@ -20,18 +20,19 @@ import torch
 
 import refs
 from kernel.arch import local_arch
-from kernel.gated_build import TORCH_DTYPES, GatedConfig, compile_gated
+from kernel.config import Call, KernelConfig, Problem
+from kernel.gated_build import TORCH_DTYPES, compile_gated
 from kernel.timing import time_gpu
 from tuner.bench_rows import copy_bandwidth
 
 # (B, H, S, DK, DV, G)
 SHAPES = [(8, 16, 4096, 128, 128, 16), (16, 32, 2048, 64, 64, 32), (4, 24, 4096, 128, 64, 1)]
 CONFIGS = [
-    GatedConfig(64, 64, 1, 128),
-    GatedConfig(64, 64, 2, 128),
-    GatedConfig(64, 64, 1, 256),
-    GatedConfig(64, 128, 1, 128),
-    GatedConfig(64, 128, 1, 256),
+    KernelConfig(64, 64, 1, 128),
+    KernelConfig(64, 64, 2, 128),
+    KernelConfig(64, 64, 1, 256),
+    KernelConfig(64, 128, 1, 128),
+    KernelConfig(64, 128, 1, 256),
 ]
 
 
@@ -89,10 +90,9 @@ def main() -> None:
                 "config": f"{config.chunk}/{config.block_dv}/{config.num_stages}/{config.threads}",
             }
             try:
-                kern = compile_gated(
-                    heads=h, groups=groups, dk=dk, dv=dv, dtype=TORCH_DTYPES[dtype], config=config,
-                    scale=scale, gamma=False, initial_state=False, final_state=True, arch=local_arch(),
-                )  # fmt: skip
+                problem = Problem(b, h, s, dk, dv, TORCH_DTYPES[dtype], "token", groups)
+                call = Call(scale, final_state=True)
+                kern = compile_gated(problem, config, call, gamma=False, arch=local_arch())
             except Exception as exc:  # a config that fails to compile is a row, not a stop
                 print(json.dumps(row | {"error": f"{type(exc).__name__}: {str(exc)[-300:]}"}), flush=True)
                 continue

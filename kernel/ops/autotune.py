@@ -9,9 +9,10 @@ the table on disk, and is served from it.
   (``my-table.json``: ``my-table.studies/``). The child is this interpreter in a
   temporary folder beside the table; it imports the tuner installed with this package
   (a checkout that is not installed: from the checkout, put on its ``PYTHONPATH``).
-- A bucket: an entry of the same DK, DV and dtype serves a call within ``COVERS`` of its
-  tuned shape (log2 of B*H plus log2 of S, ``DispatchEntry.distance``): a table grows by
-  about one entry for each doubling of B*H or S a model meets.
+- A bucket: an entry of the same DK, DV, dtype and gate (``Problem.kind``) serves a call
+  within ``COVERS`` of its tuned shape (log2 of B*H plus log2 of S,
+  ``DispatchEntry.distance``): a table grows by about one entry for each doubling of B*H
+  or S a model meets.
 - One process tunes a bucket: the table's lock (``<table>.lock``, ``fcntl.flock``) is held
   from the look-up to the write, so a second process waits, then finds the entry. The
   table is replaced atomically (a temporary file, then ``os.replace``).
@@ -35,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kernel.config import SEED_CONFIG, Problem
+from kernel.config import SEED_CONFIG, Problem, gate_flags
 from kernel.files import write_json
 from kernel.ops.deploy import ExportError
 from kernel.ops.dispatch import Dispatch, DispatchEntry, load_dispatch
@@ -80,8 +81,7 @@ def covered(table: Dispatch | None, problem: Problem) -> bool:
 
 def _near(tuned: Problem, problem: Problem) -> bool:
     """Whether ``problem`` lies in the bucket of a study at ``tuned``."""
-    same = (tuned.dk, tuned.dv, tuned.dtype) == (problem.dk, problem.dv, problem.dtype)
-    return same and DispatchEntry(tuned, SEED_CONFIG).distance(problem) <= COVERS
+    return tuned.kind == problem.kind and DispatchEntry(tuned, SEED_CONFIG).distance(problem) <= COVERS
 
 
 def tuned(path: Path, problem: Problem, table: Dispatch | None) -> Dispatch | None:
@@ -171,7 +171,7 @@ def child_command(problem: Problem, out: Path, studies: Path) -> tuple[list[str]
     p = problem
     cmd = [
         *(sys.executable, "-m", "tuner", "dispatch", "--shapes", f"{p.batch}x{p.heads}x{p.seqlen}"),
-        *("--dk", str(p.dk), "--dv", str(p.dv), "--dtype", p.dtype),
+        *("--dk", str(p.dk), "--dv", str(p.dv), "--dtype", p.dtype, *gate_flags(p)),
         *("--n-trials", str(TRIALS), "--timeout", str(SECONDS), "--out", str(out), "--no-progress"),
     ]
     installed = {Path(d).resolve() for d in (*site.getsitepackages(), site.getusersitepackages())}

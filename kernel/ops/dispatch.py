@@ -70,13 +70,16 @@ class Dispatch:
 
     An entry marked ``"sweep": "dkdv"`` holds the config of the backward's fused dk and dv
     sweep (``kernel.dkdv``, tuned by ``dispatch --backward``), picked among those entries
-    the same way (``fused``).
+    the same way (``fused``). An entry whose problem names ``"gate": "token"`` holds a
+    per-token gate's forward config (``kernel.gated``, tuned by ``dispatch --gate token``),
+    served to the gated calls of ``decay_attention(..., g=)`` alone.
 
     Each entry owns a shape bucket: the shapes nearer to its tuned (B*H, S) than to any
-    other entry's, in log2 of each. ``pick`` takes the nearest entry of the same DK, DV and
-    dtype (a tie goes to the earlier entry) and keeps its config, with one change: the
-    segment count is set so that the grid launches about as many blocks on the new shape
-    as it did on the tuned one (``same_wave``). The grid is what the segment count tunes:
+    other entry's, in log2 of each. ``pick`` takes the nearest entry of the same DK, DV,
+    dtype and gate (``Problem.kind``; a tie goes to the earlier entry) and keeps its
+    config, with one change: the segment count is set so that the grid launches about as
+    many blocks on the new shape as it did on the tuned one (``same_wave``; a per-token
+    gate's kernel runs one segment). The grid is what the segment count tunes:
     the best count gives about one block per SM, the worse counts fall off on both sides
     (measured: experiments/notebook/README.md, "oos"). The kernels
     read the decay at run time, so an entry serves every decay. When no segment count can
@@ -107,18 +110,15 @@ class Dispatch:
 
     def pick(self, problem: Problem, sweep: str = "forward") -> DispatchEntry:
         """The entry (tuned shape and the config to run) that serves ``problem``;
-        ``ExportError`` if the table has no entry of its DK, DV and dtype."""
+        ``ExportError`` if the table has no entry of its DK, DV, dtype and gate
+        (``Problem.kind``)."""
         kind = [e for e in self.entries if e.sweep == sweep]
-        same = [
-            e
-            for e in kind
-            if (e.problem.dk, e.problem.dv, e.problem.dtype) == (problem.dk, problem.dv, problem.dtype)
-        ]
+        same = [e for e in kind if e.problem.kind == problem.kind]
         if not same:
-            tuned = sorted({(e.problem.dk, e.problem.dv, e.problem.dtype) for e in kind})
+            tuned = sorted({e.problem.kind for e in kind})
             raise ExportError(
-                f"no dispatch entry for dk={problem.dk}, dv={problem.dv}, {problem.dtype}; "
-                f"the table was tuned for (dk, dv, dtype) in {tuned}"
+                f"no dispatch entry for dk={problem.dk}, dv={problem.dv}, {problem.dtype}, gate "
+                f"{problem.gate}; the table was tuned for (dk, dv, dtype, gate) in {tuned}"
             )
         nearest = min(same, key=lambda e: e.distance(problem))
         config = same_wave(nearest, problem)

@@ -3,7 +3,10 @@
 not, and q and k in groups (Mamba2's ``ngroups``: G heads, v H = G r), on the gated forward
 (``kernel.gated``). Registered as the torch custom op ``decay_tuner::gated_attention`` so
 that it runs under ``torch.compile(fullgraph=True)``; an eager call on real tensors keeps a
-plan per signature, as the constant-decay op does, and launches through it.
+plan per signature, as the constant-decay op does, and launches through it. Its config is
+picked as the constant-decay op's (``kernel.ops.serve.kernel_job``): the served table's
+entry of the per-token gate for its shape (``python -m tuner dispatch --gate token``),
+else the rule's (``kernel.rule.gated_config``).
 
 Forward only: the gated backward is not built yet, so a call whose inputs require grad
 raises a ``ValueError`` instead of returning outputs no gradient could flow through.
@@ -14,10 +17,11 @@ from typing import Any
 
 import torch
 
-from kernel.arch import get_arch, local_arch
-from kernel.gated_build import TORCH_DTYPES, compile_gated, gated_config
+from kernel.builder import cuda_arch
+from kernel.config import Call, Problem
+from kernel.gated_build import TORCH_DTYPES, compile_gated
 from kernel.ops import inputs
-from kernel.ops.serve import PLANS, PLANS_MAX
+from kernel.ops.serve import PLANS, PLANS_MAX, kernel_job
 
 
 def gated_attention(
@@ -117,15 +121,11 @@ class _GatedPlan:
         # fla's g_gamma = log(decay): a float decay's is a constant of the plan (read only
         # where it is not 0)
         self.gamma = torch.full((h,), math.log(alpha), **f32)
-        arch = local_arch()
         packed = cu_seqlens is not None
-        per_shape = not packed and not get_arch(arch).symbolic_shapes
-        self.kernel = compile_gated(
-            heads=h, groups=q.shape[2], dk=dk, dv=dv, dtype=TORCH_DTYPES[q.dtype],
-            config=gated_config(dk=dk, dv=dv), scale=scale, gamma=per_head is not None or alpha != 1.0,
-            initial_state=initial_state is not None, final_state=output_final_state, arch=arch, packed=packed,
-            batch=b if per_shape else None, seqlen=s if per_shape else None,
-        )  # fmt: skip
+        problem = Problem(b, h, s, dk, dv, TORCH_DTYPES[q.dtype], "token", q.shape[2])
+        call = Call(scale, initial_state is not None, output_final_state, packed)
+        job = kernel_job(problem, call, n)
+        self.kernel = compile_gated(*job, gamma=per_head is not None or alpha != 1.0, arch=cuda_arch())
         self.zero_gate = torch.zeros(b, s, h, **f32) if g is None else None
         rows = 1 if packed else b * h  # the packed kernel's state rows are symbolic
         self.h0 = torch.empty(rows, 1, dk, dv, **f32) if initial_state is None else None

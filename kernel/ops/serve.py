@@ -13,7 +13,7 @@ import torch
 
 from kernel.arch import get_arch
 from kernel.builder import ScalarDecayKernel, build, cuda_arch, memory_bandwidth, precompile, sm_count
-from kernel.config import Call, KernelConfig, Problem
+from kernel.config import Call, KernelConfig, Problem, gate_flags
 from kernel.environment import environment
 from kernel.ops import autotune
 from kernel.ops.backward import pass_calls
@@ -138,7 +138,7 @@ def kernel_job(
     else:
         shape = p
         if call.packed:  # sequences of the mean length
-            shape = Problem(sequences, p.heads, max(1, p.seqlen // sequences), p.dk, p.dv, p.dtype)
+            shape = dataclasses.replace(p, batch=sequences, seqlen=max(1, p.seqlen // sequences))
         if _SERVER.autotune is not None and not ahead:  # a call on this GPU, not compiling ahead
             if not torch.cuda.is_current_stream_capturing():  # a study inside a capture would run in it
                 table = _SERVER.table = autotune.tuned(_SERVER.autotune, shape, table)
@@ -163,7 +163,7 @@ def config_for(
             p = problem
             warnings.warn(
                 f"{exc}; serving the default config. Tune it: python -m tuner dispatch "
-                f"--dk {p.dk} --dv {p.dv} --dtype {p.dtype}",
+                f"--dk {p.dk} --dv {p.dv} --dtype {p.dtype} {' '.join(gate_flags(p))}".rstrip(),
                 stacklevel=3,
             )
     return default_config(problem, arch, sms, bandwidth)
@@ -228,6 +228,8 @@ def warmup_jobs(
     arch: str,
     sms: int | None = None,
     bandwidth: float | None = None,
+    gate: str = "head",
+    groups: int | None = None,
 ) -> list[Job]:
     """Every job a model of ``heads`` heads of ``dk`` x ``dv`` calls under the table served
     (``served_table``; else the rule) on ``arch`` with ``sms`` SMs (default: its reference
@@ -235,11 +237,16 @@ def warmup_jobs(
     a GPU of either finds its own): the forward of fla's defaults (scale
     ``DK^-1/2``, no state in; the final state returned, or not) dense over the shapes above
     and packed, and with ``backward`` each pass of their backward. One per compiled kernel
-    (``kernel.variants.shape_generic``): a few configs for every shape. ``ValueError`` for a
-    head count, head sizes or dtype ``Problem`` refuses, an SM count that is no positive
-    integer, and an architecture whose kernels are compiled per shape
-    (``kernel.arch.Arch.symbolic_shapes``: there is no set of kernels to warm ahead)."""
-    Problem(1, heads, 64, dk, dv, dtype)  # checks them, before any arithmetic on them
+    (``kernel.variants.shape_generic``): a few configs for every shape. ``gate`` and
+    ``groups``: a per-token gate's model (``Problem.gate``; fla's ``chunk_simple_gla(g=)``
+    and Mamba2's calls, no per-head decay beside the gate: a call with one compiles its own
+    kernel on first use), forward only. ``ValueError`` for a head count, head sizes, dtype,
+    gate or groups ``Problem`` refuses, a backward of the per-token gate (not built), an SM
+    count that is no positive integer, and an architecture whose kernels are compiled per
+    shape (``kernel.arch.Arch.symbolic_shapes``: there is no set of kernels to warm ahead)."""
+    Problem(1, heads, 64, dk, dv, dtype, gate, groups)  # checks them, before any arithmetic on them
+    if backward and gate == "token":
+        raise ValueError("the per-token gate's kernel runs forward calls alone: no backward to warm")
     if not get_arch(arch).symbolic_shapes:
         raise ValueError(
             f"on {arch} the kernels are compiled per shape (kernel.arch: Arch.symbolic_shapes): "
@@ -255,7 +262,12 @@ def warmup_jobs(
     lengths = sorted(
         {n + odd for k in range(WARMUP_MAX_SEQLEN.bit_length()) for n in (2**k, 3 * 2**k) for odd in (0, 1)}
     )
-    shapes = [Problem(b, heads, s, dk, dv, dtype) for b in batches for s in lengths if s <= WARMUP_MAX_SEQLEN]
+    shapes = [
+        Problem(b, heads, s, dk, dv, dtype, gate, groups)
+        for b in batches
+        for s in lengths
+        if s <= WARMUP_MAX_SEQLEN
+    ]
     calls = [
         (q, Call(dk**-0.5, False, final, packed), p.batch)
         for p in shapes
@@ -283,6 +295,8 @@ def warmup(
     sms: int | None = None,
     bandwidth: float | None = None,
     workers: int | None = None,
+    gate: str = "head",
+    groups: int | None = None,
 ) -> list[ProbeResult]:
     """Compile every kernel of ``warmup_jobs`` into TileLang's disk cache, in ``workers``
     parallel processes (default: one per CPU core), with no GPU needed: a later process
@@ -291,5 +305,6 @@ def warmup(
     a ``workers`` that is no positive integer."""
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers wants a positive number of processes, got {workers!r}")
-    jobs = warmup_jobs(heads, dk, dv, dtype, backward=backward, arch=arch, sms=sms, bandwidth=bandwidth)
+    rate = {"sms": sms, "bandwidth": bandwidth}
+    jobs = warmup_jobs(heads, dk, dv, dtype, backward=backward, arch=arch, **rate, gate=gate, groups=groups)
     return precompile(jobs, arch=arch, workers=workers)

@@ -2,21 +2,33 @@
 the study and its storage, and where the study's files go."""
 
 import argparse
+import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from kernel.config import KernelConfig, Problem
+from kernel.config import HEADLINE, KernelConfig, Problem
 from kernel.constraints import size_error
 from kernel.decode import DecodeCase, DecodeProblem
 from tuner import options
-from tuner.options import Options, UsageError, check_writable, default_storage, parse_config
+from tuner.options import PROBLEM_FLAGS, Options, UsageError, check_writable, default_storage, parse_config
 
 if TYPE_CHECKING:
     import optuna
 
 
-def problem_of(args: argparse.Namespace) -> Problem:
-    problem = Problem(args.batch, args.heads, args.seqlen, args.dk, args.dv, args.dtype)
+def problem_of(args: argparse.Namespace, **fields: Any) -> Problem:
+    """The problem of the flags (``tuner.options.PROBLEM_FLAGS``; the headline's where a
+    command has no such flag), ``fields`` in place of theirs (a shape of ``--shapes``);
+    ``UsageError`` naming the flag for ``--groups`` without ``--gate token`` or not dividing
+    the heads, and for sizes no kernel takes (``kernel.constraints.size_error``)."""
+    values = dataclasses.asdict(HEADLINE) | {f: getattr(args, f) for f in PROBLEM_FLAGS if hasattr(args, f)}
+    values |= fields
+    groups, heads = values["groups"], values["heads"]
+    if groups is not None and values["gate"] != "token":
+        raise UsageError("--groups needs --gate token: q and k in groups run the per-token gate's kernel")
+    if groups is not None and not 1 <= groups <= heads or groups and heads % groups:
+        raise UsageError(f"--groups {groups} must divide the heads, {heads}")
+    problem = Problem(**values)
     if reason := size_error(problem):
         raise UsageError(reason)
     return problem
@@ -29,6 +41,8 @@ def decode_case_of(args: argparse.Namespace, batch: int, heads: int | None = Non
     sequence)."""
     if "seqlen" in getattr(args, "given", ()):
         raise UsageError("--seqlen does not apply to the decode step: it takes one token per sequence")
+    if getattr(args, "gate", "head") != "head" or getattr(args, "groups", None) is not None:
+        raise UsageError("the decode step's studies are of a constant decay: --gate token is not tuned there")
     try:
         problem = DecodeProblem(
             heads or args.heads, args.dk, args.dv, args.dtype, args.pool_dtype, "int32", args.dk**-0.5
