@@ -144,3 +144,21 @@ def test_the_rule_s_config_compiles_for_ampere_where_its_warps_must_tile_the_sta
     assert isinstance(probe(problem, config, arch="sm_80"), Resources)
     with pytest.raises(ValueError, match="none both fits .* and tiles its MMA across 8 warps"):
         default_config(Problem(1, 2, 512, 48, 48), "sm_80")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_a_job_compiled_ahead_takes_the_arch_s_reference_gpu_without_one(arch):
+    """``kernel_job(..., arch=)`` with no SM count is the rule's pick on that arch's reference
+    GPU, asked of no device (CI has none)."""
+    import kernel.ops.serve as serve
+    from kernel.arch import get_arch
+    from kernel.config import Call
+
+    serve.use_table(None)  # the rule alone
+    try:
+        problem = Problem(2, 8, 1000, 128, 128, "float16")
+        _, config, _ = serve.kernel_job(problem, Call(0.1), 2, arch=arch)
+        assert config == serve.kernel_job(problem, Call(0.1), 2, arch=arch, sms=get_arch(arch).sms)[1]
+        assert config == default_config(problem, arch, get_arch(arch).sms)
+    finally:
+        serve.use_table(serve.DEFAULT)

@@ -94,10 +94,10 @@ def gpu(out: Path) -> dict:
     import torch
 
     import refs
-    from kernel import attention
-    from kernel.backward import sweep_calls
     from kernel.builder import build, constant_decay, cuda_arch, precompile
     from kernel.config import Call, retnet_decay
+    from kernel.ops import serve
+    from kernel.ops.backward import pass_calls
     from kernel.timing import alternating
     from kernel.validate import random_qkv
     from kernel.variants import launches_carry, states_buffer
@@ -158,8 +158,8 @@ def gpu(out: Path) -> dict:
     q, k, v = random_qkv(TIMED, seed=1)
     do = torch.randn_like(v, dtype=torch.float32).to(v.dtype)
     decay = constant_decay(retnet_decay(16), 16, q.device)
-    (_, _), (p_dk, c_dk), (p_dv, c_dv) = sweep_calls(TIMED, Call(scale))
-    sweeps = [attention.kernel_job(p_dk, c_dk, 2), attention.kernel_job(p_dv, c_dv, 2)]
+    (_, _), (p_dk, c_dk), (p_dv, c_dv) = pass_calls(TIMED, Call(scale))
+    sweeps = [serve.kernel_job(p_dk, c_dk, 2), serve.kernel_job(p_dv, c_dv, 2)]
     precompile(sweeps, arch=arch)
     dk_sweep, dv_sweep = (build(*job) for job in sweeps)
     calls = {"two sweeps": lambda: (dk_sweep(v, do, q, decay=decay), dv_sweep(k, q, do, decay=decay))}

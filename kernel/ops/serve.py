@@ -125,7 +125,7 @@ def kernel_job(
     (``kernel.variants.shape_generic``)."""
     p, table, ahead = problem, served_table(arch), arch is not None
     arch = arch or cuda_arch()
-    sms = sms or sm_count()
+    sms = sms or (get_arch(arch).sms if ahead else sm_count())
     if not ahead:
         bandwidth = bandwidth or memory_bandwidth()
     if call.dkdv:  # the table's dk+dv entry, else the rule's; packed sequences run one pass
