@@ -44,6 +44,13 @@ WARMUP = (
     COMMON
     + r"""
 from kernel.ops import decay_attention
+from kernel.builder import cuda_arch, precompile
+from kernel.config import Call, Problem
+from kernel.ops.serve import training_jobs
+jobs = set()
+for b, s in ((8, 4096), (2, 16384)):  # compiled in parallel processes first
+    jobs |= training_jobs(Problem(b, 16, s, 128, 128, "float16"), Call(128 ** -0.5, False, True, False), b)
+precompile(sorted(jobs, key=str), arch=cuda_arch())
 for b, s in ((8, 4096), (2, 16384)):
     q, k, v, g = tensors(b, s, grad=True)
     o, st = decay_attention(q, k, v, g, output_final_state=True)
