@@ -271,8 +271,11 @@ def build(
     here (the Ampere path on Hopper: ``lower_for="sm_80"``). Raises ``ValueError`` for a
     config that cannot tile the problem and ``RuntimeError`` when there is no CUDA device.
     Compiler failures propagate from TileLang; use :func:`kernel.probe.probe` first to get them
-    as values.
+    as values. A per-token gate's problem (``Problem.gate``) is ``ValueError`` too: its kernel
+    is launched by ``kernel.gated_build`` (``decay_attention(..., g=)``).
     """
+    if problem.gate != "head":
+        raise ValueError(f"{problem}: a per-token gate's kernel is launched by kernel.gated_build, not built")
     here = cuda_arch()
     key = (shape_generic(problem, config, lower_for or here), config, call, lower_for or here, here)
     config.check_fits(problem)

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kernel.config import retnet_decay
+from kernel.config import GATE_RANGE, retnet_decay
 from refs import factorised_peak, gamma_matrix
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
@@ -59,7 +59,11 @@ def study_decays(problem: Mapping[str, Any], decays: Sequence[float] | None = No
 
 
 def decay_label(problem: Mapping[str, Any], decays: Sequence[float] | None = None) -> str:
-    """The study's decays in a few characters: ``α = 0.99``, or ``RetNet γ, H = 16: 0.969-1``."""
+    """The study's decays in a few characters: ``α = 0.99``, ``RetNet γ, H = 16: 0.969-1``,
+    or a per-token gate's (``Problem.gate``) ``per-token g, -0.0001 to -20, G = 1``."""
+    if problem.get("gate") == "token":
+        lo, hi = GATE_RANGE
+        return f"per-token g, -{lo:g} to -{hi:g}, G = {problem.get('groups') or problem.get('heads')}"
     if decays and len(decays) == 1:
         return f"α = {float(decays[0]):g}"
     decays = study_decays(problem, decays)

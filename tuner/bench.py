@@ -14,24 +14,30 @@ head (``kernel.config.retnet_decay``; fla's ``g_gamma`` is its log), the query s
 ``DK^-1/2`` and, forward, the final state returned (``kernel.config.model_call``). Each
 is checked before timing: the output and final state against reference C, gradients
 against reference E.
+
+``bench --gate token [--groups G]`` times a per-token gate's forward (``kernel.gated``)
+the same way, out of the box, tuned and against fla's ``chunk_simple_gla(g=...)``, each
+checked against reference C's per-token form, over a floor that counts the gate's bytes
+(``tuner.occupancy.traffic_bytes``); it has no seed config, torch, packed or backward rows.
 """
 
 import importlib.util
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 import refs
 from kernel.builder import build, constant_decay, cuda_arch, memory_bandwidth, precompile, sm_count
-from kernel.config import SEED_CONFIG, Call, Problem, model_call, retnet_decay
+from kernel.config import SEED_CONFIG, Call, KernelConfig, Problem, model_call, retnet_decay
 from kernel.environment import environment
 from kernel.ops.dispatch import Dispatch
 from kernel.ops.tables import shipped_table
 from kernel.probe import ProbeFailure
-from kernel.validate import random_qkv
+from kernel.validate import gated_inputs, random_qkv
 from tuner import space
 from tuner.bench_rows import (
     OUT_OF_THE_BOX,
@@ -67,6 +73,64 @@ def served_by(dispatch: Dispatch, problem: Problem) -> str:
     return f"dispatch table: served by the entry tuned at {tuned.batch}x{tuned.heads}x{tuned.seqlen}"
 
 
+class Case(NamedTuple):
+    """One shape's implementations on the same fresh inputs, each a call returning the
+    output and the final state: ours for a config (compiled on first use, writing into
+    NaN-filled tensors of its own), fla's, plain torch's (None where it has none), and the
+    reference C result they are checked against."""
+
+    ref: tuple[torch.Tensor, torch.Tensor]
+    ours: Callable[[KernelConfig], Callable[[], tuple]]
+    fla: Callable[[], tuple]
+    plain: Callable[[], tuple] | None
+
+
+def retnet_case(problem: Problem, call: Call) -> Case:
+    """A constant decay's shape: RetNet's decay per head (fla's ``g_gamma`` is its log)."""
+    q, k, v = random_qkv(problem, seed=0)
+    decay = constant_decay(retnet_decay(problem.heads), problem.heads, q.device)
+    g_gamma = decay.log()  # fla's log-decay, made once as a model holds it
+    ref = refs.kernel_mimic(q, k, v, decay, 64, scale=call.scale, output_final_state=True)
+
+    def ours(config: KernelConfig) -> Callable[[], tuple]:
+        kern, out = build(problem, config, call), torch.full_like(v, math.nan)
+        final = torch.full((problem.batch, problem.heads, problem.dk, problem.dv), math.nan, device=q.device)
+        return lambda: (kern(q, k, v, decay=decay, final_state=final, out=out), final)
+
+    plain = None
+    if problem.seqlen % TORCH_CHUNK:
+        print(f"{problem}: S is not whole chunks of {TORCH_CHUNK}: no torch column", file=sys.stderr)
+    else:
+        plain = lambda: torch_chunked(q, k, v, decay, scale=call.scale, chunk=TORCH_CHUNK)  # noqa: E731
+    return Case(ref, ours, lambda: fla_simple_gla(q, k, v, g_gamma, scale=call.scale), plain)
+
+
+def gated_case(problem: Problem, call: Call) -> Case:
+    """A per-token gate's shape (``Problem.gate``): log-gates from -1e-4 to -20
+    (``kernel.validate.gated_inputs``), fla's ``chunk_simple_gla(g=...)``, which takes no
+    groups: its q and k are repeated to H heads outside the timed call."""
+    from kernel.gated_build import compile_gated
+
+    p = problem
+    q, k, v, g = gated_inputs(p, seed=0)
+    ref = refs.gated_kernel_mimic(q, k, v, g, 64, scale=call.scale, output_final_state=True)
+    rows, f32 = p.batch * p.heads, dict(dtype=torch.float32, device=q.device)
+
+    def ours(config: KernelConfig) -> Callable[[], tuple]:
+        kern = compile_gated(p, config, call, gamma=False, arch=cuda_arch())
+        gamma, h0 = torch.zeros(p.heads, **f32), torch.empty(rows, 1, p.dk, p.dv, **f32)
+        out, final = torch.full_like(v, math.nan), torch.full((rows, 1, p.dk, p.dv), math.nan, **f32)
+
+        def launch() -> tuple:
+            kern(q, k, v, g, gamma, h0, out, final)
+            return out, final.view(ref[1].shape)
+
+        return launch
+
+    qh, kh = (x.repeat_interleave(p.heads // p.qk_heads, dim=2) for x in (q, k))
+    return Case(ref, ours, lambda: fla_simple_gla(qh, kh, v, None, g=g, scale=call.scale), None)
+
+
 def run(
     shapes: list[tuple[int, int, int]],
     *,
@@ -77,14 +141,18 @@ def run(
     packed: Packed | None = BENCH_PACKED,
     backward: bool = True,
     log: Path | None = None,
+    gate: str = "head",
+    groups: int | None = None,
 ) -> list[dict]:
+    """The bench's rows (see the module); ``gate`` and ``groups``: a per-token gate's
+    forward (``Problem.gate``: no seed config, torch, packed or backward rows)."""
     from kernel.ops.serve import config_for
 
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)
     arch, sms, rate = cuda_arch(), sm_count(), memory_bandwidth()
     table, source = out_of_the_box()
-    problems = [Problem(b, h, s, dk, dv, dtype) for b, h, s in shapes]
+    problems = [Problem(b, h, s, dk, dv, dtype, gate, groups) for b, h, s in shapes]
     default = {p: config_for(p, table, arch=arch, sms=sms, bandwidth=rate) for p in problems}
     candidates = {
         p: [dispatch.pick(p).config]
@@ -92,37 +160,26 @@ def run(
         else space.wave_seeds(space.search_space(p, arch=arch), sms=sms, bandwidth=rate)
         for p in problems
     }
-    configs = {p: list(dict.fromkeys([SEED_CONFIG, *candidates[p], default[p]])) for p in problems}
+    seed = [SEED_CONFIG] if gate == "head" else []  # the seed's config is a constant decay's
+    configs = {p: list(dict.fromkeys([*seed, *candidates[p], default[p]])) for p in problems}
     jobs = [(p, c, model_call(p)) for p in problems for c in configs[p]]
     probes = dict(zip(jobs, precompile(jobs, arch=arch)))
     rows = []
     for problem in problems:
         shape, call = shape_row(problem), model_call(problem)
         floor_ms = traffic_bytes(problem) / bandwidth * 1e3
-        q, k, v = random_qkv(problem, seed=0)
-        decay = constant_decay(retnet_decay(problem.heads), problem.heads, q.device)
-        g_gamma = decay.log()  # fla's log-decay, made once as a model holds it
-        ref = refs.kernel_mimic(q, k, v, decay, 64, scale=call.scale, output_final_state=True)
+        case = (retnet_case if gate == "head" else gated_case)(problem, call)
         rows.append(floor_row(shape, floor_ms, bandwidth))
-        out = torch.empty_like(v)
-        final = torch.empty(problem.batch, problem.heads, dk, dv, device=q.device)
         timed = {}
         for config in configs[problem]:
             res = probes[problem, config, call]
             if isinstance(res, ProbeFailure) or not res.fits_smem:
                 print(f"{problem}: {config.label} does not compile or fit: not timed", file=sys.stderr)
                 continue
-            kern = build(problem, config, call)
-
-            def ours(kern=kern):
-                return kern(q, k, v, decay=decay, final_state=final, out=out), final
-
             impl, extra = "seed config" if config == SEED_CONFIG else "candidate", {}
             if config not in (SEED_CONFIG, *candidates[problem]):  # the out-of-box config alone
                 impl, extra = OUT_OF_THE_BOX, {"tuned_by": source}
-            out.fill_(math.nan)  # what an earlier config wrote cannot pass for this one's
-            final.fill_(math.nan)
-            timed[config] = timed_row(shape | extra, impl, config, ours, ref, floor_ms, log)
+            timed[config] = timed_row(shape | extra, impl, config, case.ours(config), case.ref, floor_ms, log)
         rows += timed.values()
         served = timed.get(default[problem], {})
         if served.get("impl") not in (None, OUT_OF_THE_BOX):
@@ -134,16 +191,14 @@ def run(
             )
             rows.append(min(ok, key=lambda r: r["median_ms"]) | {"impl": TUNED, "tuned_by": tuned_by})
         try:
-            fla = lambda: fla_simple_gla(q, k, v, g_gamma, scale=call.scale)  # noqa: E731
-            rows.append(timed_row(shape, "fla chunk_simple_gla", None, fla, ref, floor_ms, log))
+            rows.append(timed_row(shape, "fla chunk_simple_gla", None, case.fla, case.ref, floor_ms, log))
         except ImportError:
             print("fla is not installed: no fla column", file=sys.stderr)
-        if problem.seqlen % TORCH_CHUNK:
-            print(f"{problem}: S is not whole chunks of {TORCH_CHUNK}: no torch column", file=sys.stderr)
-        else:
-            plain = lambda: torch_chunked(q, k, v, decay, scale=call.scale, chunk=TORCH_CHUNK)  # noqa: E731
-            rows.append(timed_row(shape, "torch chunked", None, plain, ref, floor_ms, log))
-        del ref
+        if case.plain is not None:
+            rows.append(timed_row(shape, "torch chunked", None, case.plain, case.ref, floor_ms, log))
+        del case
+    if gate == "token":
+        return rows
     servings = {OUT_OF_THE_BOX: table, **({TUNED: dispatch} if dispatch else {})}
     if packed is not None:
         rows += run_packed(packed, dk=dk, dv=dv, dtype=dtype, servings=servings, bandwidth=bandwidth, log=log)
@@ -283,6 +338,8 @@ def bench_and_write(
     dispatch: Dispatch | None = None,
     packed: Packed | None = BENCH_PACKED,
     backward: bool = True,
+    gate: str = "head",
+    groups: int | None = None,
 ) -> None:
     """Run the bench and write ``out``/bench.csv, bench.jsonl and bench.html; print a table."""
     from reports.bench_figure import figure
@@ -291,8 +348,9 @@ def bench_and_write(
     log = out / "bench.jsonl"
     log.unlink(missing_ok=True)
     rows = run(
-        shapes, dk=dk, dv=dv, dtype=dtype, dispatch=dispatch, packed=packed, backward=backward, log=log
-    )
+        shapes, dk=dk, dv=dv, dtype=dtype, dispatch=dispatch, packed=packed, backward=backward, log=log,
+        gate=gate, groups=groups,
+    )  # fmt: skip
     write_csv(rows, out / "bench.csv")
     figure(rows).write_html(out / "bench.html", include_plotlyjs=True)
     print_table(rows)

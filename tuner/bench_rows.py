@@ -76,9 +76,11 @@ def floor_row(shape: dict[str, Any], floor_ms: float, bandwidth: float) -> dict[
 
 
 def shape_row(problem: Problem) -> dict[str, Any]:
-    """A row's shape columns (the decay is RetNet's per head in every row)."""
+    """A row's shape columns: the decay is RetNet's per head, or a per-token gate's with the
+    heads of q and k (``Problem.gate``, ``qk_heads``)."""
     p = problem
-    return {"batch": p.batch, "heads": p.heads, "seqlen": p.seqlen, "dk": p.dk, "dv": p.dv, "decay": "retnet"}
+    decay = "retnet" if p.gate == "head" else f"per-token g, G={p.qk_heads}"
+    return {"batch": p.batch, "heads": p.heads, "seqlen": p.seqlen, "dk": p.dk, "dv": p.dv, "decay": decay}
 
 
 def ratios(rows: list[dict]) -> list[dict]:

@@ -14,16 +14,18 @@ def fla_simple_gla(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g_gamma: torch.Tensor,
+    g_gamma: torch.Tensor | None,
     *,
     scale: float,
+    g: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
     output_final_state: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """fla's ``chunk_simple_gla(q, k, v, g_gamma=g_gamma, scale=scale, output_final_state=...)``.
+    """fla's ``chunk_simple_gla(q, k, v, g=g, g_gamma=g_gamma, scale=scale, output_final_state=...)``.
 
-    q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; g_gamma: fp32 ``[H]``, ``log(alpha_h)``.
+    q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; g_gamma: fp32 ``[H]``, ``log(alpha_h)``,
+    or None; g: fp32 ``[B, S, H]``, a per-token log-gate (``bench --gate token``), or None.
     Packed: ``[1, T, H, D]`` with ``cu_seqlens`` (int64 ``[N + 1]`` on the GPU, and its CPU
     copy ``cu_seqlens_cpu``, which spares fla a device sync). Returns ``o`` ``[B, S, H, DV]``
     and the fp32 final state ``[N, H, DK, DV]`` (None without ``output_final_state``).
@@ -33,7 +35,7 @@ def fla_simple_gla(
 
     packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens, "cu_seqlens_cpu": cu_seqlens_cpu}
     return chunk_simple_gla(
-        q, k, v, g_gamma=g_gamma, scale=scale, output_final_state=output_final_state, **packed
+        q, k, v, g=g, g_gamma=g_gamma, scale=scale, output_final_state=output_final_state, **packed
     )
 
 

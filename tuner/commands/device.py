@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from kernel.arch import resolve
-from kernel.config import KernelConfig, Problem, model_call
+from kernel.config import KernelConfig, model_call
 from kernel.constraints import violated
 from kernel.rule import default_config
 from tuner.commands.args import problem_of
@@ -91,7 +91,8 @@ def _probe_row(arch: str, status: str, cells, reason: str = "", config: str | No
 def cmd_warmup(args: argparse.Namespace) -> int:
     """Compile every kernel that calls of a head size are served by (kernel.ops.serve.warmup:
     the forward, and with --backward its sweeps, for every batch size and sequence length;
-    kernel.ops.decode.warmup_jobs: the decode step, fp32 and bf16 pools, for every N)
+    kernel.ops.decode.warmup_jobs: the decode step, fp32 and bf16 pools, for every N; with
+    --gate token, the per-token gate's forward of --groups instead, dense and packed)
     into TileLang's disk cache, across the CPU cores; no GPU needed with --arch. A later
     process loads them instead of compiling. Its progress goes to stderr (a bar on a
     terminal, else a line every 10 s); its last line names the cache's folder they went to."""
@@ -104,7 +105,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     from kernel.ops.tables import user_table
     from kernel.probe import ProbeFailure
 
-    Problem(1, args.heads, 1, args.dk, args.dv, args.dtype)  # validates the flags up front
+    problem = problem_of(args, batch=1, seqlen=1)  # validates the flags up front
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be positive, got {args.workers}")
     arch, gpu = resolve(args.arch)
@@ -113,8 +114,11 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     if args.dispatch:  # as a process on that architecture would serve it
         use_table(user_table(args.dispatch, environment(arch)))
     here = {"sms": sm_count(), "bandwidth": memory_bandwidth()} if gpu else {}  # else the arch's GPUs
-    jobs = warmup_jobs(args.heads, args.dk, args.dv, args.dtype, backward=args.backward, arch=arch, **here)
-    decode = decode_jobs(args.heads, args.dk, args.dv, args.dtype, arch=arch, sms=here.get("sms"))
+    p, gate = problem, {"gate": problem.gate, "groups": problem.groups}
+    jobs = warmup_jobs(p.heads, p.dk, p.dv, p.dtype, backward=args.backward, arch=arch, **here, **gate)
+    decode = (  # the decode step of a constant decay; a gated model's compiles on first use
+        decode_jobs(p.heads, p.dk, p.dv, p.dtype, arch=arch, sms=here.get("sms")) if p.gate == "head" else []
+    )
     start = time.perf_counter()
     total, what = len(jobs) + len(decode), f"compiling for {arch}"
     with Progress(total, verb="compiled", unit="kernels", desc=what) as done:
@@ -132,14 +136,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Time what a model gets out of the box (the shipped table, else the rule) and tuned,
     beside the seed's config, fla and plain torch, over shapes, then a packed batch, in the
     model form (RetNet's decays, scale, final state), then the backward and forward plus
-    backward against fla's, each against its HBM floor."""
+    backward against fla's, each against its HBM floor. With --gate token, the per-token
+    gate's forward of --groups against fla's chunk_simple_gla(g=...), over shapes alone."""
     import torch
 
     from kernel.ops.dispatch import load_dispatch  # loads torch
     from tuner.bench import bench_and_write  # loads torch and Optuna
 
     shapes = parse_shapes(args.shapes)
-    Problem(1, 1, 1, args.dk, args.dv, args.dtype)  # validates the flags up front
+    for b, h, s in shapes:  # validates the flags up front (--groups against each shape's heads)
+        problem_of(args, batch=b, heads=h, seqlen=s)
     if args.packed < 0:
         raise UsageError(f"--packed wants a number of sequences >= 0, got {args.packed}")
     packed = BENCH_PACKED._replace(sequences=args.packed) if args.packed else None
@@ -158,5 +164,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         dispatch=dispatch,
         packed=packed,
         backward=not args.no_backward,
+        gate=args.gate,
+        groups=args.groups,
     )
     return 0

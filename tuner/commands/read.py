@@ -34,6 +34,8 @@ def _heading(study: "optuna.Study", frame: "pd.DataFrame", arch: str | None = No
         note += f" (the analytic part alone: {why})"
     sweep = study.user_attrs.get("sweep")
     kernel = {"dkdv": "the backward's fused dk+dv pass, ", "decode": "the decode step, "}.get(sweep, "")
+    if (study.user_attrs.get("problem") or {}).get("gate") == "token":
+        kernel = "the per-token gate's forward, "
     return f"study {study.study_name!r} ({kernel}{mode}{where}{note})"
 
 

@@ -232,8 +232,8 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             floor = entry.get("x_floor", math.nan)
             print(f"{shape}: {c.label} {entry['median_ms']:.4f} ms, {floor:.2f}x floor")
             continue
-        p, c = entry["problem"], KernelConfig.from_dict(entry["config"])
-        shape = f"{p['dk']}x{p['dv']} B*H={p['batch'] * p['heads']:>4} S={p['seqlen']:>6}"
+        p, c = Problem.from_dict(entry["problem"]), KernelConfig.from_dict(entry["config"])
+        shape = f"{_heads_text(p)} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}"
         print(
             f"{shape}: {c.label} {entry['median_ms']:.4f} ms" + (" (dk+dv sweep)" if "sweep" in entry else "")
         )
@@ -243,18 +243,25 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 
 def dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[tuple[Problem, Options]]:
     """The studies of ``dispatch``, a (problem, options) each: per shape the forward's at DK x
-    DV; with ``--backward`` also at DV x DK (the dq pass's shape) and the fused dk and dv
-    sweep's (``--sweep dkdv``) where it serves the shape on ``arch``; with ``--sweep dkdv``
-    only those."""
+    DV (with ``--gate token``, the per-token gate's forward of ``--groups``); with
+    ``--backward`` also at DV x DK (the dq pass's shape) and the fused dk and dv sweep's
+    (``--sweep dkdv``) where it serves the shape on ``arch``; with ``--sweep dkdv`` only
+    those."""
     shapes = parse_shapes(args.shapes)
+    if args.gate == "token" and (args.backward or opts.sweep == "dkdv"):
+        raise UsageError("the per-token gate's kernel (--gate token) has no backward yet: drop --backward")
     swapped = args.backward and args.dk != args.dv
     heads = [(args.dk, args.dv)] + ([(args.dv, args.dk)] if swapped else [])
     tasks: list[tuple[Problem, Options]] = []
     if opts.sweep == "forward":
-        tasks += [(Problem(b, h, s, dk, dv, args.dtype), opts) for dk, dv in heads for b, h, s in shapes]
+        tasks += [
+            (problem_of(args, batch=b, heads=h, seqlen=s, dk=dk, dv=dv), opts)
+            for dk, dv in heads
+            for b, h, s in shapes
+        ]
     if args.backward or opts.sweep == "dkdv":
         fused = dataclasses.replace(opts, sweep="dkdv")
-        problems = [Problem(b, h, s, args.dk, args.dv, args.dtype) for b, h, s in shapes]
+        problems = [problem_of(args, batch=b, heads=h, seqlen=s) for b, h, s in shapes]
         tasks += [(p, fused) for p in problems if dkdv_config(p, arch) is not None]
     if args.decode or opts.sweep == "decode":
         decode = dataclasses.replace(opts, sweep="decode")
@@ -313,6 +320,13 @@ def _explore_shapes(tasks: list[tuple[Problem, Options]], arch: str, storage: st
         if opts.sweep == "decode":
             shape = f"{arch} decode {p.problem.dk}x{p.problem.dv} H={p.problem.heads} N={p.batch:>4}"
         else:
-            shape = f"{arch} {p.dk}x{p.dv}{what} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}"
+            shape = f"{arch} {_heads_text(p)}{what} B*H={p.batch * p.heads:>4} S={p.seqlen:>6}"
         print(fit(f"{shape}: {found}, compile-only"))
     return 0
+
+
+def _heads_text(problem: Problem) -> str:
+    """'128x64', then ' gated G=1' for a per-token gate's problem (its groups, where given)."""
+    p = problem
+    gate = (" gated" + (f" G={p.groups}" if p.groups else "")) if p.gate == "token" else ""
+    return f"{p.dk}x{p.dv}{gate}"
