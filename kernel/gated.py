@@ -78,17 +78,23 @@ def gated_chunk_loop_macro(
     packed: bool = False,
 ):
     """The chunk loop of one block, as a ``@T.macro`` ``chunk_loop(Q, K, V, O, Gate, Gamma,
-    bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh)``: ``n_chunks`` chunks from row
-    ``s_begin`` (tokens up to ``s_end``) of batch ``bb``, head ``bh`` (q and k of group ``bh //
-    group_size``), value columns ``v0 : v0 + block_dv``. ``State``/``Final``: None, or the
-    fp32 ``[N*H, 1, DK, DV]`` states in and out, row ``bbh``."""
+    bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, start=None, final=None)``:
+    ``n_chunks`` chunks from row ``s_begin`` (tokens up to ``s_end``) of batch ``bb``, head
+    ``bh`` (q and k of group ``bh // group_size``), value columns ``v0 : v0 + block_dv``.
+    ``State``/``Final``: None, or the fp32 ``[N*H, 1, DK, DV]`` states in and out, row
+    ``bbh``. ``start``/``final``: None (always), or functions of no arguments returning the
+    run-time condition under which the state is read (else zero) and written
+    (``pool_gated_fwd``): the read a masked load, as ``kernel.scalar_decay``'s."""
     mma = mma_for(arch, rows=chunk)
     C, accum = chunk, ACCUM
     store = store_macro(chunk=C, block_dv=block_dv, packed=packed)
     gate = gate_weights_macro(chunk=C, heads=heads, gamma=gamma)
 
     @T.macro
-    def chunk_loop(Q, K, V, O, Gate, Gamma, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh):
+    def chunk_loop(
+        Q, K, V, O, Gate, Gamma, bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh,
+        start=None, final=None,
+    ):  # fmt: skip
         Q_s, K_s, Kw_s, V_s = staged_tiles(chunk=C, dk=dk, block_dv=block_dv, dtype=dtype)
         S_s = T.alloc_shared([dk, block_dv], dtype)
         O_s = T.alloc_shared([C, block_dv], dtype)
@@ -104,6 +110,9 @@ def gated_chunk_loop_macro(
         bg = bh // group_size  # the group whose q and k this head reads
         if State is None:
             T.clear(S_f)
+        elif start is not None:  # a run-time condition: a masked load, no branch
+            for i, j in T.Parallel(dk, block_dv):
+                S_f[i, j] = T.if_then_else(start(), State[bbh, 0, i, v0 + j], T.Cast(accum, 0))
         else:
             T.copy(State[bbh, 0, :, v0 : v0 + block_dv], S_f)
 
@@ -139,7 +148,10 @@ def gated_chunk_loop_macro(
             mma.wait(0)
             if mma.asynchronous:
                 touch[0] = V_s[0, 0]
-        if Final is not None:
+        if Final is not None and final is not None:  # a run-time condition, evaluated here
+            if final():
+                T.copy(S_f, Final[bbh, 0, :, v0 : v0 + block_dv])
+        elif Final is not None:
             T.copy(S_f, Final[bbh, 0, :, v0 : v0 + block_dv])
 
     return chunk_loop
@@ -297,6 +309,74 @@ def packed_gated_fwd(
                 start,
                 end,
                 bnh,
+            )
+
+    return main
+
+
+def pool_gated_fwd(*, slots: str, **knobs):
+    """Return the ``@T.prim_func`` ``main(Q, K, V, Gate, Gamma, Pool, O, CuSeqlens, Slots,
+    FromPool)``: ``packed_gated_fwd`` with each sequence's states in a server's pool, read
+    and written in place, as ``kernel.scalar_decay.pool_fwd`` serves a constant decay.
+    ``slots``: the dtype of the slot indices; ``knobs``: ``packed_gated_fwd``'s but the states.
+
+    Pool: fp32 ``[P*H, 1, DK, DV]`` (a pool ``[P, H, DK, DV]`` viewed so, P symbolic).
+    Slots: ``[N]``, the pool row of each sequence; FromPool: int8 ``[N]``. Sequence n, head h
+    starts from ``Pool[Slots[n]*H + h]`` where ``FromPool[n]`` is nonzero and its slot lies
+    in ``[0, P)``, else from zero, and its final state is written there where the slot lies
+    in ``[0, P)``: a slot outside (-1, padding) touches no state, its outputs still
+    computed. Each block reads its own ``[DK, block_dv]`` slice before the chunk loop and
+    writes it after: distinct slots never race (a slot repeated within a call does)."""
+    if knobs.get("initial_state") or knobs.get("final_state"):
+        raise ValueError("a pool call's states are the pool's: no initial_state or final_state")
+    knobs = {k: v for k, v in knobs.items() if k not in ("initial_state", "final_state")}
+    heads, groups, dk, dv, dtype = (knobs[k] for k in ("heads", "groups", "dk", "dv", "dtype"))
+    chunk, block_dv, threads = knobs["chunk"], knobs["block_dv"], knobs["threads"]
+    if not get_arch(knobs["arch"]).symbolic_shapes:
+        raise ValueError(
+            f"{knobs['arch']} compiles per shape: the pool's gated forward needs symbolic shapes"
+        )
+    loop = {k: v for k, v in knobs.items() if k not in ("dv", "threads")}
+    chunk_loop = gated_chunk_loop_macro(**gated_loop_knobs(**loop, packed=True))
+    tokens, offsets, sequences, rows = (T.dynamic(n) for n in ("tokens", "offsets", "sequences", "pool_rows"))
+
+    def kept(slot):
+        """Whether ``slot`` lies in the pool: else no state is read or written."""
+        return (slot >= 0) & (slot < T.Cast("int64", rows // heads))
+
+    @T.prim_func
+    def main(
+        Q: T.Tensor([1, tokens, groups, dk], dtype), K: T.Tensor([1, tokens, groups, dk], dtype),
+        V: T.Tensor([1, tokens, heads, dv], dtype), Gate: T.Tensor([1, tokens, heads], ACCUM),
+        Gamma: T.Tensor([heads], ACCUM), Pool: T.Tensor([rows, 1, dk, dv], ACCUM),
+        O: T.Tensor([1, tokens, heads, dv], dtype), CuSeqlens: T.Tensor([offsets], "int32"),
+        Slots: T.Tensor([sequences], slots), FromPool: T.Tensor([sequences], "int8"),
+    ):  # fmt: skip
+        with T.Kernel(T.ceildiv(dv, block_dv), (offsets - 1) * heads, threads=threads) as (bv, bnh):
+            n = bnh // heads
+            bh = bnh % heads
+            bos = CuSeqlens[n]
+            eos = CuSeqlens[n + 1]
+            slot = T.Cast("int64", Slots[n])
+            row = T.Cast("int32", slot) * heads + bh  # used only where kept
+            chunk_loop(
+                Q,
+                K,
+                V,
+                O,
+                Gate,
+                Gamma,
+                0,
+                bh,
+                bv * block_dv,
+                bos,
+                T.ceildiv(eos - bos, chunk),
+                eos,
+                Pool,
+                Pool,
+                row,
+                lambda: kept(slot) & (FromPool[n] != 0),
+                lambda: kept(slot),
             )
 
     return main

@@ -75,18 +75,22 @@ def test_packed_batch_is_one():
         check_call(q, k, v, g, gg, torch.tensor([0, 5]))
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("packed", [False, True, "pool"], ids=["dense", "packed", "pool"])
 def test_compiles_for_sm_90a(packed):
-    """One config lowers and compiles with nvcc on a machine without a GPU, without spills."""
-    from kernel.gated import gated_fwd, packed_gated_fwd
+    """One config lowers and compiles with nvcc on a machine without a GPU, without spills;
+    the pool's kernel reads and writes its states under run-time conditions."""
+    from kernel.gated import gated_fwd, packed_gated_fwd, pool_gated_fwd
     from kernel.probe import ProbeFailure, probe_funcs
 
-    make_func = lambda: [
-        (packed_gated_fwd if packed else gated_fwd)(
-            heads=4, groups=2, dk=64, dv=64, dtype="float16", chunk=64, block_dv=64, num_stages=1,
-            threads=128, arch="sm_90a", scale=0.125, gamma=True, initial_state=True, final_state=True,
-        )
-    ]  # fmt: skip
+    knobs = dict(
+        heads=4, groups=2, dk=64, dv=64, dtype="float16", chunk=64, block_dv=64, num_stages=1,
+        threads=128, arch="sm_90a", scale=0.125, gamma=True,
+    )  # fmt: skip
+    if packed == "pool":
+        make_func = lambda: [pool_gated_fwd(slots="int64", **knobs)]
+    else:
+        kernel = packed_gated_fwd if packed else gated_fwd
+        make_func = lambda: [kernel(**knobs, initial_state=True, final_state=True)]
     found = probe_funcs(make_func, arch="sm_90a")
     assert not isinstance(found, ProbeFailure), found
     assert found.spill_bytes == 0 and found.fits_smem
