@@ -77,18 +77,21 @@ def prim_func(problem: Problem, config: KernelConfig, call: Call, *, arch: str, 
     """The ``@T.prim_func`` of ``kernel.gated`` for a per-token gate's ``problem`` (its
     heads and groups, head sizes and dtype; its batch and sequence length where ``arch``
     compiles per shape), ``config``'s knobs and ``call``'s scale, states and packing
-    (``packed_gated_fwd``); ``gamma``: a per-head log-decay is added to the gates. ``ValueError``
-    for a call of the backward or of a pool, which the gated kernel does not run."""
-    from kernel.gated import gated_fwd, packed_gated_fwd  # TileLang: loaded when a kernel is built
+    (``packed_gated_fwd``; a pool's slots, ``pool_gated_fwd``); ``gamma``: a per-head
+    log-decay is added to the gates. ``ValueError`` for a call of the backward, which the
+    gated kernel does not run."""
+    from kernel.gated import gated_fwd, packed_gated_fwd, pool_gated_fwd  # TileLang: loaded when built
 
-    if call.reverse or call.slots is not None:
-        raise ValueError("the gated forward runs forward calls of their own states: no backward, no pool")
+    if call.reverse:
+        raise ValueError("the gated forward runs forward calls only: no backward")
     p, c = problem, config
     knobs = dict(
         heads=p.heads, groups=p.qk_heads, dk=p.dk, dv=p.dv, dtype=p.dtype, chunk=c.chunk, block_dv=c.block_dv,
         num_stages=c.num_stages, threads=c.threads, arch=arch, scale=call.scale, gamma=gamma,
         initial_state=call.initial_state, final_state=call.final_state,
     )  # fmt: skip
+    if call.slots is not None:
+        return pool_gated_fwd(slots=call.slots, **knobs)
     if call.packed:
         return packed_gated_fwd(**knobs)
     return gated_fwd(**knobs, batch=p.batch, seqlen=p.seqlen)

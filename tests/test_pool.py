@@ -87,6 +87,14 @@ def _bad_calls():
         "decay of 3 heads": {"decay": torch.ones(3, device="meta")},
         "decay 0": {"decay": 0.0},
         "scale NaN": {"scale": float("nan")},
+        "g of another T": {"g": torch.empty(1, 19, 4, device="meta")},
+        "g fp16": {"g": torch.empty(1, 20, 4, dtype=torch.float16, device="meta")},
+        "g on the CPU": {"g": torch.empty(1, 20, 4)},
+        "g with grouped q and k": {
+            "g": torch.empty(1, 20, 4, device="meta"),
+            "q": torch.empty(1, 20, 2, 64, dtype=torch.float16, device="meta"),
+            "k": torch.empty(1, 20, 2, 64, dtype=torch.float16, device="meta"),
+        },
         "too many prefills for the grid": {
             "slots": torch.empty(20000, dtype=torch.int32, device="meta"),
             "from_pool": torch.empty(20000, dtype=torch.bool, device="meta"),
@@ -117,7 +125,7 @@ def test_bad_input_is_one_value_error_before_any_launch(name, launches):
     if name not in ("an initial state", "output_final_state", "decay of 3 heads", "decay 0", "scale NaN"):
         keys = ("pool", "slots", "from_pool", "cu_seqlens", "decodes")
         with pytest.raises(ValueError):
-            ops_pool._pooled(q, k, v, None, 0.9, 0.125, *(call[x] for x in keys))
+            ops_pool._pooled(q, k, v, None, 0.9, 0.125, *(call[x] for x in keys), call.get("g"))
     assert not launches
 
 
@@ -345,6 +353,48 @@ def test_prefill_into_a_poisoned_pool_matches_reference_a_then_decodes_go_on(cas
         )  # fmt: skip
         assert _rel(ref, os_) < 1e-2, step
     assert _rel(state, pool[used.long()]) < STATE_TOL
+    assert torch.equal(_bits(before[untouched]), _bits(pool[untouched]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_decay", [True, False])
+def test_gated_prefill_and_decodes_in_one_call_match_the_gated_reference_a(with_decay):
+    """g per token (-1e-4 to -20) with a decay beside it or not: decodes and prefills in one
+    call on a poisoned pool, against reference A's gated form, the unused rows untouched."""
+    from refs.gated import gated_recurrent
+
+    h, dk, dv, dtype, rows, d = 8, 128, 64, torch.bfloat16, 40, 5
+    lengths = [1] * d + [63, 1, 200, 65]
+    n = len(lengths)
+    q, k, v, cu = _packed(lengths, h, dk, dv, dtype, seed=5)
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    u = torch.rand(1, sum(lengths), h, generator=gen, device="cuda", dtype=torch.float64)
+    g = (-torch.exp(math.log(1e-4) + u * (math.log(20.0) - math.log(1e-4)))).float()
+    slots = torch.randperm(rows, device="cuda")[:n].int()
+    slots[d + 1] = -1  # a one-token prefill of padding
+    from_pool = torch.ones(n, dtype=torch.bool, device="cuda")
+    from_pool[d::2] = False
+    live = _live(slots, rows)
+    reads = live & from_pool
+    pool = torch.full((rows, h, dk, dv), NAN, device="cuda")
+    pool[slots[reads].long()] = torch.randn(int(reads.sum()), h, dk, dv, generator=gen, device="cuda") * 0.5
+    start = torch.zeros(n, h, dk, dv, dtype=torch.float64, device="cuda")
+    start[reads] = pool[slots[reads].long()].double()
+    before = pool.clone()
+    decay = torch.tensor(DECAYS[:h], device="cuda") if with_decay else None
+    _poisoned_out(v.shape, dtype)
+    o, _ = decay_attention(
+        q, k, v, decay, g=g, cu_seqlens=cu, pool=pool, slots=slots, from_pool=from_pool, decodes=d
+    )
+    ref_o, ref_final = gated_recurrent(
+        q.double(), k.double(), v.double(), g.double(), scale=dk**-0.5,
+        g_gamma=None if decay is None else decay.double().log(), initial_state=start,
+        output_final_state=True, cu_seqlens=cu.long(),
+    )  # fmt: skip
+    assert not o.isnan().any() and _rel(ref_o, o) < 1e-2
+    assert _rel(ref_final[live], pool[slots[live].long()]) < STATE_TOL
+    untouched = torch.ones(rows, dtype=torch.bool, device="cuda")
+    untouched[slots[live].long()] = False
     assert torch.equal(_bits(before[untouched]), _bits(pool[untouched]))
 
 

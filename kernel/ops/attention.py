@@ -88,22 +88,17 @@ def decay_attention(
     A wrong input raises ``ValueError`` before anything is launched. Each scale is a
     constant of the kernels (compiled once per value), where the decay is read at run time.
     """
-    if g is not None or inputs.grouped(q, v):
-        if (
-            pool is not None
-            or slots is not None
-            or from_pool is not None
-            or type(decodes) is not int
-            or decodes
-        ):
-            raise ValueError(
-                "a pool call (pool, slots, from_pool, decodes) takes no g or grouped q and k yet"
-            )
+    pooled = (
+        pool is not None or slots is not None or from_pool is not None or type(decodes) is not int or decodes
+    )
+    if inputs.grouped(q, v) or (g is not None and not pooled):
+        if pooled:
+            raise ValueError("a pool call (pool, slots, from_pool, decodes) takes no grouped q and k yet")
         return gated_attention(
             q, k, v, decay, g=g, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
         )  # fmt: skip
-    if pool is not None or slots is not None or from_pool is not None or type(decodes) is not int or decodes:
+    if pooled:
         if pool is None or slots is None or from_pool is None:
             raise ValueError(
                 "a pool call takes pool, slots and from_pool together (and decodes only with them)"
@@ -114,7 +109,7 @@ def decay_attention(
             )
         o = pool_attention(
             q, k, v, decay, pool=pool, slots=slots, from_pool=from_pool, cu_seqlens=cu_seqlens,
-            decodes=decodes, scale=scale,
+            decodes=decodes, scale=scale, g=g,
         )  # fmt: skip
         return o, None
     if not torch.compiler.is_compiling():

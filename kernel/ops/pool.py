@@ -6,7 +6,9 @@ state back there in place, with no gather or scatter in torch
 chunked-prefill server sends it, is one call: the host says how many sequences come first
 with one token each (``decodes``, vLLM's ``num_decodes``), and those run on the decode
 step (``kernel.decode``), the rest on the pool prefill, each kernel on its own part of the
-same tensors, with no copy and no wait for the GPU.
+same tensors, with no copy and no wait for the GPU. With ``g``, a per-token log-gate, the
+prefills run on the gated pool forward (``kernel.gated.pool_gated_fwd``) and the decodes on
+the gated decode step.
 
 Registered as the torch custom op ``decay_tuner::decay_attention_pool``, which mutates the
 pool, so that it runs under ``torch.compile(fullgraph=True)`` and inside a captured CUDA
@@ -19,12 +21,15 @@ from typing import Any
 
 import torch
 
+from kernel.arch import local_arch
 from kernel.config import Call, Problem
 from kernel.constraints import rows_error
 from kernel.decode import DecodeProblem
+from kernel.gated_build import compile_gated
 from kernel.ops import decode as ops_decode
 from kernel.ops import inputs
 from kernel.ops.serve import PLANS, PLANS_MAX, kernel_for
+from kernel.rule import gated_config
 
 FLAG_DTYPES = (torch.bool, torch.int8, torch.uint8, torch.int32, torch.int64)
 # id -> (weak reference, version, decodes) of the cu_seqlens whose first ``decodes``
@@ -36,7 +41,7 @@ def pool_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    decay: float | torch.Tensor,
+    decay: float | torch.Tensor | None,
     *,
     pool: torch.Tensor,
     slots: torch.Tensor,
@@ -44,34 +49,45 @@ def pool_attention(
     cu_seqlens: torch.Tensor,
     decodes: int = 0,
     scale: float | None = None,
+    g: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``decay_attention`` of packed sequences on a pool (its arguments: ``check_call``).
     Returns o ``[1, T, H, DV]`` in q's dtype; the pool's rows ``slots`` names hold the
     sequences' final states after it."""
-    per_head, alpha = inputs.decay_parts(decay)
+    per_head, alpha = (None, 1.0) if decay is None and g is not None else inputs.decay_parts(decay)
     inputs.check_arguments(scale, None, False, cu_seqlens)
-    _refuse_grad(q, k, v, per_head)
+    _refuse_grad(q, k, v, per_head, g)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor or q.is_meta:
-        check_call(q, k, v, pool, slots, from_pool, cu_seqlens, decodes)
+        check_call(q, k, v, pool, slots, from_pool, cu_seqlens, decodes, g)
         op = torch.ops.decay_tuner.decay_attention_pool
-        return op(q, k, v, per_head, alpha, scale, pool, slots, from_pool, cu_seqlens, decodes)
-    return _pooled(q, k, v, per_head, alpha, scale, pool, slots, from_pool, cu_seqlens, decodes)
+        return op(q, k, v, per_head, alpha, scale, pool, slots, from_pool, cu_seqlens, decodes, g)
+    return _pooled(q, k, v, per_head, alpha, scale, pool, slots, from_pool, cu_seqlens, decodes, g)
 
 
 def check_call(
-    q: Any, k: Any, v: Any, pool: Any, slots: Any, from_pool: Any, cu_seqlens: Any, decodes: Any
+    q: Any,
+    k: Any,
+    v: Any,
+    pool: Any,
+    slots: Any,
+    from_pool: Any,
+    cu_seqlens: Any,
+    decodes: Any,
+    g: Any = None,
 ) -> tuple[int, int, int, int, int, int]:
     """The checks that need no values, of a traced call too: q, k ``[1, T, H, DK]`` and v
     ``[1, T, H, DV]`` (``inputs.check_tensors``); ``cu_seqlens`` an int32 or int64 ``[N +
     1]``; the pool fp32 ``[P, H, DK, DV]``, contiguous; ``slots`` int32 or int64 ``[N]``;
-    ``from_pool`` bool (or an integer dtype) ``[N]``; all on q's device; ``decodes`` an int
-    in ``[0, N]``, with T >= N (each sequence has a token) and T = N where every sequence is
-    a decode; at most ``MAX_ROWS`` (prefill, head) pairs. Returns ``(T, N, H, DK, DV, P)``."""
+    ``from_pool`` bool (or an integer dtype) ``[N]``; the gate None or fp32 ``[1, T, H]``
+    (``inputs.check_gate``); all on q's device; ``decodes`` an int in ``[0, N]``, with T >= N
+    (each sequence has a token) and T = N where every sequence is a decode; at most
+    ``MAX_ROWS`` (prefill, head) pairs. Returns ``(T, N, H, DK, DV, P)``."""
     inputs.check_tensors(q, k, v)
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     Problem(*(x if type(x) is int else 64 for x in (b, h, t, dk, dv)), inputs.DTYPE_NAMES[q.dtype])
+    inputs.check_gate(g, inputs.sizes(q, v), q.device)
     if b != 1:
         raise ValueError(f"with a pool, q, k, v must be packed [1, T, H, D], got a batch of {b}")
     if not isinstance(cu_seqlens, torch.Tensor):
@@ -123,27 +139,40 @@ def check_call(
 class _Plan:
     """What an eager signature's calls run, found once: the decay of a float, the decode
     step's kernel for the first ``decodes`` sequences and the pool prefill's for the rest
-    (either None where its part is empty). Kept in ``kernel.ops.serve.PLANS``."""
+    (either None where its part is empty); with a gate, the gated kernels and the log-decay
+    of a float decay (``gamma``). Kept in ``kernel.ops.serve.PLANS``."""
 
-    __slots__ = ("decode", "prefill", "decay", "problem", "decodes", "sequences")
+    __slots__ = ("decode", "prefill", "decay", "gamma", "problem", "decodes", "sequences")
 
-    def __init__(self, q, k, v, per_head, alpha, scale, pool, slots, from_pool, cu_seqlens, decodes):
-        t, n, h, dk, dv, _ = check_call(q, k, v, pool, slots, from_pool, cu_seqlens, decodes)
+    def __init__(self, q, k, v, per_head, alpha, scale, pool, slots, from_pool, cu_seqlens, decodes, g):
+        t, n, h, dk, dv, _ = check_call(q, k, v, pool, slots, from_pool, cu_seqlens, decodes, g)
         self.decay = inputs.decay_tensor(per_head, alpha, h, q.device)
+        self.gamma = None if g is None else self.decay.log()  # the gated prefill's log-decay
         dtype, slot_dtype = inputs.DTYPE_NAMES[q.dtype], ops_decode.SLOT_DTYPES[slots.dtype]
         self.problem = Problem(1, h, t, dk, dv, dtype)
         self.decodes, self.sequences = decodes, n
         self.decode = self.prefill = None
         if decodes:
-            step = DecodeProblem(h, dk, dv, dtype, "float32", slot_dtype, scale)
+            step = DecodeProblem(h, dk, dv, dtype, "float32", slot_dtype, scale, g is not None)
             self.decode = ops_decode.kernel_for(step, decodes)
         if decodes < n:
             prefill = Problem(1, h, t - decodes, dk, dv, dtype)
-            self.prefill = kernel_for(prefill, Call(scale, packed=True, slots=slot_dtype), n - decodes)
+            call = Call(scale, packed=True, slots=slot_dtype)
+            if g is None:
+                self.prefill = kernel_for(prefill, call, n - decodes)
+            else:
+                prefill = Problem(1, h, t - decodes, dk, dv, dtype, "token")
+                config = gated_config(prefill)
+                self.prefill = compile_gated(prefill, config, call, gamma=True, arch=local_arch())
 
-    def run(self, q, k, v, decay, pool, slots, from_pool, cu_seqlens) -> torch.Tensor:
+    def run(self, q, k, v, decay, pool, slots, from_pool, cu_seqlens, g) -> torch.Tensor:
         d = self.decodes
-        decay = self.decay if decay is None else inputs.decay_values(decay)
+        gamma = self.gamma
+        if decay is not None:
+            decay = inputs.decay_values(decay)
+            gamma = None if g is None else decay.log()
+        else:
+            decay = self.decay
         if not torch.cuda.is_current_stream_capturing():
             cu_seqlens = inputs.offsets_values(cu_seqlens, self.problem)
             _check_decodes(cu_seqlens, d, self.sequences)
@@ -154,13 +183,19 @@ class _Plan:
             cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
         q, k, v, slots = q.contiguous(), k.contiguous(), v.contiguous(), slots.contiguous()
         o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        g = None if g is None else g.contiguous()
         if self.decode is not None:  # tokens 0 .. d-1 as a step of d sequences: views, no copy
             step = [x[0, :d].unsqueeze(1) for x in (q, k, v, o)]
-            self.decode.run(*step[:3], decay, slots[:d], pool, step[3])
+            gate = None if g is None else g[0, :d].unsqueeze(1)
+            self.decode.run(*step[:3], decay, slots[:d], pool, step[3], gate=gate)
         if self.prefill is not None:
             flags = from_pool if from_pool.dtype == torch.bool else from_pool != 0
             flags = flags.contiguous().view(torch.int8)
-            self.prefill.run_pool(q, k, v, decay, pool, o, cu_seqlens[d:], slots[d:], flags[d:])
+            if g is None:
+                self.prefill.run_pool(q, k, v, decay, pool, o, cu_seqlens[d:], slots[d:], flags[d:])
+            else:
+                rows = pool.view(-1, 1, *pool.shape[2:])
+                self.prefill(q, k, v, g, gamma, rows, o, cu_seqlens[d:], slots[d:], flags[d:])
         return o
 
 
@@ -176,30 +211,32 @@ def _pooled(
     from_pool: torch.Tensor,
     cu_seqlens: torch.Tensor,
     decodes: int,
+    g: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The op's implementation: the checks of a new signature and its kernels found once
     (``_Plan``), then the launches."""
     try:
-        key = ("pool", *(_tensor_signature(t) for t in (q, k, v, pool, slots, from_pool, cu_seqlens, decay)))
+        tensors = (q, k, v, pool, slots, from_pool, cu_seqlens, decay, g)
+        key = ("pool", *(_tensor_signature(t) for t in tensors))
         key += (pool.is_contiguous(), type(decodes), decodes, alpha, scale)
         plan = PLANS.get(key)
     except (AttributeError, TypeError):  # not tensors where tensors go: checked below
         key = plan = None
     if plan is None:
-        plan = _Plan(q, k, v, decay, alpha, scale, pool, slots, from_pool, cu_seqlens, decodes)
+        plan = _Plan(q, k, v, decay, alpha, scale, pool, slots, from_pool, cu_seqlens, decodes, g)
         if key is not None:
             if len(PLANS) >= PLANS_MAX:
                 PLANS.clear()
             PLANS[key] = plan
-    return plan.run(q, k, v, decay, pool, slots, from_pool, cu_seqlens)
+    return plan.run(q, k, v, decay, pool, slots, from_pool, cu_seqlens, g)
 
 
 _pool_op = torch.library.custom_op("decay_tuner::decay_attention_pool", mutates_args=("pool",))(_pooled)
 
 
 @_pool_op.register_fake
-def _(q, k, v, decay, alpha, scale, pool, slots, from_pool, cu_seqlens, decodes):
-    _, _, h, _, _, _ = check_call(q, k, v, pool, slots, from_pool, cu_seqlens, decodes)
+def _(q, k, v, decay, alpha, scale, pool, slots, from_pool, cu_seqlens, decodes, g=None):
+    _, _, h, _, _, _ = check_call(q, k, v, pool, slots, from_pool, cu_seqlens, decodes, g)
     inputs.check_decay(decay, alpha, h, q.device)
     return q.new_empty(v.shape)
 
