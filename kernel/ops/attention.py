@@ -366,7 +366,7 @@ def _passes(
         start = kept.get("zero")
         if start is None:
             start = torch.zeros(sequences * problem.heads * problem.dk * problem.dv, device=q.device)
-            if not torch.cuda.is_current_stream_capturing():  # a graph's buffer is the graph's
+            if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):  # else the graph's
                 kept["zero"] = start
         return start
 
