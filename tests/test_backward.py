@@ -451,6 +451,53 @@ def test_the_kernel_runs_backwards_in_time(problem, config, call):
         assert not final.isnan().any() and refs.rel_l2(final, want_final) < refs.TOLERANCE
 
 
+class _ReferencePass:
+    """A kernel of the backward's passes run by reference A in fp64 (``kernel.ops.attention``
+    hands each pass's tensors to ``run``), so that the wiring around the kernels is checked
+    where no GPU runs them."""
+
+    config = None
+
+    def __init__(self, problem: Problem, call: Call):
+        self.problem, self.call = problem, call
+
+    def run(self, q, k, v, decay, h0, final, out, offsets, states):
+        p, reverse = self.problem, self.call.reverse
+        start = None if h0 is None else h0.reshape(-1, p.heads, p.dk, p.dv).clone()
+        q, k, v = (x.flip(1) if reverse else x for x in (q, k, v))
+        o, last = refs.recurrent(
+            q, k, v, decay, scale=self.call.scale, initial_state=start, output_final_state=True
+        )
+        if final is not None:
+            final.copy_(last)
+        return (o.flip(1) if reverse else o), None
+
+
+def test_a_final_state_no_gradient_reaches_starts_the_passes_from_a_kept_zero(monkeypatch):
+    """``zero_start`` (an eager call's final state with no gradient): the passes' flags and
+    gradients are those of a zero dHT, bitwise, and the kept zero stays zero."""
+    import kernel.ops.attention as attention
+
+    monkeypatch.setitem(attention.inputs.DTYPE_NAMES, F64, "float16")
+    made = []  # the (problem, call) of each kernel looked up: what warmup must have compiled
+    monkeypatch.setattr(
+        attention, "kernel_for", lambda p, call, n: made.append((p, call)) or _ReferencePass(p, call)
+    )
+    monkeypatch.setattr(attention, "fuses_here", lambda p: False)
+    q, k, v, do, _, _ = _inputs(2, 37, 3, 16, 32, 2, seed=5)
+    decay = torch.tensor(DECAYS[:3], dtype=F64)
+    grads = lambda dht: attention._Grads(q, k, v, do, decay, 1.0, 0.3, None, dht, None)
+    zero_dht = attention._passes(grads(torch.zeros(2, 3, 16, 32, dtype=F64)), None, {})
+    with_dht, made[:] = list(made), []
+    kept: dict = {}
+    for _ in range(2):
+        got = attention._passes(grads(None), None, kept, zero_start=True)
+        assert all(torch.equal(a, b) for a, b in zip(got[:3], zero_dht[:3]))
+    assert made == with_dht and not kept["zero"].any()
+    want = _autograd(q, k, v, torch.zeros(2, 3, 16, 32, dtype=F64), decay, 0.3, do, None, None)
+    assert all(refs.rel_l2(g, w) < 1e-12 for g, w in zip(got[:3], want))
+
+
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_decay_attention_autograd_wiring_on_meta_tensors(packed, with_state):
