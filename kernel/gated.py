@@ -34,10 +34,10 @@ from kernel.scalar_decay import ACCUM, staged_tiles, store_macro
 LOG2E = math.log2(math.e)
 
 
-def gate_weights_macro(*, chunk: int, heads: int, gamma: bool):
+def gate_weights_macro(*, chunk: int, heads: int):
     """The chunk's gate weights, as a ``@T.macro`` ``gate(Gate, Gamma, g_s, G_s, w_s, bb, s0,
     bh, m)``: the gates of rows ``s0 : s0 + m`` of batch ``bb``, head ``bh`` (plus
-    ``Gamma[bh]`` where ``gamma``; 0 on the rows past m) into ``g_s``, their scan ``G_s[r] =
+    ``Gamma[bh]``; 0 on the rows past m) into ``g_s``, their scan ``G_s[r] =
     G_r``, then ``w_s[0, r] = exp(G_r)`` (the queries') and ``w_s[1, r] = exp(G_last - G_r)``
     (the keys', 0 past m), all fp32 in shared memory.
 
@@ -49,9 +49,7 @@ def gate_weights_macro(*, chunk: int, heads: int, gamma: bool):
     @T.macro
     def gate(Gate, Gamma, g_s, G_s, w_s, bb, s0, bh, m):
         for r in T.Parallel(C):
-            g_s[r] = T.if_then_else(
-                r < m, Gate[bb, s0 + r, bh] + (Gamma[bh] if gamma else T.Cast(ACCUM, 0)), T.Cast(ACCUM, 0)
-            )
+            g_s[r] = T.if_then_else(r < m, Gate[bb, s0 + r, bh] + Gamma[bh], T.Cast(ACCUM, 0))
         for r in T.Parallel(C):
             G_s[r] = T.Cast(ACCUM, 0)
             for t in T.serial(C):
@@ -74,7 +72,6 @@ def gated_chunk_loop_macro(
     num_stages: int,
     dtype: str,
     arch: str,
-    gamma: bool,
     packed: bool = False,
 ):
     """The chunk loop of one block, as a ``@T.macro`` ``chunk_loop(Q, K, V, O, Gate, Gamma,
@@ -88,7 +85,7 @@ def gated_chunk_loop_macro(
     mma = mma_for(arch, rows=chunk)
     C, accum = chunk, ACCUM
     store = store_macro(chunk=C, block_dv=block_dv, packed=packed)
-    gate = gate_weights_macro(chunk=C, heads=heads, gamma=gamma)
+    gate = gate_weights_macro(chunk=C, heads=heads)
 
     @T.macro
     def chunk_loop(
@@ -177,7 +174,6 @@ def gated_fwd(
     threads: int,
     arch: str,
     scale: float = 1.0,
-    gamma: bool = False,
     initial_state: bool = False,
     final_state: bool = False,
     batch: int | None = None,
@@ -189,14 +185,14 @@ def gated_fwd(
 
     Q, K: ``[B, S, G, DK]``; V, O: ``[B, S, H, DV]``, H = ``heads`` a multiple of G =
     ``groups``; all of ``dtype``. Gate: fp32 ``[B, S, H]``, the log-gates (<= 0). Gamma: fp32
-    ``[H]``, each head's log-decay added to its gates (read only with ``gamma``). H0, HT:
+    ``[H]``, each head's log-decay added to its gates (zeros where the call has none). H0, HT:
     fp32 ``[B*H, 1, DK, DV]``, the state before the first token (read only with
     ``initial_state``) and after the last (written only with ``final_state``).
     """
     chunk_loop = gated_chunk_loop_macro(
         **gated_loop_knobs(
             heads=heads, groups=groups, dk=dk, block_dv=block_dv, chunk=chunk, scale=scale,
-            num_stages=num_stages, dtype=dtype, arch=arch, gamma=gamma,
+            num_stages=num_stages, dtype=dtype, arch=arch,
         )
     )  # fmt: skip
     if get_arch(arch).symbolic_shapes:
@@ -251,7 +247,6 @@ def packed_gated_fwd(
     threads: int,
     arch: str,
     scale: float = 1.0,
-    gamma: bool = False,
     initial_state: bool = False,
     final_state: bool = False,
 ):
@@ -261,7 +256,7 @@ def packed_gated_fwd(
     count T and sequence count N, both read from the tensors at launch.
 
     Q, K: ``[1, T, G, DK]``; V, O: ``[1, T, H, DV]``; Gate: fp32 ``[1, T, H]``; Gamma: fp32
-    ``[H]`` (read only with ``gamma``). CuSeqlens: int32 ``[N + 1]``, offsets from 0 to T,
+    ``[H]`` (zeros where the call has none). CuSeqlens: int32 ``[N + 1]``, offsets from 0 to T,
     strictly increasing. H0, HT: fp32 ``[N*H, 1, DK, DV]`` (any rows where the call has no
     state in, or out). One block per (value slice, sequence, head) walks its sequence from
     its first token; a chunk's tile reaches into the next sequence, whose rows are kept out
@@ -273,7 +268,7 @@ def packed_gated_fwd(
     chunk_loop = gated_chunk_loop_macro(
         **gated_loop_knobs(
             heads=heads, groups=groups, dk=dk, block_dv=block_dv, chunk=chunk, scale=scale,
-            num_stages=num_stages, dtype=dtype, arch=arch, gamma=gamma, packed=True,
+            num_stages=num_stages, dtype=dtype, arch=arch, packed=True,
         )
     )  # fmt: skip
     tokens, offsets, h0_rows, ht_rows = (T.dynamic(n) for n in ("tokens", "offsets", "h0_rows", "ht_rows"))

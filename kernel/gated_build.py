@@ -73,13 +73,14 @@ def check_call(
     return heads // groups
 
 
-def prim_func(problem: Problem, config: KernelConfig, call: Call, *, arch: str, gamma: bool = False):
+def prim_func(problem: Problem, config: KernelConfig, call: Call, *, arch: str):
     """The ``@T.prim_func`` of ``kernel.gated`` for a per-token gate's ``problem`` (its
     heads and groups, head sizes and dtype; its batch and sequence length where ``arch``
     compiles per shape), ``config``'s knobs and ``call``'s scale, states and packing
-    (``packed_gated_fwd``; a pool's slots, ``pool_gated_fwd``); ``gamma``: a per-head
-    log-decay is added to the gates. ``ValueError`` for a call of the backward, which the
-    gated kernel does not run."""
+    (``packed_gated_fwd``; a pool's slots, ``pool_gated_fwd``). Every kernel adds a
+    per-head log-decay ``Gamma`` (zeros where a call has none) to the gates, so that one
+    compiled kernel serves calls with a decay beside ``g`` and without (``warmup``'s).
+    ``ValueError`` for a call of the backward, which the gated kernel does not run."""
     from kernel.gated import gated_fwd, packed_gated_fwd, pool_gated_fwd  # TileLang: loaded when built
 
     if call.reverse:
@@ -87,7 +88,7 @@ def prim_func(problem: Problem, config: KernelConfig, call: Call, *, arch: str, 
     p, c = problem, config
     knobs = dict(
         heads=p.heads, groups=p.qk_heads, dk=p.dk, dv=p.dv, dtype=p.dtype, chunk=c.chunk, block_dv=c.block_dv,
-        num_stages=c.num_stages, threads=c.threads, arch=arch, scale=call.scale, gamma=gamma,
+        num_stages=c.num_stages, threads=c.threads, arch=arch, scale=call.scale,
         initial_state=call.initial_state, final_state=call.final_state,
     )  # fmt: skip
     if call.slots is not None:
@@ -97,18 +98,18 @@ def prim_func(problem: Problem, config: KernelConfig, call: Call, *, arch: str, 
     return gated_fwd(**knobs, batch=p.batch, seqlen=p.seqlen)
 
 
-def compile_gated(problem: Problem, config: KernelConfig, call: Call, *, gamma: bool, arch: str):
+def compile_gated(problem: Problem, config: KernelConfig, call: Call, *, arch: str):
     """The compiled kernel of ``prim_func`` for ``arch`` (once per process and shape class,
     ``kernel.variants.shape_generic``; TileLang's disk cache across processes, where
     ``tuner warmup`` and the tuner's probes put it)."""
     from kernel.variants import shape_generic
 
-    return _compiled(shape_generic(problem, config, arch), config, call, gamma, arch)
+    return _compiled(shape_generic(problem, config, arch), config, call, arch)
 
 
 @functools.cache
-def _compiled(problem: Problem, config: KernelConfig, call: Call, gamma: bool, arch: str):
-    (kernel,) = compile_funcs([prim_func(problem, config, call, arch=arch, gamma=gamma)], arch)
+def _compiled(problem: Problem, config: KernelConfig, call: Call, arch: str):
+    (kernel,) = compile_funcs([prim_func(problem, config, call, arch=arch)], arch)
     return kernel
 
 
@@ -151,7 +152,7 @@ def gated_forward(
     scale = dk**-0.5 if scale is None else float(scale)
     call = Call(scale, initial_state is not None, output_final_state, cu_seqlens is not None)
     config = gated_config(problem) if config is None else config
-    kernel = compile_gated(problem, config, call, gamma=g_gamma is not None, arch=local_arch())
+    kernel = compile_gated(problem, config, call, arch=local_arch())
     f32 = dict(dtype=torch.float32, device=q.device)
     gate = torch.zeros(b, s, heads, **f32) if g is None else g
     gamma = torch.zeros(heads, **f32) if g_gamma is None else g_gamma

@@ -84,7 +84,7 @@ def test_compiles_for_sm_90a(packed):
 
     knobs = dict(
         heads=4, groups=2, dk=64, dv=64, dtype="float16", chunk=64, block_dv=64, num_stages=1,
-        threads=128, arch="sm_90a", scale=0.125, gamma=True,
+        threads=128, arch="sm_90a", scale=0.125,
     )  # fmt: skip
     if packed == "pool":
         make_func = lambda: [pool_gated_fwd(slots="int64", **knobs)]
@@ -103,7 +103,7 @@ def test_dense_source_scans_by_rows():
 
     func = gated_fwd(
         heads=4, groups=2, dk=64, dv=64, dtype="float16", chunk=64, block_dv=64, num_stages=2, threads=256,
-        arch="sm_90a", scale=0.125, gamma=True, initial_state=True, final_state=True,
+        arch="sm_90a", scale=0.125, initial_state=True, final_state=True,
     )  # fmt: skip
     (kernel,) = compile_funcs([func], "sm_90a")
     source = kernel.get_kernel_source()

@@ -137,7 +137,7 @@ def test_the_default_config_compiles_for_sm_90a_without_spills():
     make = lambda: [
         packed_gated_fwd(
             heads=24, groups=1, dk=128, dv=64, dtype="bfloat16", chunk=config.chunk, block_dv=config.block_dv,
-            num_stages=config.num_stages, threads=config.threads, arch="sm_90a", scale=128**-0.5, gamma=True,
+            num_stages=config.num_stages, threads=config.threads, arch="sm_90a", scale=128**-0.5,
             initial_state=True, final_state=True,
         )
     ]  # fmt: skip

@@ -117,7 +117,7 @@ def gated_case(problem: Problem, call: Call) -> Case:
     rows, f32 = p.batch * p.heads, dict(dtype=torch.float32, device=q.device)
 
     def ours(config: KernelConfig) -> Callable[[], tuple]:
-        kern = compile_gated(p, config, call, gamma=False, arch=cuda_arch())
+        kern = compile_gated(p, config, call, arch=cuda_arch())
         gamma, h0 = torch.zeros(p.heads, **f32), torch.empty(rows, 1, p.dk, p.dv, **f32)
         out, final = torch.full_like(v, math.nan), torch.full((rows, 1, p.dk, p.dv), math.nan, **f32)
 

@@ -118,14 +118,14 @@ class _GatedPlan:
         b, h, s, dk, dv = sizes
         self.sizes, self.per_head, self.want_final = sizes, per_head is not None, output_final_state
         f32 = dict(dtype=torch.float32, device=q.device)
-        # fla's g_gamma = log(decay): a float decay's is a constant of the plan (read only
-        # where it is not 0)
+        # fla's g_gamma = log(decay): a float decay's is a constant of the plan (zeros for
+        # none: one compiled kernel serves calls with a decay and without)
         self.gamma = torch.full((h,), math.log(alpha), **f32)
         packed = cu_seqlens is not None
         problem = Problem(b, h, s, dk, dv, TORCH_DTYPES[q.dtype], "token", q.shape[2])
         call = Call(scale, initial_state is not None, output_final_state, packed)
         job = kernel_job(problem, call, n)
-        self.kernel = compile_gated(*job, gamma=per_head is not None or alpha != 1.0, arch=cuda_arch())
+        self.kernel = compile_gated(*job, arch=cuda_arch())
         self.zero_gate = torch.zeros(b, s, h, **f32) if g is None else None
         rows = 1 if packed else b * h  # the packed kernel's state rows are symbolic
         self.h0 = torch.empty(rows, 1, dk, dv, **f32) if initial_state is None else None

@@ -163,7 +163,7 @@ class _Plan:
             else:
                 prefill = Problem(1, h, t - decodes, dk, dv, dtype, "token")
                 config = gated_config(prefill)
-                self.prefill = compile_gated(prefill, config, call, gamma=True, arch=local_arch())
+                self.prefill = compile_gated(prefill, config, call, arch=local_arch())
 
     def run(self, q, k, v, decay, pool, slots, from_pool, cu_seqlens, g) -> torch.Tensor:
         d = self.decodes
