@@ -92,7 +92,7 @@ def main() -> None:
             try:
                 problem = Problem(b, h, s, dk, dv, TORCH_DTYPES[dtype], "token", groups)
                 call = Call(scale, final_state=True)
-                kern = compile_gated(problem, config, call, gamma=False, arch=local_arch())
+                kern = compile_gated(problem, config, call, arch=local_arch())
             except Exception as exc:  # a config that fails to compile is a row, not a stop
                 print(json.dumps(row | {"error": f"{type(exc).__name__}: {str(exc)[-300:]}"}), flush=True)
                 continue

@@ -28,7 +28,7 @@ def main() -> None:
         knobs = dict(chunk=64, block_dv=block_dv, num_stages=stages, threads=threads)
         make = lambda: [
             fwd(
-                heads=h, groups=g, dk=dk, dv=dv, dtype="float16", arch=ARCH, scale=dk**-0.5, gamma=True,
+                heads=h, groups=g, dk=dk, dv=dv, dtype="float16", arch=ARCH, scale=dk**-0.5,
                 initial_state=True, final_state=True, **knobs,
             )
         ]  # fmt: skip
