@@ -184,7 +184,7 @@ class _Plan:
         self.launch = (kern.problem, kern.config, kern.call, kern.launchers or kern.compiled)
         self.unused = unused_state(kern.problem, q.device)
         self.final_shape = (sequences, problem.heads, problem.dk, problem.dv)
-        self.passes: dict[tuple, Any] = {}
+        self.passes: dict[tuple | str, Any] = {}
 
     def run(self, q, k, v, decay, initial_state, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The call: the values of a decay or offsets tensor checked once per version."""
@@ -333,7 +333,7 @@ def _backward(
 
 
 def _passes(
-    g: _Grads, split: Split | None, kept: dict[tuple, Any] | None = None, zero_start: bool = False
+    g: _Grads, split: Split | None, kept: dict[tuple | str, Any] | None = None, zero_start: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``_backward``, given the forward's ``Split`` where it ran split (an eager call
     keeps it): the dq pass, the forward on (dO, V, K), has the forward's states
