@@ -28,6 +28,7 @@ import math
 import tilelang.language as T
 
 from kernel.arch import get_arch
+from kernel.config import Call, KernelConfig, Problem
 from kernel.mma import mma_for
 from kernel.scalar_decay import ACCUM, staged_tiles, store_macro
 
@@ -375,3 +376,26 @@ def pool_gated_fwd(*, slots: str, **knobs):
             )
 
     return main
+
+
+def prim_func(problem: Problem, config: KernelConfig, call: Call, *, arch: str):
+    """The ``@T.prim_func`` of ``kernel.gated`` for a per-token gate's ``problem`` (its
+    heads and groups, head sizes and dtype; its batch and sequence length where ``arch``
+    compiles per shape), ``config``'s knobs and ``call``'s scale, states and packing
+    (``packed_gated_fwd``; a pool's slots, ``pool_gated_fwd``). Every kernel adds a
+    per-head log-decay ``Gamma`` (zeros where a call has none) to the gates, so that one
+    compiled kernel serves calls with a decay beside ``g`` and without (``warmup``'s).
+    ``ValueError`` for a call of the backward, which the gated kernel does not run."""
+    if call.reverse:
+        raise ValueError("the gated forward runs forward calls only: no backward")
+    p, c = problem, config
+    knobs = dict(
+        heads=p.heads, groups=p.qk_heads, dk=p.dk, dv=p.dv, dtype=p.dtype, chunk=c.chunk, block_dv=c.block_dv,
+        num_stages=c.num_stages, threads=c.threads, arch=arch, scale=call.scale,
+        initial_state=call.initial_state, final_state=call.final_state,
+    )  # fmt: skip
+    if call.slots is not None:
+        return pool_gated_fwd(slots=call.slots, **knobs)
+    if call.packed:
+        return packed_gated_fwd(**knobs)
+    return gated_fwd(**knobs, batch=p.batch, seqlen=p.seqlen)

@@ -73,31 +73,6 @@ def check_call(
     return heads // groups
 
 
-def prim_func(problem: Problem, config: KernelConfig, call: Call, *, arch: str):
-    """The ``@T.prim_func`` of ``kernel.gated`` for a per-token gate's ``problem`` (its
-    heads and groups, head sizes and dtype; its batch and sequence length where ``arch``
-    compiles per shape), ``config``'s knobs and ``call``'s scale, states and packing
-    (``packed_gated_fwd``; a pool's slots, ``pool_gated_fwd``). Every kernel adds a
-    per-head log-decay ``Gamma`` (zeros where a call has none) to the gates, so that one
-    compiled kernel serves calls with a decay beside ``g`` and without (``warmup``'s).
-    ``ValueError`` for a call of the backward, which the gated kernel does not run."""
-    from kernel.gated import gated_fwd, packed_gated_fwd, pool_gated_fwd  # TileLang: loaded when built
-
-    if call.reverse:
-        raise ValueError("the gated forward runs forward calls only: no backward")
-    p, c = problem, config
-    knobs = dict(
-        heads=p.heads, groups=p.qk_heads, dk=p.dk, dv=p.dv, dtype=p.dtype, chunk=c.chunk, block_dv=c.block_dv,
-        num_stages=c.num_stages, threads=c.threads, arch=arch, scale=call.scale,
-        initial_state=call.initial_state, final_state=call.final_state,
-    )  # fmt: skip
-    if call.slots is not None:
-        return pool_gated_fwd(slots=call.slots, **knobs)
-    if call.packed:
-        return packed_gated_fwd(**knobs)
-    return gated_fwd(**knobs, batch=p.batch, seqlen=p.seqlen)
-
-
 def compile_gated(problem: Problem, config: KernelConfig, call: Call, *, arch: str):
     """The compiled kernel of ``prim_func`` for ``arch`` (once per process and shape class,
     ``kernel.variants.shape_generic``; TileLang's disk cache across processes, where
@@ -109,6 +84,8 @@ def compile_gated(problem: Problem, config: KernelConfig, call: Call, *, arch: s
 
 @functools.cache
 def _compiled(problem: Problem, config: KernelConfig, call: Call, arch: str):
+    from kernel.gated import prim_func  # TileLang: loaded when a kernel is built
+
     (kernel,) = compile_funcs([prim_func(problem, config, call, arch=arch)], arch)
     return kernel
 

@@ -47,10 +47,10 @@ def shape_generic(problem: Problem, config: KernelConfig, arch: str) -> Problem:
 def prim_funcs(problem: Problem, config: KernelConfig, call: Call = PLAIN_CALL, *, arch: str) -> list:
     """The ``@T.prim_func`` kernels of ``config``'s variant for ``arch`` (a name of
     ``kernel.arch.ARCHS``), in launch order."""
-    from kernel import dkdv, gated_build, scalar_decay, seq_split  # TileLang: loaded when a kernel is built
+    from kernel import dkdv, gated, scalar_decay, seq_split  # TileLang: loaded when a kernel is built
 
     if problem.gate == "token":
-        return [gated_build.prim_func(problem, config, call, arch=arch)]
+        return [gated.prim_func(problem, config, call, arch=arch)]
     knobs = call.to_dict()
     slots = knobs.pop("slots")  # a pool's: the packed single-pass kernel's alone (``Call``)
     if knobs.pop("dkdv"):

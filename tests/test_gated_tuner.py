@@ -16,7 +16,7 @@ from helpers import SMALL, dispatch_file
 
 from kernel.arch import DEFAULT_ARCH
 from kernel.config import SEED_CONFIG, Call, KernelConfig, Problem, gate_flags, knob_choices, model_call
-from kernel.gated_build import prim_func
+from kernel.gated import prim_func
 from kernel.ops import autotune, serve
 from kernel.ops.dispatch import load_dispatch
 from kernel.rule import default_config, gated_config
