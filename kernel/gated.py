@@ -36,25 +36,29 @@ LOG2E = math.log2(math.e)
 
 
 def gate_weights_macro(*, chunk: int, heads: int):
-    """The chunk's gate weights, as a ``@T.macro`` ``gate(Gate, Gamma, g_s, G_s, w_s, bb, s0,
-    bh, m)``: the gates of rows ``s0 : s0 + m`` of batch ``bb``, head ``bh`` (plus
+    """The chunk's gate weights, as a ``@T.macro`` ``gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb,
+    s0, bh, m)``: the gates of rows ``s0 : s0 + m`` of batch ``bb``, head ``bh`` (plus
     ``Gamma[bh]``; 0 on the rows past m) into ``g_s``, their scan ``G_s[r] =
     G_r``, then ``w_s[0, r] = exp(G_r)`` (the queries') and ``w_s[1, r] = exp(G_last - G_r)``
     (the keys', 0 past m), all fp32 in shared memory.
 
-    The scan is a sum per row over the rows up to it, not ``T.cumsum``: with two pipeline
-    stages TileLang 0.1.15 double-buffers ``g_s`` into ``[2, C]`` and lowers the cumsum of
-    its ``dim=0`` to a scan along the new axis of one row, which leaves the gates unscanned."""
+    The scan is a sum per row over the rows up to it, in the order of the rows, in a
+    register fragment ``G_f`` (each thread reads the shared gates and adds; one store to
+    ``G_s`` after), not ``T.cumsum``: with two pipeline stages TileLang 0.1.15
+    double-buffers ``g_s`` into ``[2, C]`` and lowers the cumsum of its ``dim=0`` to a scan
+    along the new axis of one row, which leaves the gates unscanned. Summed in ``G_s``
+    itself, each of the C adds was a shared-memory load and store in series."""
     C = chunk
 
     @T.macro
-    def gate(Gate, Gamma, g_s, G_s, w_s, bb, s0, bh, m):
+    def gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb, s0, bh, m):
         for r in T.Parallel(C):
             g_s[r] = T.if_then_else(r < m, Gate[bb, s0 + r, bh] + Gamma[bh], T.Cast(ACCUM, 0))
+        T.clear(G_f)
         for r in T.Parallel(C):
-            G_s[r] = T.Cast(ACCUM, 0)
             for t in T.serial(C):
-                G_s[r] += T.if_then_else(t <= r, g_s[t], T.Cast(ACCUM, 0))
+                G_f[r] += T.if_then_else(t <= r, g_s[t], T.Cast(ACCUM, 0))
+        T.copy(G_f, G_s)
         for r in T.Parallel(C):
             w_s[0, r] = T.exp2(G_s[r] * LOG2E)
             w_s[1, r] = T.if_then_else(r < m, T.exp2((G_s[C - 1] - G_s[r]) * LOG2E), T.Cast(ACCUM, 0))
@@ -98,7 +102,8 @@ def gated_chunk_loop_macro(
         O_s = T.alloc_shared([C, block_dv], dtype)
         A_cast = T.alloc_shared([C, C], dtype)
         g_s = T.alloc_shared([C], accum)  # the chunk's gates
-        G_s = T.alloc_shared([C], accum)  # their scan G
+        G_f = T.alloc_fragment([C], accum)  # their scan G, summed in registers
+        G_s = T.alloc_shared([C], accum)  # and shared
         w_s = T.alloc_shared([2, C], accum)  # exp(G_r); exp(G_last - G_r)
 
         S_f = T.alloc_fragment([dk, block_dv], accum)  # carried across chunks
@@ -120,7 +125,7 @@ def gated_chunk_loop_macro(
             T.copy(Q[bb, s0 : s0 + C, bg, :], Q_s)
             T.copy(K[bb, s0 : s0 + C, bg, :], K_s)
             T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
-            gate(Gate, Gamma, g_s, G_s, w_s, bb, s0, bh, m)
+            gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb, s0, bh, m)
             T.copy(S_f, S_s)  # the state before this chunk
             mma.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
             mma.gemm(Q_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV]

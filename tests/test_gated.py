@@ -97,7 +97,8 @@ def test_compiles_for_sm_90a(packed):
 
 
 def test_dense_source_scans_by_rows():
-    """The gates are scanned per row, not by ``T.cumsum`` (see kernel.gated.gate_weights_macro)."""
+    """The gates are scanned per row, not by ``T.cumsum``, into a register (see
+    kernel.gated.gate_weights_macro): no shared-memory store inside the scan's loop."""
     from kernel.gated import gated_fwd
     from kernel.probe import compile_funcs
 
@@ -108,6 +109,9 @@ def test_dense_source_scans_by_rows():
     (kernel,) = compile_funcs([func], "sm_90a")
     source = kernel.get_kernel_source()
     assert "exp2f" in source and "CumSum" not in source
+    scan = source[source.index("for (int t = 0; t < 64; ++t)") :]
+    scan = scan[: scan.index("\n      }\n")]
+    assert "G_f[0] = (G_f[0] +" in scan and "G_s" not in scan, scan
 
 
 # ---- on the GPU ------------------------------------------------------------------------------
