@@ -193,14 +193,18 @@ def probe_funcs(
     try:
         with _captured_output() as printed:
             funcs = make()
+            # Their TIR before compiling: TileLang's lowering renames variables of the
+            # funcs it compiles (sm_80's thread binding), which a disk-cache hit never
+            # does, so the script after a compile is no key another process finds.
+            scripts = [f.script() for f in funcs]
             kernels = _compile(funcs, target(arch))
     except Exception as exc:  # TVM raises many types; each is recorded, none is swallowed
         stage: FailureStage = "nvcc" if "Compilation error" in str(exc) else "lower"
         message = "\n".join(filter(None, (printed.text.strip(), str(exc))))
         return ProbeFailure(stage, type(exc).__name__, _summary(message), time.perf_counter() - start)
     per_kernel = []
-    for compiled, func in zip(kernels, funcs):
-        found = _kernel_resources(compiled, func, arch)
+    for compiled, func, script in zip(kernels, funcs, scripts):
+        found = _kernel_resources(compiled, func, script, arch)
         if isinstance(found, str):
             return ProbeFailure("nvcc", "CompilationError", _summary(found), time.perf_counter() - start)
         per_kernel.append(found)
@@ -273,13 +277,13 @@ def read_resources(path: Path) -> dict[str, int] | None:
     return None
 
 
-def _kernel_resources(compiled: Any, func: Any, arch: str) -> dict[str, int] | str:
+def _kernel_resources(compiled: Any, func: Any, script: str, arch: str) -> dict[str, int] | str:
     """One compiled kernel's resources (ptxas's and the launch's), or ptxas's log where it
     fails. Kept on disk beside TileLang's kernel cache (``resources/``), keyed by the kernel's
-    TIR and CUDA source, the architecture, the TileLang and nvcc releases and
-    ``RESOURCES_FORMAT``: a probe that hits TileLang's cache skips the lowering and the ptxas
-    run too, which cost as much as the compile itself. An entry that cannot be read, or
-    lacks a field, is made again."""
+    TIR as built (``script``, taken before any compile) and CUDA source, the architecture,
+    the TileLang and nvcc releases and ``RESOURCES_FORMAT``: a probe that hits TileLang's
+    cache skips the lowering and the ptxas run too, which cost as much as the compile
+    itself. An entry that cannot be read, or lacks a field, is made again."""
     import tilelang
     import tilelang.env
 
@@ -287,7 +291,7 @@ def _kernel_resources(compiled: Any, func: Any, arch: str) -> dict[str, int] | s
     from kernel.files import write_json
 
     source = compiled.get_kernel_source()
-    key = [func.script(), source, arch, tilelang.__version__, str(nvcc_version()), str(RESOURCES_FORMAT)]
+    key = [script, source, arch, tilelang.__version__, str(nvcc_version()), str(RESOURCES_FORMAT)]
     path = Path(
         tilelang.env.TILELANG_CACHE_DIR,
         "resources",
