@@ -20,7 +20,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped where there is none")
 
 
+# Module-scoped fixtures that run a tuner, compiling: xdist runs a fixture once in each
+# process that runs a test using it, so their tests share one process (``--dist
+# loadgroup``, pyproject.toml), where the fixture runs once.
+SHARED_ONCE = ("explored", "over_budget", "archs")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items if config.pluginmanager.hasplugin("xdist") else ():
+        for name in SHARED_ONCE:
+            if name in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(name))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device")

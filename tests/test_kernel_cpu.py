@@ -192,12 +192,13 @@ def test_chunk_step_never_hands_back_a_tile_an_mma_still_reads(config, step, seg
     """TileLang's pipeliner releases a stage buffer after the last statement naming it; for
     an async wgmma that is its issue, so the async steps name each tile again after the
     wait that covers it. Checked on the generated CUDA of the kernel that runs the chunk
-    step (single-pass, or the split's outputs kernel), and the checker itself on a copy
-    of that CUDA with the waits deleted."""
-    from kernel.probe import compile_kernel
+    step (single-pass, or the split's outputs kernel: lowered, the CUDA nvcc would compile),
+    and the checker itself on a copy of that CUDA with the waits deleted."""
+    from kernel.probe import lower
+    from kernel.variants import prim_funcs
 
     config = dataclasses.replace(config, segments=segments)
-    source = compile_kernel(Problem(1, 2, 1024, 128, 128), config)[-1].get_kernel_source()
+    source = lower(prim_funcs(Problem(1, 2, 1024, 128, 128), config, arch="sm_90a")[-1]).kernel_source
     assert ("wait_wgmma" in source) == (step != "sync")
     assert ("wgmma_rs" in source) == (step == "transposed")  # the state as a register operand
     assert ("S_s" in source) == (step != "transposed")
@@ -207,22 +208,25 @@ def test_chunk_step_never_hands_back_a_tile_an_mma_still_reads(config, step, seg
         assert set(_tiles_released_under_a_pending_mma(unsafe)) == {"Q_s", "K_s", "V_s"}
 
 
-@pytest.mark.parametrize("seqlen", [1, 63, 1000])
 @pytest.mark.parametrize(
     "config",
     [KernelConfig(64, 128, 1, 256), KernelConfig(64, 64, 1, 256), KernelConfig(32, 32, 1, 128)],
     ids=lambda c: c.label,
 )
-def test_no_two_shared_buffers_share_memory(config, seqlen):
+def test_no_two_shared_buffers_share_memory(config):
     """With one chunk the loop is unrolled and TileLang, judging lifetimes by the statements
     that name a buffer, gave Kw_s's memory to O_s while the state's wgmma still read Kw_s
-    (kernel.variants.PASS_CONFIGS): every buffer must own its bytes."""
+    (kernel.variants.PASS_CONFIGS): every buffer must own its bytes. One chunk, a ragged
+    one and many are one program on sm_90a (S symbolic), lowered once."""
     from kernel.probe import lower
     from kernel.variants import prim_funcs
 
-    problem = Problem(2, 8, seqlen, 128, 128)
-    (func,) = prim_funcs(problem, config, Call(0.125, True, True), arch="sm_90a")
-    source = lower(func).kernel_source
+    funcs = [
+        prim_funcs(Problem(2, 8, s, 128, 128), config, Call(0.125, True, True), arch="sm_90a")
+        for s in (1, 63, 1000)
+    ]
+    assert len({f.script() for (f,) in funcs}) == 1
+    source = lower(funcs[0][0]).kernel_source
     offsets = re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", source)
     assert len(offsets) >= 5 and len({offset for _, offset in offsets}) == len(offsets), offsets
 
@@ -388,21 +392,21 @@ def test_a_resources_cache_entry_that_cannot_be_read_is_made_again(tmp_path):
         assert read_resources(path) is None, bad
 
 
-def test_a_split_s_kernels_compiled_in_threads_are_those_compiled_one_at_a_time():
+def test_a_split_s_kernels_compiled_in_threads_are_those_lowered_one_at_a_time():
     """``probe`` and ``build`` compile a split's kernels in threads; with TileLang's cache
-    off (a child process), each one's CUDA must be what a compile of its own gives."""
+    off (a child process), each one's CUDA must be what a lowering of its own gives (the
+    source nvcc then compiles: lowered alone, not compiled, to spare three nvcc runs)."""
     script = """
-import tilelang
 from kernel.config import KernelConfig, Problem, dkdv_call
-from kernel.probe import _compile, target
-from kernel.variants import pass_configs, prim_funcs
+from kernel.probe import _compile, lower, target
+from kernel.variants import prim_funcs
 p = Problem(1, 4, 1024, 64, 64)
 for call in (None, dkdv_call(p)):
     funcs = prim_funcs(p, KernelConfig(64, 64, 2, 256, "smem", 4), *[call] * bool(call), arch="sm_90a")
-    alone = [tilelang.compile(f, target=target("sm_90a"), pass_configs=pass_configs("sm_90a")) for f in funcs]
+    alone = [lower(f, arch="sm_90a").kernel_source for f in funcs]
     threaded = _compile(funcs, target("sm_90a"))
     assert len(funcs) == 3
-    assert [k.get_kernel_source() for k in alone] == [k.get_kernel_source() for k in threaded]
+    assert alone == [k.get_kernel_source() for k in threaded]
 print("same")
 """
     out = subprocess.run(

@@ -227,12 +227,16 @@ def _picked_pool_configs():
     return sorted(found, key=str)
 
 
+# The grid: every DK = DV, block_dv and thread count, the state transposed or not (256
+# threads at block_dv 64 are not), each unpipelined and at one pipelined depth, 2 and 3
+# taking turns so that each thread count meets both: TileLang's pipeline is one code path
+# at either depth, its producer/consumer split one per thread count and layout.
 LOWERED_GRID = [
     (Problem(1, 8, 64, d, d), KernelConfig(64, bdv, stages, threads, "smem", 1))
     for d in (128, 64)
     for bdv in (64, 128)
     for threads in (128, 256)
-    for stages in (1, 2, 3)
+    for stages in (1, 2 + (d // 64 + bdv // 64 + threads // 128) % 2)
     if bdv <= d
 ]
 
