@@ -211,7 +211,8 @@ def decode_config(problem: DecodeProblem, rows: int, sms: int) -> DecodeConfig:
     narrowest (a small batch: as many blocks as the state's columns allow); threads for
     about ``RULE_ELEMENTS_PER_THREAD`` state elements each, at least 64 (two warps' loads in
     flight a block where the batch is small)."""
-    widths = [d for d in DECODE_KNOBS["block_dv"] if problem.dv % d == 0]
+    most = MAX_ELEMENTS_PER_THREAD * max(DECODE_KNOBS["threads"])  # state elements a block may hold
+    widths = [d for d in DECODE_KNOBS["block_dv"] if problem.dv % d == 0 and problem.dk * d <= most]
     filling = [d for d in widths if rows * (problem.dv // d) >= RULE_BLOCKS_PER_SM * sms]
     block_dv = max(filling) if filling else min(widths)
     want = problem.dk * block_dv // RULE_ELEMENTS_PER_THREAD

@@ -56,7 +56,7 @@ def test_problem_refuses_bad_fields():
     assert p.scale == 1.0 and isinstance(p.scale, float) and DecodeProblem.from_dict(p.to_dict()) == p
 
 
-@pytest.mark.parametrize("dk,dv", [(64, 128), (128, 64), (128, 128), (256, 128), (16, 16)])
+@pytest.mark.parametrize("dk,dv", [(64, 128), (128, 64), (128, 128), (256, 128), (256, 256), (16, 16)])
 def test_rule_fills_the_sms_within_the_knobs(dk, dv):
     problem = DecodeProblem(8, dk, dv)
     choices = decode_choices(problem)
