@@ -86,7 +86,7 @@ def gated_chunk_loop_macro(
     ``State``/``Final``: None, or the fp32 ``[N*H, 1, DK, DV]`` states in and out, row
     ``bbh``. ``start``/``final``: None (always), or functions of no arguments returning the
     run-time condition under which the state is read (else zero) and written
-    (``pool_gated_fwd``): the read a masked load, as ``kernel.scalar_decay``'s."""
+    (``packed_gated_fwd``'s pool): the read a masked load, as ``kernel.scalar_decay``'s."""
     mma = mma_for(arch, rows=chunk)
     C, accum = chunk, ACCUM
     store = store_macro(chunk=C, block_dv=block_dv, packed=packed)
@@ -255,6 +255,7 @@ def packed_gated_fwd(
     scale: float = 1.0,
     initial_state: bool = False,
     final_state: bool = False,
+    slots: str | None = None,
 ):
     """Return the ``@T.prim_func`` ``main(Q, K, V, Gate, Gamma, H0, O, HT, CuSeqlens)`` of
     the gated forward over packed sequences (fla's ``cu_seqlens``), as
@@ -268,78 +269,61 @@ def packed_gated_fwd(
     its first token; a chunk's tile reaches into the next sequence, whose rows are kept out
     of the gates' scan (their gate reads as 0, never loaded), of the state (their key
     weight is 0) and of the output (only the first m rows are stored).
+
+    With ``slots`` (the dtype of the slot indices), ``main(Q, K, V, Gate, Gamma, Pool, O,
+    CuSeqlens, Slots, FromPool)``: each sequence's states in a server's pool, read and
+    written in place, as ``kernel.scalar_decay.pool_fwd`` serves a constant decay. Pool: fp32
+    ``[P*H, 1, DK, DV]`` (a pool ``[P, H, DK, DV]`` viewed so, P symbolic); Slots: ``[N]``,
+    the pool row of each sequence; FromPool: int8 ``[N]``. Sequence n, head h starts from
+    ``Pool[Slots[n]*H + h]`` where ``FromPool[n]`` is nonzero and its slot lies in ``[0,
+    P)``, else from zero, and its final state is written there where the slot lies in ``[0,
+    P)``: a slot outside (-1, padding) touches no state, its outputs still computed. Each
+    block reads its own ``[DK, block_dv]`` slice before the chunk loop and writes it after:
+    distinct slots never race (a slot repeated within a call does).
     """
     if not get_arch(arch).symbolic_shapes:
         raise ValueError(f"{arch} compiles per shape: the packed gated forward needs symbolic shapes")
+    if slots is not None and (initial_state or final_state):
+        raise ValueError("a pool call's states are the pool's: no initial_state or final_state")
     chunk_loop = gated_chunk_loop_macro(
         **gated_loop_knobs(
             heads=heads, groups=groups, dk=dk, block_dv=block_dv, chunk=chunk, scale=scale,
             num_stages=num_stages, dtype=dtype, arch=arch, packed=True,
         )
     )  # fmt: skip
-    tokens, offsets, h0_rows, ht_rows = (T.dynamic(n) for n in ("tokens", "offsets", "h0_rows", "ht_rows"))
+    tokens, offsets = T.dynamic("tokens, offsets")
+    # Each parameter its own buffer: an annotation shared by two parameters makes them one.
+    qk = lambda: T.Tensor([1, tokens, groups, dk], dtype)  # noqa: E731
+    vo = lambda: T.Tensor([1, tokens, heads, dv], dtype)  # noqa: E731
 
-    @T.prim_func
-    def main(
-        Q: T.Tensor([1, tokens, groups, dk], dtype), K: T.Tensor([1, tokens, groups, dk], dtype),
-        V: T.Tensor([1, tokens, heads, dv], dtype), Gate: T.Tensor([1, tokens, heads], ACCUM),
-        Gamma: T.Tensor([heads], ACCUM), H0: T.Tensor([h0_rows, 1, dk, dv], ACCUM),
-        O: T.Tensor([1, tokens, heads, dv], dtype), HT: T.Tensor([ht_rows, 1, dk, dv], ACCUM),
-        CuSeqlens: T.Tensor([offsets], "int32"),
-    ):  # fmt: skip
-        # bnh = n * H + h: the r heads of a group run in adjacent blocks (their q and k from L2)
-        with T.Kernel(T.ceildiv(dv, block_dv), (offsets - 1) * heads, threads=threads) as (bv, bnh):
-            n = bnh // heads
-            bh = bnh % heads
-            bos = CuSeqlens[n]
-            eos = CuSeqlens[n + 1]
-            start, end = H0 if initial_state else None, HT if final_state else None
-            chunk_loop(
-                Q,
-                K,
-                V,
-                O,
-                Gate,
-                Gamma,
-                0,
-                bh,
-                bv * block_dv,
-                bos,
-                T.ceildiv(eos - bos, chunk),
-                eos,
-                start,
-                end,
-                bnh,
-            )
+    @T.macro
+    def sequence(Q, K, V, O, Gate, Gamma, CuSeqlens, bv, bnh, State, Final, row, start=None, final=None):
+        """Block (bv, bnh)'s walk of sequence ``bnh // H``, head ``bnh % H``."""
+        bos = CuSeqlens[bnh // heads]
+        eos = CuSeqlens[bnh // heads + 1]
+        n_chunks = T.ceildiv(eos - bos, chunk)
+        chunk_loop(
+            Q, K, V, O, Gate, Gamma, 0, bnh % heads, bv * block_dv, bos, n_chunks, eos, State, Final, row,
+            start, final,
+        )  # fmt: skip
 
-    return main
+    if slots is None:
+        h0_rows, ht_rows = T.dynamic("h0_rows, ht_rows")
 
+        @T.prim_func
+        def main(
+            Q: qk(), K: qk(), V: vo(), Gate: T.Tensor([1, tokens, heads], ACCUM),
+            Gamma: T.Tensor([heads], ACCUM), H0: T.Tensor([h0_rows, 1, dk, dv], ACCUM), O: vo(),
+            HT: T.Tensor([ht_rows, 1, dk, dv], ACCUM), CuSeqlens: T.Tensor([offsets], "int32"),
+        ):  # fmt: skip
+            # bnh = n * H + h: the r heads of a group run in adjacent blocks (their q and k from L2)
+            with T.Kernel(T.ceildiv(dv, block_dv), (offsets - 1) * heads, threads=threads) as (bv, bnh):
+                start, end = H0 if initial_state else None, HT if final_state else None
+                sequence(Q, K, V, O, Gate, Gamma, CuSeqlens, bv, bnh, start, end, bnh)
 
-def pool_gated_fwd(*, slots: str, **knobs):
-    """Return the ``@T.prim_func`` ``main(Q, K, V, Gate, Gamma, Pool, O, CuSeqlens, Slots,
-    FromPool)``: ``packed_gated_fwd`` with each sequence's states in a server's pool, read
-    and written in place, as ``kernel.scalar_decay.pool_fwd`` serves a constant decay.
-    ``slots``: the dtype of the slot indices; ``knobs``: ``packed_gated_fwd``'s but the states.
+        return main
 
-    Pool: fp32 ``[P*H, 1, DK, DV]`` (a pool ``[P, H, DK, DV]`` viewed so, P symbolic).
-    Slots: ``[N]``, the pool row of each sequence; FromPool: int8 ``[N]``. Sequence n, head h
-    starts from ``Pool[Slots[n]*H + h]`` where ``FromPool[n]`` is nonzero and its slot lies
-    in ``[0, P)``, else from zero, and its final state is written there where the slot lies
-    in ``[0, P)``: a slot outside (-1, padding) touches no state, its outputs still
-    computed. Each block reads its own ``[DK, block_dv]`` slice before the chunk loop and
-    writes it after: distinct slots never race (a slot repeated within a call does)."""
-    if knobs.get("initial_state") or knobs.get("final_state"):
-        raise ValueError("a pool call's states are the pool's: no initial_state or final_state")
-    knobs = {k: v for k, v in knobs.items() if k not in ("initial_state", "final_state")}
-    heads, groups, dk, dv, dtype = (knobs[k] for k in ("heads", "groups", "dk", "dv", "dtype"))
-    chunk, block_dv, threads = knobs["chunk"], knobs["block_dv"], knobs["threads"]
-    if not get_arch(knobs["arch"]).symbolic_shapes:
-        raise ValueError(
-            f"{knobs['arch']} compiles per shape: the pool's gated forward needs symbolic shapes"
-        )
-    loop = {k: v for k, v in knobs.items() if k not in ("dv", "threads")}
-    chunk_loop = gated_chunk_loop_macro(**gated_loop_knobs(**loop, packed=True))
-    tokens, offsets, sequences, rows = (T.dynamic(n) for n in ("tokens", "offsets", "sequences", "pool_rows"))
+    sequences, rows = T.dynamic("sequences, pool_rows")
 
     def kept(slot):
         """Whether ``slot`` lies in the pool: else no state is read or written."""
@@ -347,38 +331,19 @@ def pool_gated_fwd(*, slots: str, **knobs):
 
     @T.prim_func
     def main(
-        Q: T.Tensor([1, tokens, groups, dk], dtype), K: T.Tensor([1, tokens, groups, dk], dtype),
-        V: T.Tensor([1, tokens, heads, dv], dtype), Gate: T.Tensor([1, tokens, heads], ACCUM),
-        Gamma: T.Tensor([heads], ACCUM), Pool: T.Tensor([rows, 1, dk, dv], ACCUM),
-        O: T.Tensor([1, tokens, heads, dv], dtype), CuSeqlens: T.Tensor([offsets], "int32"),
-        Slots: T.Tensor([sequences], slots), FromPool: T.Tensor([sequences], "int8"),
+        Q: qk(), K: qk(), V: vo(), Gate: T.Tensor([1, tokens, heads], ACCUM),
+        Gamma: T.Tensor([heads], ACCUM), Pool: T.Tensor([rows, 1, dk, dv], ACCUM), O: vo(),
+        CuSeqlens: T.Tensor([offsets], "int32"), Slots: T.Tensor([sequences], slots),
+        FromPool: T.Tensor([sequences], "int8"),
     ):  # fmt: skip
         with T.Kernel(T.ceildiv(dv, block_dv), (offsets - 1) * heads, threads=threads) as (bv, bnh):
             n = bnh // heads
-            bh = bnh % heads
-            bos = CuSeqlens[n]
-            eos = CuSeqlens[n + 1]
             slot = T.Cast("int64", Slots[n])
-            row = T.Cast("int32", slot) * heads + bh  # used only where kept
-            chunk_loop(
-                Q,
-                K,
-                V,
-                O,
-                Gate,
-                Gamma,
-                0,
-                bh,
-                bv * block_dv,
-                bos,
-                T.ceildiv(eos - bos, chunk),
-                eos,
-                Pool,
-                Pool,
-                row,
-                lambda: kept(slot) & (FromPool[n] != 0),
-                lambda: kept(slot),
-            )
+            row = T.Cast("int32", slot) * heads + bnh % heads  # used only where kept
+            sequence(
+                Q, K, V, O, Gate, Gamma, CuSeqlens, bv, bnh, Pool, Pool, row,
+                lambda: kept(slot) & (FromPool[n] != 0), lambda: kept(slot),
+            )  # fmt: skip
 
     return main
 
@@ -387,7 +352,7 @@ def prim_func(problem: Problem, config: KernelConfig, call: Call, *, arch: str):
     """The ``@T.prim_func`` of ``kernel.gated`` for a per-token gate's ``problem`` (its
     heads and groups, head sizes and dtype; its batch and sequence length where ``arch``
     compiles per shape), ``config``'s knobs and ``call``'s scale, states and packing
-    (``packed_gated_fwd``; a pool's slots, ``pool_gated_fwd``). Every kernel adds a
+    (``packed_gated_fwd``, a pool's slots too). Every kernel adds a
     per-head log-decay ``Gamma`` (zeros where a call has none) to the gates, so that one
     compiled kernel serves calls with a decay beside ``g`` and without (``warmup``'s).
     ``ValueError`` for a call of the backward, which the gated kernel does not run."""
@@ -399,8 +364,6 @@ def prim_func(problem: Problem, config: KernelConfig, call: Call, *, arch: str):
         num_stages=c.num_stages, threads=c.threads, arch=arch, scale=call.scale,
         initial_state=call.initial_state, final_state=call.final_state,
     )  # fmt: skip
-    if call.slots is not None:
-        return pool_gated_fwd(slots=call.slots, **knobs)
-    if call.packed:
-        return packed_gated_fwd(**knobs)
+    if call.packed:  # a pool's slots too
+        return packed_gated_fwd(**knobs, slots=call.slots)
     return gated_fwd(**knobs, batch=p.batch, seqlen=p.seqlen)

@@ -79,7 +79,7 @@ def test_packed_batch_is_one():
 def test_compiles_for_sm_90a(packed):
     """One config lowers and compiles with nvcc on a machine without a GPU, without spills;
     the pool's kernel reads and writes its states under run-time conditions."""
-    from kernel.gated import gated_fwd, packed_gated_fwd, pool_gated_fwd
+    from kernel.gated import gated_fwd, packed_gated_fwd
     from kernel.probe import ProbeFailure, probe_funcs
 
     knobs = dict(
@@ -87,7 +87,7 @@ def test_compiles_for_sm_90a(packed):
         threads=128, arch="sm_90a", scale=0.125,
     )  # fmt: skip
     if packed == "pool":
-        make_func = lambda: [pool_gated_fwd(slots="int64", **knobs)]
+        make_func = lambda: [packed_gated_fwd(slots="int64", **knobs)]
     else:
         kernel = packed_gated_fwd if packed else gated_fwd
         make_func = lambda: [kernel(**knobs, initial_state=True, final_state=True)]

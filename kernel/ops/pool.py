@@ -7,7 +7,7 @@ chunked-prefill server sends it, is one call: the host says how many sequences c
 with one token each (``decodes``, vLLM's ``num_decodes``), and those run on the decode
 step (``kernel.decode``), the rest on the pool prefill, each kernel on its own part of the
 same tensors, with no copy and no wait for the GPU. With ``g``, a per-token log-gate, the
-prefills run on the gated pool forward (``kernel.gated.pool_gated_fwd``) and the decodes on
+prefills run on the gated pool forward (``kernel.gated.packed_gated_fwd`` with slots) and the decodes on
 the gated decode step.
 
 Registered as the torch custom op ``decay_tuner::decay_attention_pool``, which mutates the
