@@ -272,19 +272,19 @@ def test_a_final_state_no_gradient_reaches_runs_the_passes_warmup_compiled(case)
     """``output_final_state`` with a loss of ``o`` alone: no zeros are made for the state's
     gradient, the reversed passes start from a kept zero state, twice alike, on the kernels
     a final state's backward compiles (``training_jobs``), and nothing else compiles."""
-    from kernel.builder import compiles, cuda_arch, precompile
+    from kernel.builder import build, compiles, cuda_arch, precompile
     from kernel.ops.attention import decay_attention
     from kernel.ops.serve import training_jobs
 
     b, s, h, dk, dv, dtype, lengths = case
     q, k, v, do, h0, _, cu = _gpu_case(b, s, h, dk, dv, dtype, lengths)
     n = b if lengths is None else len(lengths)
-    precompile(
-        sorted(
-            training_jobs(Problem(b, h, s, dk, dv, dtype), Call(0.1, False, True, cu is not None), n), key=str
-        ),
-        arch=cuda_arch(),
+    jobs = sorted(
+        training_jobs(Problem(b, h, s, dk, dv, dtype), Call(0.1, False, True, cu is not None), n), key=str
     )
+    precompile(jobs, arch=cuda_arch())
+    for job in jobs:  # loaded into this process: ``compiles`` counts loads from the disk cache too
+        build(*job)
     decay = torch.tensor(DECAYS[:h], device="cuda")
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     before = compiles()

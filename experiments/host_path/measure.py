@@ -169,36 +169,47 @@ def child(code: str, *args: str, timeout: int) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    rows = child(WARMUP, timeout=540)
-    for _ in range(3):
-        rows += child(COLD, timeout=120)
-    rows += child(WARM, "ours", json.dumps(SHAPES), timeout=240)
-    fla = subprocess.run([sys.executable, "-c", "import fla.ops.simple_gla"], capture_output=True, cwd=ROOT)
-    if fla.returncode == 0:
-        rows += child(WARM, "fla", json.dumps(SHAPES), timeout=300)
+def show(r: dict) -> None:
+    """Print one row as it arrives, and append it to ``$OUT/host_path.jsonl`` where set (a run
+    cut short keeps what it measured)."""
+    if r["part"] == "cold":
+        print(
+            f"cold: import torch {r['import_torch_s']:.2f} s, import kernel.ops +{r['import_ops_s']:.3f} s, "
+            f"CUDA start {r['cuda_start_s']:.2f} s, first forward {r['first_forward_s']:.3f} s, "
+            f"first fwd+bwd {r['first_fwd_bwd_s']:.3f} s; heavy at import {r['heavy_at_import']}, "
+            f"after {r['heavy_after_calls']}; kernels {r['compiled_or_loaded']} "
+            f"({r['loaded_from_index']} from the index)"
+        )
+    elif r["part"] == "warm":
+        print(
+            f"{r['impl']:5} {r['case']:13} {r['shape']:11} host {r['host_us']:7.1f} us/call  "
+            f"wall {r['wall_us']:7.1f} us/call  kernels {r['kernels_us']:7.1f} us/call  "
+            f"do_bench {r['do_bench_us']:7.1f} us"
+        )
     else:
-        rows.append({"part": "fla", "skipped": fla.stderr.decode()[-300:]})
-    for r in rows:
-        if r["part"] == "cold":
-            print(
-                f"cold: import torch {r['import_torch_s']:.2f} s, import kernel.ops +{r['import_ops_s']:.3f} s, "
-                f"CUDA start {r['cuda_start_s']:.2f} s, first forward {r['first_forward_s']:.3f} s, "
-                f"first fwd+bwd {r['first_fwd_bwd_s']:.3f} s; heavy at import {r['heavy_at_import']}, "
-                f"after {r['heavy_after_calls']}; kernels {r['compiled_or_loaded']} "
-                f"({r['loaded_from_index']} from the index)"
-            )
-        elif r["part"] == "warm":
-            print(
-                f"{r['impl']:5} {r['case']:13} {r['shape']:11} host {r['host_us']:7.1f} us/call  "
-                f"wall {r['wall_us']:7.1f} us/call  kernels {r['kernels_us']:7.1f} us/call  "
-                f"do_bench {r['do_bench_us']:7.1f} us"
-            )
-        else:
-            print(json.dumps(r)[:3000])
+        print(json.dumps(r)[:3000])
+    sys.stdout.flush()
     if os.environ.get("OUT"):
-        with open(Path(os.environ["OUT"]) / "host_path.jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+        with open(Path(os.environ["OUT"]) / "host_path.jsonl", "a") as f:
+            f.write(json.dumps(r) + "\n")
+
+
+def main() -> None:
+    for r in child(WARMUP, timeout=540):
+        show(r)
+    for _ in range(3):
+        for r in child(COLD, timeout=120):
+            show(r)
+    for r in child(WARM, "ours", json.dumps(SHAPES), timeout=240):
+        show(r)
+    fla = subprocess.run([sys.executable, "-c", "import fla.ops.simple_gla"], capture_output=True, cwd=ROOT)
+    rows = (
+        child(WARM, "fla", json.dumps(SHAPES), timeout=300)
+        if fla.returncode == 0
+        else [{"part": "fla", "skipped": fla.stderr.decode()[-300:]}]
+    )
+    for r in rows:
+        show(r)
 
 
 if __name__ == "__main__":
