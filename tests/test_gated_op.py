@@ -106,21 +106,6 @@ def test_a_wrong_argument_is_one_value_error(call, message):
         call()
 
 
-@pytest.mark.parametrize("which", ["q", "g", "initial_state", "decay"])
-def test_a_call_that_requires_grad_is_refused_as_forward_only(which):
-    tensors = dict(
-        q=meta(1, 8, 2, 64), g=meta(1, 8, 6, dtype=torch.float32),
-        initial_state=meta(1, 6, 64, 32, dtype=torch.float32), decay=meta(6, dtype=torch.float32),
-    )  # fmt: skip
-    tensors[which].requires_grad_(True)
-    q = tensors.pop("q")
-    with pytest.raises(ValueError, match="forward only: its backward is not built yet"):
-        decay_attention(q, q, V, tensors.pop("decay"), **tensors)
-    with torch.no_grad():
-        tensors["g"].requires_grad_(False)
-        decay_attention(q, q, V, g=tensors["g"])  # under no_grad: served
-
-
 def test_meta_tensors_give_the_shapes():
     o, state = decay_attention(Q, Q, V, 0.9, g=G, output_final_state=True)
     assert o.shape == (1, 8, 6, 32) and state.shape == (1, 6, 64, 32)
@@ -238,13 +223,6 @@ def test_op_under_torch_compile():
     )
     check("compiled o", want, o)
     check("compiled state", want_state, state)
-
-
-@pytest.mark.gpu
-def test_a_call_that_requires_grad_launches_nothing():
-    q, k, v, g, _ = inputs(1, 64, 1, 2, 64, 64, dtype=torch.float16, seed=9)
-    with pytest.raises(ValueError, match="forward only"):
-        decay_attention(q.requires_grad_(), k, v, g=g)
 
 
 @pytest.mark.gpu

@@ -63,7 +63,7 @@ def test_the_space_is_the_gated_kernel_s_knobs():
     assert rule == gated_config(GATED) == KernelConfig(64, 64, 1, 128, "smem", 1)
     first = space.first_configs(built, space.LatencyModel.load(), Options(), sms=None)
     assert first[0] == rule and SEED_CONFIG not in first and all(c in built.grid for c in first)
-    assert space.search_space(GATED, "dkdv").unusable.startswith("the per-token gate's kernel")
+    assert space.search_space(GATED, "dkdv").unusable.startswith("the per-token gate's backward is torch")
 
 
 def test_the_floor_counts_the_gate_s_bytes_and_q_and_k_s_groups():
@@ -103,10 +103,9 @@ def test_compile_only_run_gate_token_end_to_end(studies_dir, capsys):
         (["run", "--gate", "token", "--groups", "0"], "--groups 0 must divide the heads"),
         (["run", "--gate", "other"], "invalid choice: 'other'"),
         (["run", "--gate", "token", "--sweep", "decode"], "--gate token is not tuned there"),
-        (["run", "--gate", "token", "--sweep", "dkdv"], "has no backward yet"),
-        (["dispatch", "--gate", "token", "--backward"], "has no backward yet: drop --backward"),
+        (["run", "--gate", "token", "--sweep", "dkdv"], "backward is torch"),
+        (["dispatch", "--gate", "token", "--backward"], "no kernel to tune: drop --backward"),
         (["dispatch", "--gate", "token", "--groups", "3", "--shapes", "1x6x64,1x4x64"], "must divide"),
-        (["warmup", "--gate", "token", "--backward", "--arch", "sm_90a"], "no backward to warm"),
         (["bench", "--gate", "token", "--groups", "5"], "--groups 5 must divide the heads, 16"),
         (["probe", "--groups", "4"], "--groups needs --gate token"),
     ],
@@ -166,6 +165,8 @@ def test_warmup_compiles_what_a_gated_call_compiles():
     try:
         gate = {"gate": "token", "groups": 2}
         jobs = serve.warmup_jobs(4, 64, 64, "float16", backward=False, arch=DEFAULT_ARCH, **gate)
+        # the backward is torch (kernel.ops.gated_backward): --backward warms the same kernels
+        assert serve.warmup_jobs(4, 64, 64, "float16", backward=True, arch=DEFAULT_ARCH, **gate) == jobs
     finally:
         serve.use_table(serve.DEFAULT)
     assert {(p.gate, p.groups) for p, _, _ in jobs} == {("token", 2)}

@@ -172,7 +172,7 @@ PROBLEM_FLAGS = {
     "dv": "value head dimension (DV), a multiple of 16 up to 256; on Hopper (sm_90a) of 32",
     "dtype": "element type of Q, K, V and O: float16 or bfloat16",
     "gate": "the decay: head, a constant per head, or token, a per-token log-gate g [B, S, H] (fla's "
-    "chunk_simple_gla(g=...), Mamba2's dt*A: kernel.gated, forward only)",
+    "chunk_simple_gla(g=...), Mamba2's dt*A: kernel.gated)",
     "groups": "with --gate token: the heads G of q and k (Mamba2's ngroups), dividing the heads "
     "(default: as many as the heads)",
 }

@@ -57,7 +57,7 @@ def decay_attention(
         q, k: ``[B, S, H, DK]``; v: ``[B, S, H, DV]``; float16 or bfloat16 CUDA tensors.
             With ``g``, or where q and k hold fewer heads than v, q and k are ``[B, S, G,
             DK]`` and v ``[B, S, H, DV]``, H a multiple of G: head h reads group ``h // (H //
-            G)`` (Mamba2's ``ngroups``) (``kernel.ops.gated``; forward only).
+            G)`` (Mamba2's ``ngroups``) (``kernel.ops.gated``).
         decay: a float in (0, 1], or a tensor ``[H]`` of one alpha per head in (0, 1]; may
             be None (no decay but ``g``'s) where ``g`` is given.
         g: fp32 ``[B, S, H]`` (packed ``[1, T, H]``), a log-gate per token and head (<= 0;

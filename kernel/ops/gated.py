@@ -8,8 +8,8 @@ picked as the constant-decay op's (``kernel.ops.serve.kernel_job``): the served 
 entry of the per-token gate for its shape (``python -m tuner dispatch --gate token``),
 else the rule's (``kernel.rule.gated_config``).
 
-Forward only: the gated backward is not built yet, so a call whose inputs require grad
-raises a ``ValueError`` instead of returning outputs no gradient could flow through.
+Differentiable in q, k, v, ``g`` and the initial state by ``kernel.ops.gated_backward`` (fp32
+torch, not a kernel yet); the per-head decay is not learned, as in the constant-decay op.
 """
 
 import math
@@ -21,6 +21,7 @@ from kernel.builder import cuda_arch
 from kernel.config import Call, Problem
 from kernel.gated_build import TORCH_DTYPES, compile_gated
 from kernel.ops import inputs
+from kernel.ops.gated_backward import gated_backward
 from kernel.ops.serve import PLANS, PLANS_MAX, kernel_job
 
 
@@ -47,7 +48,6 @@ def gated_attention(
             return plan.run(q, k, v, g, decay, initial_state, cu_seqlens)
     per_head, alpha = (None, 1.0) if decay is None and g is not None else inputs.decay_parts(decay)
     inputs.check_arguments(scale, initial_state, output_final_state, cu_seqlens)
-    _refuse_grad(q, k, v, g, per_head, initial_state)
     sizes = inputs.check_group_tensors(q, k, v)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     args = (q, k, v, g, per_head, alpha, scale, initial_state, output_final_state, cu_seqlens)
@@ -83,15 +83,6 @@ def _grad(*tensors: Any) -> bool:
     return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def _refuse_grad(*tensors: Any) -> None:
-    if torch.is_grad_enabled() and _grad(*tensors):
-        raise ValueError(
-            "decay_attention with g or grouped q and k is forward only: its backward is not built "
-            "yet; run it under torch.no_grad() or torch.inference_mode(), or pass no tensor that "
-            "requires grad"
-        )
-
-
 def _check_shapes(sizes: inputs.Sizes, q, g, decay, alpha, initial_state, cu_seqlens) -> Any:
     """The checks of a call's gate, decay, offsets and state that need no values (those of
     q, k and v gave ``sizes``); the number of sequences (B, or N packed)."""
@@ -110,13 +101,16 @@ class _GatedPlan:
     kernel, the log-decay of a float decay, the stand-ins for a gate or states not passed.
     Kept in ``kernel.ops.serve.PLANS``, which ``use_table`` empties."""
 
-    __slots__ = ("sizes", "per_head", "gamma", "kernel", "zero_gate", "h0", "ht", "final_shape", "want_final")
+    __slots__ = (
+        "sizes", "per_head", "gamma", "kernel", "zero_gate", "h0", "ht", "final_shape", "want_final", "scale"
+    )  # fmt: skip
 
     def __init__(self, q, k, v, g, per_head, alpha, scale, initial_state, output_final_state, cu_seqlens):
         sizes = inputs.check_group_tensors(q, k, v)
         n = _check_shapes(sizes, q, g, per_head, alpha, initial_state, cu_seqlens)
         b, h, s, dk, dv = sizes
         self.sizes, self.per_head, self.want_final = sizes, per_head is not None, output_final_state
+        self.scale = scale
         f32 = dict(dtype=torch.float32, device=q.device)
         # fla's g_gamma = log(decay): a float decay's is a constant of the plan (zeros for
         # none: one compiled kernel serves calls with a decay and without)
@@ -134,8 +128,20 @@ class _GatedPlan:
 
     def run(self, q, k, v, g, decay, initial_state, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The call: the values of a decay or offsets tensor checked once per version."""
+        return _GatedFn.apply(self, q, k, v, *self.gates(g, decay), initial_state, self.offsets(cu_seqlens))
+
+    def gates(self, g, decay) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernel's gate ``[B, S, H]`` and per-head log-decay ``[H]`` of a call."""
         gamma = torch.log(inputs.decay_values(decay)) if self.per_head else self.gamma
-        gate = self.zero_gate if g is None else g.contiguous()
+        return (self.zero_gate if g is None else g), gamma
+
+    def offsets(self, cu_seqlens):
+        return None if cu_seqlens is None else inputs.offsets_values(cu_seqlens, self.sizes)
+
+    def forward(
+        self, q, k, v, gate, gamma, initial_state, cu_seqlens
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The launch on checked tensors: ``(o, final or None)``."""
         _, _, _, dk, dv = self.sizes
         final = (
             torch.empty(self.final_shape, dtype=torch.float32, device=q.device) if self.want_final else None
@@ -143,12 +149,33 @@ class _GatedPlan:
         h0 = self.h0 if initial_state is None else initial_state.contiguous().view(-1, 1, dk, dv)
         ht = self.ht if final is None else final.view(-1, 1, dk, dv)
         o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        args = (q.contiguous(), k.contiguous(), v.contiguous(), gate, gamma, h0, o, ht)
-        if cu_seqlens is None:
-            self.kernel(*args)
-        else:
-            self.kernel(*args, inputs.offsets_values(cu_seqlens, self.sizes))
+        args = (q.contiguous(), k.contiguous(), v.contiguous(), gate.contiguous(), gamma, h0, o, ht)
+        self.kernel(*args) if cu_seqlens is None else self.kernel(*args, cu_seqlens)
         return o, final
+
+
+class _GatedFn(torch.autograd.Function):
+    """An eager call of a kept ``_GatedPlan``: its checked tensors in, ``(o, final or None)``
+    out; the backward is ``gated_backward`` on the whole log-gate (``g`` plus the per-head
+    log-decay)."""
+
+    @staticmethod
+    def forward(ctx: Any, plan: _GatedPlan, q, k, v, gate, gamma, initial_state, cu_seqlens):
+        o, final = plan.forward(q, k, v, gate, gamma, initial_state, cu_seqlens)
+        ctx.save_for_backward(q, k, v, gate, gamma, initial_state, cu_seqlens)
+        ctx.scale = plan.scale
+        ctx.set_materialize_grads(False)  # a final state's gradient left None: a zero dHT
+        return o, final
+
+    @staticmethod
+    def backward(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None = None) -> tuple:
+        q, k, v, gate, gamma, initial_state, cu_seqlens = ctx.saved_tensors
+        do = torch.zeros_like(v) if do is None else do
+        dq, dk, dv, dg, dh0 = gated_backward(
+            q, k, v, gate + gamma, do, scale=ctx.scale, initial_state=initial_state, dht=dfinal,
+            cu_seqlens=cu_seqlens,
+        )  # fmt: skip
+        return None, dq, dk, dv, dg, None, (dh0 if initial_state is not None else None), None
 
 
 def _gated(
@@ -166,7 +193,7 @@ def _gated(
     """The op's implementation: ``(o, final)``, final an empty ``(0,)`` tensor unless
     ``output_final_state``."""
     plan = _GatedPlan(q, k, v, g, decay, alpha, scale, initial_state, output_final_state, cu_seqlens)
-    o, final = plan.run(q, k, v, g, decay, initial_state, cu_seqlens)
+    o, final = plan.forward(q, k, v, *plan.gates(g, decay), initial_state, plan.offsets(cu_seqlens))
     return o, (final if final is not None else q.new_empty(0, dtype=torch.float32))
 
 
@@ -181,3 +208,74 @@ def _(q, k, v, g, decay, alpha, scale, initial_state, output_final_state, cu_seq
         (n, sizes.heads, sizes.dk, sizes.dv) if output_final_state else (0,), dtype=torch.float32
     )
     return v.new_empty(v.shape), final
+
+
+def _log_gate(
+    g: torch.Tensor | None, decay: torch.Tensor | None, alpha: float, v: torch.Tensor
+) -> torch.Tensor:
+    """The whole log-gate ``[B, S, H]`` of a call: ``g`` plus the per-head log-decay."""
+    gamma = (
+        torch.log(decay.float())
+        if decay is not None
+        else torch.full((v.shape[2],), math.log(alpha), device=v.device)
+    )
+    return gamma if g is None else g + gamma
+
+
+def _backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g_total: torch.Tensor,
+    do: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    dht: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward op's implementation: ``(dq, dk, dv, dg, dH0)``, dH0 an empty ``(0,)``
+    tensor where the forward took no state."""
+    dq, dk, dv, dg, dh0 = gated_backward(
+        q, k, v, g_total, do, scale=scale, initial_state=initial_state, dht=dht, cu_seqlens=cu_seqlens
+    )
+    return dq, dk, dv, dg, (dh0 if initial_state is not None else q.new_empty(0, dtype=torch.float32))
+
+
+_backward_op = torch.library.custom_op("decay_tuner::gated_attention_backward", mutates_args=())(_backward)
+
+
+@_backward_op.register_fake
+def _(q, k, v, g_total, do, scale, initial_state, dht, cu_seqlens):
+    dh0 = (
+        torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0, dtype=torch.float32)
+    )
+    return (
+        torch.empty_like(q),
+        torch.empty_like(k),
+        torch.empty_like(v),
+        do.new_empty(v.shape[:3], dtype=torch.float32),
+        dh0,
+    )
+
+
+def _setup(ctx: Any, inputs: tuple, output: tuple) -> None:  # torch names the argument "inputs"
+    q, k, v, g, decay, alpha, scale, initial_state, _, cu_seqlens = inputs
+    ctx.save_for_backward(q, k, v, g, decay, initial_state, cu_seqlens)
+    ctx.alpha, ctx.scale = alpha, scale
+
+
+def _gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple:
+    """The op's autograd rule: gradients for q, k, v, g and the initial state; none for the
+    decay (not learned) or the offsets."""
+    q, k, v, g, decay, initial_state, cu_seqlens = ctx.saved_tensors
+    do = torch.zeros_like(v) if do is None else do
+    dht = dfinal if dfinal is not None and dfinal.numel() else None  # the (0,) stand-in: no state
+    g_total = _log_gate(g, decay, ctx.alpha, v).expand(v.shape[:3]).contiguous()
+    dq, dk, dv, dg, dh0 = torch.ops.decay_tuner.gated_attention_backward(
+        q, k, v, g_total, do, ctx.scale, initial_state, dht, cu_seqlens
+    )
+    dg = dg if g is not None else None
+    return dq, dk, dv, dg, None, None, None, (dh0 if initial_state is not None else None), None, None
+
+
+torch.library.register_autograd("decay_tuner::gated_attention", _gradients, setup_context=_setup)

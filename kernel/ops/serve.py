@@ -240,13 +240,13 @@ def warmup_jobs(
     (``kernel.variants.shape_generic``): a few configs for every shape. ``gate`` and
     ``groups``: a per-token gate's model (``Problem.gate``; fla's ``chunk_simple_gla(g=)``
     and Mamba2's calls, no per-head decay beside the gate: a call with one compiles its own
-    kernel on first use), forward only. ``ValueError`` for a head count, head sizes, dtype,
-    gate or groups ``Problem`` refuses, a backward of the per-token gate (not built), an SM
+    kernel on first use), forward only (its backward, ``kernel.ops.gated_backward``, compiles
+    nothing). ``ValueError`` for a head count, head sizes, dtype,
+    gate or groups ``Problem`` refuses, an SM
     count that is no positive integer, and an architecture whose kernels are compiled per
     shape (``kernel.arch.Arch.symbolic_shapes``: there is no set of kernels to warm ahead)."""
     Problem(1, heads, 64, dk, dv, dtype, gate, groups)  # checks them, before any arithmetic on them
-    if backward and gate == "token":
-        raise ValueError("the per-token gate's kernel runs forward calls alone: no backward to warm")
+    backward = backward and gate == "head"
     if not get_arch(arch).symbolic_shapes:
         raise ValueError(
             f"on {arch} the kernels are compiled per shape (kernel.arch: Arch.symbolic_shapes): "

@@ -1,0 +1,146 @@
+"""The backward of the gated forward (``kernel.ops.gated``), the gate's gradient included, in
+float32 torch: the chunk step's backward of ``refs.gated_backward`` run on every chunk at once.
+
+Per chunk of C tokens, with ``G`` the gate's cumulative sums within it, ``Gamma = exp(G_i -
+G_j)`` on j <= i, ``w_query = exp(G)``, ``w_key = exp(G_last - G)``, ``S_prev`` the state
+before the chunk and ``dS`` the gradient of the state after it (both from one scan over the
+chunks)::
+
+    dP      = (dO @ V^T) * Gamma
+    dQ      = (dO @ S_prev^T) * w_query + dP @ K        # for the scaled q
+    dK      = dP^T @ Q + (V @ dS^T) * w_key
+    dV      = ((Q @ K^T) * Gamma)^T @ dO + (K * w_key) @ dS
+    dg_j    = exp(G_last) <dS, S_prev> + sum_{i < j} w_key_i k_i dS v_i^T
+            + sum_{s >= j} w_query_s (q_s S_prev) . do_s
+            + sum_{s >= j, i < j} Gamma[s, i] (q_s . k_i)(do_s . v_i)
+
+The gate's gradient is that expansion (``refs.gated_backward`` derives it), not fla's
+``sum_{s >= t} q_s . dq_s - k_s . dk_s``: with dq and dk rounded to fp16 or bf16 that
+difference of O(1) terms loses the gradient of a strong gate (relative L2 4.5e-2 in fp16 and
+0.32 in bf16 against fp64 at gates of -1e-4 to -20 per token, where these sums keep 1e-5).
+
+Its cost: the states of every chunk in float32 (``2 x B x H x S / C x DK x DV x 4`` bytes)
+and one launch per chunk for each scan, each packed sequence alone. It is correct first; a
+kernel for it is the next step (measured beside fla's in ``experiments/gated/README.md``).
+"""
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+CHUNK = 64
+
+
+def gated_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    do: Tensor,
+    *,
+    scale: float,
+    initial_state: Tensor | None,
+    dht: Tensor | None,
+    cu_seqlens: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dg, dh0)`` of the gated forward ``o, final = f(q, k, v, g, initial_state)``
+    for the gradients ``do`` of o and ``dht`` of the final state (None: zero).
+
+    q, k ``[B, S, G, DK]``, v and do ``[B, S, H, DV]`` (H = G r), g the whole log-gate of each
+    token, fp32 ``[B, S, H]`` (a per-head log-decay already added), states ``[N, H, DK, DV]``
+    fp32, ``cu_seqlens`` packing N sequences into B = 1 (or None). dq, dk and dv come in the
+    dtypes of q, k, v; dg and dh0 (zero-started where no ``initial_state``) in float32.
+    """
+    b, s, groups, dk_dim = q.shape
+    heads, dv_dim = v.shape[2], v.shape[3]
+    r = heads // groups
+    f32 = lambda x: x.to(torch.float32)  # noqa: E731
+    qh, kh = (f32(x).repeat_interleave(r, dim=2) for x in (q, k))
+    vf, dof, gf = f32(v), f32(do), f32(g)
+    n = b if cu_seqlens is None else cu_seqlens.numel() - 1
+    zero = torch.zeros(n, heads, dk_dim, dv_dim, dtype=torch.float32, device=q.device)
+    h0 = zero if initial_state is None else f32(initial_state)
+    dht = zero if dht is None else f32(dht)
+    if cu_seqlens is None:
+        grads = _rows(qh * scale, kh, vf, gf, dof, h0, dht)
+    else:
+        bounds = cu_seqlens.tolist()
+        parts = [
+            _rows(
+                qh[:, a:e] * scale,
+                kh[:, a:e],
+                vf[:, a:e],
+                gf[:, a:e],
+                dof[:, a:e],
+                h0[i : i + 1],
+                dht[i : i + 1],
+            )
+            for i, (a, e) in enumerate(zip(bounds[:-1], bounds[1:]))
+        ]
+        grads = tuple(torch.cat(x, dim=0 if j == 4 else 1) for j, x in enumerate(zip(*parts)))
+    dq, dk, dv, dg, dh0 = grads
+    dq = (dq * scale).reshape(b, s, groups, r, dk_dim).sum(3)
+    dk = dk.reshape(b, s, groups, r, dk_dim).sum(3)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, dh0
+
+
+def _rows(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, do: Tensor, h0: Tensor, dht: Tensor
+) -> tuple[Tensor, ...]:
+    """B rows of L tokens in fp32, q scaled and in heads: per head, the gradients of the
+    scaled q, of k, v and the gate, each ``[B, L, H, D]`` (the gate's ``[B, L, H]``), and the
+    initial state's ``[B, H, DK, DV]``."""
+    b, length, h, _ = q.shape
+    pad = -length % CHUNK  # padded tokens: zero q, k, v, do and gate, so they change nothing
+    if pad:
+        q, k, v, do = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v, do))
+        g = F.pad(g, (0, 0, 0, pad))
+    nc = (length + pad) // CHUNK
+
+    def tiles(x: Tensor) -> Tensor:  # [B, L, H, D] -> [B, H, NC, C, D]
+        return x.view(b, nc, CHUNK, h, -1).permute(0, 3, 1, 2, 4)
+
+    qc, kc, vc, doc = (tiles(x) for x in (q, k, v, do))
+    G = g.view(b, nc, CHUNK, h).permute(0, 3, 1, 2).cumsum(-1)  # [B, H, NC, C]
+    last = G[..., -1:]
+    w_query, w_key = G.exp()[..., None], (last - G).exp()[..., None]
+    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
+    gamma = torch.where(causal, G[..., :, None] - G[..., None, :], -torch.inf).exp()
+    carry = last.exp()[..., None]  # [B, H, NC, 1, 1]
+    delta = (kc * w_key).mT @ vc  # each chunk's own state
+    contrib = (qc * w_query).mT @ doc  # each chunk's own gradient of the state before it
+    before, state = [], h0
+    for c in range(nc):
+        before.append(state)
+        state = carry[:, :, c] * state + delta[:, :, c]
+    after, grad = [None] * nc, dht
+    for c in reversed(range(nc)):
+        after[c] = grad
+        grad = carry[:, :, c] * grad + contrib[:, :, c]
+    prev, ds = torch.stack(before, 2), torch.stack(after, 2)  # [B, H, NC, DK, DV]
+    qk, dov = (qc @ kc.mT) * gamma, doc @ vc.mT
+    dp = dov * gamma
+    dq = (doc @ prev.mT) * w_query + dp @ kc
+    dk = dp.mT @ qc + (vc @ ds.mT) * w_key
+    dv = qk.mT @ doc + (kc * w_key) @ ds
+    link = carry[..., 0] * (ds * prev).sum((-1, -2), keepdim=True)[..., 0]  # [B, H, NC, 1]
+    keys = w_key[..., 0] * ((kc @ ds) * vc).sum(-1)
+    queries = w_query[..., 0] * ((qc @ prev) * doc).sum(-1)
+    pairs_before = _exclusive_cumsum(qk * dov)  # [s, j]: query s with the keys i < j
+    dg = (
+        link
+        + _exclusive_cumsum(keys)
+        + queries.flip(-1).cumsum(-1).flip(-1)
+        + (pairs_before * causal).sum(-2)
+    )
+
+    def untile(x: Tensor) -> Tensor:  # [B, H, NC, C, D] -> [B, L, H, D]
+        return x.permute(0, 2, 3, 1, 4).reshape(b, nc * CHUNK, h, -1)[:, :length]
+
+    return untile(dq), untile(dk), untile(dv), untile(dg[..., None])[..., 0], grad
+
+
+def _exclusive_cumsum(x: Tensor) -> Tensor:
+    """The sums over i < j along the last axis, each without x_j (``refs.gated_backward``'s:
+    a tiny sum beside a large x_j keeps its precision)."""
+    return F.pad(x[..., :-1], (1, 0)).cumsum(-1)

@@ -1,0 +1,217 @@
+"""The gated backward (kernel.ops.gated_backward, issue 53 item 2): without a GPU, against the
+fp64 backward of the gated references (refs.gated_backward) at odd sizes, dense and packed,
+with groups, states in and out, and every gate range of the issue; the autograd rule of an
+eager call (``_GatedFn``) with the kernel stood in by reference B; the op's gradients'
+shapes on meta tensors. On a GPU (marked ``gpu``), the op's gradients against fp64 and against
+fla's ``chunk_simple_gla`` backward, eagerly and under ``torch.compile``."""
+
+import pytest
+import torch
+
+import refs
+from kernel.ops.attention import decay_attention
+from kernel.ops.gated import _GatedFn
+from kernel.ops.gated_backward import gated_backward
+from refs.gated_backward import gated_chunked_backward
+
+GATES = [(-1e-4, -0.1), (-0.1, -2.0), (-1e-4, -20.0)]
+# (B, S, G, H, DK, DV, lengths)
+SHAPES = [
+    (2, 130, 2, 4, 32, 16, None),
+    (1, 1, 1, 2, 16, 16, None),
+    (3, 64, 1, 3, 16, 32, None),
+    (1, 300, 2, 2, 16, 32, [1, 62, 1, 64, 65, 107]),
+]
+
+
+def _case(b, s, groups, h, dk, dv, lengths, gate, dtype, seed, state=True):
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    q, k = (rand(b, s, groups, dk).to(dtype) for _ in range(2))
+    v, do = (rand(b, s, h, dv).to(dtype) for _ in range(2))
+    lo, hi = gate
+    g = lo + (hi - lo) * torch.rand(b, s, h, generator=gen)
+    cu = None if lengths is None else torch.tensor([0, *lengths]).cumsum(0)
+    n = b if cu is None else len(lengths)
+    h0 = rand(n, h, dk, dv) if state else None
+    return q, k, v, g, do, h0, rand(n, h, dk, dv), cu
+
+
+@pytest.mark.parametrize("gate", GATES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_the_gradients_match_the_fp64_reference(shape, gate, dtype):
+    """dq, dk, dv within their dtype's rounding of fp64; dg and dH0 (fp32) within 1e-4, the
+    gate's gradient at -20 per token included."""
+    q, k, v, g, do, h0, dht, cu = _case(*shape, gate, dtype, seed=len(shape[:-1]) + int(-gate[1]))
+    scale = q.shape[-1] ** -0.5
+    got = gated_backward(q, k, v, g, do, scale=scale, initial_state=h0, dht=dht, cu_seqlens=cu)
+    dq, dk, dv, dg, _, dh0 = gated_chunked_backward(
+        q, k, v, g, 64, do, scale=scale, initial_state=h0, dht=dht, cu_seqlens=cu
+    )
+    rounding = 1e-3 if dtype == torch.float16 else 8e-3
+    for name, a, want, bound in zip(
+        ("dq", "dk", "dv", "dg", "dh0"), got, (dq, dk, dv, dg, dh0), (rounding,) * 3 + (1e-4, 1e-4)
+    ):
+        assert a.shape == want.shape and not a.isnan().any(), name
+        assert refs.rel_l2(a.double(), want) < bound, (name, refs.rel_l2(a.double(), want))
+    assert [x.dtype for x in got] == [dtype] * 3 + [torch.float32] * 2
+
+
+def test_no_initial_state_no_final_gradient_is_a_zero_start():
+    q, k, v, g, do, _, _, cu = _case(*SHAPES[3], GATES[1], torch.float16, seed=3, state=False)
+    got = gated_backward(q, k, v, g, do, scale=0.25, initial_state=None, dht=None, cu_seqlens=cu)
+    zero = torch.zeros(len(cu) - 1, 2, 16, 32)
+    want = gated_backward(q, k, v, g, do, scale=0.25, initial_state=zero, dht=zero, cu_seqlens=cu)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+class _ReferencePlan:
+    """A ``_GatedPlan`` whose launch is reference B in fp64 (no GPU here)."""
+
+    scale = 0.3
+
+    def __init__(self, cu):
+        self.cu = cu
+
+    def forward(self, q, k, v, gate, gamma, initial_state, cu_seqlens):
+        o, final = refs.gated_chunked(
+            q, k, v, gate, 64, g_gamma=gamma, scale=self.scale, initial_state=initial_state,
+            output_final_state=True, cu_seqlens=cu_seqlens,
+        )  # fmt: skip
+        return o.to(v.dtype), final.float()
+
+
+@pytest.mark.parametrize("with_state", [True, False])
+def test_an_eager_call_backpropagates_through_g_gamma_and_the_states(with_state):
+    """``_GatedFn``: gradients for q, k, v, g and the initial state of the loss ``o . do +
+    final . dht``, the per-head log-decay added to g, none for the decay."""
+    q, k, v, g, do, h0, dht, cu = _case(*SHAPES[3], GATES[0], torch.float64, seed=4, state=with_state)
+    gamma = torch.log(torch.tensor([0.9, 0.99], dtype=torch.float64))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)] + (
+        [h0.clone().requires_grad_()] if with_state else []
+    )
+    state = leaves[4] if with_state else None
+    o, final = _GatedFn.apply(_ReferencePlan(cu), *leaves[:4], gamma, state, cu)
+    loss = (o * do).sum() + (final * dht).sum()
+    got = torch.autograd.grad(loss, leaves)
+    want = gated_chunked_backward(
+        q, k, v, g, 64, do, g_gamma=gamma, scale=0.3, initial_state=h0, dht=dht, cu_seqlens=cu
+    )
+    for name, a, w in zip(("dq", "dk", "dv", "dg", "dh0"), got, (*want[:4], want[5])):
+        assert refs.rel_l2(a, w) < 1e-5, (name, refs.rel_l2(a, w))
+
+
+def test_meta_tensors_give_the_gradients_shapes():
+    """The op's autograd rule under meta tensors (the fake implementations torch.compile
+    traces): a gradient for each differentiable input, in its shape and dtype."""
+    q = torch.empty(1, 70, 2, 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    v = torch.empty(1, 70, 6, 32, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    g = torch.empty(1, 70, 6, device="meta", requires_grad=True)
+    h0 = torch.empty(3, 6, 64, 32, device="meta", requires_grad=True)
+    cu = torch.empty(4, dtype=torch.int32, device="meta")
+    o, final = decay_attention(q, q, v, 0.9, g=g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    grads = torch.autograd.grad(o.float().sum() + final.sum(), (q, v, g, h0))
+    for grad, x in zip(grads, (q, v, g, h0)):
+        assert (grad.shape, grad.dtype) == (x.shape, x.dtype)
+
+
+# ---- on a GPU ---------------------------------------------------------------------------
+
+
+def _gpu_case(b, s, groups, h, dk, dv, lengths, gate, dtype, seed):
+    x = [None if t is None else t.cuda() for t in _case(b, s, groups, h, dk, dv, lengths, gate, dtype, seed)]
+    return x[:-1] + [None if x[-1] is None else x[-1].int()]  # offsets in int32, as fla takes them
+
+
+# (shape, dtype): the second is fla's test's too
+GPU_CASES = [
+    ((2, 300, 2, 4, 128, 128, None), torch.float16),
+    ((1, 700, 4, 4, 128, 128, [1, 63, 300, 336]), torch.bfloat16),
+    ((2, 256, 1, 4, 128, 64, None), torch.bfloat16),
+]
+
+
+@pytest.fixture(scope="module")
+def compiled_cases() -> None:
+    """Compile the gated forward of every GPU case in parallel processes
+    (``kernel.builder.precompile``): a call then loads it from TileLang's disk cache."""
+    from kernel.builder import cuda_arch, precompile
+    from kernel.config import Call, Problem
+    from kernel.gated_build import TORCH_DTYPES
+    from kernel.ops.serve import kernel_job
+
+    jobs = set()
+    for (b, s, groups, h, dk, dv, lengths), dtype in GPU_CASES:
+        n = b if lengths is None else len(lengths)
+        problem = Problem(b, h, s, dk, dv, TORCH_DTYPES[dtype], "token", groups)
+        jobs.add(kernel_job(problem, Call(dk**-0.5, True, True, lengths is not None), n))
+    precompile(sorted(jobs, key=str), arch=cuda_arch())
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("compiled_cases")
+@pytest.mark.parametrize("gate", GATES, ids=str)
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_ops_gradients_match_fp64(case, gate, compiled):
+    shape, dtype = case
+    q, k, v, g, do, h0, dht, cu = _gpu_case(*shape, gate, dtype, seed=11)
+    decay = torch.tensor([0.9, 0.99, 0.999, 1.0], device="cuda")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
+    call = torch.compile(decay_attention, fullgraph=True) if compiled else decay_attention
+    o, final = call(
+        *leaves[:3], decay, g=leaves[3], initial_state=leaves[4], output_final_state=True, cu_seqlens=cu
+    )
+    got = torch.autograd.grad((o.float() * do.float()).sum() + (final * dht).sum(), leaves)
+    want = gated_chunked_backward(
+        q,
+        k,
+        v,
+        g,
+        64,
+        do,
+        g_gamma=decay.log(),
+        scale=shape[4] ** -0.5,
+        initial_state=h0,
+        dht=dht,
+        cu_seqlens=cu,
+    )
+    for name, a, w in zip(("dq", "dk", "dv", "dg", "dh0"), got, (*want[:4], want[5])):
+        assert not a.isnan().any() and refs.rel_l2(a.double(), w) < refs.TOLERANCE, (name, refs.rel_l2(a, w))
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("compiled_cases")
+@pytest.mark.parametrize("gate", GATES, ids=str)
+def test_the_gradients_match_flas_chunk_simple_gla_beside_fp64(gate):
+    """Ours and fla's ``chunk_simple_gla`` backward against the fp64 reference: ours within
+    the bound, and no farther than fla's (or within 1e-3 where fla's is closer)."""
+    fla = pytest.importorskip("fla.ops.simple_gla")
+    q, k, v, g, do, h0, dht, cu = _gpu_case(
+        1, 700, 4, 4, 128, 128, [1, 63, 300, 336], gate, torch.bfloat16, 12
+    )
+    want = gated_chunked_backward(
+        q, k, v, g, 64, do, scale=128**-0.5, initial_state=h0, dht=dht, cu_seqlens=cu
+    )
+    for impl in ("ours", "fla"):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, g, h0)]
+        if impl == "ours":
+            o, final = decay_attention(
+                *leaves[:3], g=leaves[3], initial_state=leaves[4], output_final_state=True, cu_seqlens=cu
+            )
+        else:
+            o, final = fla.chunk_simple_gla(
+                *leaves[:3],
+                g=leaves[3],
+                scale=128**-0.5,
+                initial_state=leaves[4],
+                output_final_state=True,
+                cu_seqlens=cu,
+            )
+        got = torch.autograd.grad((o.float() * do.float()).sum() + (final * dht).sum(), leaves)
+        errs = [refs.rel_l2(a.double(), w) for a, w in zip(got, (*want[:4], want[5]))]
+        if impl == "ours":
+            ours = errs
+            assert max(errs) < refs.TOLERANCE, errs
+    assert all(a <= max(f, 1e-3) for a, f in zip(ours, errs)), (ours, errs)
