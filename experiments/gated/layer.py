@@ -1,11 +1,12 @@
 """Issue 53, item 4: fla's ``SimpleGatedLinearAttention`` layer with our op in place of
-``chunk_simple_gla``, forward only (the gated backward is not built yet).
+``chunk_simple_gla``, forward and backward.
 
 The layer, randomly initialised, in bf16 and fp16, once with fla's kernel and once with
 ours (``decay_attention(q, k, v, g=g)``), each judged against the same layer run in fp32
-with fla's kernel (as experiments/model/retnet.py judges the RetNet layer): the relative L2
-of the outputs, dense and over packed sequences (``cu_seqlens``, lengths 1 to 3000). No
-gradients: a call that requires grad is refused by the op.
+with fla's kernel (as experiments/model/retnet.py judges the RetNet layer), dense and over
+packed sequences (``cu_seqlens``, lengths 1 to 3000): the relative L2 of the outputs, and of
+the gradients of the loss ``sum(out * dout)`` for the input (``dx``) and for all the
+layer's weights at once (``dweights``).
 
     python3 experiments/gated/layer.py --out DIR
 
@@ -63,27 +64,35 @@ def check(dtype: torch.dtype, lengths: list[int] | None) -> dict:
     from fla.layers import SimpleGatedLinearAttention
 
     torch.manual_seed(0)
-    layer = SimpleGatedLinearAttention(hidden_size=1024, num_heads=8, mode="chunk").cuda().eval()
+    layer = SimpleGatedLinearAttention(hidden_size=1024, num_heads=8, mode="chunk").cuda()
     tokens = 2048 if lengths is None else sum(lengths)
     x = torch.randn(1 if lengths else 4, tokens, 1024, device="cuda")
+    dout = torch.randn_like(x)
     kw = {}
     if lengths is not None:
         offsets = torch.tensor([0, *lengths], device="cuda").cumsum(0)
         kw["cu_seqlens"] = offsets.to(torch.int32)
-    with torch.no_grad():
-        want = layer(x, **kw)[0]  # fp32, fla's kernel
-        low = layer.to(dtype)
-        theirs = low(x.to(dtype), **kw)[0]
-        with swapped():
-            mine = low(x.to(dtype), **kw)[0]
-    return {
-        "dtype": str(dtype),
-        "lengths": lengths,
-        "fla_rel_l2_vs_fp32": refs.rel_l2(theirs, want),
-        "ours_rel_l2_vs_fp32": refs.rel_l2(mine, want),
-        "ours_vs_fla": refs.rel_l2(mine, theirs),
-        "finite": bool(torch.isfinite(mine).all()),
-    }
+
+    def run(model: torch.nn.Module, dt: torch.dtype) -> dict[str, torch.Tensor]:
+        """The output and the gradients of ``sum(out * dout)``, as fp32."""
+        model.zero_grad(set_to_none=True)
+        xs = x.to(dt).requires_grad_()
+        out = model(xs, **kw)[0]
+        (out.float() * dout).sum().backward()
+        weights = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+        return {"out": out.detach().float(), "dx": xs.grad.float(), "dweights": weights}
+
+    want = run(layer, torch.float32)  # fla's kernel in fp32
+    low = layer.to(dtype)
+    theirs = run(low, dtype)
+    with swapped():
+        mine = run(low, dtype)
+    row: dict = {"dtype": str(dtype), "lengths": lengths}
+    for name in want:
+        row[f"fla_{name}_rel_l2_vs_fp32"] = refs.rel_l2(theirs[name], want[name])
+        row[f"ours_{name}_rel_l2_vs_fp32"] = refs.rel_l2(mine[name], want[name])
+    row["finite"] = all(bool(torch.isfinite(t).all()) for t in mine.values())
+    return row
 
 
 def main() -> int:
@@ -98,7 +107,11 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gated_layer.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
-    worst = max(r["ours_rel_l2_vs_fp32"] / max(r["fla_rel_l2_vs_fp32"], 1e-6) for r in result)
+    worst = max(
+        r[f"ours_{name}_rel_l2_vs_fp32"] / max(r[f"fla_{name}_rel_l2_vs_fp32"], 1e-6)
+        for r in result
+        for name in ("out", "dx", "dweights")
+    )
     return 0 if all(r["finite"] for r in result) and worst < 2.0 else 1
 
 

@@ -1,0 +1,59 @@
+"""Compile, in parallel processes, every kernel one device call of this folder runs, so that the
+tests and scripts after it load them from TileLang's disk cache (a call has 600 s; kernels
+compiled one at a time inside each script would take most of it).
+
+    source .gpu/setup.sh && python3 experiments/gpu_tests/precompile.py
+
+The jobs, each as its user computes it: ``tests/test_gated_backward.py``'s GPU cases and
+``tests/test_backward.py``'s zero-start cases; ``experiments/host_path/measure.py``'s
+training calls; ``experiments/gated/training.py``'s and ``layer.py``'s gated calls (fla's
+``SimpleGatedLinearAttention(hidden_size=1024, num_heads=8)``: 8 heads of 128 by 128).
+"""
+
+import time
+
+from kernel.builder import cuda_arch, precompile
+from kernel.config import Call, Problem
+from kernel.ops.serve import kernel_job, training_jobs
+from kernel.probe import Resources
+
+
+def gated(b, h, s, dk, dv, dtype, groups, call, n):
+    return kernel_job(Problem(b, h, s, dk, dv, dtype, "token", groups), call, n)
+
+
+def main() -> None:
+    jobs = set()
+    for b, s, groups, h, dk, dv, lengths, dtype in [  # tests/test_gated_backward.py: GPU_CASES
+        (2, 300, 2, 4, 128, 128, None, "float16"),
+        (1, 700, 4, 4, 128, 128, [1, 63, 300, 336], "bfloat16"),
+        (2, 256, 1, 4, 128, 64, None, "bfloat16"),
+    ]:
+        n = b if lengths is None else len(lengths)
+        jobs.add(gated(b, h, s, dk, dv, dtype, groups, Call(dk**-0.5, True, True, lengths is not None), n))
+    for b, s, lengths in [(2, 300, None), (1, 510, [1, 63, 64, 65, 300, 17])]:  # test_backward's zero start
+        n = b if lengths is None else len(lengths)
+        jobs |= training_jobs(
+            Problem(b, 4, s, 128, 128, "float16"), Call(0.1, False, True, lengths is not None), n
+        )
+    for b, s in ((8, 4096), (2, 16384)):  # measure.py
+        jobs |= training_jobs(Problem(b, 16, s, 128, 128, "float16"), Call(128**-0.5, False, True, False), b)
+    for b, h, s, dk, dv, groups in [
+        (8, 16, 4096, 128, 128, 16),
+        (16, 32, 2048, 64, 64, 32),
+        (4, 24, 4096, 128, 64, 1),
+    ]:
+        jobs.add(gated(b, h, s, dk, dv, "float16", groups, Call(dk**-0.5), b))  # gated/training.py
+    for dtype in ("bfloat16", "float16"):  # gated/layer.py
+        jobs.add(gated(4, 8, 2048, 128, 128, dtype, 8, Call(128**-0.5), 4))
+        jobs.add(gated(1, 8, 4019, 128, 128, dtype, 8, Call(128**-0.5, packed=True), 6))
+    start = time.perf_counter()
+    results = precompile(sorted(jobs, key=str), arch=cuda_arch())
+    bad = [r for r in results if not isinstance(r, Resources)]
+    print(
+        f"precompiled {len(jobs)} kernels in {time.perf_counter() - start:.0f} s; failed: {bad}", flush=True
+    )
+
+
+if __name__ == "__main__":
+    main()
