@@ -150,7 +150,10 @@ class _GatedPlan:
         ht = self.ht if final is None else final.view(-1, 1, dk, dv)
         o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         args = (q.contiguous(), k.contiguous(), v.contiguous(), gate.contiguous(), gamma, h0, o, ht)
-        self.kernel(*args) if cu_seqlens is None else self.kernel(*args, cu_seqlens)
+        if cu_seqlens is None:
+            self.kernel(*args)
+        else:
+            self.kernel(*args, cu_seqlens)
         return o, final
 
 

@@ -14,10 +14,10 @@ chunks)::
             + sum_{s >= j} w_query_s (q_s S_prev) . do_s
             + sum_{s >= j, i < j} Gamma[s, i] (q_s . k_i)(do_s . v_i)
 
-The gate's gradient is that expansion (``refs.gated_backward`` derives it), not fla's
-``sum_{s >= t} q_s . dq_s - k_s . dk_s``: with dq and dk rounded to fp16 or bf16 that
-difference of O(1) terms loses the gradient of a strong gate (relative L2 4.5e-2 in fp16 and
-0.32 in bf16 against fp64 at gates of -1e-4 to -20 per token, where these sums keep 1e-5).
+The gate's gradient is that expansion (``refs.gated_backward`` derives it). fla's form,
+``sum_{s >= t} q_s . dq_s - k_s . dk_s``, is a difference of O(1) terms: from dq and dk in
+fp32 it holds as well, but from dq and dk rounded to fp16 or bf16 it loses a strong gate's
+gradient (``experiments/gated/dg_form.txt``).
 
 Its cost: the states of every chunk in float32 (``2 x B x H x S / C x DK x DV x 4`` bytes)
 and one launch per chunk for each scan, each packed sequence alone. It is correct first; a
