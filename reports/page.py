@@ -38,7 +38,7 @@ def render_report(frame: pd.DataFrame, info: StudyInfo, *, across: pd.DataFrame 
             _fronts(s, frame, metric),
             _insight(info, s, frame, metric),
             _top_and_failures(s, frame),
-            sections.decode(s, frame) if info.sweep == "decode" else sections.numerics(s, frame),
+            _numerics(info, s, frame),
             sections.peers(info, frame),
             sections.archs(side),
         ]
@@ -63,6 +63,16 @@ def write_report(
 
 
 # Sections -----------------------------------------------------------------------------------
+
+
+def _numerics(info: StudyInfo, s: Summary, frame: pd.DataFrame) -> str:
+    """The section of the kernel's numerics: the decode step's floor, the per-token gate's,
+    or the constant decay's."""
+    if info.sweep == "decode":
+        return sections.decode(s, frame)
+    if s.problem.get("gate") == "token":
+        return sections.gated_numerics(s, frame)
+    return sections.numerics(s, frame)
 
 
 def _header(s: Summary, frame: pd.DataFrame, *, archs: bool) -> str:

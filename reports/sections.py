@@ -38,6 +38,28 @@ def numerics(s: Summary, frame: pd.DataFrame) -> str:
     )
 
 
+def gated_numerics(s: Summary, frame: pd.DataFrame) -> str:
+    """A per-token gate's numerics, in place of the constant decay's (whose figures are of
+    one alpha per head): how the kernel keeps its weights in [0, 1], the error of the trials
+    against reference C's per-token form, the registers per config."""
+    error = decay_figures.error_figure(decays.error_by_decay(frame), s.budgets.get("rel_l2"))
+    registers = compiler_figures.registers_figure(compiled.register_budget(frame), s.budgets.get("registers"))
+    return markup.section(
+        [
+            '<h2 id="numerics">Numerics of the per-token gate</h2>',
+            (
+                f'<p class="lede">Gates {markup.escape(decays.decay_label(s.problem))} per token. '
+                "Within a chunk the mask exp(G<sub>i</sub> − G<sub>j</sub>) of the gates' running sums "
+                "is evaluated only where j ≤ i, and the state is carried with exp(G<sub>last</sub>): "
+                "every exponent is a sum of gates ≤ 0, so every weight lies in [0, 1] and a gate of −20 "
+                "per token underflows to 0, never to inf (kernel/gated.py).</p>"
+            ),
+            markup.figure(error, "fig-error-decay", "no trial measured an error (compile-only study)"),
+            markup.figure(registers, "fig-registers", "no config compiled, so ptxas reported no registers"),
+        ]
+    )
+
+
 def decode(s: Summary, frame: pd.DataFrame) -> str:
     """A decode study's floor, in place of the forward's numerics: the bytes a step must move
     (each state of its N sequences read and written once), and for the best timed config

@@ -93,6 +93,7 @@ def test_compile_only_run_gate_token_end_to_end(studies_dir, capsys):
     assert main(["report", *GATED_FLAGS]) == 0
     page = (studies_dir / NAME / "report.html").read_text()
     assert "per-token g, -0.0001 to -20, G = 1" in page
+    assert "Numerics of the per-token gate" in page and "factorised form" not in page
 
 
 @pytest.mark.parametrize(
