@@ -66,6 +66,17 @@ def test_no_initial_state_no_final_gradient_is_a_zero_start():
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[3]], ids=str)
+def test_the_backward_op_matches_its_fake_implementation(shape):
+    """``torch.library.opcheck`` on the backward op (what torch.compile traces): its outputs'
+    shapes, dtypes and strides are those its fake implementation promises (a dense call of a
+    ragged last chunk once returned dv permuted, and the compiled graph's stride check failed)."""
+    q, k, v, g, do, h0, dht, cu = _case(*shape, GATES[1], torch.float16, seed=7)
+    args = (q, k, v, g, do, 0.25, h0, dht, cu)
+    torch.library.opcheck(torch.ops.decay_tuner.gated_attention_backward.default, args)
+    assert all(x.is_contiguous() for x in torch.ops.decay_tuner.gated_attention_backward(*args))
+
+
 class _ReferencePlan:
     """A ``_GatedPlan`` whose launch is reference B in fp64 (no GPU here)."""
 

@@ -81,7 +81,9 @@ def gated_backward(
     dq, dk, dv, dg, dh0 = grads
     dq = (dq * scale).reshape(b, s, groups, r, dk_dim).sum(3)
     dk = dk.reshape(b, s, groups, r, dk_dim).sum(3)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, dh0
+    # contiguous, as the backward op's fake promises (a chunk's layout leaves them permuted)
+    grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, dh0)
+    return tuple(x.contiguous() for x in grads)  # type: ignore[return-value]
 
 
 def _rows(
