@@ -108,12 +108,14 @@ def default_config(
 
 def gated_config(problem: Problem) -> KernelConfig:
     """The per-token gate's forward (``kernel.gated``) where no table holds a tuned config:
-    64-token chunks, value blocks of 64 columns where DV allows (else the widest multiple
-    of 16 dividing DV up to 64), one stage, 128 threads up to DK = 128 and 256 past it,
-    whose ``[DK, 64]`` fp32 state would not fit 128 threads' registers. Not tuned: the
-    first configs to compile without spills (``experiments/gated/probe.txt``)."""
+    64-token chunks, one stage, 256 threads, value blocks of 128 columns at DK = DV = 128
+    and else of 64 where DV allows (the widest multiple of 16 dividing DV up to 64). From
+    one H100 run at three shapes, where 256 threads beat 128 at every block_dv and block_dv
+    128 beat 64 at DK = DV = 128. evidence: docs/evidence.md#rule-gated"""
+    if problem.dk == problem.dv == 128:
+        return KernelConfig(64, 128, 1, 256, "smem", 1)
     block_dv = max(d for d in range(16, min(problem.dv, 64) + 1, 16) if problem.dv % d == 0)
-    return KernelConfig(64, block_dv, 1, 128 if problem.dk <= 128 else 256, "smem", 1)
+    return KernelConfig(64, block_dv, 1, 256, "smem", 1)
 
 
 # On slow memory a split in two, which reads K and V twice, costs more than running the

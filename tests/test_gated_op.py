@@ -132,7 +132,8 @@ def test_the_default_config_compiles_for_sm_90a_without_spills():
 
 
 @pytest.mark.parametrize(
-    "dk, dv, block_dv, threads", [(64, 64, 64, 128), (128, 32, 32, 128), (256, 48, 48, 256)]
+    "dk, dv, block_dv, threads",
+    [(64, 64, 64, 256), (128, 32, 32, 256), (256, 48, 48, 256), (128, 128, 128, 256), (64, 128, 64, 256)],
 )
 def test_the_default_config_fits_the_head_sizes(dk, dv, block_dv, threads):
     from kernel.rule import gated_config

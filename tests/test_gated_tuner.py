@@ -60,7 +60,7 @@ def test_the_space_is_the_gated_kernel_s_knobs():
     assert not built.unusable
     assert all(c.scores == "smem" and c.segments == 1 for c in built.grid)
     rule = default_config(GATED, DEFAULT_ARCH)
-    assert rule == gated_config(GATED) == KernelConfig(64, 64, 1, 128, "smem", 1)
+    assert rule == gated_config(GATED) == KernelConfig(64, 64, 1, 256, "smem", 1)
     first = space.first_configs(built, space.LatencyModel.load(), Options(), sms=None)
     assert first[0] == rule and SEED_CONFIG not in first and all(c in built.grid for c in first)
     assert space.search_space(GATED, "dkdv").unusable.startswith("the per-token gate's backward is torch")
