@@ -58,6 +58,17 @@ def test_the_gradients_match_the_fp64_reference(shape, gate, dtype):
     assert [x.dtype for x in got] == [dtype] * 3 + [torch.float32] * 2
 
 
+def test_inputs_in_any_layout_give_the_same_gradients():
+    """q, k, v, do and g as strided views (a model's projections, split and transposed)."""
+    q, k, v, g, do, h0, dht, _ = _case(2, 128, 2, 4, 16, 16, None, GATES[1], torch.float16, seed=8)
+    args = dict(scale=0.3, initial_state=h0, dht=dht, cu_seqlens=None)
+    want = gated_backward(q, k, v, g, do, **args)
+    views = [x.transpose(0, 1).contiguous().transpose(0, 1) for x in (q, k, v, g, do)]
+    assert not any(x.is_contiguous() for x in views)
+    got = gated_backward(*views, **args)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_no_initial_state_no_final_gradient_is_a_zero_start():
     q, k, v, g, do, _, _, cu = _case(*SHAPES[3], GATES[1], torch.float16, seed=3, state=False)
     got = gated_backward(q, k, v, g, do, scale=0.25, initial_state=None, dht=None, cu_seqlens=cu)

@@ -82,8 +82,13 @@ def gated_backward(
     dq = (dq * scale).reshape(b, s, groups, r, dk_dim).sum(3)
     dk = dk.reshape(b, s, groups, r, dk_dim).sum(3)
     # contiguous, as the backward op's fake promises (a chunk's layout leaves them permuted)
-    grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, dh0)
-    return tuple(x.contiguous() for x in grads)  # type: ignore[return-value]
+    return (
+        dq.to(q.dtype).contiguous(),
+        dk.to(k.dtype).contiguous(),
+        dv.to(v.dtype).contiguous(),
+        dg.contiguous(),
+        dh0.contiguous(),
+    )
 
 
 def _rows(
