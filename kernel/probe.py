@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -149,6 +150,51 @@ def compile_funcs(funcs: list, arch: str, *, run_on: str | None = None) -> tuple
 
 
 def _compile(funcs: list, cuda: dict) -> tuple[Any, ...]:
+    return tuple(kernel for kernel, _ in _compile_logged(funcs, cuda))
+
+
+class _NvccOutput(logging.Handler):
+    """What TileLang's nvcc run printed, ptxas's figures among it, kept for the thread that
+    asked for it: TileLang logs it where ``TILELANG_VERBOSE`` is on, which also has ptxas
+    print them. The compile's own thread calls nvcc, so each of ``_compile_logged``'s
+    threads finds its kernel's output and no other."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.wanted = threading.local()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        kept = getattr(self.wanted, "kept", None)
+        if kept is not None and str(record.msg).startswith("PTXAS verbose output"):
+            kept.append(record.getMessage())
+
+
+_NVCC_OUTPUT = _NvccOutput()
+
+
+def _keep_nvcc_output() -> None:
+    """TileLang's nvcc runs in this process print ptxas's figures and log them to
+    ``_NVCC_OUTPUT`` alone. ``TILELANG_VERBOSE`` does nothing else here: TileLang's CUDA
+    compile reads it, and every compile of this project passes ``verbose=False``. The
+    flags it adds (``--ptxas-options=--verbose -w``) are in TileLang's key for nvcc's
+    output, not in its kernel cache's key, and change no byte of the cubin."""
+    from tilelang.contrib import nvcc
+
+    os.environ["TILELANG_VERBOSE"] = "1"
+    # TileLang's nvcc module logs its output (and its command: both where verbose, and
+    # nothing else) to TileLang's logger, which ``_compile_logged`` silences; its own
+    # logger, which only the probe's handler reads, takes them.
+    logger = logging.getLogger("tilelang.contrib.nvcc")
+    if _NVCC_OUTPUT not in logger.handlers:
+        logger.addHandler(_NVCC_OUTPUT)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # the figures are the probe's, not the terminal's
+    nvcc.logger = logger
+
+
+def _compile_logged(funcs: list, cuda: dict) -> list[tuple[Any, str | None]]:
+    """``_compile``, each kernel with ptxas's log of its nvcc run, or None where TileLang
+    ran none (a kernel from its memory or disk cache, or nvcc's output from its own)."""
     import tilelang
 
     # Compiler failures come back to the caller as exceptions (and from ``probe`` as
@@ -157,11 +203,21 @@ def _compile(funcs: list, cuda: dict) -> tuple[Any, ...]:
     # The split's carry kernel is the same for many configs of a problem: TileLang warns on
     # each reuse from its memory cache, which is the reuse we want.
     logging.getLogger("tilelang.cache.kernel_cache").setLevel(logging.ERROR)
+    _keep_nvcc_output()
     options = pass_configs(cuda["arch"])
+
+    def one(func: Any) -> tuple[Any, str | None]:
+        _NVCC_OUTPUT.wanted.kept = kept = []
+        try:
+            kernel = tilelang.compile(func, target=cuda, pass_configs=options, verbose=False)
+        finally:
+            _NVCC_OUTPUT.wanted.kept = None
+        return kernel, (kept[0] if len(kept) == 1 else None)
+
     # A split's kernels compile in threads, as TileLang's autotuner compiles (its cache is
     # thread-safe, nvcc runs outside the GIL). evidence: docs/evidence.md#compile-threads
     with ThreadPoolExecutor(len(funcs)) as threads:
-        return tuple(threads.map(lambda f: tilelang.compile(f, target=cuda, pass_configs=options), funcs))
+        return list(threads.map(one, funcs))
 
 
 def probe(
@@ -197,14 +253,14 @@ def probe_funcs(
             # funcs it compiles (sm_80's thread binding), which a disk-cache hit never
             # does, so the script after a compile is no key another process finds.
             scripts = [f.script() for f in funcs]
-            kernels = _compile(funcs, target(arch))
+            compiled = _compile_logged(funcs, target(arch))
     except Exception as exc:  # TVM raises many types; each is recorded, none is swallowed
         stage: FailureStage = "nvcc" if "Compilation error" in str(exc) else "lower"
         message = "\n".join(filter(None, (printed.text.strip(), str(exc))))
         return ProbeFailure(stage, type(exc).__name__, _summary(message), time.perf_counter() - start)
     per_kernel = []
-    for compiled, func, script in zip(kernels, funcs, scripts):
-        found = _kernel_resources(compiled, func, script, arch)
+    for (kernel, log), func, script in zip(compiled, funcs, scripts):
+        found = _kernel_resources(kernel, func, script, arch, log)
         if isinstance(found, str):
             return ProbeFailure("nvcc", "CompilationError", _summary(found), time.perf_counter() - start)
         per_kernel.append(found)
@@ -277,13 +333,17 @@ def read_resources(path: Path) -> dict[str, int] | None:
     return None
 
 
-def _kernel_resources(compiled: Any, func: Any, script: str, arch: str) -> dict[str, int] | str:
+def _kernel_resources(
+    compiled: Any, func: Any, script: str, arch: str, log: str | None = None
+) -> dict[str, int] | str:
     """One compiled kernel's resources (ptxas's and the launch's), or ptxas's log where it
-    fails. Kept on disk beside TileLang's kernel cache (``resources/``), keyed by the kernel's
-    TIR as built (``script``, taken before any compile) and CUDA source, the architecture,
-    the TileLang and nvcc releases and ``RESOURCES_FORMAT``: a probe that hits TileLang's
-    cache skips the lowering and the ptxas run too, which cost as much as the compile
-    itself. An entry that cannot be read, or lacks a field, is made again."""
+    fails. ptxas's figures are those of TileLang's nvcc run (``log``) where its compile ran
+    one, else of a run of our own. Kept on disk beside TileLang's kernel cache
+    (``resources/``), keyed by the kernel's TIR as built (``script``, taken before any
+    compile) and CUDA source, the architecture, the TileLang and nvcc releases and
+    ``RESOURCES_FORMAT``: a probe that hits TileLang's cache skips the lowering and the
+    ptxas run too, which cost as much as the compile itself. An entry that cannot be read,
+    or lacks a field, is made again."""
     import tilelang
     import tilelang.env
 
@@ -303,7 +363,7 @@ def _kernel_resources(compiled: Any, func: Any, script: str, arch: str) -> dict[
         return kept
     # A disk-cache hit carries no lowered module: lower again for the launch resources.
     dynamic_smem, threads_launched = launch_resources(compiled.artifact or lower(func, arch=arch))
-    ok, log = _ptxas(source, arch)
+    ok, log = (True, log) if log is not None else _ptxas(source, arch)
     if not ok:
         return log
     found = parse_ptxas(log) | {"dynamic_smem": dynamic_smem, "threads_launched": threads_launched}
