@@ -177,7 +177,8 @@ def _keep_nvcc_output() -> None:
     ``_NVCC_OUTPUT`` alone. ``TILELANG_VERBOSE`` does nothing else here: TileLang's CUDA
     compile reads it, and every compile of this project passes ``verbose=False``. The
     flags it adds (``--ptxas-options=--verbose -w``) are in TileLang's key for nvcc's
-    output, not in its kernel cache's key, and change no byte of the cubin."""
+    output, not in its kernel cache's key, and change no instruction of the cubin (its
+    SASS, ``cuobjdump -sass``; the file's bytes differ)."""
     from tilelang.contrib import nvcc
 
     os.environ["TILELANG_VERBOSE"] = "1"

@@ -1,8 +1,9 @@
 """ptxas's figures from TileLang's own nvcc run (kernel.probe's ``_compile_logged``) against
 those of a ptxas run of the probe's own (``_ptxas``, what the probe ran for every kernel
 before): every kernel family, four architectures, a split's three kernels and a kernel that
-spills. Run from the repository root with an empty ``TILELANG_CACHE_DIR``; it prints one
-line per kernel and the count of those whose figures differ (``ptxas_figures.txt``)."""
+spills. Run from the repository root, ``PYTHONPATH=.`` and ``TILELANG_CACHE_DIR`` an empty
+folder; it prints one line per kernel and the count of those whose figures differ
+(``ptxas_figures.txt``)."""
 
 from kernel.arch import target
 from kernel.config import Call, KernelConfig, Problem, dkdv_call, model_call
