@@ -75,7 +75,9 @@ def search_space(problem: Problem, sweep: str = "forward", arch: str = DEFAULT_A
     call = dkdv_call(problem) if sweep == "dkdv" else model_call(problem)
     unusable = head_size_error(arch, problem.dk, problem.dv) or ""
     if not unusable and sweep == "dkdv" and problem.gate == "token":
-        unusable = "the per-token gate's backward is torch (kernel.ops.gated_backward): no dk and dv kernel to tune"
+        unusable = (
+            "the per-token gate's backward is torch (kernel.ops.gated_backward): no dk and dv kernel to tune"
+        )
     if not unusable and sweep == "dkdv" and not dkdv_serves(problem, arch):
         unusable = (
             f"the fused dk and dv pass does not serve DK x DV = {problem.dk} x {problem.dv} on "

@@ -249,7 +249,9 @@ def dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[t
     those."""
     shapes = parse_shapes(args.shapes)
     if args.gate == "token" and (args.backward or opts.sweep == "dkdv"):
-        raise UsageError("the per-token gate's backward (--gate token) is torch, no kernel to tune: drop --backward")
+        raise UsageError(
+            "the per-token gate's backward (--gate token) is torch, no kernel to tune: drop --backward"
+        )
     swapped = args.backward and args.dk != args.dv
     heads = [(args.dk, args.dv)] + ([(args.dv, args.dk)] if swapped else [])
     tasks: list[tuple[Problem, Options]] = []
