@@ -20,7 +20,8 @@ fp32 it holds as well, but from dq and dk rounded to fp16 or bf16 it loses a str
 gradient (``experiments/gated/dg_form.txt``).
 
 Its cost: the states of every chunk in float32 (``2 x B x H x S / C x DK x DV x 4`` bytes)
-and one launch per chunk for each scan, each packed sequence alone. It is correct first; a
+and one launch per chunk for each scan; packed sequences run as rows, in a few buckets of
+similar length. It is correct first; a
 kernel for it is the next step (measured beside fla's in ``experiments/gated/README.md``).
 """
 
@@ -64,20 +65,7 @@ def gated_backward(
     if cu_seqlens is None:
         grads = _rows(qh * scale, kh, vf, gf, dof, h0, dht)
     else:
-        bounds = cu_seqlens.tolist()
-        parts = [
-            _rows(
-                qh[:, a:e] * scale,
-                kh[:, a:e],
-                vf[:, a:e],
-                gf[:, a:e],
-                dof[:, a:e],
-                h0[i : i + 1],
-                dht[i : i + 1],
-            )
-            for i, (a, e) in enumerate(zip(bounds[:-1], bounds[1:]))
-        ]
-        grads = tuple(torch.cat(x, dim=0 if j == 4 else 1) for j, x in enumerate(zip(*parts)))
+        grads = _packed(qh * scale, kh, vf, gf, dof, h0, dht, cu_seqlens.tolist())
     dq, dk, dv, dg, dh0 = grads
     dq = (dq * scale).reshape(b, s, groups, r, dk_dim).sum(3)
     dk = dk.reshape(b, s, groups, r, dk_dim).sum(3)
@@ -89,6 +77,40 @@ def gated_backward(
         dg.contiguous(),
         dh0.contiguous(),
     )
+
+
+def _packed(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, do: Tensor, h0: Tensor, dht: Tensor, bounds: list[int]
+) -> tuple[Tensor, ...]:
+    """``_rows`` of N packed sequences (``[1, T, ...]``, offsets ``bounds``): each sequence a
+    row, zero-padded to the longest of its bucket, the buckets by chunk count in powers of
+    two (``2^(k-1) < chunks <= 2^k``), so one call of ``_rows`` serves a bucket and a row is
+    at most twice its sequence. Padded tokens change nothing (``_rows``)."""
+    starts, ends = bounds[:-1], bounds[1:]
+    chunks = [-(-(e - a) // CHUNK) for a, e in zip(starts, ends)]
+    buckets: dict[int, list[int]] = {}
+    for i, n in enumerate(chunks):
+        buckets.setdefault((n - 1).bit_length(), []).append(i)
+    out = [torch.zeros_like(x) for x in (q, k, v)] + [torch.zeros_like(g), torch.empty_like(h0)]
+    for members in buckets.values():
+        width = max(chunks[i] for i in members) * CHUNK
+        src = torch.cat([torch.arange(starts[i], ends[i]) for i in members]).to(q.device)
+        dst = torch.cat([j * width + torch.arange(ends[i] - starts[i]) for j, i in enumerate(members)]).to(
+            q.device
+        )
+        rows = len(members)
+
+        def padded(x: Tensor) -> Tensor:  # [1, T, H, ...] -> [rows, width, H, ...]
+            flat = x.new_zeros(rows * width, *x.shape[2:])
+            flat[dst] = x[0, src]
+            return flat.view(rows, width, *x.shape[2:])
+
+        which = torch.tensor(members, device=q.device)
+        grads = _rows(*(padded(x) for x in (q, k, v, g, do)), h0[which], dht[which])
+        for whole, part in zip(out[:4], grads[:4]):
+            whole[0, src] = part.reshape(rows * width, *part.shape[2:])[dst]
+        out[4][which] = grads[4]
+    return tuple(out)
 
 
 def _rows(
