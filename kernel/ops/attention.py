@@ -187,13 +187,18 @@ class _Plan:
         self.passes: dict[tuple | str, Any] = {}
 
     def run(self, q, k, v, decay, initial_state, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The call: the values of a decay or offsets tensor checked once per version."""
+        """The call: the values of a decay or offsets tensor checked once per version; through
+        autograd only where it records the call."""
+        recorded = inputs.wants_grad(q, k, v, decay, initial_state)
         if self.per_head:
             decay = inputs.decay_values(decay)
         else:
             decay = self.decay
         if cu_seqlens is not None:
             cu_seqlens = inputs.offsets_values(cu_seqlens, self.problem)
+        if not recorded:
+            o, final, _ = self.forward(q, k, v, decay, initial_state, cu_seqlens)
+            return o, final
         if self.want_final:
             return _EagerPlan.apply(self, q, k, v, decay, initial_state, cu_seqlens)
         return _EagerPlan.apply(self, q, k, v, decay, initial_state, cu_seqlens), None

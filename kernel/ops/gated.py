@@ -69,18 +69,14 @@ def _signature(q, k, v, g, decay, scale, initial_state, output_final_state, cu_s
     return (
         "gated", *(_tensor(t) for t in (q, k, v)), None if g is None else _tensor(g), type(decay),
         _tensor(decay) if type(decay) is torch.Tensor else decay, type(scale), scale,
-        type(output_final_state), output_final_state, torch.is_grad_enabled() and _grad(q, k, v, g, decay,
-        initial_state), None if initial_state is None else _tensor(initial_state),
+        type(output_final_state), output_final_state,
+        None if initial_state is None else _tensor(initial_state),
         None if cu_seqlens is None else _tensor(cu_seqlens),
     )  # fmt: skip
 
 
 def _tensor(t: torch.Tensor) -> tuple:
     return type(t), t.shape, t.dtype, t.device
-
-
-def _grad(*tensors: Any) -> bool:
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def _check_shapes(sizes: inputs.Sizes, q, g, decay, alpha, initial_state, cu_seqlens) -> Any:
@@ -127,8 +123,12 @@ class _GatedPlan:
         self.final_shape = (n, h, dk, dv)
 
     def run(self, q, k, v, g, decay, initial_state, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The call: the values of a decay or offsets tensor checked once per version."""
-        return _GatedFn.apply(self, q, k, v, *self.gates(g, decay), initial_state, self.offsets(cu_seqlens))
+        """The call: the values of a decay or offsets tensor checked once per version; through
+        autograd only where it records the call."""
+        args = (q, k, v, *self.gates(g, decay), initial_state, self.offsets(cu_seqlens))
+        if inputs.wants_grad(q, k, v, g, decay, initial_state):
+            return _GatedFn.apply(self, *args)
+        return self.forward(*args)
 
     def gates(self, g, decay) -> tuple[torch.Tensor, torch.Tensor]:
         """The kernel's gate ``[B, S, H]`` and per-head log-decay ``[H]`` of a call."""

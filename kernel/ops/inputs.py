@@ -124,6 +124,13 @@ def grouped(q: Any, v: Any) -> bool:
     )
 
 
+def wants_grad(*tensors: Any) -> bool:
+    """Whether autograd records a call of these arguments: grad enabled and a tensor among
+    them that requires grad (else an eager call skips ``torch.autograd.Function``'s cost,
+    about 6 us of host time)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
 def check_group_tensors(q: Any, k: Any, v: Any) -> Sizes:
     """q, k ``[B, S, G, DK]`` and v ``[B, S, H, DV]`` with H a multiple of G, fp16 or bf16
     CUDA (or meta) tensors of one dtype and device; the call's sizes, H its heads (of at
