@@ -273,7 +273,7 @@ def _check_decode_flags(slots: torch.Tensor, from_pool: torch.Tensor, rows: int)
 
 
 def _refuse_grad(*tensors: Any) -> None:
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+    if inputs.wants_grad(*tensors):
         raise ValueError(
             "a pool call is inference only (no autograd): run it under torch.no_grad() or "
             "torch.inference_mode(), or pass no tensor that requires grad"
