@@ -3,6 +3,7 @@ the issue's goal shapes, in the model form (scale DK^-1/2, per-token gates from 
 -20, the final state returned). One JSON line per measurement.
 
     source .gpu/setup.sh && python3 experiments/gated/bench.py | tee experiments/gated/bench.jsonl
+    ... --dtype bfloat16 | tee experiments/gated/bench_bf16.jsonl
 
 The floor: the bytes of q and k (G heads), v, g and o, and the final state, at the device's
 measured copy rate (``tuner.bench_rows.copy_bandwidth``). fla's simple_gla takes no groups:
@@ -20,19 +21,27 @@ import torch
 
 import refs
 from kernel.arch import local_arch
+from kernel.builder import precompile
 from kernel.config import Call, KernelConfig, Problem
-from kernel.gated_build import TORCH_DTYPES, compile_gated
+from kernel.gated_build import compile_gated
 from kernel.timing import time_gpu
 from tuner.bench_rows import copy_bandwidth
 
 # (B, H, S, DK, DV, G)
 SHAPES = [(8, 16, 4096, 128, 128, 16), (16, 32, 2048, 64, 64, 32), (4, 24, 4096, 128, 64, 1)]
+# chunk/block_dv/stages/threads; every one fits in shared memory at the three head sizes
+# (sm_90a, compiled on a CPU; at block_dv 128 with 256 threads ptxas spills about 200 bytes)
 CONFIGS = [
     KernelConfig(64, 64, 1, 128),
     KernelConfig(64, 64, 2, 128),
+    KernelConfig(64, 64, 3, 128),
     KernelConfig(64, 64, 1, 256),
+    KernelConfig(64, 64, 2, 256),
+    KernelConfig(64, 64, 3, 256),
     KernelConfig(64, 128, 1, 128),
     KernelConfig(64, 128, 1, 256),
+    KernelConfig(64, 128, 2, 256),
+    KernelConfig(64, 128, 3, 256),
 ]
 
 
@@ -72,6 +81,14 @@ def main() -> None:
         json.dumps({"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bandwidth / 1e9}),
         flush=True,
     )
+    arch = local_arch()
+    jobs = [
+        (Problem(b, h, s, dk, dv, args.dtype, "token", groups), config, Call(dk**-0.5, final_state=True))
+        for b, h, s, dk, dv, groups in SHAPES
+        for config in CONFIGS
+        if config.block_dv <= dv
+    ]
+    precompile(jobs, arch=arch)  # in parallel, into the disk cache the loop below loads from
     for b, h, s, dk, dv, groups in SHAPES:
         shape = dict(shape=f"{b}x{h}x{s}", dk=dk, dv=dv, groups=groups, dtype=args.dtype)
         q, k, v, g = inputs(b, h, s, dk, dv, groups, dtype)
@@ -90,9 +107,8 @@ def main() -> None:
                 "config": f"{config.chunk}/{config.block_dv}/{config.num_stages}/{config.threads}",
             }
             try:
-                problem = Problem(b, h, s, dk, dv, TORCH_DTYPES[dtype], "token", groups)
-                call = Call(scale, final_state=True)
-                kern = compile_gated(problem, config, call, arch=local_arch())
+                problem = Problem(b, h, s, dk, dv, args.dtype, "token", groups)
+                kern = compile_gated(problem, config, Call(scale, final_state=True), arch=arch)
             except Exception as exc:  # a config that fails to compile is a row, not a stop
                 print(json.dumps(row | {"error": f"{type(exc).__name__}: {str(exc)[-300:]}"}), flush=True)
                 continue
