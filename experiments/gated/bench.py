@@ -16,6 +16,9 @@ state against reference B in fp64, on a slice of heads where the shape is large.
 import argparse
 import json
 import math
+import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -24,6 +27,7 @@ from kernel.arch import local_arch
 from kernel.builder import precompile
 from kernel.config import Call, KernelConfig, Problem
 from kernel.gated_build import compile_gated
+from kernel.processes import compile_pool
 from kernel.timing import time_gpu
 from tuner.bench_rows import copy_bandwidth
 
@@ -43,6 +47,25 @@ CONFIGS = [
     KernelConfig(64, 128, 2, 256),
     KernelConfig(64, 128, 3, 256),
 ]
+
+
+def compile_variant(h, dk, dv, groups, config, dtype, arch):
+    """gate_tma.py's kernel for one config (in a compile process: into TileLang's disk cache)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from gate_tma import gated_fwd_t
+
+    from kernel.probe import compile_funcs
+
+    func = gated_fwd_t(
+        heads=h, groups=groups, dk=dk, dv=dv, dtype=dtype, chunk=config.chunk, block_dv=config.block_dv,
+        num_stages=config.num_stages, threads=config.threads, arch=arch, scale=dk**-0.5, final_state=True,
+    )  # fmt: skip
+    (kernel,) = compile_funcs([func], arch)
+    return kernel
+
+
+def precompile_variant(*args) -> None:
+    compile_variant(*args)
 
 
 def inputs(b, h, s, dk, dv, groups, dtype, seed=0):
@@ -74,6 +97,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--no-fla", action="store_true")
+    parser.add_argument(
+        "--variants", action="store_true", help="also gate_tma.py's kernel (gates [B, H, S] by TMA), dense"
+    )
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     bandwidth = copy_bandwidth()
@@ -89,6 +115,24 @@ def main() -> None:
         if config.block_dv <= dv
     ]
     precompile(jobs, arch=arch)  # in parallel, into the disk cache the loop below loads from
+    variants = {}
+    if args.variants:  # compiled in parallel too: each compile_variant below then hits the disk cache
+        keys = [
+            (h, dk, dv, groups, c)
+            for _, h, _, dk, dv, groups in SHAPES
+            for c in CONFIGS
+            if c.block_dv <= dv and c.threads == 256
+        ]
+        with compile_pool(min(len(keys), os.cpu_count() or 1)) as pool:
+            futures = [pool.submit(precompile_variant, *key, args.dtype, arch) for key in keys]
+            for key, future in zip(keys, futures):
+                try:
+                    future.result()
+                    variants[key] = compile_variant(*key, args.dtype, arch)
+                except Exception as exc:
+                    print(
+                        json.dumps({"variant": str(key), "error": f"{type(exc).__name__}: {str(exc)[-300:]}"})
+                    )
     for b, h, s, dk, dv, groups in SHAPES:
         shape = dict(shape=f"{b}x{h}x{s}", dk=dk, dv=dv, groups=groups, dtype=args.dtype)
         q, k, v, g = inputs(b, h, s, dk, dv, groups, dtype)
@@ -117,6 +161,20 @@ def main() -> None:
             call()
             torch.cuda.synchronize()
             row["rel_l2"] = error(o, ht.view(b, h, dk, dv), q, k, v, g, scale)
+            t = time_gpu(call)
+            print(json.dumps(row | t.to_dict() | {"x_floor": t.median_ms / floor_ms}), flush=True)
+            variant = variants.get((h, dk, dv, groups, config))
+            if variant is None:
+                continue
+            gt = g.transpose(1, 2).contiguous()
+            call = lambda: variant(q, k, v, gt, gamma, h0, o, ht)
+            o.fill_(math.nan)
+            call()
+            torch.cuda.synchronize()
+            row = row | {
+                "impl": "ours, gates by TMA",
+                "rel_l2": error(o, ht.view(b, h, dk, dv), q, k, v, g, scale),
+            }
             t = time_gpu(call)
             print(json.dumps(row | t.to_dict() | {"x_floor": t.median_ms / floor_ms}), flush=True)
         if args.no_fla:

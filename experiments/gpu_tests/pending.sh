@@ -21,7 +21,8 @@ if [ "${1:-1}" = 1 ]; then
   timeout 100 python3 experiments/host_path/breakdown.py 2>&1 | tail -5
   timeout 100 python3 experiments/gated/layer.py --out "$out" 2>&1 | tail -30
 else
-  # Host time per call and fwd+bwd against fla, then the gated op's training step against fla's.
+  # Host time per call and fwd+bwd against fla; the gated forward at 1 to 3 stages, its gates
+  # by TMA (gate_tma.py) beside, and fla's.
   timeout 300 python3 experiments/host_path/measure.py 2>&1 | tail -12
-  timeout 200 python3 experiments/gated/training.py 2>&1 | tee "$out/training.jsonl" | tail -14
+  timeout 240 python3 experiments/gated/bench.py --variants 2>&1 | tee "$out/bench.jsonl" | tail -4
 fi
