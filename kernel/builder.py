@@ -281,11 +281,11 @@ def build(
     config.check_fits(problem)
     compiled = _COMPILED.get(key)
     if compiled is None:
-        compiled = _COMPILED[key] = _load_or_compile(*key, problem)
+        compiled = _COMPILED[key] = load_or_compile(*key, problem)
     return ScalarDecayKernel(problem, config, compiled[0], call, lower_for, compiled[1])
 
 
-def _load_or_compile(
+def load_or_compile(
     generic: Problem, config: KernelConfig, call: Call, arch: str, here: str, problem: Problem
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """(the kernels, what launches each: ``kernel.loader.fast_functions``): opened from

@@ -7,16 +7,17 @@ groups), a ``KernelConfig`` of its knob table (``kernel.constraints.knobs``) and
 ``kernel.variants.prim_funcs`` hands such a problem to ``prim_func``, so that the probe,
 ``tuner run --gate token`` and ``tuner warmup --gate token`` compile what a call runs.
 TileLang loads with the first compile (``compile_gated``), so ``import kernel.ops`` loads no
-compiler.
+compiler; a kernel an earlier process compiled is opened without it (``kernel.loader``).
 """
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from kernel.arch import local_arch
 from kernel.config import Call, KernelConfig, Problem
-from kernel.probe import compile_funcs
 from kernel.rule import gated_config
 
 TORCH_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -73,21 +74,23 @@ def check_call(
     return heads // groups
 
 
-def compile_gated(problem: Problem, config: KernelConfig, call: Call, *, arch: str):
-    """The compiled kernel of ``prim_func`` for ``arch`` (once per process and shape class,
-    ``kernel.variants.shape_generic``; TileLang's disk cache across processes, where
-    ``tuner warmup`` and the tuner's probes put it)."""
+def compile_gated(problem: Problem, config: KernelConfig, call: Call, *, arch: str) -> Callable[..., Any]:
+    """What launches the compiled kernel of ``prim_func`` for ``arch``, this GPU's
+    (``kernel.loader.fast_functions``: TVM-FFI's entry function, without TileLang's adapter
+    around it). Found once per process and shape class (``kernel.variants.shape_generic``):
+    opened by ``kernel.loader``'s index, without TileLang, where an earlier process compiled it
+    (``tuner warmup --gate token``, the tuner's probes, a first call), else compiled."""
     from kernel.variants import shape_generic
 
     return _compiled(shape_generic(problem, config, arch), config, call, arch)
 
 
 @functools.cache
-def _compiled(problem: Problem, config: KernelConfig, call: Call, arch: str):
-    from kernel.gated import prim_func  # TileLang: loaded when a kernel is built
+def _compiled(problem: Problem, config: KernelConfig, call: Call, arch: str) -> Callable[..., Any]:
+    from kernel.builder import load_or_compile
 
-    (kernel,) = compile_funcs([prim_func(problem, config, call, arch=arch)], arch)
-    return kernel
+    _, (launch,) = load_or_compile(problem, config, call, arch, arch, problem)
+    return launch
 
 
 def gated_forward(

@@ -28,8 +28,10 @@ from kernel.config import Call, KernelConfig, Problem
 
 INDEX_FORMAT = 1
 INDEX_DIR = "decay-tuner-index"  # beside TileLang's own folders in its cache
-# The modules whose code decides what a job compiles to (``kernel.environment.KERNEL_MODULES``
-# and the compile options of ``kernel.probe``): their bytes are in the key.
+# The modules whose code decides what a job compiles to (``kernel.environment``'s modules
+# and the compile options of ``kernel.probe``): their bytes are in the key, a per-token
+# gate's (``Problem.gate``) with the gated kernel's, so that an edit to one family's code
+# leaves the other's entries found.
 _CODE = (
     "config.py",
     "arch.py",
@@ -40,6 +42,7 @@ _CODE = (
     "variants.py",
     "probe.py",
 )
+_GATED_CODE = ("gated.py", "gated_build.py")
 # TileLang's artifact of each execution backend (``tilelang.cache``): tvm_ffi is CUDA's default.
 _LIBRARY = "executable.so"
 
@@ -83,12 +86,12 @@ def _package_dir(name: str) -> Path | None:
 
 
 @functools.cache
-def _stamp() -> str:
-    """The code and compiler the key holds: our modules' bytes, and the size and time of
-    TileLang's and TVM-FFI's native libraries (a reinstall is a new stamp)."""
+def _stamp(gate: str) -> str:
+    """The code and compiler the key holds: our modules' bytes (``gate``'s family's), and the
+    size and time of TileLang's and TVM-FFI's native libraries (a reinstall is a new stamp)."""
     digest = hashlib.sha256(f"{INDEX_FORMAT}".encode())
     here = Path(__file__).parent
-    for name in _CODE:
+    for name in _CODE + (_GATED_CODE if gate == "token" else ()):
         digest.update(name.encode() + b"\0" + (here / name).read_bytes())
     for package, lib in (("tilelang", "lib/libtilelang.so"), ("tvm_ffi", "lib/libtvm_ffi.so")):
         where = _package_dir(package)
@@ -102,7 +105,7 @@ def index_path(problem: Problem, config: KernelConfig, call: Call, arch: str, ru
     """Where the index keeps the entries of one job: ``problem`` its ``shape_generic``
     class, ``arch`` the architecture lowered for, ``run_on`` the GPU's."""
     key = {
-        "stamp": _stamp(),
+        "stamp": _stamp(problem.gate),
         "problem": problem.to_dict(),
         "config": config.to_dict(),
         "call": call.to_dict(),

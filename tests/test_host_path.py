@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # Loaded where a compile or a kernel load first happens, never by the import.
 HEAVY = ("tilelang", "tvm", "tvm_ffi", "ml_dtypes", "scipy", "pandas", "optuna", "sklearn", "triton")
@@ -34,16 +36,18 @@ def test_import_kernel_ops_loads_no_compiler_and_nothing_heavy():
     ), found["new"]
 
 
-def test_a_kernel_compiled_before_opens_without_tilelang():
-    """``kernel.loader`` indexes a compiled kernel; a fresh process opens it from
-    TileLang's disk cache with TileLang's Python package never imported, and its
-    source is the compiled one."""
+@pytest.mark.parametrize("gate", ["head", "token"])
+def test_a_kernel_compiled_before_opens_without_tilelang(gate):
+    """``kernel.loader`` indexes a compiled kernel, of either family (a per-token gate's is
+    launched so by ``kernel.gated_build.compile_gated``); a fresh process opens it from
+    TileLang's disk cache with TileLang's Python package never imported, and its source is
+    the compiled one."""
     from kernel.builder import compile_class
     from kernel.config import Call, KernelConfig, Problem
     from kernel.loader import index_path, remember
     from kernel.variants import shape_generic
 
-    problem = Problem(1, 2, 64, 64, 64, "float16")
+    problem = Problem(1, 2, 64, 64, 64, "float16", gate)
     config = KernelConfig(chunk=64, block_dv=64, num_stages=1, threads=128, scores="smem", segments=1)
     call = Call(0.125, False, True)
     kernels = compile_class(problem, config, call, "sm_90a", run_on="sm_90a")
@@ -62,3 +66,12 @@ def test_a_kernel_compiled_before_opens_without_tilelang():
     imported, source = out.split("\n", 1)
     assert imported == "False"
     assert source.rstrip("\n") == kernels[0].get_kernel_source().rstrip("\n")
+    if gate == "token":  # what the gated op launches: the index's entry function
+        out = _run(
+            "import sys\n"
+            "from kernel.config import Call, KernelConfig, Problem\n"
+            "from kernel.gated_build import compile_gated\n"
+            f"launch = compile_gated({problem!r}, {config!r}, {call!r}, arch='sm_90a')\n"
+            "print(type(launch).__name__, 'tilelang' in sys.modules)\n"
+        )
+        assert out.split() == ["Function", "False"]
