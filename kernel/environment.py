@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 ENVIRONMENT_KEYS = ("gpu", "capability", "arch", "tilelang", "torch", "cuda", "nvcc", "kernel")
-# The modules whose code decides the generated CUDA and how it is launched.
+# The modules whose code decides the constant-decay kernels' CUDA and how it is launched.
 KERNEL_MODULES = (
     "config.py",
     "arch.py",
@@ -26,14 +26,24 @@ KERNEL_MODULES = (
     "seq_split.py",
     "dkdv.py",
     "variants.py",
-    "gated.py",  # a per-token gate's forward (Problem.gate), tuned and served as the others
-    "gated_build.py",
 )
 # The decode step's (``kernel.decode``): its own key, ``decode_kernel`` in a decode study's
 # environment, so that a changed decode kernel never reuses a decode trial and the forward's
 # key (what the stored forward results and the shipped tables are trusted by) stays as it is.
 DECODE_MODULES = ("arch.py", "decode.py", "decode_build.py")
 DECODE_KERNEL = "decode_kernel"
+# A per-token gate's forward's (``kernel.gated``, ``Problem.gate``), the same way:
+# ``gated_kernel`` in a gated study's environment and beside a table's gated entries.
+GATED_MODULES = (
+    "config.py",
+    "arch.py",
+    "mma.py",
+    "scalar_decay.py",
+    "variants.py",
+    "gated.py",
+    "gated_build.py",
+)
+GATED_KERNEL = "gated_kernel"
 
 
 def code_digest(source: str) -> str:
@@ -85,6 +95,12 @@ def decode_environment(arch: str | None = None) -> dict[str, Any]:
     """``environment(arch)`` and the decode step's code key (``DECODE_MODULES``): what a
     decode trial is measured in."""
     return environment(arch) | {DECODE_KERNEL: kernel_key(modules=DECODE_MODULES)}
+
+
+def gated_environment(arch: str | None = None) -> dict[str, Any]:
+    """``environment(arch)`` and the per-token gate's code key (``GATED_MODULES``): what a
+    gated trial is measured in."""
+    return environment(arch) | {GATED_KERNEL: kernel_key(modules=GATED_MODULES)}
 
 
 @functools.cache

@@ -10,7 +10,7 @@ import optuna
 from kernel import KernelConfig, Problem
 from kernel.arch import DEFAULT_ARCH
 from kernel.constraints import tiling_error
-from kernel.environment import environment
+from kernel.environment import GATED_KERNEL, GATED_MODULES, environment, kernel_key
 from kernel.files import write_json
 from kernel.ops.deploy import FORMAT, VERSION
 from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
@@ -22,8 +22,14 @@ DATA = Path(__file__).resolve().parent / "data"
 # Small enough that one config compiles in a few seconds on one core.
 SMALL = ["--dk", "64", "--dv", "64", "--batch", "1", "--heads", "2", "--seqlen", "256"]
 SMALL_PROBLEM = Problem(1, 2, 256, 64, 64)
-# SMALL_PROBLEM's grid (tuner.space.grid) where sm_90a's MMA tiles it, as a study there keeps it
-GRID = [c for c in space.search_space(SMALL_PROBLEM).grid if not tiling_error(DEFAULT_ARCH, SMALL_PROBLEM, c)]
+
+
+def tiled_grid(problem: Problem) -> list[KernelConfig]:
+    """``problem``'s grid (tuner.space.grid) where sm_90a's MMA tiles it, as a study there keeps it."""
+    return [c for c in space.search_space(problem).grid if not tiling_error(DEFAULT_ARCH, problem, c)]
+
+
+GRID = tiled_grid(SMALL_PROBLEM)
 LAYOUT_FAILURE = "32/32/2/128/regs"  # TileLang 0.1.15 cannot lay out register scores at C = 32
 
 
@@ -80,12 +86,18 @@ def best_config_file(tmp_path: Path, **changes) -> Path:
 
 
 def dispatch_file(tmp_path: Path, pairs: list[tuple[Problem, KernelConfig]], **changes) -> Path:
-    """A dispatch table of this environment with one entry per (tuned problem, config)."""
+    """A dispatch table of this environment with one entry per (tuned problem, config), a
+    per-token gate's with this gated kernel's code key."""
+    gated = {GATED_KERNEL: kernel_key(modules=GATED_MODULES)}
     data = {
         "format": DISPATCH_FORMAT,
         "version": DISPATCH_VERSION,
         "environment": environment(),
-        "entries": [{"problem": p.to_dict(), "config": c.to_dict(), "median_ms": 0.1} for p, c in pairs],
+        "entries": [
+            {"problem": p.to_dict(), "config": c.to_dict(), "median_ms": 0.1}
+            | (gated if p.gate == "token" else {})
+            for p, c in pairs
+        ],
     }
     path = tmp_path / "dispatch.json"
     write_json(path, data | changes)
@@ -109,18 +121,20 @@ def gpu_study(
     name: str | None = None,
     env: dict | None = None,
     sweep: str = "forward",
+    problem: Problem = SMALL_PROBLEM,
 ) -> optuna.Study:
-    """A hand-built GPU study of ``SMALL_PROBLEM``: one trial per latency (None: failed to
-    compile), on the configs of ``GRID`` in order (the fused pass's: its grid, unsplit
-    first)."""
+    """A hand-built GPU study of ``problem`` (default ``SMALL_PROBLEM``): one trial per
+    latency (None: failed to compile), on the configs of its ``tiled_grid`` in order (the
+    fused pass's: its grid, unsplit first)."""
     study = optuna.create_study(storage=storage, study_name=name)
-    study.set_user_attr("problem", SMALL_PROBLEM.to_dict())
+    study.set_user_attr("problem", problem.to_dict())
     study.set_user_attr("mode", "gpu")
     study.set_user_attr("objectives", ["median_ms"])
     if sweep != "forward":
         study.set_user_attr("sweep", sweep)
-    dists = space.search_space(SMALL_PROBLEM, sweep).distributions
-    configs = GRID if sweep == "forward" else space.search_space(SMALL_PROBLEM, sweep).grid
+    built = space.search_space(problem, sweep)
+    configs = tiled_grid(problem) if sweep == "forward" else built.grid
+    dists = built.distributions
     for config, ms in zip(configs, latencies):
         attrs = {"mode": "gpu", "status": "ok" if ms else "compile_failed", "environment": env}
         state = optuna.trial.TrialState.COMPLETE if ms else optuna.trial.TrialState.FAIL

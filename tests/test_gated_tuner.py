@@ -1,32 +1,45 @@
 """The per-token gate's forward (``kernel.gated``) in the tuner: ``run --gate token --groups
-G`` (a problem's ``gate`` and ``groups``, ``kernel.config.Problem``), its space, the
-dispatch table and the op's pick (``Problem.kind``), ``warmup``, the report, the floor and
-bad flags, all without a GPU (a compile-only study compiles real kernels); on a GPU (marked
-``gpu``), trials measured against reference C's per-token form, a table tuned by
-``dispatch --gate token`` that the op serves, and ``bench --gate token``."""
+G`` (a problem's ``gate`` and ``groups``, ``kernel.config.Problem``), its code key
+(``kernel.environment.GATED_MODULES``), its space, the dispatch table and the op's pick
+(``Problem.kind``), ``warmup``, the report, the floor and bad flags, all without a GPU (a
+compile-only study compiles real kernels); on a GPU (marked ``gpu``), trials measured
+against reference C's per-token form, a table tuned by ``dispatch --gate token`` that the
+op serves, and ``bench --gate token``."""
 
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import optuna
 import pytest
 import torch
-from helpers import SMALL, dispatch_file
+from helpers import SMALL, best_config_file, dispatch_file, gpu_study, tiled_grid
 
 from kernel.arch import DEFAULT_ARCH
 from kernel.config import SEED_CONFIG, Call, KernelConfig, Problem, gate_flags, knob_choices, model_call
+from kernel.environment import (
+    GATED_KERNEL,
+    GATED_MODULES,
+    KERNEL_MODULES,
+    env_key,
+    environment,
+    gated_environment,
+    kernel_key,
+)
 from kernel.gated import prim_func
-from kernel.ops import autotune, serve
+from kernel.ops import autotune, load_config, serve
 from kernel.ops.dispatch import load_dispatch
 from kernel.rule import default_config, gated_config
 from kernel.variants import prim_funcs, shape_generic
 from tuner import space
 from tuner.cli import build_parser, main
 from tuner.commands.args import problem_of
+from tuner.export import export_dispatch
 from tuner.fleet import run_argv
 from tuner.occupancy import traffic_bytes
 from tuner.options import Options
+from tuner.trials import measured_before
 
 # SMALL's shape (B = 1, H = 2, S = 256, 64 x 64) with q and k in one group
 GATED = Problem(1, 2, 256, 64, 64, gate="token", groups=1)
@@ -47,6 +60,31 @@ def test_a_gated_problem_records_its_gate_and_reads_back():
 
 
 SMALL_HEAD = Problem(1, 2, 256, 64, 64)
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernel"
+
+
+def test_the_gated_kernel_has_its_own_key_and_leaves_the_forward_s():
+    env = gated_environment(DEFAULT_ARCH)
+    assert env[GATED_KERNEL] == kernel_key(modules=GATED_MODULES) != env["kernel"] == kernel_key()
+    assert {k: v for k, v in env.items() if k != GATED_KERNEL} == environment(DEFAULT_ARCH)
+
+
+@pytest.mark.parametrize(
+    "name, old, new, forward_changes",
+    [
+        ("gated.py", "bg = bh // group_size", "bg = bh % group_size", False),
+        ("gated_build.py", "return heads // groups", "return heads // groups + 1", False),
+        ("scalar_decay.py", "max(threads // 128, 1)", "max(threads // 64, 1)", True),  # staged tiles
+    ],
+)
+def test_an_edit_to_the_gated_kernel_changes_its_key_alone(name, old, new, forward_changes):
+    """The forward's key is not computed from the gated kernel's modules; the gated key is,
+    and from the constant decay's modules the gated kernel is built of."""
+    sources = {m: (KERNEL_DIR / m).read_text() for m in {*KERNEL_MODULES, *GATED_MODULES}}
+    assert sources[name].count(old) == 1, f"{old!r} must occur once in {name}"
+    edited = sources | {name: sources[name].replace(old, new)}
+    assert kernel_key(edited, GATED_MODULES) != kernel_key(modules=GATED_MODULES)
+    assert (kernel_key(edited) != kernel_key()) == forward_changes
 
 
 def test_the_space_is_the_gated_kernel_s_knobs():
@@ -85,6 +123,12 @@ def test_compile_only_run_gate_token_end_to_end(studies_dir, capsys):
     study = optuna.load_study(study_name=NAME, storage=f"sqlite:///{studies_dir / 'decay-tuner.db'}")
     compiled = [t for t in study.trials if t.user_attrs.get("status") == "ok"]
     assert len(compiled) == 2 and all(t.user_attrs["registers"] > 0 for t in compiled)
+    here = gated_environment(DEFAULT_ARCH)  # the gated kernel's code key in each trial's environment
+    assert all(t.user_attrs["environment"] == here for t in study.trials)
+    assert {t.user_attrs["env_key"] for t in study.trials} == {env_key(here)}
+    edited = env_key(here | {GATED_KERNEL: "0" * 12})  # a changed gated kernel reuses no trial
+    assert measured_before(study, compiled[0].params, edited) is None
+    assert measured_before(study, compiled[0].params, env_key(here)) is not None
     assert compiled[0].params == gated_config(GATED).to_dict()  # the rule's first
     assert all(t.params["scores"] == "smem" and t.params["segments"] == 1 for t in study.trials)
     capsys.readouterr()
@@ -151,10 +195,50 @@ def test_a_table_serves_gated_entries_to_gated_calls_alone(tmp_path):
     finally:
         serve.use_table(serve.DEFAULT)
     data = json.loads(path.read_text())
+    data["entries"][1][GATED_KERNEL] = "stale"  # measured with other gated kernels: refused, as decode's
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="its gated entries were measured with the gated kernels 'stale'"):
+        load_dispatch(path)
+    assert load_dispatch(path, allow_mismatch=True).pick(GATED).kernel == "stale"
+    del data["entries"][1][GATED_KERNEL]  # written before gated entries had one: not trusted either
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="gated kernels None"):
+        load_dispatch(path)
     data["entries"][1]["config"] = KernelConfig(64, 32, 2, 128, "regs").to_dict()  # no gated kernel has it
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"entries\[1\].*outside the kernels' knobs"):
         load_dispatch(path)
+
+
+def test_a_gated_study_s_entry_carries_the_gated_key_into_the_table(tmp_path):
+    """``export_dispatch`` ranks a gated study's trials of ``gated_env``, writes the gated
+    kernel's code key beside its entry and the forward's environment as the table's, which
+    ``load_dispatch`` serves; a trial measured with other gated kernels is not exported."""
+    plain, gated = environment(), gated_environment()
+    studies = [gpu_study([0.5], env=plain), gpu_study([0.4], env=gated, problem=GATED)]
+    out = tmp_path / "t.json"
+    data = export_dispatch(studies, out, env=env_key(plain), gated_env=env_key(gated))
+    assert data["environment"] == plain and GATED_KERNEL not in data["entries"][0]
+    assert data["entries"][1][GATED_KERNEL] == kernel_key(modules=GATED_MODULES)
+    table = load_dispatch(out)
+    assert table.pick(GATED).kernel == kernel_key(modules=GATED_MODULES)
+    assert table.pick(GATED).config == tiled_grid(GATED)[0]  # the gated study's one trial
+    other = env_key(gated | {GATED_KERNEL: "0" * 12})
+    with pytest.raises(LookupError, match="no feasible, correct trial in environment"):
+        export_dispatch(studies, out, env=env_key(plain), gated_env=other)
+
+
+def test_a_gated_best_config_file_of_other_gated_kernels_is_refused(tmp_path):
+    """``load_config`` trusts a gated file by the gated kernel's key, as the table does."""
+    gated = gated_environment()
+    config = {"config": gated_config(GATED).to_dict()}
+    fields = {"problem": GATED.to_dict(), "sweep": "forward", "mode": "gpu", "configs": [config]}
+    tuned = (GATED, gated_config(GATED))
+    assert load_config(best_config_file(tmp_path, environment=gated, **fields)) == tuned
+    stale = best_config_file(tmp_path, environment=gated | {GATED_KERNEL: "stale"}, **fields)
+    with pytest.raises(ValueError, match="measured with the gated kernels 'stale'"):
+        load_config(stale)
+    assert load_config(stale, allow_mismatch=True)[0] == GATED
 
 
 def test_warmup_compiles_what_a_gated_call_compiles():

@@ -8,7 +8,7 @@ from helpers import dispatch_file
 from kernel import KernelConfig, Problem
 from kernel.arch import ARCHS
 from kernel.config import Call
-from kernel.environment import environment, kernel_key
+from kernel.environment import GATED_MODULES, environment, kernel_key
 from kernel.ops import serve
 from kernel.ops.deploy import ExportError
 from kernel.ops.dispatch import load_dispatch
@@ -35,6 +35,8 @@ def test_every_shipped_table_is_tuned_for_these_kernels():
         table = load_dispatch(path, allow_mismatch=True)
         env = table.environment
         assert env["kernel"] == kernel_key(), f"{path.name} is stale: re-tune it (docs/ops.md)"
+        gated = {e.kernel for e in table.entries if e.problem.gate == "token"}
+        assert gated <= {kernel_key(modules=GATED_MODULES)}, f"{path.name}'s gated entries are stale"
         assert env["arch"] in ARCHS and env["gpu"], path.name
         assert {e.sweep for e in table.entries} == {"forward", "dkdv"}, path.name
 

@@ -7,7 +7,7 @@ from typing import Any
 import optuna
 
 from kernel import formats
-from kernel.environment import DECODE_KERNEL
+from kernel.environment import DECODE_KERNEL, GATED_KERNEL
 from kernel.files import write_json
 from kernel.ops.deploy import FORMAT, VERSION
 from kernel.ops.dispatch import DISPATCH_FORMAT, DISPATCH_VERSION
@@ -49,30 +49,41 @@ def export_best(study: optuna.Study, path: Path, *, env: str | None = None, top:
 
 
 def export_dispatch(
-    studies: list[optuna.Study], path: Path, *, env: str | None = None, decode_env: str | None = None
+    studies: list[optuna.Study],
+    path: Path,
+    *,
+    env: str | None = None,
+    decode_env: str | None = None,
+    gated_env: str | None = None,
 ) -> dict[str, Any]:
     """Write the dispatch table (``kernel.ops.dispatch.Dispatch``): the best config of each
     study measured in environment ``env`` (None: any), one entry per tuned shape (its
-    ``sweep``: "forward", or "dkdv" for a study of the backward's fused pass), and of each
-    decode study (``run --sweep decode``) measured in ``decode_env``, one entry per number
-    of sequences, with the decode kernel's code key (``kernel.environment.DECODE_KERNEL``).
-    All studies must be GPU studies measured in one environment (the decode kernel's key
-    aside); a study with no feasible trial is a ``LookupError``."""
+    ``sweep``: "forward", or "dkdv" for a study of the backward's fused pass); of each
+    per-token gate's study (``run --gate token``) measured in ``gated_env``, with the gated
+    kernel's code key (``kernel.environment.GATED_KERNEL``); and of each decode study
+    (``run --sweep decode``) measured in ``decode_env``, one entry per number of sequences,
+    with the decode kernel's code key (``kernel.environment.DECODE_KERNEL``). All studies
+    must be GPU studies measured in one environment (those code keys aside); a study with
+    no feasible trial is a ``LookupError``."""
     entries, environments = [], []
     for study in studies:
-        decode = _record(study)["sweep"] == "decode"
-        best = best_trials(study, decode_env if decode else env)
+        record = _record(study)
+        decode = record["sweep"] == "decode"
+        gated = not decode and record["problem"].get("gate") == "token"
+        wanted = decode_env if decode else gated_env if gated else env
+        best = best_trials(study, wanted)
         if not best:
             raise LookupError(
-                f"study {study.study_name!r} has no feasible, correct trial{_in(env)} to export"
+                f"study {study.study_name!r} has no feasible, correct trial{_in(wanted)} to export"
             )
         if study.user_attrs.get("mode") != "gpu":
             raise LookupError(
                 f"study {study.study_name!r} timed nothing (compile-only): no latency to rank by"
             )
-        t, record = best[0], _record(study)
+        t = best[0]
         measured_in = dict(t.user_attrs.get("environment") or {})
-        code = {DECODE_KERNEL: measured_in.pop(DECODE_KERNEL, None)} if decode else {}
+        key = DECODE_KERNEL if decode else GATED_KERNEL if gated else None
+        code = {key: measured_in.pop(key, None)} if key else {}
         environments.append(measured_in)
         entries.append(
             {

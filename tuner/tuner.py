@@ -34,6 +34,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
 
 import optuna
 
@@ -41,7 +42,7 @@ from kernel.arch import resolve
 from kernel.builder import memory_bandwidth, sm_count
 from kernel.config import KernelConfig, Problem
 from kernel.decode import DecodeCase
-from kernel.environment import env_key, environment
+from kernel.environment import env_key, environment, gated_environment
 from kernel.probe import ProbeFailure, probe
 from kernel.processes import CHECKPOINT_S, compile_pool, ctrl_c_at_checkpoints, ctrl_c_ignored, result_of
 from kernel.trial_schema import EXTRAPOLATED, MEASURES
@@ -58,6 +59,13 @@ from tuner.trials import best_trials, enqueue, measured_before, trial_config, tr
 from tuner.worker import GpuWorker
 
 
+def trial_environment(problem: Problem, arch: str | None) -> dict[str, Any]:
+    """What a trial of ``problem`` is measured in: ``environment(arch)``, with the gated
+    kernel's code key for a per-token gate's (``kernel.environment.gated_environment``), so
+    that a changed gated kernel never reuses its trials and leaves the constant decay's."""
+    return (gated_environment if problem.gate == "token" else environment)(arch)
+
+
 class Tuner:
     """One ``run`` process. Several may share a study through its storage."""
 
@@ -71,7 +79,7 @@ class Tuner:
             raise UsageError(f"{self.space.unusable}: nothing to tune")
         self.space.check(options.enqueue)
         self.call = self.space.call
-        self.env = environment(self.arch)
+        self.env = trial_environment(problem, self.arch)
         self.env_key = env_key(self.env)
         named = self.env["gpu"] if self.gpu else options.for_gpu
         if self.gpu and options.for_gpu and gpu_key(options.for_gpu, self.arch) != gpu_key(named, self.arch):

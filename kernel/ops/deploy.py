@@ -5,7 +5,7 @@ Format ``decay-tuner/best-configs`` version 2 (``kernel.formats`` reads version 
     {"format": "decay-tuner/best-configs", "version": 2,
      "problem": {batch, heads, seqlen, dk, dv, dtype},
      "sweep": "forward" | "dkdv",
-     "environment": {gpu, capability, arch, tilelang, torch, cuda, nvcc, kernel},
+     "environment": {gpu, capability, arch, tilelang, torch, cuda, nvcc, kernel},  # gated: gated_kernel too
      "mode": "gpu" | "compile-only",
      "configs": [{"config": {...}, "median_ms": .., "p20_ms": .., "p80_ms": .., "rel_l2": ..,
                   "trial": n}, ...]}   # best first
@@ -24,7 +24,7 @@ from kernel.arch import ARCHS
 from kernel.builder import ScalarDecayKernel, build
 from kernel.config import KernelConfig, Problem
 from kernel.constraints import config_error, size_error
-from kernel.environment import environment, mismatches
+from kernel.environment import GATED_KERNEL, GATED_MODULES, environment, kernel_key, mismatches
 
 FORMAT = formats.BEST_CONFIGS
 VERSION = formats.VERSIONS[FORMAT]
@@ -135,6 +135,12 @@ def load_config(
     problem = problem or saved
     if not allow_mismatch:
         check_environment(path, saved_env)
+        here = kernel_key(modules=GATED_MODULES)
+        if saved.gate == "token" and saved_env.get(GATED_KERNEL) != here:
+            raise ExportError(
+                f"{path} was measured with the gated kernels {saved_env.get(GATED_KERNEL)!r}, these are "
+                f"{here!r}: tune it again (python -m tuner run --gate token)"
+            )
         if problem != saved:
             raise ExportError(
                 f"{path} was tuned for {saved}, not {problem}; pass allow_mismatch=True to use it anyway"

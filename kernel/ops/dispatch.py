@@ -11,7 +11,7 @@ from kernel.builder import ScalarDecayKernel, build
 from kernel.config import SWEEPS, KernelConfig, Problem
 from kernel.constraints import config_error, runs
 from kernel.decode import DecodeCase, DecodeConfig, DecodeProblem
-from kernel.environment import DECODE_KERNEL, DECODE_MODULES, kernel_key
+from kernel.environment import DECODE_KERNEL, DECODE_MODULES, GATED_KERNEL, GATED_MODULES, kernel_key
 from kernel.ops.deploy import (
     ExportError,
     check_environment,
@@ -32,12 +32,14 @@ DISPATCH_VERSION = formats.VERSIONS[DISPATCH_FORMAT]
 
 @dataclass(frozen=True)
 class DispatchEntry:
-    """The best config measured at one tuned shape (``problem``)."""
+    """The best config measured at one tuned shape (``problem``); a per-token gate's with
+    the gated kernel's code key it was measured under (``kernel.environment.GATED_MODULES``)."""
 
     problem: Problem
     config: KernelConfig
     median_ms: float | None = None
     sweep: str = "forward"  # or "dkdv": the backward's fused dk and dv pass (kernel.dkdv)
+    kernel: str | None = None
 
     def distance(self, problem: Problem) -> float:
         """How far ``problem``'s shape is from this entry's, in log2(B*H) plus log2(S)."""
@@ -72,7 +74,10 @@ class Dispatch:
     sweep (``kernel.dkdv``, tuned by ``dispatch --backward``), picked among those entries
     the same way (``fused``). An entry whose problem names ``"gate": "token"`` holds a
     per-token gate's forward config (``kernel.gated``, tuned by ``dispatch --gate token``),
-    served to the gated calls of ``decay_attention(..., g=)`` alone.
+    served to the gated calls of ``decay_attention(..., g=)`` alone, with the gated kernel's
+    code key (``"gated_kernel"``); a decode entry (``"sweep": "decode"``) carries the decode
+    kernel's (``"decode_kernel"``). A table whose entries of either were measured with other
+    code is refused as stale.
 
     Each entry owns a shape bucket: the shapes nearer to its tuned (B*H, S) than to any
     other entry's, in log2 of each. ``pick`` takes the nearest entry of the same DK, DV,
@@ -185,6 +190,7 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
                 file_config(e.get("config"), f"entries[{i}].config"),
                 e.get("median_ms"),
                 e.get("sweep"),
+                e.get(GATED_KERNEL),
             )
             if entry.sweep not in SWEEPS:
                 raise ValueError(f"sweep {entry.sweep!r}, expected one of {list(SWEEPS)}")
@@ -202,6 +208,12 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
             raise ExportError(
                 f"{path}: its decode entries were measured with the decode kernels {stale[0].kernel!r}, "
                 f"these are {here!r}: tune them again (python -m tuner dispatch --decode)"
+            )
+        here = kernel_key(modules=GATED_MODULES)
+        if stale := [e for e in entries if e.problem.gate == "token" and e.kernel != here]:
+            raise ExportError(
+                f"{path}: its gated entries were measured with the gated kernels {stale[0].kernel!r}, "
+                f"these are {here!r}: tune them again (python -m tuner dispatch --gate token)"
             )
     return Dispatch(entries, environment, decode=decode)
 

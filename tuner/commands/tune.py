@@ -12,7 +12,7 @@ from kernel.arch import resolve
 from kernel.config import KernelConfig, Problem
 from kernel.constraints import head_size_error
 from kernel.decode import DecodeCase, DecodeConfig
-from kernel.environment import decode_environment, env_key, environment
+from kernel.environment import decode_environment, env_key, environment, gated_environment
 from kernel.rule import dkdv_config
 from kernel.trial_schema import predicted_text
 from tuner import fleet
@@ -93,6 +93,7 @@ def _run_on_gpus(args: argparse.Namespace, name: str, storage: str, folder: Path
     """``run --gpus``: the study's trials split between one worker per GPU
     (``tuner.fleet.run_study``), then its log and export; 1 when a worker failed."""
     from tuner.studies import load_study  # loads Optuna
+    from tuner.tuner import trial_environment
 
     problem, opts = problem_of(args), options_of(args)
     gpus = fleet.gpus_for(args.gpus, storage, opts.n_trials)
@@ -100,7 +101,8 @@ def _run_on_gpus(args: argparse.Namespace, name: str, storage: str, folder: Path
     failed = [o for o in outcomes if o.returncode != 0]
     study = load_study(name, storage)
     _log(study, folder, opts.grace_s)
-    return _export_run(study, folder / "best.json", env_key(environment(opts.arch))) or int(bool(failed))
+    here = env_key(trial_environment(problem, opts.arch))
+    return _export_run(study, folder / "best.json", here) or int(bool(failed))
 
 
 def _export_run(study: "optuna.Study", out: Path, env: str) -> int:
@@ -217,8 +219,8 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             for (problem, o), name in zip(tasks, names)
         ]
     try:
-        envs = {"env": env_key(environment(opts.arch)), "decode_env": env_key(decode_environment(opts.arch))}
-        data = export_dispatch(studies, out, **envs)
+        envs = {"env": environment, "decode_env": decode_environment, "gated_env": gated_environment}
+        data = export_dispatch(studies, out, **{k: env_key(e(opts.arch)) for k, e in envs.items()})
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return 1
