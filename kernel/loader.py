@@ -25,24 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from kernel.config import Call, KernelConfig, Problem
+from kernel.environment import GATED_MODULES, KERNEL_MODULES
 
 INDEX_FORMAT = 1
 INDEX_DIR = "decay-tuner-index"  # beside TileLang's own folders in its cache
-# The modules whose code decides what a job compiles to (``kernel.environment``'s modules
-# and the compile options of ``kernel.probe``): their bytes are in the key, a per-token
-# gate's (``Problem.gate``) with the gated kernel's, so that an edit to one family's code
-# leaves the other's entries found.
-_CODE = (
-    "config.py",
-    "arch.py",
-    "mma.py",
-    "scalar_decay.py",
-    "seq_split.py",
-    "dkdv.py",
-    "variants.py",
-    "probe.py",
-)
-_GATED_CODE = ("gated.py", "gated_build.py")
+# The modules whose code decides what a job compiles to: a family's code-key modules
+# (``kernel.environment``) and the compile options of ``kernel.probe``. Their bytes are in the
+# key, each family's its own, so that an edit to one family's code leaves the other's found.
+_CODE = {
+    "head": (*KERNEL_MODULES, "probe.py"),
+    "token": (*GATED_MODULES, "probe.py"),
+}
 # TileLang's artifact of each execution backend (``tilelang.cache``): tvm_ffi is CUDA's default.
 _LIBRARY = "executable.so"
 
@@ -91,7 +84,7 @@ def _stamp(gate: str) -> str:
     size and time of TileLang's and TVM-FFI's native libraries (a reinstall is a new stamp)."""
     digest = hashlib.sha256(f"{INDEX_FORMAT}".encode())
     here = Path(__file__).parent
-    for name in _CODE + (_GATED_CODE if gate == "token" else ()):
+    for name in _CODE[gate]:
         digest.update(name.encode() + b"\0" + (here / name).read_bytes())
     for package, lib in (("tilelang", "lib/libtilelang.so"), ("tvm_ffi", "lib/libtvm_ffi.so")):
         where = _package_dir(package)
