@@ -25,4 +25,7 @@ else
   # Host time per call and fwd+bwd against fla; fla's SimpleGLA layer on our op.
   timeout 300 python3 experiments/host_path/measure.py 2>&1 | tail -12
   timeout 100 python3 experiments/gated/layer.py --out "$out" 2>&1 | tail -30
+  # The gated tuner's GPU tests: dispatch --gate token under the gated code key (2e9ef00).
+  timeout 110 python3 -m pytest -o addopts="" -q -rf -m gpu -p no:cacheprovider tests/test_gated_tuner.py \
+    2>&1 | tail -8 | tee "$out/tests2.log"
 fi
