@@ -49,8 +49,9 @@ CONFIGS = [
 ]
 
 
-def compile_variant(h, dk, dv, groups, config, dtype, arch):
-    """gate_tma.py's kernel for one config (in a compile process: into TileLang's disk cache)."""
+def compile_variant(h, dk, dv, groups, config, box, dtype, arch):
+    """gate_tma.py's kernel for one config and ``box`` (0: gates ``[B, H, S]``; 4: ``[B, S, H]``
+    by boxes of 4 heads), in a compile process: into TileLang's disk cache."""
     sys.path.insert(0, str(Path(__file__).parent))
     from gate_tma import gated_fwd_t
 
@@ -59,6 +60,7 @@ def compile_variant(h, dk, dv, groups, config, dtype, arch):
     func = gated_fwd_t(
         heads=h, groups=groups, dk=dk, dv=dv, dtype=dtype, chunk=config.chunk, block_dv=config.block_dv,
         num_stages=config.num_stages, threads=config.threads, arch=arch, scale=dk**-0.5, final_state=True,
+        box=box,
     )  # fmt: skip
     (kernel,) = compile_funcs([func], arch)
     return kernel
@@ -98,7 +100,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--no-fla", action="store_true")
     parser.add_argument(
-        "--variants", action="store_true", help="also gate_tma.py's kernel (gates [B, H, S] by TMA), dense"
+        "--variants", action="store_true", help="also gate_tma.py's kernels (the gates by TMA), dense"
     )
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -118,9 +120,10 @@ def main() -> None:
     variants = {}
     if args.variants:  # compiled in parallel too: each compile_variant below then hits the disk cache
         keys = [
-            (h, dk, dv, groups, c)
+            (h, dk, dv, groups, c, box)
             for _, h, _, dk, dv, groups in SHAPES
             for c in CONFIGS
+            for box in (0, 4)
             if c.block_dv <= dv and c.threads == 256
         ]
         with compile_pool(min(len(keys), os.cpu_count() or 1)) as pool:
@@ -163,20 +166,18 @@ def main() -> None:
             row["rel_l2"] = error(o, ht.view(b, h, dk, dv), q, k, v, g, scale)
             t = time_gpu(call)
             print(json.dumps(row | t.to_dict() | {"x_floor": t.median_ms / floor_ms}), flush=True)
-            variant = variants.get((h, dk, dv, groups, config))
-            if variant is None:
-                continue
-            gt = g.transpose(1, 2).contiguous()
-            call = lambda: variant(q, k, v, gt, gamma, h0, o, ht)
-            o.fill_(math.nan)
-            call()
-            torch.cuda.synchronize()
-            row = row | {
-                "impl": "ours, gates by TMA",
-                "rel_l2": error(o, ht.view(b, h, dk, dv), q, k, v, g, scale),
-            }
-            t = time_gpu(call)
-            print(json.dumps(row | t.to_dict() | {"x_floor": t.median_ms / floor_ms}), flush=True)
+            for box, gate, impl in ((0, g.transpose(1, 2).contiguous(), "ours, gates [B, H, S] by TMA"),
+                                    (4, g, "ours, gates by TMA boxes of 4 heads")):  # fmt: skip
+                variant = variants.get((h, dk, dv, groups, config, box))
+                if variant is None:
+                    continue
+                call = lambda: variant(q, k, v, gate, gamma, h0, o, ht)  # noqa: B023
+                o.fill_(math.nan)
+                call()
+                torch.cuda.synchronize()
+                row = row | {"impl": impl, "rel_l2": error(o, ht.view(b, h, dk, dv), q, k, v, g, scale)}
+                t = time_gpu(call)
+                print(json.dumps(row | t.to_dict() | {"x_floor": t.median_ms / floor_ms}), flush=True)
         if args.no_fla:
             continue
         from fla.ops.simple_gla import chunk_simple_gla
