@@ -102,6 +102,9 @@ def main() -> None:
     parser.add_argument(
         "--variants", action="store_true", help="also gate_tma.py's kernels (the gates by TMA), dense"
     )
+    parser.add_argument(
+        "--boxes", type=int, nargs="+", default=[0, 4], help="gate_tma.py's boxes (0: gates [B, H, S])"
+    )
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     bandwidth = copy_bandwidth()
@@ -123,7 +126,7 @@ def main() -> None:
             (h, dk, dv, groups, c, box)
             for _, h, _, dk, dv, groups in SHAPES
             for c in CONFIGS
-            for box in (0, 4)
+            for box in args.boxes
             if c.block_dv <= dv and c.threads == 256
         ]
         with compile_pool(min(len(keys), os.cpu_count() or 1)) as pool:
