@@ -1,7 +1,8 @@
 """Where forward plus backward spends its time, ours at 8x16x4096 and 2x16x16384 (128/128,
 fp16, RetNet's decays, the final state returned, as ``measure.py``'s warm part): the GPU's
-kernels by name (torch.profiler, 20 calls), and the host's Python by function (cProfile,
-200 calls queued without a sync).
+kernels by name (torch.profiler, 20 calls), the host's time per call by the number of calls
+queued after a sync, and the host's Python by function (cProfile, 200 calls queued without a
+sync).
 
     source .gpu/setup.sh && python3 experiments/host_path/breakdown.py   # with OUT: $OUT/breakdown.txt
 """
@@ -11,6 +12,7 @@ import io
 import os
 import pstats
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -43,6 +45,28 @@ def main() -> None:
         for _ in range(20):
             once()
         torch.cuda.synchronize()
+
+        # Host time per call against the number of calls queued after a sync: where it grows
+        # with the queue, the launches wait for room in CUDA's queue (a launch of large
+        # parameters, TMA descriptors among them, takes more of it), not for our Python.
+        def fwd() -> None:
+            with torch.no_grad():
+                decay_attention(q, k, v, gammas, output_final_state=True)
+
+        queued = []
+        for name, step in (("fwd", fwd), ("fwd+bwd", once)):
+            for n in (1, 2, 3, 5, 10, 20):
+                times = []
+                for _ in range(10):
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    for _ in range(n):
+                        step()
+                    times.append((time.perf_counter() - t) / n * 1e6)
+                queued.append(f"{name} {n} queued: {sorted(times)[len(times) // 2]:.1f} us/call")
+        torch.cuda.synchronize()
+        lines.append(f"== {b}x16x{s}: host time per call, median of 10 batches, by calls queued after a sync")
+        lines.append("\n".join(queued))
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             for _ in range(20):
                 once()
