@@ -5,8 +5,8 @@ Layout ``[B, S, H, D]`` everywhere, as the kernel. The ladder of trust (seed sec
 ``factorised`` (D); ``plain_chunked`` is the no-decay case they reduce to at alpha = 1.
 ``chunked_backward`` (E) is the chunked backward pass, checked against autograd through A.
 ``gated_recurrent``, ``gated_chunked``, ``gated_kernel_mimic`` are A, B and C for a decay that
-changes per token (fla's log-gate ``g``, groups of q and k); ``gated_chunked_backward`` their
-backward, the gate's gradient included.
+changes per token (fla's log-gate ``g``, groups of q and k), ``gated_reversed`` B backwards in
+time; ``gated_chunked_backward`` their backward, the gate's gradient included.
 """
 
 import importlib
@@ -22,7 +22,7 @@ _LAZY = {
         ("ChunkWeights", "chunk_weights", "chunked", "factorised", "intra_chunk", "kernel_mimic"), "chunk"
     ),
     "chunked_backward": "backward",
-    **dict.fromkeys(("gated_chunked", "gated_kernel_mimic", "gated_recurrent"), "gated"),
+    **dict.fromkeys(("gated_chunked", "gated_kernel_mimic", "gated_recurrent", "gated_reversed"), "gated"),
     "gated_chunked_backward": "gated_backward",
     "rel_l2": "metrics",
     **dict.fromkeys(("decay_mask", "parallel", "plain_chunked", "recurrent"), "naive"),

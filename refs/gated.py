@@ -236,6 +236,31 @@ def gated_chunked(
     return run_gated(partial(_chunked, chunk=check_chunk(chunk)), q, k, v, g, **keywords)
 
 
+def _reversed(core: GatedCore) -> GatedCore:
+    """``core`` run backwards in time: on the tokens reversed, token ``t'`` of the reversed
+    sequence decaying by the gate of token ``L - t'`` (0 at ``t' = 0``)."""
+
+    def run(q: Tensor, k: Tensor, v: Tensor, lg: Tensor, state0: Tensor) -> tuple[Tensor, Tensor]:
+        shifted = F.pad(lg.flip(1)[:, :-1], (0, 0, 1, 0))
+        out, state = core(q.flip(1), k.flip(1), v.flip(1), shifted, state0)
+        return out.flip(1), state
+
+    return run
+
+
+def gated_reversed(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, chunk: int, **keywords
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Reference B backwards in time, as the gated backward's reversed passes run the kernel::
+
+        S_t = exp(g_{t+1}) * S_{t+1} + outer(k_t, v_t),    o_t = (scale * q_t) @ S_t
+
+    from ``S_T`` = the initial state (after each sequence's last token, whose following gate
+    counts as 0) down to ``S_0``, the final state. Arguments and result as in
+    ``gated_chunked``."""
+    return run_gated(_reversed(partial(_chunked, chunk=check_chunk(chunk))), q, k, v, g, **keywords)
+
+
 # ---- C: the kernel's control flow --------------------------------------------------------
 
 

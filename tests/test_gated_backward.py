@@ -11,7 +11,7 @@ import torch
 import refs
 from kernel.ops.attention import decay_attention
 from kernel.ops.gated import _GatedFn
-from kernel.ops.gated_backward import gated_backward
+from kernel.ops.gated_backward import backward_by_passes, gated_backward
 from refs.gated_backward import gated_chunked_backward
 
 GATES = [(-1e-4, -0.1), (-0.1, -2.0), (-1e-4, -20.0)]
@@ -56,6 +56,53 @@ def test_the_gradients_match_the_fp64_reference(shape, gate, dtype):
     ):
         assert a.shape == want.shape and not a.isnan().any(), name
         assert refs.rel_l2(a.double(), want) < bound, (name, refs.rel_l2(a.double(), want))
+    assert [x.dtype for x in got] == [dtype] * 3 + [torch.float32] * 2
+
+
+def _reference_pass(scale: float):
+    """``backward_by_passes``'s gated forward, with references B standing in for the kernel
+    (forward: ``refs.gated_chunked``, backwards in time: ``refs.gated_reversed``), their
+    outputs rounded to float32 as the kernel writes them for the backward."""
+
+    def run(q, k, v, g, h0, want_final, cu_seqlens, reverse):
+        form = refs.gated_reversed if reverse else refs.gated_chunked
+        o, final = form(
+            q, k, v, g, 64, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens
+        )
+        return o.float(), (final.float() if want_final else None)
+
+    return run
+
+
+@pytest.mark.parametrize("gate", GATES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_three_passes_of_the_forward_give_the_fp64_gradients(shape, gate, dtype):
+    """``backward_by_passes``: dq, dk, dv within their dtype's rounding of fp64, dH0 within
+    1e-4; the gate's gradient from float32 dq and dk within 1e-4 of the larger of its norm
+    and the norm of the terms ``q . dq`` it is a difference of: where a token's gradient is
+    itself exp(-20) of them (one token of gate -20), the difference keeps float32's absolute
+    error, as fla's form does."""
+    q, k, v, g, do, h0, dht, cu = _case(*shape, gate, dtype, seed=sum(shape[:6]) + int(-10 * gate[1]) + 1)
+    scale = q.shape[-1] ** -0.5
+    _, final = refs.gated_chunked(
+        q, k, v, g, 64, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu
+    )
+    got = backward_by_passes(
+        _reference_pass(scale), q, k, v, g, do, scale=scale, initial_state=h0, dht=dht, final=final.float(),
+        cu_seqlens=cu,
+    )  # fmt: skip
+    dq, dk, dv, dg, _, dh0 = gated_chunked_backward(
+        q, k, v, g, 64, do, scale=scale, initial_state=h0, dht=dht, cu_seqlens=cu
+    )
+    rounding = 1e-3 if dtype == torch.float16 else 8e-3
+    for name, a, want, bound in zip(
+        ("dq", "dk", "dv", "dh0"), got[:3] + got[4:], (dq, dk, dv, dh0), (rounding,) * 3 + (1e-4,)
+    ):
+        assert a.shape == want.shape and not a.isnan().any(), name
+        assert refs.rel_l2(a.double(), want) < bound, (name, refs.rel_l2(a.double(), want))
+    terms = (q.double().norm(dim=-1) * dq.norm(dim=-1)).norm()
+    assert (got[3].double() - dg).norm() < 1e-4 * max(dg.norm(), terms), refs.rel_l2(got[3].double(), dg)
     assert [x.dtype for x in got] == [dtype] * 3 + [torch.float32] * 2
 
 

@@ -96,6 +96,43 @@ def test_packed_sequences_are_independent_calls(cuts):
             assert_close(f"{name} {cuts} state {n}", s_n, state[n : n + 1], REF_TOL)
 
 
+def _reversed_recurrence(q, k, v, lg, h0, scale):
+    """The definition of ``refs.gated_reversed``, token by token from the last: ``S_t =
+    exp(g_{t+1}) S_{t+1} + k_t^T v_t`` (``g_T = 0``, ``S_T = h0``), ``o_t = scale q_t S_t``."""
+    b, s, h, _ = v.shape
+    r = h // q.shape[2]
+    qh, kh = (x.to(F64).repeat_interleave(r, dim=2) for x in (q, k))
+    state, out = h0.to(F64).clone(), torch.empty(b, s, h, v.shape[-1], dtype=F64)
+    for t in reversed(range(s)):
+        decay = torch.exp(lg[:, t + 1]) if t + 1 < s else torch.ones(b, h, dtype=F64)
+        state = decay[..., None, None] * state + kh[:, t, :, :, None] * v[:, t, :, None, :].to(F64)
+        out[:, t] = scale * torch.einsum("bhk,bhkv->bhv", qh[:, t], state)
+    return out, state
+
+
+@pytest.mark.parametrize("cuts", [None, [0, 1, 17, 50], [0, 16, 32, 33, 50]], ids=str)
+@pytest.mark.parametrize("groups, r", GROUPS)
+def test_reversed_is_the_recurrence_backwards_in_time(groups, r, cuts):
+    """``gated_reversed``: each sequence's tokens from the last, the state decayed by the next
+    token's gate (the gated backward's reversed passes, ``kernel.ops.gated_backward``)."""
+    b = 2 if cuts is None else 1
+    q, k, v, g, gen = inputs(b, 50, groups, r, seed=groups * r)
+    h = groups * r
+    g_gamma = -torch.rand(h, generator=gen)
+    n = b if cuts is None else len(cuts) - 1
+    h0 = torch.randn(n, h, 8, 6, generator=gen)
+    cu = None if cuts is None else torch.tensor(cuts)
+    out, state = refs.gated_reversed(
+        q, k, v, g, 16, g_gamma=g_gamma, scale=0.3, initial_state=h0, output_final_state=True, cu_seqlens=cu
+    )
+    lg = g.to(F64) + g_gamma.to(F64)
+    for i, (a, e) in enumerate([(0, 50)] if cuts is None else zip(cuts, cuts[1:])):
+        rows = slice(None) if cuts is None else slice(i, i + 1)
+        o_i, s_i = _reversed_recurrence(q[:, a:e], k[:, a:e], v[:, a:e], lg[:, a:e], h0[rows], 0.3)
+        assert_close(f"reversed {cuts} sequence {i}", o_i, out[:, a:e], REF_TOL)
+        assert_close(f"reversed {cuts} state {i}", s_i, state[rows], REF_TOL)
+
+
 @pytest.mark.parametrize("lo, hi", [(1e-4, 1e-4), (20.0, 20.0), (1e-4, 20.0)])
 def test_extreme_gates_stay_finite(lo, hi):
     """-20 per token over a 64-token chunk is exp(-1260): it underflows to zero, never to NaN."""

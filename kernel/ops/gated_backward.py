@@ -21,15 +21,30 @@ gradient (``experiments/gated/dg_form.txt``).
 
 Its cost: the states of every chunk in float32 (``2 x B x H x S / C x DK x DV x 4`` bytes)
 and one launch per chunk for each scan; packed sequences run as rows, in a few buckets of
-similar length. It is correct first; a
-kernel for it is the next step (measured beside fla's in ``experiments/gated/README.md``).
+similar length (measured beside fla's in ``experiments/gated/README.md``).
+
+``backward_by_passes`` is the same backward as three passes of the gated forward, two of
+them backwards in time, and the gate's gradient from their float32 outputs: what the gated
+kernel's reversed mode is for. It is checked on the CPU with the references standing in for
+the kernel (``tests/test_gated_backward.py``); the op runs ``gated_backward`` until those
+kernels have run on a GPU.
 """
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
 CHUNK = 64
+# gated_pass(q, k, v, g, h0, want_final, cu_seqlens, reverse) -> (o, final or None): the gated
+# forward with the call's scale bound (q, k [B, S, G', D], v [B, S, H, D'], g fp32 [B, S, H], the
+# states [N, H, D, D']), its outputs in float32; ``reverse``: backwards in time, as
+# ``refs.gated_reversed`` (the state entering after each sequence's last token, the final
+# state at its first, each token's state decayed by the next token's gate).
+GatedPass = Callable[
+    [Tensor, Tensor, Tensor, Tensor, Tensor | None, bool, Tensor | None, bool], tuple[Tensor, Tensor | None]
+]
 
 
 def gated_backward(
@@ -173,3 +188,71 @@ def _exclusive_cumsum(x: Tensor) -> Tensor:
     """The sums over i < j along the last axis, each without x_j (``refs.gated_backward``'s:
     a tiny sum beside a large x_j keeps its precision)."""
     return F.pad(x[..., :-1], (1, 0)).cumsum(-1)
+
+
+def backward_by_passes(
+    gated_pass: GatedPass,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    do: Tensor,
+    *,
+    scale: float,
+    initial_state: Tensor | None,
+    dht: Tensor | None,
+    final: Tensor | None,
+    cu_seqlens: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """``gated_backward``'s ``(dq, dk, dv, dg, dh0)`` by three passes of the gated forward
+    (``gated_pass``), as ``kernel.ops.backward`` runs the constant decay's, and the gate's
+    gradient from their float32 outputs. ``final``: the forward's final state, needed where
+    ``dht`` is given; dh0 is None where there is no ``initial_state``.
+
+    With ``S_t`` the state after token t and ``dS_t = sum_{s >= t} exp(G_s - G_t) scale q_s^T
+    do_s + exp(G_last - G_t) dHT`` (G the gate's sums from the sequence's start), per head:
+
+    * ``dq_t = scale do_t S_t^T``: the forward on (do, v, k) from ``H0^T``;
+    * ``dv_t = k_t dS_t`` and ``dk_t = v_t dS_t^T``: the forward backwards in time on (k, q,
+      do) from ``dHT / scale`` and on (v, do, q) from its transpose; the first's final
+      state times ``scale exp(g_0)`` is dH0;
+    * ``dg_t = sum_{s >= t} (q_s . dq_s - k_s . dk_s) + <dHT, HT>``: the loss's derivative in
+      ``G_s`` is ``q_s . dq_s - k_s . dk_s`` (the terms of token s with itself cancel) and
+      ``<dHT, HT>`` more for the last token; ``G_s`` sums the gates up to s. From dq and dk
+      rounded to fp16 or bf16 this difference loses a strong gate's gradient
+      (``experiments/gated/dg_form.txt``); from float32 it keeps it.
+
+    Heads of one group (q and k in G < H heads) each run their own dq and dk, summed after."""
+    b, s, groups, dk_dim = q.shape
+    heads = v.shape[2]
+    r = heads // groups
+    in_heads = (lambda x: x.repeat_interleave(r, dim=2)) if r > 1 else (lambda x: x)  # noqa: E731
+    qh, kh = in_heads(q), in_heads(k)
+    h0_t = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
+    dq, _ = gated_pass(do, v, kh, g, h0_t, False, cu_seqlens, False)
+    start = None if dht is None else dht / scale
+    dv, back = gated_pass(k, q, do, g, start, initial_state is not None, cu_seqlens, True)
+    start_t = None if start is None else start.transpose(-1, -2).contiguous()
+    dk, _ = gated_pass(v, do, qh, g, start_t, False, cu_seqlens, True)
+
+    step = (qh.to(dq.dtype) * dq).sum(-1) - (kh.to(dk.dtype) * dk).sum(-1)  # [B, S, H]
+    after = step.double().flip(1).cumsum(1).flip(1)  # sums over s >= t, to each row's end
+    if cu_seqlens is None:
+        dg = after
+        if dht is not None:
+            dg = dg + (dht * final).sum((-1, -2))[:, None, :]
+    else:  # each token's sum stops at its sequence's end
+        ends = cu_seqlens[1:].long()
+        seq = torch.searchsorted(ends, torch.arange(s, device=q.device), right=True)
+        dg = after - F.pad(after, (0, 0, 0, 1))[:, ends[seq]]
+        if dht is not None:
+            dg = dg + (dht * final).sum((-1, -2))[seq][None]
+    dh0 = None
+    if initial_state is not None:
+        first = g[:, 0] if cu_seqlens is None else g[0, cu_seqlens[:-1].long()]  # [N, H]
+        dh0 = back * (scale * torch.exp(first))[..., None, None]
+
+    def to_groups(x: Tensor, like: Tensor) -> Tensor:
+        return x.reshape(b, s, groups, r, dk_dim).sum(3).to(like.dtype)
+
+    return to_groups(dq, q), to_groups(dk, k), dv.to(v.dtype), dg.float(), dh0
