@@ -21,6 +21,32 @@ scanned in fp32 into ``G_r``, their sum up to row r, in shared memory, and
 
 Every exponent is a sum of gates, so for gates <= 0 every weight lies in [0, 1]: a gate of
 -20 per token underflows them to 0, never to inf. Every ``exp`` is ``exp2(x * log2(e))``.
+
+With ``reverse`` the recurrence runs backwards in time (the gated backward's passes):
+``S_t = exp(g_{t+1}) S_{t+1} + k_t^T v_t`` from ``S_T = H0`` (the state in enters after
+the last token, whose next gate ``g_T`` counts as 0) down to ``S_0``, the state out;
+``o_t = scale q_t S_t``. The decay between tokens t and t+1 is token t+1's gate. As
+``kernel.scalar_decay.Direction`` runs a constant decay backwards, the chunks keep their
+place and are walked last to first. A chunk of m tokens from ``s0`` loads its gates shifted
+by one token, ``g'_r = g_{s0+r+1}`` (0 where token ``s0 + r + 1`` is past the sequence, so
+for every row past ``m - 1`` too: the next sequence's gates never enter), and scans them
+exclusively, ``E_r = sum_{u<r} g'_u`` (``E_0 = 0``), ``E_last = E_C = E_m``. Unrolling the
+recurrence over the chunk from the state carried in ``S_in = S_{s0+m}``::
+
+    S_{s0+i} = sum_{i<=j<m} exp(E_j - E_i) k_j^T v_j + exp(E_last - E_i) S_in
+
+so
+
+* query row i sees key rows ``i <= j < m`` with ``exp(E_j - E_i)`` (the rows past m,
+  zero or the next sequence's, masked out of the scores), fused as the forward's mask;
+* query row i reads the state carried in with ``exp(E_last - E_i)``;
+* key row r writes the state carried out (``S_{s0}``) with ``exp(E_r)`` (0 past m);
+* the state is carried with ``exp(E_last)`` (query row 0's weight, ``E_0 = 0``).
+
+Every exponent is again a sum of gates: each weight lies in [0, 1] for gates <= 0.
+
+``out_dtype="float32"`` writes O in fp32 (the backward's dq and dk, for the gate's gradient):
+the output tile in shared memory and its store follow O's dtype.
 """
 
 import math
@@ -35,12 +61,18 @@ from kernel.scalar_decay import ACCUM, staged_tiles, store_macro
 LOG2E = math.log2(math.e)
 
 
-def gate_weights_macro(*, chunk: int, heads: int):
+def gate_weights_macro(*, chunk: int, heads: int, reverse: bool = False):
     """The chunk's gate weights, as a ``@T.macro`` ``gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb,
-    s0, bh, m)``: the gates of rows ``s0 : s0 + m`` of batch ``bb``, head ``bh`` (plus
+    s0, bh, m, s_end)``: the gates of rows ``s0 : s0 + m`` of batch ``bb``, head ``bh`` (plus
     ``Gamma[bh]``; 0 on the rows past m) into ``g_s``, their scan ``G_s[r] =
     G_r``, then ``w_s[0, r] = exp(G_r)`` (the queries') and ``w_s[1, r] = exp(G_last - G_r)``
     (the keys', 0 past m), all fp32 in shared memory.
+
+    With ``reverse`` (the module's docstring): the gates shifted by one token, ``g_s[r] =
+    g'_r``, those of rows ``s0 + 1 : s0 + C + 1`` up to ``s_end`` (0 from ``s_end`` on: every
+    row past ``m - 1`` reads 0), their exclusive scan ``G_s[r] = E_r``, ``w_s[0, r] =
+    exp(E_last - E_r)`` (the queries'; ``w_s[0, 0] = exp(E_last)``, the carry) and ``w_s[1,
+    r] = exp(E_r)`` (the keys', 0 past m). Forward, ``s_end`` is not read.
 
     The scan is a sum per row over the rows up to it, in the order of the rows, in a
     register fragment ``G_f`` (each thread reads the shared gates and adds; one store to
@@ -51,7 +83,25 @@ def gate_weights_macro(*, chunk: int, heads: int):
     C = chunk
 
     @T.macro
-    def gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb, s0, bh, m):
+    def reversed_gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb, s0, bh, m, s_end):
+        for r in T.Parallel(C):  # row m - 1 reads the next chunk's first gate, if in the sequence
+            g_s[r] = T.if_then_else(
+                s0 + r + 1 < s_end, Gate[bb, s0 + r + 1, bh] + Gamma[bh], T.Cast(ACCUM, 0)
+            )
+        T.clear(G_f)
+        for r in T.Parallel(C):
+            for t in T.serial(C):
+                G_f[r] += T.if_then_else(t < r, g_s[t], T.Cast(ACCUM, 0))
+        T.copy(G_f, G_s)
+        for r in T.Parallel(C):
+            w_s[0, r] = T.exp2((G_s[C - 1] + g_s[C - 1] - G_s[r]) * LOG2E)  # E_last = E_{C-1} + g'_{C-1}
+            w_s[1, r] = T.if_then_else(r < m, T.exp2(G_s[r] * LOG2E), T.Cast(ACCUM, 0))
+
+    if reverse:
+        return reversed_gate
+
+    @T.macro
+    def gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb, s0, bh, m, s_end):
         for r in T.Parallel(C):
             g_s[r] = T.if_then_else(r < m, Gate[bb, s0 + r, bh] + Gamma[bh], T.Cast(ACCUM, 0))
         T.clear(G_f)
@@ -78,6 +128,8 @@ def gated_chunk_loop_macro(
     dtype: str,
     arch: str,
     packed: bool = False,
+    reverse: bool = False,
+    out_dtype: str | None = None,
 ):
     """The chunk loop of one block, as a ``@T.macro`` ``chunk_loop(Q, K, V, O, Gate, Gamma,
     bb, bh, v0, s_begin, n_chunks, s_end, State, Final, bbh, start=None, final=None)``:
@@ -86,11 +138,20 @@ def gated_chunk_loop_macro(
     ``State``/``Final``: None, or the fp32 ``[N*H, 1, DK, DV]`` states in and out, row
     ``bbh``. ``start``/``final``: None (always), or functions of no arguments returning the
     run-time condition under which the state is read (else zero) and written
-    (``packed_gated_fwd``'s pool): the read a masked load, as ``kernel.scalar_decay``'s."""
+    (``packed_gated_fwd``'s pool): the read a masked load, as ``kernel.scalar_decay``'s.
+    ``reverse``: the recurrence runs backwards in time (the module's docstring), the state
+    read is the one after ``s_end``, the state written the one at ``s_begin``.
+    ``out_dtype``: O's dtype and its tile's (default ``dtype``)."""
     mma = mma_for(arch, rows=chunk)
     C, accum = chunk, ACCUM
+    o_dtype = dtype if out_dtype is None else out_dtype
     store = store_macro(chunk=C, block_dv=block_dv, packed=packed)
-    gate = gate_weights_macro(chunk=C, heads=heads)
+    gate = gate_weights_macro(chunk=C, heads=heads, reverse=reverse)
+    carry = 0 if reverse else C - 1  # the query weight that is the carry's
+
+    def chunk_start(s_begin, c, n_chunks):
+        """The first token of the ``c``-th chunk walked: reversed, the chunks last to first."""
+        return s_begin + ((n_chunks - 1 - c) if reverse else c) * C
 
     @T.macro
     def chunk_loop(
@@ -99,12 +160,12 @@ def gated_chunk_loop_macro(
     ):  # fmt: skip
         Q_s, K_s, Kw_s, V_s = staged_tiles(chunk=C, dk=dk, block_dv=block_dv, dtype=dtype)
         S_s = T.alloc_shared([dk, block_dv], dtype)
-        O_s = T.alloc_shared([C, block_dv], dtype)
+        O_s = T.alloc_shared([C, block_dv], o_dtype)
         A_cast = T.alloc_shared([C, C], dtype)
         g_s = T.alloc_shared([C], accum)  # the chunk's gates
         G_f = T.alloc_fragment([C], accum)  # their scan G, summed in registers
         G_s = T.alloc_shared([C], accum)  # and shared
-        w_s = T.alloc_shared([2, C], accum)  # exp(G_r); exp(G_last - G_r)
+        w_s = T.alloc_shared([2, C], accum)  # exp(G_r); exp(G_last - G_r) (reversed: see gate)
 
         S_f = T.alloc_fragment([dk, block_dv], accum)  # carried across chunks
         acc_o = T.alloc_fragment([C, block_dv], accum)
@@ -120,22 +181,30 @@ def gated_chunk_loop_macro(
             T.copy(State[bbh, 0, :, v0 : v0 + block_dv], S_f)
 
         for c in T.Pipelined(n_chunks, num_stages=num_stages):
-            s0 = s_begin + c * C
+            s0 = chunk_start(s_begin, c, n_chunks)
             m = T.max(T.min(C, s_end - s0), 0)  # tokens of this chunk: C but at the end
             T.copy(Q[bb, s0 : s0 + C, bg, :], Q_s)
             T.copy(K[bb, s0 : s0 + C, bg, :], K_s)
             T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
-            gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb, s0, bh, m)
+            gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb, s0, bh, m, s_end)
             T.copy(S_f, S_s)  # the state before this chunk
             mma.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
             mma.gemm(Q_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV]
             mma.wait(1)  # A is ready and K_s free; Q @ S may still run
             for r, d in T.Parallel(C, dk):
                 Kw_s[r, d] = K_s[r, d] * w_s[1, r]
-            for i, j in T.Parallel(C, C):  # the mask only where j <= i: its other exponents are > 0
-                A_cast[i, j] = T.if_then_else(
-                    j <= i, A[i, j] * (scale * T.exp2((G_s[i] - G_s[j]) * LOG2E)), T.Cast(accum, 0)
-                )
+            if reverse:  # only where i <= j < m: the other exponents are > 0, the rows past m not ours
+                for i, j in T.Parallel(C, C):
+                    A_cast[i, j] = T.if_then_else(
+                        (j >= i) & (j < m),
+                        A[i, j] * (scale * T.exp2((G_s[j] - G_s[i]) * LOG2E)),
+                        T.Cast(accum, 0),
+                    )
+            else:
+                for i, j in T.Parallel(C, C):  # the mask only where j <= i: its other exponents are > 0
+                    A_cast[i, j] = T.if_then_else(
+                        j <= i, A[i, j] * (scale * T.exp2((G_s[i] - G_s[j]) * LOG2E)), T.Cast(accum, 0)
+                    )
             mma.wait(0)
             if mma.asynchronous:
                 touch[0] = Q_s[0, 0]
@@ -143,7 +212,7 @@ def gated_chunk_loop_macro(
                 acc_o[i, j] *= scale * w_s[0, i]
             mma.gemm(A_cast, V_s, acc_o)  # [C, C] @ [C, bDV]
             for i, j in T.Parallel(dk, block_dv):
-                S_f[i, j] *= w_s[0, C - 1]  # exp(G_last)
+                S_f[i, j] *= w_s[0, carry]  # exp(G_last); reversed, exp(E_last)
             mma.gemm(Kw_s, V_s, S_f, transpose_A=True)  # [DK, C] @ [C, bDV]
             mma.wait(1)  # the outputs are ready; the state update may still run
             T.copy(acc_o, O_s)
@@ -184,6 +253,8 @@ def gated_fwd(
     final_state: bool = False,
     batch: int | None = None,
     seqlen: int | None = None,
+    reverse: bool = False,
+    out_dtype: str | None = None,
 ):
     """Return the ``@T.prim_func`` ``main(Q, K, V, Gate, Gamma, H0, O, HT)`` of the gated
     forward for one config: one kernel for every B and S where ``arch`` has symbolic shapes,
@@ -194,13 +265,18 @@ def gated_fwd(
     ``[H]``, each head's log-decay added to its gates (zeros where the call has none). H0, HT:
     fp32 ``[B*H, 1, DK, DV]``, the state before the first token (read only with
     ``initial_state``) and after the last (written only with ``final_state``).
+
+    ``reverse``: the recurrence runs backwards in time (the module's docstring), H0 the
+    state after the last token, HT the state at the first. ``out_dtype``: O's dtype
+    (default ``dtype``; ``"float32"`` for the backward's dq and dk).
     """
     chunk_loop = gated_chunk_loop_macro(
         **gated_loop_knobs(
             heads=heads, groups=groups, dk=dk, block_dv=block_dv, chunk=chunk, scale=scale,
-            num_stages=num_stages, dtype=dtype, arch=arch,
+            num_stages=num_stages, dtype=dtype, arch=arch, reverse=reverse, out_dtype=out_dtype,
         )
     )  # fmt: skip
+    o_dtype = dtype if out_dtype is None else out_dtype
     if get_arch(arch).symbolic_shapes:
         batch, seqlen = T.dynamic("batch, seqlen")
     elif batch is None or seqlen is None:
@@ -212,7 +288,7 @@ def gated_fwd(
         Q: T.Tensor([batch, seqlen, groups, dk], dtype), K: T.Tensor([batch, seqlen, groups, dk], dtype),
         V: T.Tensor([batch, seqlen, heads, dv], dtype), Gate: T.Tensor([batch, seqlen, heads], ACCUM),
         Gamma: T.Tensor([heads], ACCUM), H0: T.Tensor(state_shape, ACCUM),
-        O: T.Tensor([batch, seqlen, heads, dv], dtype), HT: T.Tensor(state_shape, ACCUM),
+        O: T.Tensor([batch, seqlen, heads, dv], o_dtype), HT: T.Tensor(state_shape, ACCUM),
     ):  # fmt: skip
         # bbh = b * H + h: the r heads of a group run in adjacent blocks (their q and k from L2)
         with T.Kernel(T.ceildiv(dv, block_dv), batch * heads, threads=threads) as (bv, bbh):
@@ -256,6 +332,8 @@ def packed_gated_fwd(
     initial_state: bool = False,
     final_state: bool = False,
     slots: str | None = None,
+    reverse: bool = False,
+    out_dtype: str | None = None,
 ):
     """Return the ``@T.prim_func`` ``main(Q, K, V, Gate, Gamma, H0, O, HT, CuSeqlens)`` of
     the gated forward over packed sequences (fla's ``cu_seqlens``), as
@@ -280,6 +358,12 @@ def packed_gated_fwd(
     P)``: a slot outside (-1, padding) touches no state, its outputs still computed. Each
     block reads its own ``[DK, block_dv]`` slice before the chunk loop and writes it after:
     distinct slots never race (a slot repeated within a call does).
+
+    ``reverse``: each sequence's recurrence runs backwards in time (the module's
+    docstring): H0 (or the pool's slot) is the state after its last token, HT (or the slot)
+    the state at its first; a chunk's gates, shifted by one token, stop at the sequence's
+    end, so no gate of the next sequence enters. ``out_dtype``: O's dtype (default
+    ``dtype``).
     """
     if not get_arch(arch).symbolic_shapes:
         raise ValueError(f"{arch} compiles per shape: the packed gated forward needs symbolic shapes")
@@ -288,13 +372,15 @@ def packed_gated_fwd(
     chunk_loop = gated_chunk_loop_macro(
         **gated_loop_knobs(
             heads=heads, groups=groups, dk=dk, block_dv=block_dv, chunk=chunk, scale=scale,
-            num_stages=num_stages, dtype=dtype, arch=arch, packed=True,
+            num_stages=num_stages, dtype=dtype, arch=arch, packed=True, reverse=reverse,
+            out_dtype=out_dtype,
         )
     )  # fmt: skip
     tokens, offsets = T.dynamic("tokens, offsets")
     # Each parameter its own buffer: an annotation shared by two parameters makes them one.
     qk = lambda: T.Tensor([1, tokens, groups, dk], dtype)  # noqa: E731
     vo = lambda: T.Tensor([1, tokens, heads, dv], dtype)  # noqa: E731
+    out = lambda: T.Tensor([1, tokens, heads, dv], dtype if out_dtype is None else out_dtype)  # noqa: E731
 
     @T.macro
     def sequence(Q, K, V, O, Gate, Gamma, CuSeqlens, bv, bnh, State, Final, row, start=None, final=None):
@@ -313,7 +399,7 @@ def packed_gated_fwd(
         @T.prim_func
         def main(
             Q: qk(), K: qk(), V: vo(), Gate: T.Tensor([1, tokens, heads], ACCUM),
-            Gamma: T.Tensor([heads], ACCUM), H0: T.Tensor([h0_rows, 1, dk, dv], ACCUM), O: vo(),
+            Gamma: T.Tensor([heads], ACCUM), H0: T.Tensor([h0_rows, 1, dk, dv], ACCUM), O: out(),
             HT: T.Tensor([ht_rows, 1, dk, dv], ACCUM), CuSeqlens: T.Tensor([offsets], "int32"),
         ):  # fmt: skip
             # bnh = n * H + h: the r heads of a group run in adjacent blocks (their q and k from L2)
@@ -332,7 +418,7 @@ def packed_gated_fwd(
     @T.prim_func
     def main(
         Q: qk(), K: qk(), V: vo(), Gate: T.Tensor([1, tokens, heads], ACCUM),
-        Gamma: T.Tensor([heads], ACCUM), Pool: T.Tensor([rows, 1, dk, dv], ACCUM), O: vo(),
+        Gamma: T.Tensor([heads], ACCUM), Pool: T.Tensor([rows, 1, dk, dv], ACCUM), O: out(),
         CuSeqlens: T.Tensor([offsets], "int32"), Slots: T.Tensor([sequences], slots),
         FromPool: T.Tensor([sequences], "int8"),
     ):  # fmt: skip

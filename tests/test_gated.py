@@ -2,10 +2,13 @@
 and its sm_90a compiles here; on a GPU (marked ``gpu``), its outputs and final states
 against references B and C in fp64, on fresh random inputs into NaN-filled outputs, for
 gates from -1e-4 to -20 per token, fp16 and bf16, grouped q and k, odd sequence lengths,
-packed sequences of one token beside long ones."""
+packed sequences of one token beside long ones. The modes the gated backward's passes run
+(``reverse``, the recurrence backwards in time, and fp32 outputs): their sm_90a compiles
+here, their outputs on a GPU against the fp64 recurrence run on the reversed sequences."""
 
 import itertools
 import math
+from itertools import accumulate, pairwise
 
 import pytest
 import torch
@@ -114,6 +117,105 @@ def test_dense_source_scans_by_rows():
     assert "G_f[0] = (G_f[0] +" in scan and "G_s" not in scan, scan
 
 
+# (H, G, DK, DV): Mamba2's heads of one group (DK != DV), and no groups
+BACKWARD_SHAPES = [(24, 1, 128, 64), (16, 16, 128, 128)]
+# the backward's modes: the reversed pass (dk and dv), fp32 outputs (dq), and both (dk)
+MODES = {
+    "reverse": dict(reverse=True),
+    "fp32-out": dict(out_dtype="float32"),
+    "reverse-fp32-out": dict(reverse=True, out_dtype="float32"),
+}
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("shape", BACKWARD_SHAPES, ids=str)
+def test_backward_modes_compile_for_sm_90a(shape, packed):
+    """The reversed kernel and the fp32 output lower and compile with nvcc for sm_90a (64-token
+    chunks, value blocks of 64, one stage, 256 threads), with states in and out, with no
+    spill beyond the forward's at the same config and in the block's shared memory. At
+    block_dv 128 (DK = DV = 128) the forward itself spills under the 128-register cap
+    (164 to 188 bytes) and each mode's spills move by up to 16 bytes either way with
+    ptxas's allocation: no bound is asserted there."""
+    from kernel.gated import gated_fwd, packed_gated_fwd
+    from kernel.probe import ProbeFailure, probe_funcs
+
+    heads, groups, dk, dv = shape
+    knobs = dict(
+        heads=heads, groups=groups, dk=dk, dv=dv, dtype="float16", chunk=64, block_dv=64, num_stages=1,
+        threads=256, arch="sm_90a", scale=dk**-0.5, initial_state=True, final_state=True,
+    )  # fmt: skip
+    kernel = packed_gated_fwd if packed else gated_fwd
+    found = {
+        name: probe_funcs(lambda mode=mode: [kernel(**knobs, **mode)], arch="sm_90a")
+        for name, mode in {"forward": {}, **MODES}.items()
+    }
+    for name, result in found.items():
+        assert not isinstance(result, ProbeFailure), (name, result)
+        print(name, shape, "packed" * packed, result.registers, result.spill_bytes, result.smem_bytes)
+    for name in MODES:
+        assert found[name].spill_bytes <= found["forward"].spill_bytes, (name, found[name], found["forward"])
+        assert found[name].fits_smem, (name, found[name])
+
+
+def test_reverse_source_bounds_its_gates_and_stores_fp32():
+    """The reversed kernel reads each gate one token ahead under a bound on the sequence's
+    end (``s_end``), and the fp32 output tile leaves by a TMA store of fp32."""
+    from kernel.gated import gated_fwd
+    from kernel.probe import compile_funcs
+
+    func = gated_fwd(
+        heads=4, groups=2, dk=64, dv=64, dtype="float16", chunk=64, block_dv=64, num_stages=1, threads=256,
+        arch="sm_90a", scale=0.125, initial_state=True, final_state=True, reverse=True, out_dtype="float32",
+    )  # fmt: skip
+    (kernel,) = compile_funcs([func], "sm_90a")
+    lines = kernel.get_kernel_source().splitlines()
+    reads = [n for n, line in enumerate(lines) if "Gate[" in line]
+    assert reads and all(lines[n - 1].lstrip().startswith("if (") and "s_end" in lines[n - 1] for n in reads)
+    assert any("tl::tma_store(O_desc, (&(((float*)O_s)" in line for line in lines)
+
+
+def reversed_reference(q, k, v, lg, *, scale, initial_state, lengths=None):
+    """``(o, final state)`` in fp64 on the CPU of the recurrence backwards in time
+    (``kernel.gated``'s ``reverse``): ``S_t = exp(g_{t+1}) S_{t+1} + k_t^T v_t`` from
+    ``S_T = initial_state``, ``g_T = 0``, ``o_t = scale q_t S_t``, the final state ``S_0``.
+    Each sequence (dense: the whole batch; ``lengths``: packed) runs through the forward
+    reference (``refs.gated_recurrent``) reversed, reversed token t' with gate ``g_{T-t'}``
+    (0 at t' = 0), its outputs reversed back. ``lg``: ``[B, S, H]``, g plus g_gamma."""
+    q, k, v, lg, h0 = (x.detach().cpu().double() for x in (q, k, v, lg, initial_state))
+    spans = [(0, q.shape[1])] if lengths is None else list(pairwise(accumulate([0, *lengths])))
+    outs, states = [], []
+    for n, (a, e) in enumerate(spans):
+        q_r, k_r, v_r, g_r = (x[:, a:e].flip(1) for x in (q, k, v, lg))
+        g_r = torch.cat([torch.zeros_like(g_r[:, :1]), g_r[:, :-1]], dim=1)  # the gate shift
+        o, state = refs.gated_recurrent(
+            q_r, k_r, v_r, g_r, scale=scale, output_final_state=True,
+            initial_state=h0 if lengths is None else h0[n : n + 1],
+        )  # fmt: skip
+        outs.append(o.flip(1))
+        states.append(state)
+    return torch.cat(outs, dim=1), torch.cat(states)
+
+
+def test_reversed_reference_is_the_recurrence_backwards():
+    """The GPU tests' reference, checked against the backward recurrence written out, packed
+    sequences of one token beside ragged ones."""
+    lengths = [1, 5, 9, 1, 3]
+    q, k, v, g, gg, _ = make(
+        1, sum(lengths), 2, 2, 8, 4, gates=(1e-2, 3.0), dtype=torch.float64, device="cpu", seed=7
+    )
+    h0 = torch.randn(len(lengths), 4, 8, 4, dtype=torch.float64)
+    lg = g.double() + gg.double()
+    o, state = reversed_reference(q, k, v, lg, scale=0.3, initial_state=h0, lengths=lengths)
+    kh, qh = (x.repeat_interleave(2, dim=2)[0].double() for x in (k, q))
+    for n, (a, e) in enumerate(pairwise(accumulate([0, *lengths]))):
+        s = h0[n]
+        for t in reversed(range(a, e)):
+            decay = torch.exp(lg[0, t + 1]) if t + 1 < e else torch.ones(4, dtype=torch.float64)
+            s = decay[:, None, None] * s + kh[t][:, :, None] * v[0, t].double()[:, None, :]
+            assert torch.allclose(o[0, t], 0.3 * torch.einsum("hk,hkv->hv", qh[t], s), rtol=1e-12, atol=1e-12)
+        assert torch.allclose(state[n], s, rtol=1e-12, atol=1e-12)
+
+
 # ---- on the GPU ------------------------------------------------------------------------------
 
 
@@ -219,3 +321,103 @@ def test_packed_without_g_gamma_or_states(gamma, states):
     packed_case(
         PACKED[2], 2, 1, 64, 64, (1e-3, 2.0), torch.float16, FIRST, seed=5, gamma=gamma, states=states
     )
+
+
+# ---- the backward's modes on the GPU -------------------------------------------------------------
+
+MODE_TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # rel L2 of o and the final state
+
+
+def mode_case(shape, dtype, config, *, seed, lengths=None, reverse=True, out_dtype=None):
+    """``kernel.gated``'s kernel in one of the backward's modes, compiled for this GPU and
+    called on fresh inputs into NaN-filled outputs and final states, against the fp64
+    recurrence (``reversed_reference`` where ``reverse``, else ``refs.gated_recurrent``):
+    dense ``shape`` (B, S, G, r, DK, DV), or packed sequences of ``lengths`` (B = 1, S their
+    sum), with states in and out and gates from -1e-4 to -20 per token."""
+    from kernel.arch import get_arch
+    from kernel.builder import cuda_arch
+    from kernel.gated import gated_fwd, packed_gated_fwd
+    from kernel.gated_build import TORCH_DTYPES
+    from kernel.probe import compile_funcs
+
+    arch = cuda_arch()
+    if lengths is not None and not get_arch(arch).symbolic_shapes:
+        pytest.skip(f"{arch} compiles per shape: no packed gated kernel")
+    b, s, groups, r, dk, dv = shape
+    heads, scale = groups * r, dk**-0.5
+    q, k, v, g, gg, h0 = make(*shape, gates=GATES["-1e-4..-20"], dtype=dtype, device="cuda", seed=seed)
+    if lengths is not None:
+        h0 = torch.randn(len(lengths), heads, dk, dv, generator=torch.Generator().manual_seed(seed)).cuda()
+    knobs = dict(
+        heads=heads, groups=groups, dk=dk, dv=dv, dtype=TORCH_DTYPES[dtype], chunk=config.chunk,
+        block_dv=config.block_dv, num_stages=config.num_stages, threads=config.threads, arch=arch,
+        scale=scale, initial_state=True, final_state=True, reverse=reverse, out_dtype=out_dtype,
+    )  # fmt: skip
+    func = gated_fwd(**knobs, batch=b, seqlen=s) if lengths is None else packed_gated_fwd(**knobs)
+    (kernel,) = compile_funcs([func], arch)
+    out = torch.full(v.shape, math.nan, dtype=torch.float32 if out_dtype else dtype, device="cuda")
+    ht = torch.full((h0.shape[0] * heads, 1, dk, dv), math.nan, device="cuda")
+    args = [q, k, v, g, gg, h0.reshape(-1, 1, dk, dv).contiguous(), out, ht]
+    if lengths is not None:
+        args.append(torch.tensor([0, *accumulate(lengths)], dtype=torch.int32, device="cuda"))
+    kernel(*args)
+    torch.cuda.synchronize()
+    lg = g.double() + gg.double()
+    if reverse:
+        want_o, want_s = reversed_reference(q, k, v, lg, scale=scale, initial_state=h0, lengths=lengths)
+    else:
+        cu = None if lengths is None else args[-1].cpu()
+        want_o, want_s = refs.gated_recurrent(
+            *(x.cpu() for x in (q, k, v, lg)), scale=scale, initial_state=h0.cpu(), cu_seqlens=cu,
+            output_final_state=True,
+        )  # fmt: skip
+    bound = MODE_TOLERANCE[dtype]
+    label = f"{shape if lengths is None else lengths} {dtype} {config} reverse={reverse} out={out_dtype}"
+    for name, want, got in (("o", want_o, out), ("state", want_s, ht.view(want_s.shape))):
+        err = refs.rel_l2(got.cpu().double(), want)
+        print(f"{label} {name}: rel L2 {err:.3e}")
+        assert bool(got.isfinite().all()), f"{label} {name}: non-finite"
+        assert err < bound, f"{label} {name}: rel L2 {err:.3e}"
+
+
+# (B, S, G, r, DK, DV): one token, S < C, ragged last chunks, groups (Mamba2's), DK != DV
+MODE_SHAPES = [
+    (1, 1, 1, 1, 64, 64),
+    (2, 17, 2, 1, 128, 128),
+    (2, 300, 1, 3, 128, 64),
+    (1, 1000, 1, 24, 128, 64),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", MODE_SHAPES, ids=str)
+def test_reverse_matches_the_reversed_recurrence(shape, dtype):
+    mode_case(shape, dtype, FIRST, seed=sum(shape))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lengths", PACKED, ids=str)
+def test_packed_reverse_matches_the_reversed_recurrence(lengths, dtype):
+    """Packed: each sequence's gates stop at its end (the chunk's tile reaches into the next)."""
+    mode_case((1, sum(lengths), 2, 2, 128, 64), dtype, FIRST, seed=len(lengths), lengths=lengths)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_reverse_configs_match(config, packed):
+    lengths = PACKED[0] if packed else None
+    shape = (1, sum(PACKED[0]), 2, 2, 128, 128) if packed else (2, 300, 2, 2, 128, 128)
+    mode_case(shape, torch.float16, config, seed=9, lengths=lengths)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reverse", [True, False], ids=["reverse", "forward"])
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_fp32_outputs_match(packed, reverse):
+    """fp32 O (the backward's dq and dk), fp16 inputs, within fp16's rounding of fp64."""
+    lengths = PACKED[2] if packed else None
+    shape = (1, sum(PACKED[2]), 1, 24, 128, 64) if packed else (2, 300, 1, 3, 128, 64)
+    mode_case(shape, torch.float16, FIRST, seed=11, lengths=lengths, reverse=reverse, out_dtype="float32")
