@@ -8,7 +8,7 @@ here, their outputs on a GPU against the fp64 recurrence run on the reversed seq
 
 import itertools
 import math
-from itertools import accumulate, pairwise
+from itertools import accumulate
 
 import pytest
 import torch
@@ -174,48 +174,6 @@ def test_reverse_source_bounds_its_gates_and_stores_fp32():
     assert any("tl::tma_store(O_desc, (&(((float*)O_s)" in line for line in lines)
 
 
-def reversed_reference(q, k, v, lg, *, scale, initial_state, lengths=None):
-    """``(o, final state)`` in fp64 on the CPU of the recurrence backwards in time
-    (``kernel.gated``'s ``reverse``): ``S_t = exp(g_{t+1}) S_{t+1} + k_t^T v_t`` from
-    ``S_T = initial_state``, ``g_T = 0``, ``o_t = scale q_t S_t``, the final state ``S_0``.
-    Each sequence (dense: the whole batch; ``lengths``: packed) runs through the forward
-    reference (``refs.gated_recurrent``) reversed, reversed token t' with gate ``g_{T-t'}``
-    (0 at t' = 0), its outputs reversed back. ``lg``: ``[B, S, H]``, g plus g_gamma."""
-    q, k, v, lg, h0 = (x.detach().cpu().double() for x in (q, k, v, lg, initial_state))
-    spans = [(0, q.shape[1])] if lengths is None else list(pairwise(accumulate([0, *lengths])))
-    outs, states = [], []
-    for n, (a, e) in enumerate(spans):
-        q_r, k_r, v_r, g_r = (x[:, a:e].flip(1) for x in (q, k, v, lg))
-        g_r = torch.cat([torch.zeros_like(g_r[:, :1]), g_r[:, :-1]], dim=1)  # the gate shift
-        o, state = refs.gated_recurrent(
-            q_r, k_r, v_r, g_r, scale=scale, output_final_state=True,
-            initial_state=h0 if lengths is None else h0[n : n + 1],
-        )  # fmt: skip
-        outs.append(o.flip(1))
-        states.append(state)
-    return torch.cat(outs, dim=1), torch.cat(states)
-
-
-def test_reversed_reference_is_the_recurrence_backwards():
-    """The GPU tests' reference, checked against the backward recurrence written out, packed
-    sequences of one token beside ragged ones."""
-    lengths = [1, 5, 9, 1, 3]
-    q, k, v, g, gg, _ = make(
-        1, sum(lengths), 2, 2, 8, 4, gates=(1e-2, 3.0), dtype=torch.float64, device="cpu", seed=7
-    )
-    h0 = torch.randn(len(lengths), 4, 8, 4, dtype=torch.float64)
-    lg = g.double() + gg.double()
-    o, state = reversed_reference(q, k, v, lg, scale=0.3, initial_state=h0, lengths=lengths)
-    kh, qh = (x.repeat_interleave(2, dim=2)[0].double() for x in (k, q))
-    for n, (a, e) in enumerate(pairwise(accumulate([0, *lengths]))):
-        s = h0[n]
-        for t in reversed(range(a, e)):
-            decay = torch.exp(lg[0, t + 1]) if t + 1 < e else torch.ones(4, dtype=torch.float64)
-            s = decay[:, None, None] * s + kh[t][:, :, None] * v[0, t].double()[:, None, :]
-            assert torch.allclose(o[0, t], 0.3 * torch.einsum("hk,hkv->hv", qh[t], s), rtol=1e-12, atol=1e-12)
-        assert torch.allclose(state[n], s, rtol=1e-12, atol=1e-12)
-
-
 # ---- on the GPU ------------------------------------------------------------------------------
 
 
@@ -331,7 +289,7 @@ MODE_TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # rel L2 of o an
 def mode_case(shape, dtype, config, *, seed, lengths=None, reverse=True, out_dtype=None):
     """``kernel.gated``'s kernel in one of the backward's modes, compiled for this GPU and
     called on fresh inputs into NaN-filled outputs and final states, against the fp64
-    recurrence (``reversed_reference`` where ``reverse``, else ``refs.gated_recurrent``):
+    references (``refs.gated_reversed`` where ``reverse``, else ``refs.gated_recurrent``):
     dense ``shape`` (B, S, G, r, DK, DV), or packed sequences of ``lengths`` (B = 1, S their
     sum), with states in and out and gates from -1e-4 to -20 per token."""
     from kernel.arch import get_arch
@@ -363,14 +321,12 @@ def mode_case(shape, dtype, config, *, seed, lengths=None, reverse=True, out_dty
     kernel(*args)
     torch.cuda.synchronize()
     lg = g.double() + gg.double()
-    if reverse:
-        want_o, want_s = reversed_reference(q, k, v, lg, scale=scale, initial_state=h0, lengths=lengths)
-    else:
-        cu = None if lengths is None else args[-1].cpu()
-        want_o, want_s = refs.gated_recurrent(
-            *(x.cpu() for x in (q, k, v, lg)), scale=scale, initial_state=h0.cpu(), cu_seqlens=cu,
-            output_final_state=True,
-        )  # fmt: skip
+    cu = None if lengths is None else args[-1].cpu()
+    kw = dict(scale=scale, initial_state=h0.cpu(), cu_seqlens=cu, output_final_state=True)
+    inputs = [x.cpu() for x in (q, k, v, lg)]
+    want_o, want_s = (
+        refs.gated_reversed(*inputs, 64, **kw) if reverse else refs.gated_recurrent(*inputs, **kw)
+    )
     bound = MODE_TOLERANCE[dtype]
     label = f"{shape if lengths is None else lengths} {dtype} {config} reverse={reverse} out={out_dtype}"
     for name, want, got in (("o", want_o, out), ("state", want_s, ht.view(want_s.shape))):
