@@ -5,6 +5,8 @@ eager call (``_GatedFn``) with the kernel stood in by reference B; the op's grad
 shapes on meta tensors. On a GPU (marked ``gpu``), the op's gradients against fp64 and against
 fla's ``chunk_simple_gla`` backward, eagerly and under ``torch.compile``."""
 
+import math
+
 import pytest
 import torch
 
@@ -285,3 +287,72 @@ def test_the_gradients_match_flas_chunk_simple_gla_beside_fp64(gate):
             ours = errs
             assert max(errs) < refs.TOLERANCE, errs
     assert all(a <= max(f, 1e-3) for a, f in zip(ours, errs)), (ours, errs)
+
+
+_PASS_KERNELS: dict[tuple, object] = {}  # compiled once a session per pass and shape
+
+
+def _kernel_pass(scale: float):
+    """``backward_by_passes``'s gated forward on this GPU: ``kernel.gated``'s kernel in the
+    backward's mode (float32 outputs; backwards in time where asked), 64-token chunks, value
+    blocks of 64, one stage, 256 threads, into NaN-filled outputs."""
+    from kernel.builder import cuda_arch
+    from kernel.gated import gated_fwd, packed_gated_fwd
+    from kernel.gated_build import TORCH_DTYPES
+    from kernel.probe import compile_funcs
+
+    arch = cuda_arch()
+
+    def run(q, k, v, g, h0, want_final, cu_seqlens, reverse):
+        b, s, groups, dk = q.shape
+        heads, dv = v.shape[2], v.shape[3]
+        n = b if cu_seqlens is None else cu_seqlens.numel() - 1
+        knobs = dict(
+            heads=heads, groups=groups, dk=dk, dv=dv, dtype=TORCH_DTYPES[q.dtype], chunk=64, block_dv=64,
+            num_stages=1, threads=256, arch=arch, scale=scale, initial_state=h0 is not None,
+            final_state=want_final, reverse=reverse, out_dtype="float32",
+        )  # fmt: skip
+        key = (*knobs.items(), cu_seqlens is None, b, s)
+        if key not in _PASS_KERNELS:
+            func = gated_fwd(**knobs, batch=b, seqlen=s) if cu_seqlens is None else packed_gated_fwd(**knobs)
+            (_PASS_KERNELS[key],) = compile_funcs([func], arch)
+        kernel = _PASS_KERNELS[key]
+        f32 = dict(dtype=torch.float32, device=q.device)
+        o = torch.full((b, s, heads, dv), math.nan, **f32)
+        ht = torch.full((n * heads, 1, dk, dv), math.nan, **f32)
+        start = torch.empty_like(ht) if h0 is None else h0.reshape(-1, 1, dk, dv).contiguous()
+        args = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), torch.zeros(heads, **f32)]
+        kernel(*args, start, o, ht, *([] if cu_seqlens is None else [cu_seqlens.int()]))
+        return o, (ht.view(n, heads, dk, dv) if want_final else None)
+
+    return run
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", GATES, ids=str)
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+def test_three_kernel_passes_give_the_fp64_gradients(case, gate):
+    """``backward_by_passes`` on the gated kernel's backward modes (reversed, float32 out): every
+    gradient within the op's bound of fp64 (the gate's relative to the terms it is a
+    difference of, as the CPU test's), dense and packed, with groups."""
+    shape, dtype = case
+    q, k, v, g, do, h0, dht, cu = _gpu_case(*shape, gate, dtype, seed=12)
+    scale = shape[4] ** -0.5
+    _, final = refs.gated_chunked(
+        q, k, v, g, 64, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu
+    )
+    got = backward_by_passes(
+        _kernel_pass(scale), q, k, v, g, do, scale=scale, initial_state=h0, dht=dht,
+        final=final.float().cuda(), cu_seqlens=cu,
+    )  # fmt: skip
+    dq, dk, dv, dg, _, dh0 = gated_chunked_backward(
+        q, k, v, g, 64, do, scale=scale, initial_state=h0, dht=dht, cu_seqlens=cu
+    )
+    for name, a, want in zip(("dq", "dk", "dv", "dh0"), got[:3] + got[4:], (dq, dk, dv, dh0)):
+        err = refs.rel_l2(a.double().cpu(), want.cpu())
+        print(f"{shape} {dtype} {gate} {name}: rel L2 {err:.3e}")
+        assert not a.isnan().any() and err < refs.TOLERANCE, (name, err)
+    terms = (q.double().norm(dim=-1) * dq.norm(dim=-1)).norm()
+    err = ((got[3].double() - dg).norm() / max(dg.norm(), terms)).item()
+    print(f"{shape} {dtype} {gate} dg: L2 over max(|dg|, |q| |dq|) {err:.3e}")
+    assert not got[3].isnan().any() and err < refs.TOLERANCE
