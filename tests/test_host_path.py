@@ -45,6 +45,7 @@ def test_a_kernel_compiled_before_opens_without_tilelang(gate):
     from kernel.builder import compile_class
     from kernel.config import Call, KernelConfig, Problem
     from kernel.loader import index_path, remember
+    from kernel.probe import ProbeFailure
     from kernel.variants import shape_generic
 
     problem = Problem(1, 2, 64, 64, 64, "float16", gate)
@@ -66,12 +67,16 @@ def test_a_kernel_compiled_before_opens_without_tilelang(gate):
     imported, source = out.split("\n", 1)
     assert imported == "False"
     assert source.rstrip("\n") == kernels[0].get_kernel_source().rstrip("\n")
-    if gate == "token":  # what the gated op launches: the index's entry function
+    if gate == "token":  # what the gated op launches, of a kernel warmup compiled: the entry function
+        from kernel.builder import precompile
+
+        warmed = Call(0.25, True, True)  # a call no other test indexes
+        assert not isinstance(precompile([(problem, config, warmed)], arch="sm_90a")[0], ProbeFailure)
         out = _run(
             "import sys\n"
             "from kernel.config import Call, KernelConfig, Problem\n"
             "from kernel.gated_build import compile_gated\n"
-            f"launch = compile_gated({problem!r}, {config!r}, {call!r}, arch='sm_90a')\n"
+            f"launch = compile_gated({problem!r}, {config!r}, {warmed!r}, arch='sm_90a')\n"
             "print(type(launch).__name__, 'tilelang' in sys.modules)\n"
         )
         assert out.split() == ["Function", "False"]
