@@ -2,7 +2,11 @@
 # What this checkout has not yet run on a GPU, as three device calls of under 600 s each (a
 # fresh H100 with the bundle), in order of need: from the repo root (or a `git archive` copy of
 # HEAD with .gpu beside it), `bash experiments/gpu_tests/pending.sh 1`, then `2`, then `3`,
-# with carry [".gpu"]. Logs go to $OUT. The op's kernels the calls run are compiled first, in
+# with carry [".gpu"]. A copy of HEAD beside the bundle (device `run` with carry [".gpu",
+# ".snap"] and command `cd .snap && ln -s ../.gpu .gpu && bash experiments/gpu_tests/pending.sh 1`):
+#   rm -rf .snap && mkdir .snap && git archive HEAD kernel refs tuner reports tests pyproject.toml \
+#     README.md docs experiments/{decode,host_path,gated,serving,model,gpu_tests} | tar -x -C .snap
+# Logs go to $OUT. The op's kernels the calls run are compiled first, in
 # parallel (precompile.py); the kernels the backward-mode tests build alone compile as they run.
 set -u
 source .gpu/setup.sh
