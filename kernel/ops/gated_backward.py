@@ -19,9 +19,9 @@ The gate's gradient is that expansion (``refs.gated_backward`` derives it). fla'
 fp32 it holds as well, but from dq and dk rounded to fp16 or bf16 it loses a strong gate's
 gradient (``experiments/gated/dg_form.txt``).
 
-Its cost: the states of every chunk in float32 (``2 x B x H x S / C x DK x DV x 4`` bytes)
-and one launch per chunk for each scan; packed sequences run as rows, in a few buckets of
-similar length (measured beside fla's in ``experiments/gated/README.md``).
+Its cost: the states of every chunk in float32 (``2 x B x H x S / C x DK x DV x 4`` bytes),
+each scan over the chunks one matrix product (``_scans``); packed sequences run as rows, in
+a few buckets of similar length (measured beside fla's in ``experiments/gated/README.md``).
 
 ``backward_by_passes`` is the same backward as three passes of the gated forward, two of
 them backwards in time, and the gate's gradient from their float32 outputs: what the gated
@@ -153,15 +153,7 @@ def _rows(
     carry = last.exp()[..., None]  # [B, H, NC, 1, 1]
     delta = (kc * w_key).mT @ vc  # each chunk's own state
     contrib = (qc * w_query).mT @ doc  # each chunk's own gradient of the state before it
-    before, state = [], h0
-    for c in range(nc):
-        before.append(state)
-        state = carry[:, :, c] * state + delta[:, :, c]
-    after, grad = [None] * nc, dht
-    for c in reversed(range(nc)):
-        after[c] = grad
-        grad = carry[:, :, c] * grad + contrib[:, :, c]
-    prev, ds = torch.stack(before, 2), torch.stack(after, 2)  # [B, H, NC, DK, DV]
+    prev, ds, grad = _scans(last[..., 0], delta, contrib, h0, dht)
     qk, dov = (qc @ kc.mT) * gamma, doc @ vc.mT
     dp = dov * gamma
     dq = (doc @ prev.mT) * w_query + dp @ kc
@@ -182,6 +174,40 @@ def _rows(
         return x.permute(0, 2, 3, 1, 4).reshape(b, nc * CHUNK, h, -1)[:, :length]
 
     return untile(dq), untile(dk), untile(dv), untile(dg[..., None])[..., 0], grad
+
+
+def _scans(
+    carry_log: Tensor, delta: Tensor, contrib: Tensor, h0: Tensor, dht: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The two scans over the chunks, each as one matrix product (no launch per chunk): the
+    state before each chunk, ``S_c = exp(G_last,c-1) S_{c-1} + delta_{c-1}`` from ``h0``; the
+    gradient of the state after each chunk, ``dS_c = exp(G_last,c+1) dS_{c+1} + contrib_{c+1}``
+    from ``dht``; and the initial state's gradient, ``exp(G_last,0) dS_0 + contrib_0``.
+    ``carry_log [B, H, NC]``: each chunk's gate sum; ``delta``, ``contrib`` ``[B, H, NC, DK,
+    DV]``. With ``P_c`` the sum of the first c chunks' (in float64, so that the difference of
+    two long sums keeps a short one's precision), ``S_c = sum_{c' < c} exp(P_c - P_{c'+1})
+    delta_c' + exp(P_c) h0``, and ``dS_c = sum_{c' > c} exp(P_c' - P_{c+1}) contrib_c' +
+    exp(P_NC - P_{c+1}) dht``: every exponent <= 0, the others never exponentiated."""
+    nc = carry_log.shape[-1]
+    P = F.pad(carry_log.double().cumsum(-1), (1, 0))  # [B, H, NC + 1]
+    c = torch.arange(nc, device=delta.device)
+
+    def weights(exponent: Tensor, used: Tensor) -> Tensor:
+        return torch.where(used, exponent, -torch.inf).exp().to(delta.dtype)
+
+    flat = lambda x: x.flatten(-2)  # noqa: E731  [B, H, NC, DK * DV]
+    forward = weights(P[..., :nc, None] - P[..., None, 1:], c[:, None] > c[None, :])  # [B, H, c, c']
+    prev = (forward @ flat(delta)).view_as(delta) + P[..., :nc].exp().to(h0.dtype)[..., None, None] * h0[
+        :, :, None
+    ]
+    backward = weights(P[..., None, :nc] - P[..., 1:, None], c[None, :] > c[:, None])  # [B, H, c, c']
+    ds = (backward @ flat(contrib)).view_as(contrib) + (P[..., -1:] - P[..., 1:]).exp().to(dht.dtype)[
+        ..., None, None
+    ] * dht[:, :, None]
+    grad = (P[..., :nc].exp().to(contrib.dtype)[..., None, None] * contrib).sum(2) + P[..., -1].exp().to(
+        dht.dtype
+    )[..., None, None] * dht
+    return prev, ds, grad
 
 
 def _exclusive_cumsum(x: Tensor) -> Tensor:
