@@ -192,21 +192,22 @@ def _scans(
     P = F.pad(carry_log.double().cumsum(-1), (1, 0))  # [B, H, NC + 1]
     c = torch.arange(nc, device=delta.device)
 
-    def weights(exponent: Tensor, used: Tensor) -> Tensor:
-        return torch.where(used, exponent, -torch.inf).exp().to(delta.dtype)
+    def weights(exponent: Tensor, used: Tensor | None = None) -> Tensor:
+        exponent = exponent if used is None else torch.where(used, exponent, -torch.inf)
+        return exponent.exp().to(delta.dtype)
 
-    flat = lambda x: x.flatten(-2)  # noqa: E731  [B, H, NC, DK * DV]
+    def times(w: Tensor, x: Tensor) -> Tensor:  # [B, H, c, c'] @ [B, H, c', DK, DV]
+        return (w @ x.flatten(-2)).view_as(x)
+
+    to_h0, from_dht = (
+        weights(P[..., :nc])[..., None, None],
+        weights(P[..., -1:] - P[..., 1:])[..., None, None],
+    )
     forward = weights(P[..., :nc, None] - P[..., None, 1:], c[:, None] > c[None, :])  # [B, H, c, c']
-    prev = (forward @ flat(delta)).view_as(delta) + P[..., :nc].exp().to(h0.dtype)[..., None, None] * h0[
-        :, :, None
-    ]
-    backward = weights(P[..., None, :nc] - P[..., 1:, None], c[None, :] > c[:, None])  # [B, H, c, c']
-    ds = (backward @ flat(contrib)).view_as(contrib) + (P[..., -1:] - P[..., 1:]).exp().to(dht.dtype)[
-        ..., None, None
-    ] * dht[:, :, None]
-    grad = (P[..., :nc].exp().to(contrib.dtype)[..., None, None] * contrib).sum(2) + P[..., -1].exp().to(
-        dht.dtype
-    )[..., None, None] * dht
+    backward = weights(P[..., None, :nc] - P[..., 1:, None], c[None, :] > c[:, None])
+    prev = times(forward, delta) + to_h0 * h0[:, :, None]
+    ds = times(backward, contrib) + from_dht * dht[:, :, None]
+    grad = (to_h0 * contrib).sum(2) + weights(P[..., -1])[..., None, None] * dht
     return prev, ds, grad
 
 
