@@ -135,11 +135,13 @@ def load_config(
     problem = problem or saved
     if not allow_mismatch:
         check_environment(path, saved_env)
-        here = kernel_key(modules=GATED_MODULES)
-        if saved.gate == "token" and saved_env.get(GATED_KERNEL) != here:
-            raise ExportError(
-                f"{path} was measured with the gated kernels {saved_env.get(GATED_KERNEL)!r}, these are "
-                f"{here!r}: tune it again (python -m tuner run --gate token)"
+        if saved.gate == "token":
+            check_code(
+                path,
+                "gated",
+                GATED_MODULES,
+                [saved_env.get(GATED_KERNEL)],
+                "python -m tuner run --gate token",
             )
         if problem != saved:
             raise ExportError(
@@ -148,6 +150,18 @@ def load_config(
     if reason := config_error(problem, config, environment()["arch"]):
         raise ExportError(f"{path}: the config cannot run {problem} here: {reason}")
     return problem, config
+
+
+def check_code(path: str | Path, family: str, modules: tuple[str, ...], keys: list, command: str) -> None:
+    """``ExportError`` unless every one of ``keys`` (the code keys a file's ``family`` results
+    were measured under) is this code's, ``kernel_key(modules=modules)``; it names ``command``
+    that measures them again."""
+    here = kernel_key(modules=modules)
+    if stale := [key for key in keys if key != here]:
+        raise ExportError(
+            f"{path}: its {family} entries were measured with the {family} kernels {stale[0]!r}, "
+            f"these are {here!r}: tune them again ({command})"
+        )
 
 
 def check_environment(path: str | Path, saved: dict[str, Any]) -> None:

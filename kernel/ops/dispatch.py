@@ -11,9 +11,10 @@ from kernel.builder import ScalarDecayKernel, build
 from kernel.config import SWEEPS, KernelConfig, Problem
 from kernel.constraints import config_error, runs
 from kernel.decode import DecodeCase, DecodeConfig, DecodeProblem
-from kernel.environment import DECODE_KERNEL, DECODE_MODULES, GATED_KERNEL, GATED_MODULES, kernel_key
+from kernel.environment import DECODE_KERNEL, DECODE_MODULES, GATED_KERNEL, GATED_MODULES
 from kernel.ops.deploy import (
     ExportError,
+    check_code,
     check_environment,
     file_arch,
     file_config,
@@ -203,18 +204,10 @@ def load_dispatch(path: str | Path, *, allow_mismatch: bool = False) -> Dispatch
         raise ExportError(f"{path}: malformed entry: {exc}") from None
     if not allow_mismatch:
         check_environment(path, environment)
-        here = kernel_key(modules=DECODE_MODULES)
-        if stale := [e for e in decode if e.kernel != here]:
-            raise ExportError(
-                f"{path}: its decode entries were measured with the decode kernels {stale[0].kernel!r}, "
-                f"these are {here!r}: tune them again (python -m tuner dispatch --decode)"
-            )
-        here = kernel_key(modules=GATED_MODULES)
-        if stale := [e for e in entries if e.problem.gate == "token" and e.kernel != here]:
-            raise ExportError(
-                f"{path}: its gated entries were measured with the gated kernels {stale[0].kernel!r}, "
-                f"these are {here!r}: tune them again (python -m tuner dispatch --gate token)"
-            )
+        keys = [e.kernel for e in decode]
+        check_code(path, "decode", DECODE_MODULES, keys, "python -m tuner dispatch --decode")
+        keys = [e.kernel for e in entries if e.problem.gate == "token"]
+        check_code(path, "gated", GATED_MODULES, keys, "python -m tuner dispatch --gate token")
     return Dispatch(entries, environment, decode=decode)
 
 
