@@ -12,6 +12,7 @@ Differentiable in q, k, v, ``g`` and the initial state by ``kernel.ops.gated_bac
 torch, not a kernel yet); the per-head decay is not learned, as in the constant-decay op.
 """
 
+import functools
 import math
 from typing import Any
 
@@ -21,8 +22,10 @@ from kernel.builder import cuda_arch
 from kernel.config import Call, Problem
 from kernel.gated_build import TORCH_DTYPES, compile_gated
 from kernel.ops import inputs
-from kernel.ops.gated_backward import gated_backward
+from kernel.ops.gated_backward import GatedPass, backward_by_passes, gated_backward
 from kernel.ops.serve import PLANS, PLANS_MAX, kernel_job
+from kernel.rule import gated_config
+from kernel.variants import shape_generic
 
 
 def gated_attention(
@@ -138,6 +141,10 @@ class _GatedPlan:
     def offsets(self, cu_seqlens):
         return None if cu_seqlens is None else inputs.offsets_values(cu_seqlens, self.sizes)
 
+    def backward_pass(self) -> GatedPass:
+        """What the eager backward runs its three passes on (``backward_by_passes``)."""
+        return _kernel_pass(self.scale)
+
     def forward(
         self, q, k, v, gate, gamma, initial_state, cu_seqlens
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -159,26 +166,70 @@ class _GatedPlan:
 
 class _GatedFn(torch.autograd.Function):
     """An eager call of a kept ``_GatedPlan``: its checked tensors in, ``(o, final or None)``
-    out; the backward is ``gated_backward`` on the whole log-gate (``g`` plus the per-head
-    log-decay)."""
+    out; the backward is three passes of the gated kernel (``backward_by_passes``) on the
+    whole log-gate (``g`` plus the per-head log-decay)."""
 
     @staticmethod
     def forward(ctx: Any, plan: _GatedPlan, q, k, v, gate, gamma, initial_state, cu_seqlens):
         o, final = plan.forward(q, k, v, gate, gamma, initial_state, cu_seqlens)
-        ctx.save_for_backward(q, k, v, gate, gamma, initial_state, cu_seqlens)
-        ctx.scale = plan.scale
+        ctx.save_for_backward(q, k, v, gate, gamma, initial_state, cu_seqlens, final)
+        ctx.plan = plan
         ctx.set_materialize_grads(False)  # a final state's gradient left None: a zero dHT
         return o, final
 
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None = None) -> tuple:
-        q, k, v, gate, gamma, initial_state, cu_seqlens = ctx.saved_tensors
+        q, k, v, gate, gamma, initial_state, cu_seqlens, final = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do
-        dq, dk, dv, dg, dh0 = gated_backward(
-            q, k, v, gate + gamma, do, scale=ctx.scale, initial_state=initial_state, dht=dfinal,
-            cu_seqlens=cu_seqlens,
+        dq, dk, dv, dg, dh0 = backward_by_passes(
+            ctx.plan.backward_pass(), q, k, v, gate + gamma, do, scale=ctx.plan.scale,
+            initial_state=initial_state, dht=dfinal, final=final, cu_seqlens=cu_seqlens,
         )  # fmt: skip
-        return None, dq, dk, dv, dg, None, (dh0 if initial_state is not None else None), None
+        return None, dq, dk, dv, dg, None, dh0, None
+
+
+def _kernel_pass(scale: float) -> GatedPass:
+    """``backward_by_passes``'s gated forward on this GPU: ``kernel.gated``'s kernel in the
+    backward's modes (float32 O; backwards in time where asked) at the rule's config for the
+    pass's heads (``kernel.rule.gated_config``)."""
+
+    def run(q, k, v, g, h0, want_final, cu_seqlens, reverse):
+        b, s, groups, dk = q.shape
+        heads, dv = v.shape[2], v.shape[3]
+        n = b if cu_seqlens is None else cu_seqlens.numel() - 1
+        problem = Problem(b, heads, s, dk, dv, TORCH_DTYPES[q.dtype], "token", groups)
+        generic = shape_generic(problem, gated_config(problem), cuda_arch())
+        launch = _pass_kernel(generic, scale, h0 is not None, want_final, cu_seqlens is not None, reverse)
+        f32 = dict(dtype=torch.float32, device=q.device)
+        o = torch.empty(b, s, heads, dv, **f32)
+        ht = torch.empty(n * heads, 1, dk, dv, **f32)
+        start = ht if h0 is None else h0.reshape(-1, 1, dk, dv).contiguous()  # read only where given
+        args = (q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), torch.zeros(heads, **f32))
+        launch(*args, start, o, ht, *([] if cu_seqlens is None else [cu_seqlens.to(torch.int32)]))
+        return o, (ht.view(n, heads, dk, dv) if want_final else None)
+
+    return run
+
+
+@functools.cache
+def _pass_kernel(
+    problem: Problem, scale: float, initial_state: bool, final_state: bool, packed: bool, reverse: bool
+):
+    """One pass's compiled kernel (``kernel.loader.fast_functions``), once a process per pass
+    and shape class (``kernel.variants.shape_generic``)."""
+    from kernel.gated import gated_fwd, packed_gated_fwd
+    from kernel.loader import fast_functions
+    from kernel.probe import compile_funcs
+
+    arch = cuda_arch()
+    p, c = problem, gated_config(problem)
+    knobs = dict(
+        heads=p.heads, groups=p.qk_heads, dk=p.dk, dv=p.dv, dtype=p.dtype, chunk=c.chunk, block_dv=c.block_dv,
+        num_stages=c.num_stages, threads=c.threads, arch=arch, scale=scale, initial_state=initial_state,
+        final_state=final_state, reverse=reverse, out_dtype="float32",
+    )  # fmt: skip
+    func = packed_gated_fwd(**knobs) if packed else gated_fwd(**knobs, batch=p.batch, seqlen=p.seqlen)
+    return fast_functions(compile_funcs([func], arch))[0]
 
 
 def _gated(
