@@ -61,57 +61,64 @@ from kernel.scalar_decay import ACCUM, staged_tiles, store_macro
 LOG2E = math.log2(math.e)
 
 
+# TMA's least inner box is 16 bytes: where H is a multiple of 4, a chunk's gates come by TMA
+# as a [C, 4] box of fp32 gates of 4 heads, beside Q, K and V (the block reads its own
+# head's column); else by a scalar load per row, which the producer waits on first.
+GATE_BOX = 4
+
+
+def gate_box(heads: int) -> int:
+    """The heads a chunk's gate load spans: ``GATE_BOX`` where H is a multiple of it, else 1."""
+    return GATE_BOX if heads % GATE_BOX == 0 else 1
+
+
 def gate_weights_macro(*, chunk: int, heads: int, reverse: bool = False):
     """The chunk's gate weights, as a ``@T.macro`` ``gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb,
-    s0, bh, m, s_end)``: the gates of rows ``s0 : s0 + m`` of batch ``bb``, head ``bh`` (plus
-    ``Gamma[bh]``; 0 on the rows past m) into ``g_s``, their scan ``G_s[r] =
-    G_r``, then ``w_s[0, r] = exp(G_r)`` (the queries') and ``w_s[1, r] = exp(G_last - G_r)``
-    (the keys', 0 past m), all fp32 in shared memory.
+    s0, bh, m, s_end)``: the gates of rows ``s0 : s0 + C`` of batch ``bb`` and of the heads
+    ``h0 : h0 + gate_box(heads)`` from ``bh`` rounded down, loaded into ``g_s`` (``[C,
+    gate_box(heads)]``); head ``bh``'s (plus ``Gamma[bh]``; 0 on the rows past m) scanned
+    into ``G_s[r] = G_r``, then ``w_s[0, r] = exp(G_r)`` (the queries') and ``w_s[1, r] =
+    exp(G_last - G_r)`` (the keys', 0 past m), all fp32 in shared memory.
 
-    With ``reverse`` (the module's docstring): the gates shifted by one token, ``g_s[r] =
-    g'_r``, those of rows ``s0 + 1 : s0 + C + 1`` up to ``s_end`` (0 from ``s_end`` on: every
-    row past ``m - 1`` reads 0), their exclusive scan ``G_s[r] = E_r``, ``w_s[0, r] =
-    exp(E_last - E_r)`` (the queries'; ``w_s[0, 0] = exp(E_last)``, the carry) and ``w_s[1,
-    r] = exp(E_r)`` (the keys', 0 past m). Forward, ``s_end`` is not read.
+    With ``reverse`` (the module's docstring): the gates shifted by one token, those of rows
+    ``s0 + 1 : s0 + C + 1``, 0 from ``s_end`` on (every row past ``m - 1`` reads 0), their
+    exclusive scan ``G_s[r] = E_r``, ``w_s[0, r] = exp(E_last - E_r)`` (the queries'; ``w_s[0,
+    0] = exp(E_last)``, the carry) and ``w_s[1, r] = exp(E_r)`` (the keys', 0 past m).
+    Forward, ``s_end`` is not read.
 
     The scan is a sum per row over the rows up to it, in the order of the rows, in a
     register fragment ``G_f`` (each thread reads the shared gates and adds; one store to
     ``G_s`` after), not ``T.cumsum``: with two pipeline stages TileLang 0.1.15
-    double-buffers ``g_s`` into ``[2, C]`` and lowers the cumsum of its ``dim=0`` to a scan
-    along the new axis of one row, which leaves the gates unscanned. Summed in ``G_s``
-    itself, each of the C adds was a shared-memory load and store in series."""
-    C = chunk
+    double-buffers ``g_s`` and lowers the cumsum of its ``dim=0`` to a scan along the new
+    axis of one row, which leaves the gates unscanned. Summed in ``G_s`` itself, each of the
+    C adds was a shared-memory load and store in series. The rows a tile holds past its
+    chunk's (past S, zero-filled by TMA, or the next packed sequence's) are masked in the
+    scan, never loaded apart."""
+    C, box = chunk, gate_box(heads)
+    shift = 1 if reverse else 0
 
-    @T.macro
-    def reversed_gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb, s0, bh, m, s_end):
-        for r in T.Parallel(C):  # row m - 1 reads the next chunk's first gate, if in the sequence
-            g_s[r] = T.if_then_else(
-                s0 + r + 1 < s_end, Gate[bb, s0 + r + 1, bh] + Gamma[bh], T.Cast(ACCUM, 0)
-            )
-        T.clear(G_f)
-        for r in T.Parallel(C):
-            for t in T.serial(C):
-                G_f[r] += T.if_then_else(t < r, g_s[t], T.Cast(ACCUM, 0))
-        T.copy(G_f, G_s)
-        for r in T.Parallel(C):
-            w_s[0, r] = T.exp2((G_s[C - 1] + g_s[C - 1] - G_s[r]) * LOG2E)  # E_last = E_{C-1} + g'_{C-1}
-            w_s[1, r] = T.if_then_else(r < m, T.exp2(G_s[r] * LOG2E), T.Cast(ACCUM, 0))
-
-    if reverse:
-        return reversed_gate
+    def value(g_s, Gamma, bh, t, s0, m, s_end):
+        """Head bh's gate of row t, 0 past the chunk (reversed: past the sequence)."""
+        kept = (s0 + t + 1 < s_end) if reverse else (t < m)
+        return T.if_then_else(kept, g_s[t, bh % box] + Gamma[bh], T.Cast(ACCUM, 0))
 
     @T.macro
     def gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb, s0, bh, m, s_end):
-        for r in T.Parallel(C):
-            g_s[r] = T.if_then_else(r < m, Gate[bb, s0 + r, bh] + Gamma[bh], T.Cast(ACCUM, 0))
+        T.copy(Gate[bb, s0 + shift : s0 + shift + C, bh // box * box : bh // box * box + box], g_s)
         T.clear(G_f)
         for r in T.Parallel(C):
             for t in T.serial(C):
-                G_f[r] += T.if_then_else(t <= r, g_s[t], T.Cast(ACCUM, 0))
+                G_f[r] += T.if_then_else(
+                    (t < r) if reverse else (t <= r), value(g_s, Gamma, bh, t, s0, m, s_end), T.Cast(ACCUM, 0)
+                )
         T.copy(G_f, G_s)
         for r in T.Parallel(C):
-            w_s[0, r] = T.exp2(G_s[r] * LOG2E)
-            w_s[1, r] = T.if_then_else(r < m, T.exp2((G_s[C - 1] - G_s[r]) * LOG2E), T.Cast(ACCUM, 0))
+            if reverse:  # E_last = E_{C-1} + g'_{C-1}
+                w_s[0, r] = T.exp2((G_s[C - 1] + value(g_s, Gamma, bh, C - 1, s0, m, s_end) - G_s[r]) * LOG2E)
+                w_s[1, r] = T.if_then_else(r < m, T.exp2(G_s[r] * LOG2E), T.Cast(ACCUM, 0))
+            else:
+                w_s[0, r] = T.exp2(G_s[r] * LOG2E)
+                w_s[1, r] = T.if_then_else(r < m, T.exp2((G_s[C - 1] - G_s[r]) * LOG2E), T.Cast(ACCUM, 0))
 
     return gate
 
@@ -162,7 +169,7 @@ def gated_chunk_loop_macro(
         S_s = T.alloc_shared([dk, block_dv], dtype)
         O_s = T.alloc_shared([C, block_dv], o_dtype)
         A_cast = T.alloc_shared([C, C], dtype)
-        g_s = T.alloc_shared([C], accum)  # the chunk's gates
+        g_s = T.alloc_shared([C, gate_box(heads)], accum)  # the chunk's gates (gate_weights_macro)
         G_f = T.alloc_fragment([C], accum)  # their scan G, summed in registers
         G_s = T.alloc_shared([C], accum)  # and shared
         w_s = T.alloc_shared([2, C], accum)  # exp(G_r); exp(G_last - G_r) (reversed: see gate)

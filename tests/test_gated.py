@@ -157,20 +157,30 @@ def test_backward_modes_compile_for_sm_90a(shape, packed):
         assert found[name].fits_smem, (name, found[name])
 
 
-def test_reverse_source_bounds_its_gates_and_stores_fp32():
-    """The reversed kernel reads each gate one token ahead under a bound on the sequence's
-    end (``s_end``), and the fp32 output tile leaves by a TMA store of fp32."""
+@pytest.mark.parametrize("heads", [4, 6])
+def test_reverse_source_reads_its_gates_one_token_ahead_and_stores_fp32(heads):
+    """The reversed kernel reads each chunk's gates one token ahead: by TMA, one row past Q's
+    tile, where H is a multiple of 4 (``kernel.gated.GATE_BOX``); else by scalar loads under a
+    bound on the sequence's end (``s_end``). The fp32 output tile leaves by a TMA store of fp32."""
     from kernel.gated import gated_fwd
     from kernel.probe import compile_funcs
 
     func = gated_fwd(
-        heads=4, groups=2, dk=64, dv=64, dtype="float16", chunk=64, block_dv=64, num_stages=1, threads=256,
-        arch="sm_90a", scale=0.125, initial_state=True, final_state=True, reverse=True, out_dtype="float32",
+        heads=heads, groups=2, dk=64, dv=64, dtype="float16", chunk=64, block_dv=64, num_stages=1,
+        threads=256, arch="sm_90a", scale=0.125, initial_state=True, final_state=True, reverse=True,
+        out_dtype="float32",
     )  # fmt: skip
     (kernel,) = compile_funcs([func], "sm_90a")
     lines = kernel.get_kernel_source().splitlines()
-    reads = [n for n, line in enumerate(lines) if "Gate[" in line]
-    assert reads and all(lines[n - 1].lstrip().startswith("if (") and "s_end" in lines[n - 1] for n in reads)
+    if heads % 4 == 0:
+        (gate,) = [line for line in lines if "tma_load(Gate_desc" in line]
+        (query,) = [line for line in lines if "tma_load(Q_desc" in line]
+        assert "(c * 64)) - 63)" in gate and "(c * 64)) - 64)" in query, (gate, query)
+    else:
+        reads = [n for n, line in enumerate(lines) if "Gate[" in line]
+        assert reads and all(
+            lines[n - 1].lstrip().startswith("if (") and "s_end" in lines[n - 1] for n in reads
+        )
     assert any("tl::tma_store(O_desc, (&(((float*)O_s)" in line for line in lines)
 
 

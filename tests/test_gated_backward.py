@@ -61,17 +61,17 @@ def test_the_gradients_match_the_fp64_reference(shape, gate, dtype):
     assert [x.dtype for x in got] == [dtype] * 3 + [torch.float32] * 2
 
 
-def _reference_pass(scale: float):
+def _reference_pass(scale: float, dtype: torch.dtype = torch.float32):
     """``backward_by_passes``'s gated forward, with references B standing in for the kernel
     (forward: ``refs.gated_chunked``, backwards in time: ``refs.gated_reversed``), their
-    outputs rounded to float32 as the kernel writes them for the backward."""
+    outputs rounded to ``dtype`` (float32, as the kernel writes them for the backward)."""
 
     def run(q, k, v, g, h0, want_final, cu_seqlens, reverse):
         form = refs.gated_reversed if reverse else refs.gated_chunked
         o, final = form(
             q, k, v, g, 64, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens
         )
-        return o.float(), (final.float() if want_final else None)
+        return o.to(dtype), (final.to(dtype) if want_final else None)
 
     return run
 
@@ -133,18 +133,22 @@ def test_the_backward_op_matches_its_fake_implementation(shape):
     shapes, dtypes and strides are those its fake implementation promises (a dense call of a
     ragged last chunk once returned dv permuted, and the compiled graph's stride check failed)."""
     q, k, v, g, do, h0, dht, cu = _case(*shape, GATES[1], torch.float16, seed=7)
-    args = (q, k, v, g, do, 0.25, h0, dht, cu)
+    final = torch.randn_like(dht)  # the forward's final state, read with dht (CUDA's passes)
+    args = (q, k, v, g, do, 0.25, h0, dht, final, cu)
     torch.library.opcheck(torch.ops.decay_tuner.gated_attention_backward.default, args)
     assert all(x.is_contiguous() for x in torch.ops.decay_tuner.gated_attention_backward(*args))
 
 
 class _ReferencePlan:
-    """A ``_GatedPlan`` whose launch is reference B in fp64 (no GPU here)."""
+    """A ``_GatedPlan`` whose launches are reference B's in fp64 (no GPU here)."""
 
     scale = 0.3
 
     def __init__(self, cu):
         self.cu = cu
+
+    def backward_pass(self):
+        return _reference_pass(self.scale, torch.float64)
 
     def forward(self, q, k, v, gate, gamma, initial_state, cu_seqlens):
         o, final = refs.gated_chunked(

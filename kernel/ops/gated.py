@@ -12,6 +12,7 @@ Differentiable in q, k, v, ``g`` and the initial state by ``kernel.ops.gated_bac
 torch, not a kernel yet); the per-head decay is not learned, as in the constant-decay op.
 """
 
+import functools
 import math
 from typing import Any
 
@@ -21,8 +22,10 @@ from kernel.builder import cuda_arch
 from kernel.config import Call, Problem
 from kernel.gated_build import TORCH_DTYPES, compile_gated
 from kernel.ops import inputs
-from kernel.ops.gated_backward import gated_backward
+from kernel.ops.gated_backward import GatedPass, backward_by_passes, gated_backward
 from kernel.ops.serve import PLANS, PLANS_MAX, kernel_job
+from kernel.rule import gated_config
+from kernel.variants import shape_generic
 
 
 def gated_attention(
@@ -138,6 +141,10 @@ class _GatedPlan:
     def offsets(self, cu_seqlens):
         return None if cu_seqlens is None else inputs.offsets_values(cu_seqlens, self.sizes)
 
+    def backward_pass(self) -> GatedPass:
+        """What the eager backward runs its three passes on (``backward_by_passes``)."""
+        return _kernel_pass(self.scale)
+
     def forward(
         self, q, k, v, gate, gamma, initial_state, cu_seqlens
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -159,26 +166,70 @@ class _GatedPlan:
 
 class _GatedFn(torch.autograd.Function):
     """An eager call of a kept ``_GatedPlan``: its checked tensors in, ``(o, final or None)``
-    out; the backward is ``gated_backward`` on the whole log-gate (``g`` plus the per-head
-    log-decay)."""
+    out; the backward is three passes of the gated kernel (``backward_by_passes``) on the
+    whole log-gate (``g`` plus the per-head log-decay)."""
 
     @staticmethod
     def forward(ctx: Any, plan: _GatedPlan, q, k, v, gate, gamma, initial_state, cu_seqlens):
         o, final = plan.forward(q, k, v, gate, gamma, initial_state, cu_seqlens)
-        ctx.save_for_backward(q, k, v, gate, gamma, initial_state, cu_seqlens)
-        ctx.scale = plan.scale
+        ctx.save_for_backward(q, k, v, gate, gamma, initial_state, cu_seqlens, final)
+        ctx.plan = plan
         ctx.set_materialize_grads(False)  # a final state's gradient left None: a zero dHT
         return o, final
 
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None = None) -> tuple:
-        q, k, v, gate, gamma, initial_state, cu_seqlens = ctx.saved_tensors
+        q, k, v, gate, gamma, initial_state, cu_seqlens, final = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do
-        dq, dk, dv, dg, dh0 = gated_backward(
-            q, k, v, gate + gamma, do, scale=ctx.scale, initial_state=initial_state, dht=dfinal,
-            cu_seqlens=cu_seqlens,
+        dq, dk, dv, dg, dh0 = backward_by_passes(
+            ctx.plan.backward_pass(), q, k, v, gate + gamma, do, scale=ctx.plan.scale,
+            initial_state=initial_state, dht=dfinal, final=final, cu_seqlens=cu_seqlens,
         )  # fmt: skip
-        return None, dq, dk, dv, dg, None, (dh0 if initial_state is not None else None), None
+        return None, dq, dk, dv, dg, None, dh0, None
+
+
+def _kernel_pass(scale: float) -> GatedPass:
+    """``backward_by_passes``'s gated forward on this GPU: ``kernel.gated``'s kernel in the
+    backward's modes (float32 O; backwards in time where asked) at the rule's config for the
+    pass's heads (``kernel.rule.gated_config``)."""
+
+    def run(q, k, v, g, h0, want_final, cu_seqlens, reverse):
+        b, s, groups, dk = q.shape
+        heads, dv = v.shape[2], v.shape[3]
+        n = b if cu_seqlens is None else cu_seqlens.numel() - 1
+        problem = Problem(b, heads, s, dk, dv, TORCH_DTYPES[q.dtype], "token", groups)
+        generic = shape_generic(problem, gated_config(problem), cuda_arch())
+        launch = _pass_kernel(generic, scale, h0 is not None, want_final, cu_seqlens is not None, reverse)
+        f32 = dict(dtype=torch.float32, device=q.device)
+        o = torch.empty(b, s, heads, dv, **f32)
+        ht = torch.empty(n * heads, 1, dk, dv, **f32)
+        start = ht if h0 is None else h0.reshape(-1, 1, dk, dv).contiguous()  # read only where given
+        args = (q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), torch.zeros(heads, **f32))
+        launch(*args, start, o, ht, *([] if cu_seqlens is None else [cu_seqlens.to(torch.int32)]))
+        return o, (ht.view(n, heads, dk, dv) if want_final else None)
+
+    return run
+
+
+@functools.cache
+def _pass_kernel(
+    problem: Problem, scale: float, initial_state: bool, final_state: bool, packed: bool, reverse: bool
+):
+    """One pass's compiled kernel (``kernel.loader.fast_functions``), once a process per pass
+    and shape class (``kernel.variants.shape_generic``)."""
+    from kernel.gated import gated_fwd, packed_gated_fwd
+    from kernel.loader import fast_functions
+    from kernel.probe import compile_funcs
+
+    arch = cuda_arch()
+    p, c = problem, gated_config(problem)
+    knobs = dict(
+        heads=p.heads, groups=p.qk_heads, dk=p.dk, dv=p.dv, dtype=p.dtype, chunk=c.chunk, block_dv=c.block_dv,
+        num_stages=c.num_stages, threads=c.threads, arch=arch, scale=scale, initial_state=initial_state,
+        final_state=final_state, reverse=reverse, out_dtype="float32",
+    )  # fmt: skip
+    func = packed_gated_fwd(**knobs) if packed else gated_fwd(**knobs, batch=p.batch, seqlen=p.seqlen)
+    return fast_functions(compile_funcs([func], arch))[0]
 
 
 def _gated(
@@ -234,10 +285,13 @@ def _backward(
     scale: float,
     initial_state: torch.Tensor | None,
     dht: torch.Tensor | None,
+    final: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward op's implementation: ``(dq, dk, dv, dg, dH0)``, dH0 an empty ``(0,)``
-    tensor where the forward took no state."""
+    tensor where the forward took no state. ``final``: the forward's final state where
+    ``dht`` is given. On a CPU (the op's tests), the float32 torch backward; on CUDA,
+    ``_backward_cuda``."""
     dq, dk, dv, dg, dh0 = gated_backward(
         q, k, v, g_total, do, scale=scale, initial_state=initial_state, dht=dht, cu_seqlens=cu_seqlens
     )
@@ -247,8 +301,18 @@ def _backward(
 _backward_op = torch.library.custom_op("decay_tuner::gated_attention_backward", mutates_args=())(_backward)
 
 
+@_backward_op.register_kernel("cuda")
+def _backward_cuda(q, k, v, g_total, do, scale, initial_state, dht, final, cu_seqlens):
+    """The backward op on CUDA: three passes of the gated kernel (``backward_by_passes``)."""
+    dq, dk, dv, dg, dh0 = backward_by_passes(
+        _kernel_pass(scale), q, k, v, g_total, do, scale=scale, initial_state=initial_state, dht=dht,
+        final=final, cu_seqlens=cu_seqlens,
+    )  # fmt: skip
+    return dq, dk, dv, dg, (dh0 if dh0 is not None else q.new_empty(0, dtype=torch.float32))
+
+
 @_backward_op.register_fake
-def _(q, k, v, g_total, do, scale, initial_state, dht, cu_seqlens):
+def _(q, k, v, g_total, do, scale, initial_state, dht, final, cu_seqlens):
     dh0 = (
         torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0, dtype=torch.float32)
     )
@@ -263,19 +327,19 @@ def _(q, k, v, g_total, do, scale, initial_state, dht, cu_seqlens):
 
 def _setup(ctx: Any, inputs: tuple, output: tuple) -> None:  # torch names the argument "inputs"
     q, k, v, g, decay, alpha, scale, initial_state, _, cu_seqlens = inputs
-    ctx.save_for_backward(q, k, v, g, decay, initial_state, cu_seqlens)
+    ctx.save_for_backward(q, k, v, g, decay, initial_state, cu_seqlens, output[1])
     ctx.alpha, ctx.scale = alpha, scale
 
 
 def _gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple:
     """The op's autograd rule: gradients for q, k, v, g and the initial state; none for the
     decay (not learned) or the offsets."""
-    q, k, v, g, decay, initial_state, cu_seqlens = ctx.saved_tensors
+    q, k, v, g, decay, initial_state, cu_seqlens, final = ctx.saved_tensors
     do = torch.zeros_like(v) if do is None else do
     dht = dfinal if dfinal is not None and dfinal.numel() else None  # the (0,) stand-in: no state
     g_total = _log_gate(g, decay, ctx.alpha, v).expand(v.shape[:3]).contiguous()
     dq, dk, dv, dg, dh0 = torch.ops.decay_tuner.gated_attention_backward(
-        q, k, v, g_total, do, ctx.scale, initial_state, dht, cu_seqlens
+        q, k, v, g_total, do, ctx.scale, initial_state, dht, final if dht is not None else None, cu_seqlens
     )
     dg = dg if g is not None else None
     return dq, dk, dv, dg, None, None, None, (dh0 if initial_state is not None else None), None, None
