@@ -265,8 +265,18 @@ def gated_reversed(
 
 
 def _kernel_mimic(
-    q: Tensor, k: Tensor, v: Tensor, lg: Tensor, state0: Tensor, *, chunk: int, block_dv: int, scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lg: Tensor,
+    state0: Tensor,
+    *,
+    chunk: int,
+    block_dv: int,
+    scale: float,
+    rounded: torch.dtype | None,
 ):
+    cast = (lambda x: x) if rounded is None else (lambda x: x.to(rounded).to(F64))  # noqa: E731
     b, s, h, dk = q.shape
     dv = v.shape[-1]
     pad = -s % chunk  # zero rows, as the kernel's bounds-checked tile copies read past S
@@ -290,10 +300,10 @@ def _kernel_mimic(
             gamma = torch.where(causal, scale * torch.exp(diff), 0.0)  # [B, H, C, C]
             w_query = scale * torch.exp(G)  # [B, H, C]
             w_key = torch.where(r < m, torch.exp(g_last - G), 0.0)  # past m, G = G_last
-            inter = (qs @ state) * w_query[..., None]  # [C, DK] @ [DK, bDV] -> [C, bDV], rows weighted
-            scores = (qs @ ks.mT) * gamma  # [C, DK] @ [DK, C] -> [C, C]
+            inter = (qs @ cast(state)) * w_query[..., None]  # [C, DK] @ [DK, bDV] -> [C, bDV], rows weighted
+            scores = cast((qs @ ks.mT) * gamma)  # [C, DK] @ [DK, C] -> [C, C]
             out[:, :, rows, cols] = inter + scores @ vs  # output before the state update
-            state = torch.exp(g_last)[..., None] * state + (ks * w_key[..., None]).mT @ vs
+            state = torch.exp(g_last)[..., None] * state + cast(ks * w_key[..., None]).mT @ vs
         final[..., cols] = state
     return out[:, :, :s].transpose(1, 2).contiguous(), final
 
@@ -307,6 +317,8 @@ def gated_kernel_mimic(
     *,
     block_dv: int | None = None,
     scale: float = 1.0,
+    rounded: torch.dtype | None = None,
+    reverse: bool = False,
     **keywords,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Reference C: the gated kernel's control flow (``kernel.gated``), with a streaming state.
@@ -316,9 +328,14 @@ def gated_kernel_mimic(
     zeroed, scanned into ``G``, and every weight is ``exp`` of an exponent <= 0 (for gates
     <= 0), evaluated only where it is used; the scale rides on the query weights and the
     mask, never on Q. Output before the state update; the state decayed by ``exp(G_last)``
-    before the chunk's keys are added. Arguments and result as in ``gated_chunked``.
+    before the chunk's keys are added. ``rounded``: a dtype (the kernel's inputs') that the
+    three products' inputs the kernel casts are rounded to, the state, the masked scores
+    and the weighted keys; None keeps them float64. ``reverse``: backwards in time, as
+    ``gated_reversed``. Other arguments and the result as in ``gated_chunked``.
     """
     block_dv = v.shape[-1] if block_dv is None else check_chunk(block_dv, "block_dv")
     # q reaches the core unscaled, as the kernel reads it; the scale rides on its weights
-    core = partial(_kernel_mimic, chunk=check_chunk(chunk), block_dv=block_dv, scale=check_scale(scale))
-    return run_gated(core, q, k, v, g, scale=1.0, **keywords)
+    core = partial(
+        _kernel_mimic, chunk=check_chunk(chunk), block_dv=block_dv, scale=check_scale(scale), rounded=rounded
+    )
+    return run_gated(_reversed(core) if reverse else core, q, k, v, g, scale=1.0, **keywords)

@@ -172,18 +172,18 @@ class _GatedFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, plan: _GatedPlan, q, k, v, gate, gamma, initial_state, cu_seqlens):
         o, final = plan.forward(q, k, v, gate, gamma, initial_state, cu_seqlens)
-        ctx.save_for_backward(q, k, v, gate, gamma, initial_state, cu_seqlens, final)
+        ctx.save_for_backward(q, k, v, gate, gamma, initial_state, cu_seqlens)
         ctx.plan = plan
         ctx.set_materialize_grads(False)  # a final state's gradient left None: a zero dHT
         return o, final
 
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None = None) -> tuple:
-        q, k, v, gate, gamma, initial_state, cu_seqlens, final = ctx.saved_tensors
+        q, k, v, gate, gamma, initial_state, cu_seqlens = ctx.saved_tensors
         do = torch.zeros_like(v) if do is None else do
         dq, dk, dv, dg, dh0 = backward_by_passes(
             ctx.plan.backward_pass(), q, k, v, gate + gamma, do, scale=ctx.plan.scale,
-            initial_state=initial_state, dht=dfinal, final=final, cu_seqlens=cu_seqlens,
+            initial_state=initial_state, dht=dfinal, cu_seqlens=cu_seqlens,
         )  # fmt: skip
         return None, dq, dk, dv, dg, None, dh0, None
 
@@ -285,13 +285,11 @@ def _backward(
     scale: float,
     initial_state: torch.Tensor | None,
     dht: torch.Tensor | None,
-    final: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward op's implementation: ``(dq, dk, dv, dg, dH0)``, dH0 an empty ``(0,)``
-    tensor where the forward took no state. ``final``: the forward's final state where
-    ``dht`` is given. On a CPU (the op's tests), the float32 torch backward; on CUDA,
-    ``_backward_cuda``."""
+    tensor where the forward took no state. On a CPU (the op's tests), the float32 torch
+    backward; on CUDA, ``_backward_cuda``."""
     dq, dk, dv, dg, dh0 = gated_backward(
         q, k, v, g_total, do, scale=scale, initial_state=initial_state, dht=dht, cu_seqlens=cu_seqlens
     )
@@ -302,17 +300,17 @@ _backward_op = torch.library.custom_op("decay_tuner::gated_attention_backward", 
 
 
 @_backward_op.register_kernel("cuda")
-def _backward_cuda(q, k, v, g_total, do, scale, initial_state, dht, final, cu_seqlens):
+def _backward_cuda(q, k, v, g_total, do, scale, initial_state, dht, cu_seqlens):
     """The backward op on CUDA: three passes of the gated kernel (``backward_by_passes``)."""
     dq, dk, dv, dg, dh0 = backward_by_passes(
         _kernel_pass(scale), q, k, v, g_total, do, scale=scale, initial_state=initial_state, dht=dht,
-        final=final, cu_seqlens=cu_seqlens,
+        cu_seqlens=cu_seqlens,
     )  # fmt: skip
     return dq, dk, dv, dg, (dh0 if dh0 is not None else q.new_empty(0, dtype=torch.float32))
 
 
 @_backward_op.register_fake
-def _(q, k, v, g_total, do, scale, initial_state, dht, final, cu_seqlens):
+def _(q, k, v, g_total, do, scale, initial_state, dht, cu_seqlens):
     dh0 = (
         torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0, dtype=torch.float32)
     )
@@ -327,19 +325,19 @@ def _(q, k, v, g_total, do, scale, initial_state, dht, final, cu_seqlens):
 
 def _setup(ctx: Any, inputs: tuple, output: tuple) -> None:  # torch names the argument "inputs"
     q, k, v, g, decay, alpha, scale, initial_state, _, cu_seqlens = inputs
-    ctx.save_for_backward(q, k, v, g, decay, initial_state, cu_seqlens, output[1])
+    ctx.save_for_backward(q, k, v, g, decay, initial_state, cu_seqlens)
     ctx.alpha, ctx.scale = alpha, scale
 
 
 def _gradients(ctx: Any, do: torch.Tensor | None, dfinal: torch.Tensor | None) -> tuple:
     """The op's autograd rule: gradients for q, k, v, g and the initial state; none for the
     decay (not learned) or the offsets."""
-    q, k, v, g, decay, initial_state, cu_seqlens, final = ctx.saved_tensors
+    q, k, v, g, decay, initial_state, cu_seqlens = ctx.saved_tensors
     do = torch.zeros_like(v) if do is None else do
     dht = dfinal if dfinal is not None and dfinal.numel() else None  # the (0,) stand-in: no state
     g_total = _log_gate(g, decay, ctx.alpha, v).expand(v.shape[:3]).contiguous()
     dq, dk, dv, dg, dh0 = torch.ops.decay_tuner.gated_attention_backward(
-        q, k, v, g_total, do, ctx.scale, initial_state, dht, final if dht is not None else None, cu_seqlens
+        q, k, v, g_total, do, ctx.scale, initial_state, dht, cu_seqlens
     )
     dg = dg if g is not None else None
     return dq, dk, dv, dg, None, None, None, (dh0 if initial_state is not None else None), None, None

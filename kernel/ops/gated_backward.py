@@ -228,26 +228,29 @@ def backward_by_passes(
     scale: float,
     initial_state: Tensor | None,
     dht: Tensor | None,
-    final: Tensor | None,
     cu_seqlens: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """``gated_backward``'s ``(dq, dk, dv, dg, dh0)`` by three passes of the gated forward
-    (``gated_pass``), as ``kernel.ops.backward`` runs the constant decay's, and the gate's
-    gradient from their float32 outputs. ``final``: the forward's final state, needed where
-    ``dht`` is given; dh0 is None where there is no ``initial_state``.
+    (``gated_pass``; a fourth where ``dht`` is given), as ``kernel.ops.backward`` runs the
+    constant decay's, and the gate's gradient from their float32 outputs. dh0 is None where
+    there is no ``initial_state``.
 
     With ``S_t`` the state after token t and ``dS_t = sum_{s >= t} exp(G_s - G_t) scale q_s^T
     do_s + exp(G_last - G_t) dHT`` (G the gate's sums from the sequence's start), per head:
 
     * ``dq_t = scale do_t S_t^T``: the forward on (do, v, k) from ``H0^T``;
-    * ``dv_t = k_t dS_t`` and ``dk_t = v_t dS_t^T``: the forward backwards in time on (k, q,
-      do) from ``dHT / scale`` and on (v, do, q) from its transpose; the first's final
-      state times ``scale exp(g_0)`` is dH0;
+    * ``dv_t = k_t dS_t``: the forward backwards in time on (k, q, do) from ``dHT / scale``;
+      its final state times ``scale exp(g_0)`` is dH0;
+    * ``dk_t = v_t dS_t^T``: the same on (v, do, q) from none, plus ``x_t = exp(G_last - G_t)
+      v_t dHT^T``, the same on (v, 0, 0) from ``dHT^T / scale``;
     * ``dg_t = sum_{s >= t} (q_s . dq_s - k_s . dk_s) + <dHT, HT>``: the loss's derivative in
       ``G_s`` is ``q_s . dq_s - k_s . dk_s`` (the terms of token s with itself cancel) and
-      ``<dHT, HT>`` more for the last token; ``G_s`` sums the gates up to s. From dq and dk
-      rounded to fp16 or bf16 this difference loses a strong gate's gradient
-      (``experiments/gated/dg_form.txt``); from float32 it keeps it.
+      ``<dHT, HT>`` more for the last token. Its dHT part is summed forwards, ``exp(G_last)
+      <dHT, H0> + sum_{s < t} k_s . x_s``: summed backwards it would be ``<dHT, HT>`` less
+      nearly all of itself, and each pass rounds its state to fp16 or bf16 for its products,
+      which that difference does not survive where the gates are strong (a 0.16 relative
+      error at -20 per token in bf16, emulated on the CPU). The rest keeps it: a term of a
+      token pair enters ``q . dq`` and ``k . dk`` with the same rounding of its weight.
 
     Heads of one group (q and k in G < H heads) each run their own dq and dk, summed after."""
     b, s, groups, dk_dim = q.shape
@@ -259,21 +262,19 @@ def backward_by_passes(
     dq, _ = gated_pass(do, v, kh, g, h0_t, False, cu_seqlens, False)
     start = None if dht is None else dht / scale
     dv, back = gated_pass(k, q, do, g, start, initial_state is not None, cu_seqlens, True)
-    start_t = None if start is None else start.transpose(-1, -2).contiguous()
-    dk, _ = gated_pass(v, do, qh, g, start_t, False, cu_seqlens, True)
-
+    dk, _ = gated_pass(v, do, qh, g, None, False, cu_seqlens, True)
     step = (qh.to(dq.dtype) * dq).sum(-1) - (kh.to(dk.dtype) * dk).sum(-1)  # [B, S, H]
-    after = step.double().flip(1).cumsum(1).flip(1)  # sums over s >= t, to each row's end
-    if cu_seqlens is None:
-        dg = after
-        if dht is not None:
-            dg = dg + (dht * final).sum((-1, -2))[:, None, :]
-    else:  # each token's sum stops at its sequence's end
-        ends = cu_seqlens[1:].long()
-        seq = torch.searchsorted(ends, torch.arange(s, device=q.device), right=True)
-        dg = after - F.pad(after, (0, 0, 0, 1))[:, ends[seq]]
-        if dht is not None:
-            dg = dg + (dht * final).sum((-1, -2))[seq][None]
+    dg = _token_sums(step, cu_seqlens, after=True)
+    if dht is not None:
+        start_t = start.transpose(-1, -2).contiguous()
+        x, _ = gated_pass(v, torch.zeros_like(do), torch.zeros_like(qh), g, start_t, False, cu_seqlens, True)
+        dk = dk + x
+        dg = dg + _token_sums((kh.to(x.dtype) * x).sum(-1), cu_seqlens, after=False)
+        if initial_state is not None:  # exp(G_last) <dHT, H0>, G_last a sequence's whole sum
+            whole = _token_sums(g, cu_seqlens, after=True)
+            firsts = whole[:, 0] if cu_seqlens is None else whole[0, cu_seqlens[:-1].long()]  # [N, H]
+            term = torch.exp(firsts) * (dht.double() * initial_state.double()).sum((-1, -2))
+            dg = dg + (term[:, None] if cu_seqlens is None else term[_sequence_of(cu_seqlens, s)][None])
     dh0 = None
     if initial_state is not None:
         first = g[:, 0] if cu_seqlens is None else g[0, cu_seqlens[:-1].long()]  # [N, H]
@@ -283,3 +284,19 @@ def backward_by_passes(
         return x.reshape(b, s, groups, r, dk_dim).sum(3).to(like.dtype)
 
     return to_groups(dq, q), to_groups(dk, k), dv.to(v.dtype), dg.float(), dh0
+
+
+def _sequence_of(cu_seqlens: Tensor, tokens: int) -> Tensor:
+    """The sequence of each of the packed tokens."""
+    return torch.searchsorted(cu_seqlens[1:].long(), torch.arange(tokens, device=cu_seqlens.device), right=True)
+
+
+def _token_sums(x: Tensor, cu_seqlens: Tensor | None, *, after: bool) -> Tensor:
+    """float64 ``[B, S, H]``: each token's sum of ``x`` over the tokens of its sequence from it
+    to the end (``after``) or before it."""
+    x = x.double()
+    sums = x.flip(1).cumsum(1).flip(1) if after else F.pad(x[:, :-1], (0, 0, 1, 0)).cumsum(1)
+    if cu_seqlens is None:
+        return sums
+    bounds = (cu_seqlens[1:] if after else cu_seqlens[:-1]).long()  # where the sums leave its sequence
+    return sums - F.pad(sums, (0, 0, 0, 1))[:, bounds[_sequence_of(cu_seqlens, x.shape[1])]]
