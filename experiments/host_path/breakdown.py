@@ -2,7 +2,9 @@
 fp16, RetNet's decays, the final state returned, as ``measure.py``'s warm part): the GPU's
 kernels by name (torch.profiler, 20 calls), the host's time per call by the number of calls
 queued after a sync, and the host's Python by function (cProfile, 200 calls queued without a
-sync).
+sync). Beside ours, the floor torch's autograd sets on the same host: a
+``torch.autograd.Function`` of the same tensors that launches nothing, and one that launches
+as many kernels as ours (one forward, two backward; a fill each).
 
     source .gpu/setup.sh && python3 experiments/host_path/breakdown.py   # with OUT: $OUT/breakdown.txt
 """
@@ -32,6 +34,25 @@ def tensors(b: int, s: int, h: int = 16, d: int = 128):
     return q, k, v, gammas, torch.randn_like(v)
 
 
+class _Floor(torch.autograd.Function):
+    """fwd+bwd of q, k, v -> o through autograd, with ``launches`` fills (ours: 1 and 2)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, launches):
+        ctx.launches = launches
+        o = torch.empty_like(v)
+        if launches:
+            o.fill_(1.0)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        grads = [torch.empty_like(do) for _ in range(3)]
+        for x in grads[: 2 if ctx.launches else 0]:
+            x.fill_(1.0)
+        return *grads, None
+
+
 def main() -> None:
     lines = []
     for b, s in ((8, 4096), (2, 16384)):
@@ -53,8 +74,16 @@ def main() -> None:
             with torch.no_grad():
                 decay_attention(q, k, v, gammas, output_final_state=True)
 
+        def floor(launches: bool):
+            def step() -> None:
+                q.grad = k.grad = v.grad = None
+                _Floor.apply(q, k, v, launches).backward(do)
+
+            return step
+
         queued = []
-        for name, step in (("fwd", fwd), ("fwd+bwd", once)):
+        steps = (("fwd", fwd), ("fwd+bwd", once), ("floor, no launch", floor(False)), ("floor, 3 fills", floor(True)))
+        for name, step in steps:
             for n in (1, 2, 3, 5, 10, 20):
                 times = []
                 for _ in range(10):
