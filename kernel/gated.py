@@ -448,14 +448,17 @@ def prim_func(problem: Problem, config: KernelConfig, call: Call, *, arch: str):
     (``packed_gated_fwd``, a pool's slots too). Every kernel adds a
     per-head log-decay ``Gamma`` (zeros where a call has none) to the gates, so that one
     compiled kernel serves calls with a decay beside ``g`` and without (``warmup``'s).
-    ``ValueError`` for a call of the backward, which the gated kernel does not run."""
-    if call.reverse:
-        raise ValueError("the gated forward runs forward calls only: no backward")
+    A call of the backward's passes (``kernel.gated_build.PassCall``) runs backwards in time
+    where it asks and writes float32. ``ValueError`` for the constant decay's fused dk and
+    dv pass (``Call.dkdv``), which the gated kernel does not run."""
+    if call.dkdv:
+        raise ValueError("the gated kernel has no fused dk and dv pass: Call.dkdv")
     p, c = problem, config
     knobs = dict(
         heads=p.heads, groups=p.qk_heads, dk=p.dk, dv=p.dv, dtype=p.dtype, chunk=c.chunk, block_dv=c.block_dv,
         num_stages=c.num_stages, threads=c.threads, arch=arch, scale=call.scale,
-        initial_state=call.initial_state, final_state=call.final_state,
+        initial_state=call.initial_state, final_state=call.final_state, reverse=call.reverse,
+        out_dtype=getattr(call, "out_dtype", None),
     )  # fmt: skip
     if call.packed:  # a pool's slots too
         return packed_gated_fwd(**knobs, slots=call.slots)

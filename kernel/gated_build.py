@@ -10,6 +10,7 @@ TileLang loads with the first compile (``compile_gated``), so ``import kernel.op
 compiler; a kernel an earlier process compiled is opened without it (``kernel.loader``).
 """
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -72,6 +73,49 @@ def check_call(
         if cu_seqlens.device != q.device:
             raise ValueError(f"cu_seqlens: expected device {q.device} (as q), got {cu_seqlens.device}")
     return heads // groups
+
+
+@dataclasses.dataclass(frozen=True)
+class PassCall(Call):
+    """A call of one of the gated backward's kernel passes
+    (``kernel.ops.gated_backward.backward_by_passes``): O written in ``out_dtype``, float32,
+    of which the gate's gradient takes its terms. Its own key in ``kernel.loader``'s index."""
+
+    out_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.out_dtype != "float32" or self.dkdv or self.slots is not None:
+            raise ValueError(f"a gated backward pass writes float32, with no fused pass or slots: {self}")
+
+
+def pass_job(problem: Problem, call: PassCall) -> tuple[Problem, KernelConfig, PassCall]:
+    """What one pass of the gated backward on ``problem`` (the pass's own heads and head
+    sizes) compiles: the rule's config (``kernel.rule.gated_config``); packed, one kernel
+    for every T and N."""
+    shape = dataclasses.replace(problem, batch=1, seqlen=1) if call.packed else problem
+    return shape, gated_config(problem), call
+
+
+def pass_jobs(problem: Problem, call: Call) -> list[tuple[Problem, KernelConfig, PassCall]]:
+    """Every pass the gated backward of ``call`` on ``problem`` may run (``backward_by_passes``):
+    dq's, on do, v and k (DK and DV swapped, H groups); dv's backwards in time on k, q and
+    do; dk's on v, do and q; and where ``call`` returns the final state, the dv pass from
+    its gradient and the pass on v alone from it. What ``tuner warmup --gate token
+    --backward`` compiles."""
+    swapped = dataclasses.replace(problem, dk=problem.dv, dv=problem.dk, groups=None)
+    s, h0, packed = call.scale, call.initial_state, call.packed
+    calls = [
+        (swapped, PassCall(s, h0, False, packed)),
+        (problem, PassCall(s, False, h0, packed, reverse=True)),
+        (swapped, PassCall(s, False, False, packed, reverse=True)),
+    ]
+    if call.final_state:
+        calls += [
+            (problem, PassCall(s, True, h0, packed, reverse=True)),
+            (swapped, PassCall(s, True, False, packed, reverse=True)),
+        ]
+    return [pass_job(p, c) for p, c in calls]
 
 
 def compile_gated(problem: Problem, config: KernelConfig, call: Call, *, arch: str) -> Callable[..., Any]:

@@ -10,7 +10,7 @@ takes no groups: its q and k are repeated to H heads outside the timed call, and
 gradients stop there. Timing: ``kernel.timing.time_gpu`` (CUDA events after warm-up, L2
 flushed before each repetition, median and p20/p80), with ``host_ahead``: the GPU's time
 with launches queued ahead and the host's time per call. The op's rule config for each
-shape is compiled first, in parallel processes.
+shape and its backward's passes are compiled first, in parallel processes.
 """
 
 import json
@@ -24,6 +24,7 @@ from bench import SHAPES, inputs  # noqa: E402  (this folder's bench: its shapes
 
 from kernel.builder import cuda_arch, precompile
 from kernel.config import Call, Problem
+from kernel.gated_build import pass_jobs
 from kernel.ops import decay_attention
 from kernel.ops.serve import kernel_job
 from kernel.timing import time_gpu
@@ -31,10 +32,10 @@ from kernel.timing import time_gpu
 
 def main() -> None:
     dtype = torch.float16
-    jobs = [
-        kernel_job(Problem(b, h, s, dk, dv, "float16", "token", groups), Call(dk**-0.5), b)
-        for b, h, s, dk, dv, groups in SHAPES
-    ]
+    jobs = []
+    for b, h, s, dk, dv, groups in SHAPES:  # the forward and its backward's passes
+        problem = Problem(b, h, s, dk, dv, "float16", "token", groups)
+        jobs += [kernel_job(problem, Call(dk**-0.5), b), *pass_jobs(problem, Call(dk**-0.5))]
     precompile(jobs, arch=cuda_arch())
     print(json.dumps({"device": torch.cuda.get_device_name()}), flush=True)
     fla = None

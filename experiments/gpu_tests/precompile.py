@@ -4,9 +4,9 @@ compiled one at a time inside each script would take most of it).
 
     source .gpu/setup.sh && python3 experiments/gpu_tests/precompile.py
 
-The jobs, each as its user computes it: ``tests/test_gated_backward.py``'s GPU cases and
-``tests/test_backward.py``'s zero-start cases; ``experiments/host_path/measure.py``'s
-training calls; ``experiments/gated/training.py``'s and ``layer.py``'s gated calls (fla's
+The jobs, each as its user computes it: ``tests/test_gated_backward.py``'s GPU cases (their
+backward's passes too) and ``tests/test_backward.py``'s zero-start cases;
+``experiments/host_path/measure.py``'s training calls; ``experiments/gated/training.py``'s and ``layer.py``'s gated calls (fla's
 ``SimpleGatedLinearAttention(hidden_size=1024, num_heads=8)``: 8 heads of 128 by 128).
 """
 
@@ -14,6 +14,7 @@ import time
 
 from kernel.builder import cuda_arch, precompile
 from kernel.config import Call, Problem
+from kernel.gated_build import pass_jobs
 from kernel.ops.serve import kernel_job, training_jobs
 from kernel.probe import Resources
 
@@ -30,7 +31,9 @@ def main() -> None:
         (2, 256, 1, 4, 128, 64, None, "bfloat16"),
     ]:
         n = b if lengths is None else len(lengths)
-        jobs.add(gated(b, h, s, dk, dv, dtype, groups, Call(dk**-0.5, True, True, lengths is not None), n))
+        call = Call(dk**-0.5, True, True, lengths is not None)
+        jobs.add(gated(b, h, s, dk, dv, dtype, groups, call, n))
+        jobs.update(pass_jobs(Problem(b, h, s, dk, dv, dtype, "token", groups), call))  # its backward
     for b, s, lengths in [(2, 300, None), (1, 510, [1, 63, 64, 65, 300, 17])]:  # test_backward's zero start
         n = b if lengths is None else len(lengths)
         jobs |= training_jobs(
@@ -44,6 +47,7 @@ def main() -> None:
         (4, 24, 4096, 128, 64, 1),
     ]:
         jobs.add(gated(b, h, s, dk, dv, "float16", groups, Call(dk**-0.5), b))  # gated/training.py
+        jobs.update(pass_jobs(Problem(b, h, s, dk, dv, "float16", "token", groups), Call(dk**-0.5)))
     for dtype in ("bfloat16", "float16"):  # gated/layer.py
         jobs.add(gated(4, 8, 2048, 128, 128, dtype, 8, Call(128**-0.5), 4))
         jobs.add(gated(1, 8, 4019, 128, 128, dtype, 8, Call(128**-0.5, packed=True), 6))

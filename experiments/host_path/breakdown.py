@@ -82,7 +82,12 @@ def main() -> None:
             return step
 
         queued = []
-        steps = (("fwd", fwd), ("fwd+bwd", once), ("floor, no launch", floor(False)), ("floor, 3 fills", floor(True)))
+        steps = (
+            ("fwd", fwd),
+            ("fwd+bwd", once),
+            ("floor, no launch", floor(False)),
+            ("floor, 3 fills", floor(True)),
+        )
         for name, step in steps:
             for n in (1, 2, 3, 5, 10, 20):
                 times = []

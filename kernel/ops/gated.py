@@ -12,7 +12,6 @@ Differentiable in q, k, v, ``g`` and the initial state by ``kernel.ops.gated_bac
 torch, not a kernel yet); the per-head decay is not learned, as in the constant-decay op.
 """
 
-import functools
 import math
 from typing import Any
 
@@ -20,12 +19,10 @@ import torch
 
 from kernel.builder import cuda_arch
 from kernel.config import Call, Problem
-from kernel.gated_build import TORCH_DTYPES, compile_gated
+from kernel.gated_build import TORCH_DTYPES, PassCall, compile_gated, pass_job
 from kernel.ops import inputs
 from kernel.ops.gated_backward import GatedPass, backward_by_passes, gated_backward
 from kernel.ops.serve import PLANS, PLANS_MAX, kernel_job
-from kernel.rule import gated_config
-from kernel.variants import shape_generic
 
 
 def gated_attention(
@@ -190,16 +187,17 @@ class _GatedFn(torch.autograd.Function):
 
 def _kernel_pass(scale: float) -> GatedPass:
     """``backward_by_passes``'s gated forward on this GPU: ``kernel.gated``'s kernel in the
-    backward's modes (float32 O; backwards in time where asked) at the rule's config for the
-    pass's heads (``kernel.rule.gated_config``)."""
+    backward's modes (``kernel.gated_build.PassCall``: float32 O; backwards in time where
+    asked) at the rule's config for the pass's heads (``pass_job``), opened as the forward's
+    are (``compile_gated``: ``kernel.loader``'s index, what ``warmup`` compiled)."""
 
     def run(q, k, v, g, h0, want_final, cu_seqlens, reverse):
         b, s, groups, dk = q.shape
         heads, dv = v.shape[2], v.shape[3]
         n = b if cu_seqlens is None else cu_seqlens.numel() - 1
         problem = Problem(b, heads, s, dk, dv, TORCH_DTYPES[q.dtype], "token", groups)
-        generic = shape_generic(problem, gated_config(problem), cuda_arch())
-        launch = _pass_kernel(generic, scale, h0 is not None, want_final, cu_seqlens is not None, reverse)
+        call = PassCall(scale, h0 is not None, want_final, cu_seqlens is not None, reverse=reverse)
+        launch = compile_gated(*pass_job(problem, call), arch=cuda_arch())
         f32 = dict(dtype=torch.float32, device=q.device)
         o = torch.empty(b, s, heads, dv, **f32)
         ht = torch.empty(n * heads, 1, dk, dv, **f32)
@@ -209,27 +207,6 @@ def _kernel_pass(scale: float) -> GatedPass:
         return o, (ht.view(n, heads, dk, dv) if want_final else None)
 
     return run
-
-
-@functools.cache
-def _pass_kernel(
-    problem: Problem, scale: float, initial_state: bool, final_state: bool, packed: bool, reverse: bool
-):
-    """One pass's compiled kernel (``kernel.loader.fast_functions``), once a process per pass
-    and shape class (``kernel.variants.shape_generic``)."""
-    from kernel.gated import gated_fwd, packed_gated_fwd
-    from kernel.loader import fast_functions
-    from kernel.probe import compile_funcs
-
-    arch = cuda_arch()
-    p, c = problem, gated_config(problem)
-    knobs = dict(
-        heads=p.heads, groups=p.qk_heads, dk=p.dk, dv=p.dv, dtype=p.dtype, chunk=c.chunk, block_dv=c.block_dv,
-        num_stages=c.num_stages, threads=c.threads, arch=arch, scale=scale, initial_state=initial_state,
-        final_state=final_state, reverse=reverse, out_dtype="float32",
-    )  # fmt: skip
-    func = packed_gated_fwd(**knobs) if packed else gated_fwd(**knobs, batch=p.batch, seqlen=p.seqlen)
-    return fast_functions(compile_funcs([func], arch))[0]
 
 
 def _gated(

@@ -288,7 +288,9 @@ def backward_by_passes(
 
 def _sequence_of(cu_seqlens: Tensor, tokens: int) -> Tensor:
     """The sequence of each of the packed tokens."""
-    return torch.searchsorted(cu_seqlens[1:].long(), torch.arange(tokens, device=cu_seqlens.device), right=True)
+    return torch.searchsorted(
+        cu_seqlens[1:].long(), torch.arange(tokens, device=cu_seqlens.device), right=True
+    )
 
 
 def _token_sums(x: Tensor, cu_seqlens: Tensor | None, *, after: bool) -> Tensor:
