@@ -7,7 +7,8 @@ compiled one at a time inside each script would take most of it).
 The jobs, each as its user computes it: ``tests/test_gated_backward.py``'s GPU cases (their
 backward's passes too) and ``tests/test_backward.py``'s zero-start cases;
 ``experiments/host_path/measure.py``'s training calls; ``experiments/gated/training.py``'s
-and ``layer.py``'s gated calls (fla's ``SimpleGatedLinearAttention(hidden_size=1024, num_heads=8)``: 8 heads of 128 by 128).
+and ``layer.py``'s gated calls (fla's ``SimpleGatedLinearAttention(hidden_size=1024,
+num_heads=8)``: 8 heads of 128 by 128).
 """
 
 import time
