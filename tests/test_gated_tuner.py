@@ -28,6 +28,7 @@ from kernel.environment import (
     kernel_key,
 )
 from kernel.gated import prim_func
+from kernel.gated_build import pass_jobs
 from kernel.ops import autotune, load_config, serve
 from kernel.ops.dispatch import load_dispatch
 from kernel.rule import default_config, gated_config
@@ -101,7 +102,9 @@ def test_the_space_is_the_gated_kernel_s_knobs():
     assert rule == gated_config(GATED) == KernelConfig(64, 64, 1, 256, "smem", 1)
     first = space.first_configs(built, space.LatencyModel.load(), Options(), sms=None)
     assert first[0] == rule and SEED_CONFIG not in first and all(c in built.grid for c in first)
-    assert space.search_space(GATED, "dkdv").unusable.startswith("the per-token gate's backward is torch")
+    assert space.search_space(GATED, "dkdv").unusable.startswith(
+        "the per-token gate's backward has no fused dk and dv kernel"
+    )
 
 
 def test_the_floor_counts_the_gate_s_bytes_and_q_and_k_s_groups():
@@ -148,8 +151,8 @@ def test_compile_only_run_gate_token_end_to_end(studies_dir, capsys):
         (["run", "--gate", "token", "--groups", "0"], "--groups 0 must divide the heads"),
         (["run", "--gate", "other"], "invalid choice: 'other'"),
         (["run", "--gate", "token", "--sweep", "decode"], "--gate token is not tuned there"),
-        (["run", "--gate", "token", "--sweep", "dkdv"], "backward is torch"),
-        (["dispatch", "--gate", "token", "--backward"], "no kernel to tune: drop --backward"),
+        (["run", "--gate", "token", "--sweep", "dkdv"], "no fused dk and dv kernel"),
+        (["dispatch", "--gate", "token", "--backward"], "no table entry to tune: drop --backward"),
         (["dispatch", "--gate", "token", "--groups", "3", "--shapes", "1x6x64,1x4x64"], "must divide"),
         (["bench", "--gate", "token", "--groups", "5"], "--groups 5 must divide the heads, 16"),
         (["probe", "--groups", "4"], "--groups needs --gate token"),
@@ -250,20 +253,26 @@ def test_warmup_compiles_what_a_gated_call_compiles():
     try:
         gate = {"gate": "token", "groups": 2}
         jobs = serve.warmup_jobs(4, 64, 64, "float16", backward=False, arch=DEFAULT_ARCH, **gate)
-        # the backward is torch (kernel.ops.gated_backward): --backward warms the same kernels
-        assert serve.warmup_jobs(4, 64, 64, "float16", backward=True, arch=DEFAULT_ARCH, **gate) == jobs
+        both = serve.warmup_jobs(4, 64, 64, "float16", backward=True, arch=DEFAULT_ARCH, **gate)
     finally:
         serve.use_table(serve.DEFAULT)
     assert {(p.gate, p.groups) for p, _, _ in jobs} == {("token", 2)}
     assert {c for _, c, _ in jobs} == {gated_config(jobs[0][0])}
     assert {(c.packed, c.final_state) for _, _, c in jobs} == {(a, b) for a in (0, 1) for b in (0, 1)}
     assert len(jobs) == 4  # one shape class: the gated kernel counts each chunk's tokens
+    # --backward adds its passes' kernels (kernel.gated_build.pass_jobs), what a backward opens
+    forward = [Call(64**-0.5, False, final, packed) for packed in (False, True) for final in (False, True)]
+    problem = Problem(1, 4, 64, 64, 64, "float16", "token", 2)
+    passes = [job for call in forward for job in pass_jobs(problem, call)]
+    kept = {(shape_generic(p, c, DEFAULT_ARCH), c, call) for p, c, call in [*jobs, *passes]}
+    assert {(shape_generic(p, c, DEFAULT_ARCH), c, call) for p, c, call in both} == kept
+    assert len(both) == len(kept) and any(call.reverse for _, _, call in both)
     problem, config, call = jobs[0]
     (warmed,) = prim_funcs(problem, config, call, arch=DEFAULT_ARCH)
     served = prim_func(shape_generic(problem, config, DEFAULT_ARCH), config, call, arch=DEFAULT_ARCH)
     assert warmed.script() == served.script()
-    with pytest.raises(ValueError, match="prim_func|backward"):
-        prim_funcs(problem, config, Call(1.0, reverse=True), arch=DEFAULT_ARCH)
+    with pytest.raises(ValueError, match="no fused dk and dv pass"):
+        prim_funcs(problem, config, Call(1.0, reverse=True, dkdv=True), arch=DEFAULT_ARCH)
 
 
 # ---- on the GPU ------------------------------------------------------------------------------

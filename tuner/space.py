@@ -76,7 +76,8 @@ def search_space(problem: Problem, sweep: str = "forward", arch: str = DEFAULT_A
     unusable = head_size_error(arch, problem.dk, problem.dv) or ""
     if not unusable and sweep == "dkdv" and problem.gate == "token":
         unusable = (
-            "the per-token gate's backward is torch (kernel.ops.gated_backward): no dk and dv kernel to tune"
+            "the per-token gate's backward has no fused dk and dv kernel: its passes are the gated "
+            "forward's (kernel.gated_build.pass_jobs)"
         )
     if not unusable and sweep == "dkdv" and not dkdv_serves(problem, arch):
         unusable = (

@@ -15,6 +15,7 @@ from kernel.arch import get_arch
 from kernel.builder import ScalarDecayKernel, build, cuda_arch, memory_bandwidth, precompile, sm_count
 from kernel.config import Call, KernelConfig, Problem, gate_flags
 from kernel.environment import environment
+from kernel.gated_build import pass_jobs
 from kernel.ops import autotune
 from kernel.ops.backward import pass_calls
 from kernel.ops.deploy import ExportError
@@ -240,13 +241,12 @@ def warmup_jobs(
     (``kernel.variants.shape_generic``): a few configs for every shape. ``gate`` and
     ``groups``: a per-token gate's model (``Problem.gate``; fla's ``chunk_simple_gla(g=)``
     and Mamba2's calls, no per-head decay beside the gate: a call with one compiles its own
-    kernel on first use), forward only (its backward, ``kernel.ops.gated_backward``, compiles
-    nothing). ``ValueError`` for a head count, head sizes, dtype,
+    kernel on first use), and with ``backward`` its backward's passes
+    (``kernel.gated_build.pass_jobs``). ``ValueError`` for a head count, head sizes, dtype,
     gate or groups ``Problem`` refuses, an SM
     count that is no positive integer, and an architecture whose kernels are compiled per
     shape (``kernel.arch.Arch.symbolic_shapes``: there is no set of kernels to warm ahead)."""
     Problem(1, heads, 64, dk, dv, dtype, gate, groups)  # checks them, before any arithmetic on them
-    backward = backward and gate == "head"
     if not get_arch(arch).symbolic_shapes:
         raise ValueError(
             f"on {arch} the kernels are compiled per shape (kernel.arch: Arch.symbolic_shapes): "
@@ -277,7 +277,9 @@ def warmup_jobs(
     jobs: dict[tuple, Job] = {}
     for (p, call, n), rate in itertools.product(calls, (bandwidth,) if bandwidth else MEMORY_CLASSES):
         found = [kernel_job(p, call, n, arch=arch, sms=sms, bandwidth=rate)]
-        if backward:
+        if backward and gate == "token":
+            found += pass_jobs(p, call)
+        elif backward:
             found += backward_jobs(p, call, n, arch=arch, sms=sms, bandwidth=rate)
         for job in found:
             jobs.setdefault((shape_generic(job[0], job[1], arch), *job[1:]), job)

@@ -252,7 +252,8 @@ def dispatch_tasks(args: argparse.Namespace, opts: Options, arch: str) -> list[t
     shapes = parse_shapes(args.shapes)
     if args.gate == "token" and (args.backward or opts.sweep == "dkdv"):
         raise UsageError(
-            "the per-token gate's backward (--gate token) is torch, no kernel to tune: drop --backward"
+            "the per-token gate's backward (--gate token) runs its passes at the rule's config "
+            "(kernel.gated_build.pass_job), no table entry to tune: drop --backward"
         )
     swapped = args.backward and args.dk != args.dv
     heads = [(args.dk, args.dv)] + ([(args.dv, args.dk)] if swapped else [])
