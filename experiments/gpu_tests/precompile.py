@@ -2,7 +2,7 @@
 tests and scripts after it load them from TileLang's disk cache (a call has 600 s; kernels
 compiled one at a time inside each script would take most of it).
 
-    source .gpu/setup.sh && python3 experiments/gpu_tests/precompile.py
+    source .gpu/setup.sh && python3 experiments/gpu_tests/precompile.py [--gated-backward]
 
 The jobs, each as its user computes it: ``tests/test_gated_backward.py``'s GPU cases (their
 backward's passes too) and ``tests/test_backward.py``'s zero-start cases;
@@ -11,6 +11,7 @@ and ``layer.py``'s gated calls (fla's ``SimpleGatedLinearAttention(hidden_size=1
 num_heads=8)``: 8 heads of 128 by 128).
 """
 
+import sys
 import time
 
 from kernel.builder import cuda_arch, precompile
@@ -24,9 +25,10 @@ def gated(b, h, s, dk, dv, dtype, groups, call, n):
     return kernel_job(Problem(b, h, s, dk, dv, dtype, "token", groups), call, n)
 
 
-def main() -> None:
+def gated_backward_jobs() -> set:
+    """``tests/test_gated_backward.py``'s GPU cases: their forward and its backward's passes."""
     jobs = set()
-    for b, s, groups, h, dk, dv, lengths, dtype in [  # tests/test_gated_backward.py: GPU_CASES
+    for b, s, groups, h, dk, dv, lengths, dtype in [  # GPU_CASES
         (2, 300, 2, 4, 128, 128, None, "float16"),
         (1, 700, 4, 4, 128, 128, [1, 63, 300, 336], "bfloat16"),
         (2, 256, 1, 4, 128, 64, None, "bfloat16"),
@@ -34,7 +36,12 @@ def main() -> None:
         n = b if lengths is None else len(lengths)
         call = Call(dk**-0.5, True, True, lengths is not None)
         jobs.add(gated(b, h, s, dk, dv, dtype, groups, call, n))
-        jobs.update(pass_jobs(Problem(b, h, s, dk, dv, dtype, "token", groups), call))  # its backward
+        jobs.update(pass_jobs(Problem(b, h, s, dk, dv, dtype, "token", groups), call))
+    return jobs
+
+
+def other_jobs() -> set:
+    jobs = set()
     for b, s, lengths in [(2, 300, None), (1, 510, [1, 63, 64, 65, 300, 17])]:  # test_backward's zero start
         n = b if lengths is None else len(lengths)
         jobs |= training_jobs(
@@ -52,6 +59,11 @@ def main() -> None:
     for dtype in ("bfloat16", "float16"):  # gated/layer.py
         jobs.add(gated(4, 8, 2048, 128, 128, dtype, 8, Call(128**-0.5), 4))
         jobs.add(gated(1, 8, 4019, 128, 128, dtype, 8, Call(128**-0.5, packed=True), 6))
+    return jobs
+
+
+def main() -> None:
+    jobs = gated_backward_jobs() | (set() if "--gated-backward" in sys.argv else other_jobs())
     start = time.perf_counter()
     results = precompile(sorted(jobs, key=str), arch=cuda_arch())
     bad = [r for r in results if not isinstance(r, Resources)]
