@@ -8,8 +8,9 @@ picked as the constant-decay op's (``kernel.ops.serve.kernel_job``): the served 
 entry of the per-token gate for its shape (``python -m tuner dispatch --gate token``),
 else the rule's (``kernel.rule.gated_config``).
 
-Differentiable in q, k, v, ``g`` and the initial state by ``kernel.ops.gated_backward`` (fp32
-torch, not a kernel yet); the per-head decay is not learned, as in the constant-decay op.
+Differentiable in q, k, v, ``g`` and the initial state by ``kernel.ops.gated_backward``: on
+CUDA passes of the gated kernel (``backward_by_passes``), on the CPU float32 torch; the
+per-head decay is not learned, as in the constant-decay op.
 """
 
 import math
