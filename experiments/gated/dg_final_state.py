@@ -13,10 +13,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from test_gated_backward import GATES, SHAPES, _case, _reference_pass  # noqa: E402
+
 import refs  # noqa: E402
 from kernel.ops.gated_backward import backward_by_passes  # noqa: E402
 from refs.gated_backward import gated_chunked_backward  # noqa: E402
-from test_gated_backward import GATES, SHAPES, _case, _reference_pass  # noqa: E402
 
 
 def summed_backwards(q, k, v, g, do, h0, dht, cu, scale, dtype) -> torch.Tensor:
