@@ -29,6 +29,7 @@ from kernel.config import Call, KernelConfig, Problem
 from kernel.gated_build import compile_gated
 from kernel.processes import compile_pool
 from kernel.timing import time_gpu
+from kernel.variants import shape_generic
 from tuner.bench_rows import copy_bandwidth
 
 # (B, H, S, DK, DV, G)
@@ -50,18 +51,30 @@ CONFIGS = [
 
 
 def compile_variant(h, dk, dv, groups, config, box, dtype, arch):
-    """gate_tma.py's kernel for one config and ``box`` (0: gates ``[B, H, S]``; 4: ``[B, S, H]``
-    by boxes of 4 heads), in a compile process: into TileLang's disk cache."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from gate_tma import gated_fwd_t
-
+    """A variant of the product's kernel for one config, in a compile process (into TileLang's
+    disk cache): ``box`` 0, gate_tma.py's kernel of gates ``[B, H, S]`` by TMA; 1, the
+    product's with each gate a scalar load (``kernel.gated.GATE_BOX`` = 1: what it ran before
+    643639d); 4, gate_tma.py's boxes of 4 heads (the product's way since 643639d)."""
     from kernel.probe import compile_funcs
 
-    func = gated_fwd_t(
-        heads=h, groups=groups, dk=dk, dv=dv, dtype=dtype, chunk=config.chunk, block_dv=config.block_dv,
-        num_stages=config.num_stages, threads=config.threads, arch=arch, scale=dk**-0.5, final_state=True,
-        box=box,
-    )  # fmt: skip
+    if box == 1:
+        from kernel import gated
+
+        problem = shape_generic(Problem(1, h, 64, dk, dv, dtype, "token", groups), config, arch)
+        box, gated.GATE_BOX = gated.GATE_BOX, 1  # the variant's trace alone
+        try:
+            func = gated.prim_func(problem, config, Call(dk**-0.5, final_state=True), arch=arch)
+        finally:
+            gated.GATE_BOX = box
+    else:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from gate_tma import gated_fwd_t
+
+        func = gated_fwd_t(
+            heads=h, groups=groups, dk=dk, dv=dv, dtype=dtype, chunk=config.chunk, block_dv=config.block_dv,
+            num_stages=config.num_stages, threads=config.threads, arch=arch, scale=dk**-0.5, final_state=True,
+            box=box,
+        )  # fmt: skip
     (kernel,) = compile_funcs([func], arch)
     return kernel
 
@@ -99,11 +112,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--no-fla", action="store_true")
+    parser.add_argument("--variants", action="store_true", help="also compile_variant's kernels, dense")
     parser.add_argument(
-        "--variants", action="store_true", help="also gate_tma.py's kernels (the gates by TMA), dense"
-    )
-    parser.add_argument(
-        "--boxes", type=int, nargs="+", default=[0, 4], help="gate_tma.py's boxes (0: gates [B, H, S])"
+        "--boxes",
+        type=int,
+        nargs="+",
+        default=[0, 1],
+        help="compile_variant's (0: [B, H, S]; 1: scalar)",
     )
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -170,6 +185,7 @@ def main() -> None:
             t = time_gpu(call)
             print(json.dumps(row | t.to_dict() | {"x_floor": t.median_ms / floor_ms}), flush=True)
             for box, gate, impl in ((0, g.transpose(1, 2).contiguous(), "ours, gates [B, H, S] by TMA"),
+                                    (1, g, "ours, gates by scalar loads"),
                                     (4, g, "ours, gates by TMA boxes of 4 heads")):  # fmt: skip
                 variant = variants.get((h, dk, dv, groups, config, box))
                 if variant is None:
