@@ -11,8 +11,10 @@ import pytest
 import torch
 
 import refs
+from kernel.config import Call, Problem
+from kernel.gated_build import pass_jobs
 from kernel.ops.attention import decay_attention
-from kernel.ops.gated import _GatedFn
+from kernel.ops.gated import _GatedFn, pass_job_of
 from kernel.ops.gated_backward import backward_by_passes, gated_backward
 from refs.gated_backward import gated_chunked_backward
 
@@ -123,6 +125,29 @@ def test_passes_rounded_as_the_kernel_rounds_keep_the_gates_gradient(shape, gate
     bound = 1e-3 if dtype == torch.float16 else 8e-3
     for name, a, w in zip(("dq", "dk", "dv", "dg", "dh0"), got, (*want[:4], want[5])):
         assert refs.rel_l2(a.double(), w) < bound, (name, refs.rel_l2(a.double(), w))
+
+
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[3]], ids=str)
+@pytest.mark.parametrize("final_gradient", [False, True], ids=["no dHT", "dHT"])
+def test_the_passes_a_backward_opens_are_those_warmup_compiles(shape, final_gradient):
+    """Each pass ``backward_by_passes`` runs, keyed as the op's ``_kernel_pass`` opens it
+    (``pass_job_of``), is one of ``kernel.gated_build.pass_jobs`` for the forward's call: what
+    ``tuner warmup --gate token --backward`` compiles, so that a warmed process compiles none."""
+    q, k, v, g, do, h0, dht, cu = _case(*shape, GATES[0], torch.float16, seed=4)
+    scale, opened = 0.25, []
+    reference = _reference_pass(scale)
+
+    def recording(q, k, v, g, h0, want_final, cu_seqlens, reverse):
+        opened.append(pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, scale))
+        return reference(q, k, v, g, h0, want_final, cu_seqlens, reverse)
+
+    dht = dht if final_gradient else None
+    backward_by_passes(recording, q, k, v, g, do, scale=scale, initial_state=h0, dht=dht, cu_seqlens=cu)
+    b, s, groups, h, dk, dv, _ = shape
+    warmed = pass_jobs(
+        Problem(b, h, s, dk, dv, "float16", "token", groups), Call(scale, True, True, cu is not None)
+    )
+    assert len(opened) == 3 + final_gradient and set(opened) <= set(warmed)
 
 
 def test_inputs_in_any_layout_give_the_same_gradients():

@@ -193,12 +193,11 @@ def _kernel_pass(scale: float) -> GatedPass:
     are (``compile_gated``: ``kernel.loader``'s index, what ``warmup`` compiled)."""
 
     def run(q, k, v, g, h0, want_final, cu_seqlens, reverse):
-        b, s, groups, dk = q.shape
+        b, s, _, dk = q.shape
         heads, dv = v.shape[2], v.shape[3]
         n = b if cu_seqlens is None else cu_seqlens.numel() - 1
-        problem = Problem(b, heads, s, dk, dv, TORCH_DTYPES[q.dtype], "token", groups)
-        call = PassCall(scale, h0 is not None, want_final, cu_seqlens is not None, reverse=reverse)
-        launch = compile_gated(*pass_job(problem, call), arch=cuda_arch())
+        job = pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, scale)
+        launch = compile_gated(*job, arch=cuda_arch())
         f32 = dict(dtype=torch.float32, device=q.device)
         o = torch.empty(b, s, heads, dv, **f32)
         ht = torch.empty(n * heads, 1, dk, dv, **f32)
@@ -208,6 +207,17 @@ def _kernel_pass(scale: float) -> GatedPass:
         return o, (ht.view(n, heads, dk, dv) if want_final else None)
 
     return run
+
+
+def pass_job_of(q, v, h0, want_final: bool, cu_seqlens, reverse: bool, scale: float) -> tuple:
+    """The job (``kernel.gated_build.pass_job``) of a backward pass on q ``[B, S, G, D]`` and
+    v ``[B, S, H, D']``: what ``_kernel_pass`` opens, and ``tuner warmup --gate token
+    --backward`` compiles (``kernel.gated_build.pass_jobs``)."""
+    b, s, groups, dk = q.shape
+    problem = Problem(b, v.shape[2], s, dk, v.shape[3], TORCH_DTYPES[q.dtype], "token", groups)
+    return pass_job(
+        problem, PassCall(scale, h0 is not None, want_final, cu_seqlens is not None, reverse=reverse)
+    )
 
 
 def _gated(
