@@ -251,10 +251,10 @@ GPU_CASES = [
 
 @pytest.fixture(scope="module")
 def compiled_cases() -> None:
-    """Compile the gated forward of every GPU case in parallel processes
-    (``kernel.builder.precompile``): a call then loads it from TileLang's disk cache."""
+    """Compile the gated forward of every GPU case and its backward's passes in parallel
+    processes (``kernel.builder.precompile``): a call then loads them from TileLang's disk
+    cache."""
     from kernel.builder import cuda_arch, precompile
-    from kernel.config import Call, Problem
     from kernel.gated_build import TORCH_DTYPES
     from kernel.ops.serve import kernel_job
 
@@ -262,7 +262,8 @@ def compiled_cases() -> None:
     for (b, s, groups, h, dk, dv, lengths), dtype in GPU_CASES:
         n = b if lengths is None else len(lengths)
         problem = Problem(b, h, s, dk, dv, TORCH_DTYPES[dtype], "token", groups)
-        jobs.add(kernel_job(problem, Call(dk**-0.5, True, True, lengths is not None), n))
+        call = Call(dk**-0.5, True, True, lengths is not None)
+        jobs.update([kernel_job(problem, call, n), *pass_jobs(problem, call)])
     precompile(sorted(jobs, key=str), arch=cuda_arch())
 
 
@@ -335,34 +336,19 @@ def test_the_gradients_match_flas_chunk_simple_gla_beside_fp64(gate):
     assert all(a <= max(1.5 * f, 1e-3) for a, f in zip(ours, errs)), (ours, errs)
 
 
-_PASS_KERNELS: dict[tuple, object] = {}  # compiled once a session per pass and shape
-
-
 def _kernel_pass(scale: float):
-    """``backward_by_passes``'s gated forward on this GPU: ``kernel.gated``'s kernel in the
-    backward's mode (float32 outputs; backwards in time where asked), 64-token chunks, value
-    blocks of 64, one stage, 256 threads, into NaN-filled outputs."""
+    """``backward_by_passes``'s gated forward on this GPU as the op opens it (``pass_job_of``:
+    the rule's config, through ``kernel.loader``), into NaN-filled outputs."""
     from kernel.builder import cuda_arch
-    from kernel.gated import gated_fwd, packed_gated_fwd
-    from kernel.gated_build import TORCH_DTYPES
-    from kernel.probe import compile_funcs
-
-    arch = cuda_arch()
+    from kernel.gated_build import compile_gated
 
     def run(q, k, v, g, h0, want_final, cu_seqlens, reverse):
-        b, s, groups, dk = q.shape
+        b, s, _, dk = q.shape
         heads, dv = v.shape[2], v.shape[3]
         n = b if cu_seqlens is None else cu_seqlens.numel() - 1
-        knobs = dict(
-            heads=heads, groups=groups, dk=dk, dv=dv, dtype=TORCH_DTYPES[q.dtype], chunk=64, block_dv=64,
-            num_stages=1, threads=256, arch=arch, scale=scale, initial_state=h0 is not None,
-            final_state=want_final, reverse=reverse, out_dtype="float32",
-        )  # fmt: skip
-        key = (*knobs.items(), cu_seqlens is None, b, s)
-        if key not in _PASS_KERNELS:
-            func = gated_fwd(**knobs, batch=b, seqlen=s) if cu_seqlens is None else packed_gated_fwd(**knobs)
-            (_PASS_KERNELS[key],) = compile_funcs([func], arch)
-        kernel = _PASS_KERNELS[key]
+        kernel = compile_gated(
+            *pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, scale), arch=cuda_arch()
+        )
         f32 = dict(dtype=torch.float32, device=q.device)
         o = torch.full((b, s, heads, dv), math.nan, **f32)
         ht = torch.full((n * heads, 1, dk, dv), math.nan, **f32)
@@ -375,11 +361,13 @@ def _kernel_pass(scale: float):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("compiled_cases")
 @pytest.mark.parametrize("gate", GATES, ids=str)
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
 def test_three_kernel_passes_give_the_fp64_gradients(case, gate):
-    """``backward_by_passes`` on the gated kernel's backward modes (reversed, float32 out): every
-    gradient within the op's bound of fp64, dense and packed, with groups."""
+    """``backward_by_passes`` on the gated kernel's backward modes (reversed, float32 out) as
+    the op opens them, into NaN-filled outputs: every gradient within the op's bound of fp64,
+    dense and packed, with groups."""
     shape, dtype = case
     q, k, v, g, do, h0, dht, cu = _gpu_case(*shape, gate, dtype, seed=12)
     scale = shape[4] ** -0.5

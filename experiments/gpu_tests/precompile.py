@@ -13,10 +13,11 @@ num_heads=8)``: 8 heads of 128 by 128).
 
 import sys
 import time
+from pathlib import Path
 
 from kernel.builder import cuda_arch, precompile
 from kernel.config import Call, Problem
-from kernel.gated_build import pass_jobs
+from kernel.gated_build import TORCH_DTYPES, pass_jobs
 from kernel.ops.serve import kernel_job, training_jobs
 from kernel.probe import Resources
 
@@ -27,16 +28,15 @@ def gated(b, h, s, dk, dv, dtype, groups, call, n):
 
 def gated_backward_jobs() -> set:
     """``tests/test_gated_backward.py``'s GPU cases: their forward and its backward's passes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    from test_gated_backward import GPU_CASES
+
     jobs = set()
-    for b, s, groups, h, dk, dv, lengths, dtype in [  # GPU_CASES
-        (2, 300, 2, 4, 128, 128, None, "float16"),
-        (1, 700, 4, 4, 128, 128, [1, 63, 300, 336], "bfloat16"),
-        (2, 256, 1, 4, 128, 64, None, "bfloat16"),
-    ]:
+    for (b, s, groups, h, dk, dv, lengths), dtype in GPU_CASES:
         n = b if lengths is None else len(lengths)
         call = Call(dk**-0.5, True, True, lengths is not None)
-        jobs.add(gated(b, h, s, dk, dv, dtype, groups, call, n))
-        jobs.update(pass_jobs(Problem(b, h, s, dk, dv, dtype, "token", groups), call))
+        jobs.add(gated(b, h, s, dk, dv, TORCH_DTYPES[dtype], groups, call, n))
+        jobs.update(pass_jobs(Problem(b, h, s, dk, dv, TORCH_DTYPES[dtype], "token", groups), call))
     return jobs
 
 
