@@ -262,13 +262,13 @@ def backward_by_passes(
     start = None if dht is None else dht / scale
     dv, back = gated_pass(k, q, do, g, start, initial_state is not None, cu_seqlens, True)
     dk, _ = gated_pass(v, do, qh, g, None, False, cu_seqlens, True)
-    step = (qh.to(dq.dtype) * dq).sum(-1) - (kh.to(dk.dtype) * dk).sum(-1)  # [B, S, H]
+    step = (dq * qh).sum(-1) - (dk * kh).sum(-1)  # [B, S, H] in float32: the products promote, no cast copy
     dg = _token_sums(step, cu_seqlens, after=True)
     if dht is not None:
         start_t = start.transpose(-1, -2).contiguous()
         x, _ = gated_pass(v, torch.zeros_like(do), torch.zeros_like(qh), g, start_t, False, cu_seqlens, True)
         dk = dk + x
-        dg = dg + _token_sums((kh.to(x.dtype) * x).sum(-1), cu_seqlens, after=False)
+        dg = dg + _token_sums((x * kh).sum(-1), cu_seqlens, after=False)
         if initial_state is not None:  # exp(G_last) <dHT, H0>, G_last a sequence's whole sum
             whole = _token_sums(g, cu_seqlens, after=True)
             firsts = whole[:, 0] if cu_seqlens is None else whole[0, cu_seqlens[:-1].long()]  # [N, H]
