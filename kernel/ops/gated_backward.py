@@ -280,7 +280,7 @@ def backward_by_passes(
         dh0 = back * (scale * torch.exp(first))[..., None, None]
 
     def to_groups(x: Tensor, like: Tensor) -> Tensor:
-        return x.reshape(b, s, groups, r, dk_dim).sum(3).to(like.dtype)
+        return (x if r == 1 else x.reshape(b, s, groups, r, dk_dim).sum(3)).to(like.dtype)
 
     return to_groups(dq, q), to_groups(dk, k), dv.to(v.dtype), dg.float(), dh0
 
