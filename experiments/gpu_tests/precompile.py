@@ -56,9 +56,10 @@ def other_jobs() -> set:
     ]:
         jobs.add(gated(b, h, s, dk, dv, "float16", groups, Call(dk**-0.5), b))  # gated/training.py
         jobs.update(pass_jobs(Problem(b, h, s, dk, dv, "float16", "token", groups), Call(dk**-0.5)))
-    for dtype in ("bfloat16", "float16"):  # gated/layer.py
-        jobs.add(gated(4, 8, 2048, 128, 128, dtype, 8, Call(128**-0.5), 4))
-        jobs.add(gated(1, 8, 4019, 128, 128, dtype, 8, Call(128**-0.5, packed=True), 6))
+    for dtype in ("bfloat16", "float16"):  # gated/layer.py, forward and backward
+        for b, s, call, n in ((4, 2048, Call(128**-0.5), 4), (1, 4019, Call(128**-0.5, packed=True), 6)):
+            jobs.add(gated(b, 8, s, 128, 128, dtype, 8, call, n))
+            jobs.update(pass_jobs(Problem(b, 8, s, 128, 128, dtype, "token", 8), call))
     return jobs
 
 
