@@ -140,7 +140,7 @@ class _GatedPlan:
         return None if cu_seqlens is None else inputs.offsets_values(cu_seqlens, self.sizes)
 
     def backward_pass(self) -> GatedPass:
-        """What the eager backward runs its three passes on (``backward_by_passes``)."""
+        """What the eager backward runs its passes on (``backward_by_passes``)."""
         return _kernel_pass(self.scale)
 
     def forward(
@@ -164,7 +164,7 @@ class _GatedPlan:
 
 class _GatedFn(torch.autograd.Function):
     """An eager call of a kept ``_GatedPlan``: its checked tensors in, ``(o, final or None)``
-    out; the backward is three passes of the gated kernel (``backward_by_passes``) on the
+    out; the backward is passes of the gated kernel (``backward_by_passes``) on the
     whole log-gate (``g`` plus the per-head log-decay)."""
 
     @staticmethod
@@ -289,7 +289,7 @@ _backward_op = torch.library.custom_op("decay_tuner::gated_attention_backward", 
 
 @_backward_op.register_kernel("cuda")
 def _backward_cuda(q, k, v, g_total, do, scale, initial_state, dht, cu_seqlens):
-    """The backward op on CUDA: three passes of the gated kernel (``backward_by_passes``)."""
+    """The backward op on CUDA: passes of the gated kernel (``backward_by_passes``)."""
     dq, dk, dv, dg, dh0 = backward_by_passes(
         _kernel_pass(scale), q, k, v, g_total, do, scale=scale, initial_state=initial_state, dht=dht,
         cu_seqlens=cu_seqlens,
