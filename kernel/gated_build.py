@@ -78,15 +78,18 @@ def check_call(
 @dataclasses.dataclass(frozen=True)
 class PassCall(Call):
     """A call of one of the gated backward's kernel passes
-    (``kernel.ops.gated_backward.backward_by_passes``): O written in ``out_dtype``, float32,
-    of which the gate's gradient takes its terms. Its own key in ``kernel.loader``'s index."""
+    (``kernel.ops.gated_backward.backward_by_passes``): O written in ``out_dtype``, float32
+    for dq's and dk's, of which the gate's gradient takes its terms, None (the inputs'
+    dtype) for dv's. Its own key in ``kernel.loader``'s index."""
 
-    out_dtype: str = "float32"
+    out_dtype: str | None = "float32"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.out_dtype != "float32" or self.dkdv or self.slots is not None:
-            raise ValueError(f"a gated backward pass writes float32, with no fused pass or slots: {self}")
+        if self.out_dtype not in ("float32", None) or self.dkdv or self.slots is not None:
+            raise ValueError(
+                f"a gated backward pass writes float32 or its inputs' dtype, with no slots: {self}"
+            )
 
 
 def pass_job(problem: Problem, call: PassCall) -> tuple[Problem, KernelConfig, PassCall]:
@@ -107,12 +110,12 @@ def pass_jobs(problem: Problem, call: Call) -> list[tuple[Problem, KernelConfig,
     s, h0, packed = call.scale, call.initial_state, call.packed
     calls = [
         (swapped, PassCall(s, h0, False, packed)),
-        (problem, PassCall(s, False, h0, packed, reverse=True)),
+        (problem, PassCall(s, False, h0, packed, reverse=True, out_dtype=None)),
         (swapped, PassCall(s, False, False, packed, reverse=True)),
     ]
     if call.final_state:
         calls += [
-            (problem, PassCall(s, True, h0, packed, reverse=True)),
+            (problem, PassCall(s, True, h0, packed, reverse=True, out_dtype=None)),
             (swapped, PassCall(s, True, False, packed, reverse=True)),
         ]
     return [pass_job(p, c) for p, c in calls]

@@ -65,17 +65,18 @@ def test_the_gradients_match_the_fp64_reference(shape, gate, dtype):
 
 def _reference_pass(scale: float, rounded: torch.dtype | None = None):
     """``backward_by_passes``'s gated forward with a reference standing in for the kernel, its
-    outputs in float32 as the kernel writes them for the backward: reference B (forward
-    ``refs.gated_chunked``, backwards in time ``refs.gated_reversed``), or with ``rounded``,
-    reference C rounding what the kernel rounds to its inputs' dtype."""
+    outputs as the kernel writes them for the backward (float32 where ``exact``, else v's
+    dtype): reference B (forward ``refs.gated_chunked``, backwards in time
+    ``refs.gated_reversed``), or with ``rounded``, reference C rounding what the kernel
+    rounds to its inputs' dtype."""
 
-    def run(q, k, v, g, h0, want_final, cu_seqlens, reverse):
+    def run(q, k, v, g, h0, want_final, cu_seqlens, reverse, exact):
         args = dict(scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)
         if rounded is not None:
             o, final = refs.gated_kernel_mimic(q, k, v, g, 64, rounded=rounded, reverse=reverse, **args)
         else:
             o, final = (refs.gated_reversed if reverse else refs.gated_chunked)(q, k, v, g, 64, **args)
-        return o.float(), (final.float() if want_final else None)
+        return (o.float() if exact else o.to(v.dtype)), (final.float() if want_final else None)
 
     return run
 
@@ -137,9 +138,9 @@ def test_the_passes_a_backward_opens_are_those_warmup_compiles(shape, final_grad
     scale, opened = 0.25, []
     reference = _reference_pass(scale)
 
-    def recording(q, k, v, g, h0, want_final, cu_seqlens, reverse):
-        opened.append(pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, scale))
-        return reference(q, k, v, g, h0, want_final, cu_seqlens, reverse)
+    def recording(q, k, v, g, h0, want_final, cu_seqlens, reverse, exact):
+        opened.append(pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, exact, scale))
+        return reference(q, k, v, g, h0, want_final, cu_seqlens, reverse, exact)
 
     dht = dht if final_gradient else None
     backward_by_passes(recording, q, k, v, g, do, scale=scale, initial_state=h0, dht=dht, cu_seqlens=cu)
@@ -342,15 +343,17 @@ def _kernel_pass(scale: float):
     from kernel.builder import cuda_arch
     from kernel.gated_build import compile_gated
 
-    def run(q, k, v, g, h0, want_final, cu_seqlens, reverse):
+    def run(q, k, v, g, h0, want_final, cu_seqlens, reverse, exact):
         b, s, _, dk = q.shape
         heads, dv = v.shape[2], v.shape[3]
         n = b if cu_seqlens is None else cu_seqlens.numel() - 1
         kernel = compile_gated(
-            *pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, scale), arch=cuda_arch()
+            *pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, exact, scale), arch=cuda_arch()
         )
         f32 = dict(dtype=torch.float32, device=q.device)
-        o = torch.full((b, s, heads, dv), math.nan, **f32)
+        o = torch.full(
+            (b, s, heads, dv), math.nan, dtype=torch.float32 if exact else v.dtype, device=q.device
+        )
         ht = torch.full((n * heads, 1, dk, dv), math.nan, **f32)
         start = torch.empty_like(ht) if h0 is None else h0.reshape(-1, 1, dk, dv).contiguous()
         args = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), torch.zeros(heads, **f32)]

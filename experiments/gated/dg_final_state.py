@@ -26,9 +26,9 @@ def summed_backwards(q, k, v, g, do, h0, dht, cu, scale, dtype) -> torch.Tensor:
     run = _reference_pass(scale, dtype)
     r = v.shape[2] // q.shape[2]
     qh, kh = q.repeat_interleave(r, 2), k.repeat_interleave(r, 2)
-    dq, _ = run(do, v, kh, g, h0.transpose(-1, -2).contiguous(), False, cu, False)
-    dk, _ = run(v, do, qh, g, (dht / scale).transpose(-1, -2).contiguous(), False, cu, True)
-    _, final = run(q, k, v, g, h0, True, cu, False)
+    dq, _ = run(do, v, kh, g, h0.transpose(-1, -2).contiguous(), False, cu, False, True)
+    dk, _ = run(v, do, qh, g, (dht / scale).transpose(-1, -2).contiguous(), False, cu, True, True)
+    _, final = run(q, k, v, g, h0, True, cu, False, True)
     step = ((qh.float() * dq).sum(-1) - (kh.float() * dk).sum(-1)).double()
     after = step.flip(1).cumsum(1).flip(1)
     ends = (dht.double() * final.double()).sum((-1, -2))  # [N, H]

@@ -188,18 +188,18 @@ class _GatedFn(torch.autograd.Function):
 
 def _kernel_pass(scale: float) -> GatedPass:
     """``backward_by_passes``'s gated forward on this GPU: ``kernel.gated``'s kernel in the
-    backward's modes (``kernel.gated_build.PassCall``: float32 O; backwards in time where
-    asked) at the rule's config for the pass's heads (``pass_job``), opened as the forward's
+    backward's modes (``kernel.gated_build.PassCall``: float32 O where exact; backwards in
+    time where asked) at the rule's config for the pass's heads (``pass_job``), opened as the forward's
     are (``compile_gated``: ``kernel.loader``'s index, what ``warmup`` compiled)."""
 
-    def run(q, k, v, g, h0, want_final, cu_seqlens, reverse):
+    def run(q, k, v, g, h0, want_final, cu_seqlens, reverse, exact):
         b, s, _, dk = q.shape
         heads, dv = v.shape[2], v.shape[3]
         n = b if cu_seqlens is None else cu_seqlens.numel() - 1
-        job = pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, scale)
+        job = pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, exact, scale)
         launch = compile_gated(*job, arch=cuda_arch())
         f32 = dict(dtype=torch.float32, device=q.device)
-        o = torch.empty(b, s, heads, dv, **f32)
+        o = torch.empty(b, s, heads, dv, dtype=torch.float32 if exact else v.dtype, device=q.device)
         ht = torch.empty(n * heads, 1, dk, dv, **f32)
         start = ht if h0 is None else h0.reshape(-1, 1, dk, dv).contiguous()  # read only where given
         args = (q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), torch.zeros(heads, **f32))
@@ -209,15 +209,17 @@ def _kernel_pass(scale: float) -> GatedPass:
     return run
 
 
-def pass_job_of(q, v, h0, want_final: bool, cu_seqlens, reverse: bool, scale: float) -> tuple:
+def pass_job_of(q, v, h0, want_final: bool, cu_seqlens, reverse: bool, exact: bool, scale: float) -> tuple:
     """The job (``kernel.gated_build.pass_job``) of a backward pass on q ``[B, S, G, D]`` and
     v ``[B, S, H, D']``: what ``_kernel_pass`` opens, and ``tuner warmup --gate token
     --backward`` compiles (``kernel.gated_build.pass_jobs``)."""
     b, s, groups, dk = q.shape
     problem = Problem(b, v.shape[2], s, dk, v.shape[3], TORCH_DTYPES[q.dtype], "token", groups)
-    return pass_job(
-        problem, PassCall(scale, h0 is not None, want_final, cu_seqlens is not None, reverse=reverse)
-    )
+    call = PassCall(
+        scale, h0 is not None, want_final, cu_seqlens is not None, reverse=reverse,
+        out_dtype="float32" if exact else None,
+    )  # fmt: skip
+    return pass_job(problem, call)
 
 
 def _gated(

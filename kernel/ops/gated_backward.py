@@ -24,7 +24,7 @@ each scan over the chunks one matrix product (``_scans``); packed sequences run 
 a few buckets of similar length (measured beside fla's in ``experiments/gated/README.md``).
 
 ``backward_by_passes`` is the same backward as passes of the gated forward, two or three of
-them backwards in time, and the gate's gradient from their float32 outputs: what the op runs
+them backwards in time, and the gate's gradient from dq's and dk's float32: what the op runs
 on CUDA (``kernel.ops.gated``). It is checked on the CPU with the references standing in for
 the kernel, rounding as it does (``tests/test_gated_backward.py``), and on the GPU.
 """
@@ -36,13 +36,15 @@ from torch import Tensor
 from torch.nn import functional as F
 
 CHUNK = 64
-# gated_pass(q, k, v, g, h0, want_final, cu_seqlens, reverse) -> (o, final or None): the gated
-# forward with the call's scale bound (q, k [B, S, G', D], v [B, S, H, D'], g fp32 [B, S, H], the
-# states [N, H, D, D']), its outputs in float32; ``reverse``: backwards in time, as
+# gated_pass(q, k, v, g, h0, want_final, cu_seqlens, reverse, exact) -> (o, final or None): the
+# gated forward with the call's scale bound (q, k [B, S, G', D], v [B, S, H, D'], g fp32 [B, S,
+# H], the states [N, H, D, D'] in float32); ``reverse``: backwards in time, as
 # ``refs.gated_reversed`` (the state entering after each sequence's last token, the final
-# state at its first, each token's state decayed by the next token's gate).
+# state at its first, each token's state decayed by the next token's gate); ``exact``: o in
+# float32 (dq's and dk's, whose terms the gate's gradient takes), else in v's dtype (dv's).
 GatedPass = Callable[
-    [Tensor, Tensor, Tensor, Tensor, Tensor | None, bool, Tensor | None, bool], tuple[Tensor, Tensor | None]
+    [Tensor, Tensor, Tensor, Tensor, Tensor | None, bool, Tensor | None, bool, bool],
+    tuple[Tensor, Tensor | None],
 ]
 
 
@@ -231,8 +233,8 @@ def backward_by_passes(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """``gated_backward``'s ``(dq, dk, dv, dg, dh0)`` by three passes of the gated forward
     (``gated_pass``; a fourth where ``dht`` is given), as ``kernel.ops.backward`` runs the
-    constant decay's, and the gate's gradient from their float32 outputs. dh0 is None where
-    there is no ``initial_state``.
+    constant decay's, and the gate's gradient from the float32 outputs of dq's and dk's (dv's
+    pass writes v's dtype). dh0 is None where there is no ``initial_state``.
 
     With ``S_t`` the state after token t and ``dS_t = sum_{s >= t} exp(G_s - G_t) scale q_s^T
     do_s + exp(G_last - G_t) dHT`` (G the gate's sums from the sequence's start), per head:
@@ -258,15 +260,16 @@ def backward_by_passes(
     in_heads = (lambda x: x.repeat_interleave(r, dim=2)) if r > 1 else (lambda x: x)  # noqa: E731
     qh, kh = in_heads(q), in_heads(k)
     h0_t = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
-    dq, _ = gated_pass(do, v, kh, g, h0_t, False, cu_seqlens, False)
+    dq, _ = gated_pass(do, v, kh, g, h0_t, False, cu_seqlens, False, True)
     start = None if dht is None else dht / scale
-    dv, back = gated_pass(k, q, do, g, start, initial_state is not None, cu_seqlens, True)
-    dk, _ = gated_pass(v, do, qh, g, None, False, cu_seqlens, True)
+    dv, back = gated_pass(k, q, do, g, start, initial_state is not None, cu_seqlens, True, False)
+    dk, _ = gated_pass(v, do, qh, g, None, False, cu_seqlens, True, True)
     step = (dq * qh).sum(-1) - (dk * kh).sum(-1)  # [B, S, H] in float32: the products promote, no cast copy
     dg = _token_sums(step, cu_seqlens, after=True)
     if dht is not None:
         start_t = start.transpose(-1, -2).contiguous()
-        x, _ = gated_pass(v, torch.zeros_like(do), torch.zeros_like(qh), g, start_t, False, cu_seqlens, True)
+        zeros = torch.zeros_like(do), torch.zeros_like(qh)
+        x, _ = gated_pass(v, *zeros, g, start_t, False, cu_seqlens, True, True)
         dk = dk + x
         dg = dg + _token_sums((x * kh).sum(-1), cu_seqlens, after=False)
         if initial_state is not None:  # exp(G_last) <dHT, H0>, G_last a sequence's whole sum
@@ -282,7 +285,7 @@ def backward_by_passes(
     def to_groups(x: Tensor, like: Tensor) -> Tensor:
         return (x if r == 1 else x.reshape(b, s, groups, r, dk_dim).sum(3)).to(like.dtype)
 
-    return to_groups(dq, q), to_groups(dk, k), dv.to(v.dtype), dg.float(), dh0
+    return to_groups(dq, q), to_groups(dk, k), dv, dg.float(), dh0
 
 
 def _sequence_of(cu_seqlens: Tensor, tokens: int) -> Tensor:
