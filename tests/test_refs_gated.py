@@ -110,11 +110,17 @@ def _reversed_recurrence(q, k, v, lg, h0, scale):
     return out, state
 
 
+@pytest.mark.parametrize(
+    "form",
+    [refs.gated_reversed, partial(refs.gated_kernel_mimic, block_dv=4, reverse=True)],
+    ids=["B gated_reversed", "C gated_kernel_mimic reverse"],
+)
 @pytest.mark.parametrize("cuts", [None, [0, 1, 17, 50], [0, 16, 32, 33, 50]], ids=str)
 @pytest.mark.parametrize("groups, r", GROUPS)
-def test_reversed_is_the_recurrence_backwards_in_time(groups, r, cuts):
-    """``gated_reversed``: each sequence's tokens from the last, the state decayed by the next
-    token's gate (the gated backward's reversed passes, ``kernel.ops.gated_backward``)."""
+def test_reversed_is_the_recurrence_backwards_in_time(groups, r, cuts, form):
+    """``gated_reversed`` and reference C with ``reverse``: each sequence's tokens from the
+    last, the state decayed by the next token's gate (the gated backward's reversed passes,
+    ``kernel.ops.gated_backward``)."""
     b = 2 if cuts is None else 1
     q, k, v, g, gen = inputs(b, 50, groups, r, seed=groups * r)
     h = groups * r
@@ -122,7 +128,7 @@ def test_reversed_is_the_recurrence_backwards_in_time(groups, r, cuts):
     n = b if cuts is None else len(cuts) - 1
     h0 = torch.randn(n, h, 8, 6, generator=gen)
     cu = None if cuts is None else torch.tensor(cuts)
-    out, state = refs.gated_reversed(
+    out, state = form(
         q, k, v, g, 16, g_gamma=g_gamma, scale=0.3, initial_state=h0, output_final_state=True, cu_seqlens=cu
     )
     lg = g.to(F64) + g_gamma.to(F64)
@@ -131,6 +137,20 @@ def test_reversed_is_the_recurrence_backwards_in_time(groups, r, cuts):
         o_i, s_i = _reversed_recurrence(q[:, a:e], k[:, a:e], v[:, a:e], lg[:, a:e], h0[rows], 0.3)
         assert_close(f"reversed {cuts} sequence {i}", o_i, out[:, a:e], REF_TOL)
         assert_close(f"reversed {cuts} state {i}", s_i, state[rows], REF_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_kernel_mimic_rounded_rounds_what_the_kernel_casts(dtype):
+    """Reference C with ``rounded``: the state, the masked scores and the weighted keys in the
+    inputs' dtype: within that dtype's rounding of the unrounded form, and not equal to it."""
+    q, k, v, g, _ = inputs(2, 100, 1, 2, seed=3)
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    args = dict(scale=0.3, output_final_state=True)
+    exact = refs.gated_kernel_mimic(q, k, v, g, 16, **args)
+    rounded = refs.gated_kernel_mimic(q, k, v, g, 16, rounded=dtype, **args)
+    bound = 2e-3 if dtype == torch.float16 else 1.6e-2
+    for name, a, b in zip(("o", "final"), rounded, exact):
+        assert 0 < refs.rel_l2(a, b) < bound, (name, refs.rel_l2(a, b))
 
 
 @pytest.mark.parametrize("lo, hi", [(1e-4, 1e-4), (20.0, 20.0), (1e-4, 20.0)])
