@@ -13,6 +13,7 @@ CUDA passes of the gated kernel (``backward_by_passes``), on the CPU float32 tor
 per-head decay is not learned, as in the constant-decay op.
 """
 
+import functools
 import math
 from typing import Any
 
@@ -186,24 +187,43 @@ class _GatedFn(torch.autograd.Function):
         return None, dq, dk, dv, dg, None, dh0, None
 
 
+@functools.cache
 def _kernel_pass(scale: float) -> GatedPass:
     """``backward_by_passes``'s gated forward on this GPU: ``kernel.gated``'s kernel in the
     backward's modes (``kernel.gated_build.PassCall``: float32 O where exact; backwards in
-    time where asked) at the rule's config for the pass's heads (``pass_job``), opened as the forward's
-    are (``compile_gated``: ``kernel.loader``'s index, what ``warmup`` compiled)."""
+    time where asked) at the rule's config for the pass's heads (``pass_job``), opened as the
+    forward's are (``compile_gated``: ``kernel.loader``'s index, what ``warmup`` compiled).
+    One per scale a process; each pass's launch is found once per signature and kept, as
+    the forward's plans are."""
+    launches: dict[tuple, Any] = {}
 
     def run(q, k, v, g, h0, want_final, cu_seqlens, reverse, exact):
         b, s, _, dk = q.shape
         heads, dv = v.shape[2], v.shape[3]
-        n = b if cu_seqlens is None else cu_seqlens.numel() - 1
-        job = pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, exact, scale)
-        launch = compile_gated(*job, arch=cuda_arch())
+        packed = cu_seqlens is not None
+        n = cu_seqlens.numel() - 1 if packed else b
+        key = (
+            q.shape[2:] if packed else q.shape,
+            v.shape[2:],
+            q.dtype,
+            h0 is None,
+            want_final,
+            packed,
+            reverse,
+            exact,
+        )
+        launch = launches.get(key)
+        if launch is None:
+            if len(launches) >= PLANS_MAX:
+                launches.clear()
+            job = pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, exact, scale)
+            launch = launches[key] = compile_gated(*job, arch=cuda_arch())
         f32 = dict(dtype=torch.float32, device=q.device)
         o = torch.empty(b, s, heads, dv, dtype=torch.float32 if exact else v.dtype, device=q.device)
         ht = torch.empty(n * heads, 1, dk, dv, **f32)
         start = ht if h0 is None else h0.reshape(-1, 1, dk, dv).contiguous()  # read only where given
         args = (q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), torch.zeros(heads, **f32))
-        launch(*args, start, o, ht, *([] if cu_seqlens is None else [cu_seqlens.to(torch.int32)]))
+        launch(*args, start, o, ht, *(cu_seqlens.to(torch.int32),) if packed else ())
         return o, (ht.view(n, heads, dk, dv) if want_final else None)
 
     return run
