@@ -421,6 +421,23 @@ def _progress_to(stream, times: list[float]) -> Progress:
     return progress
 
 
+def _drained(read_fd: int) -> str:
+    """All that was written to the other side of ``read_fd`` (a pipe, or a terminal's master
+    side, which hands over what was written a read at a time where it likes), once that side
+    is closed."""
+    chunks = []
+    with open(read_fd, "rb", buffering=0) as reader:
+        while True:
+            try:
+                chunk = reader.read(4096)
+            except OSError:  # a terminal whose other side is closed and drained (EIO)
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
 @pytest.mark.parametrize("where", ["pipe", "terminal of no size"])
 def test_progress_without_a_terminal_size_is_a_line_every_10_s(where):
     """A pipe, or a terminal that reports no size: the first, then one line at most every 10
@@ -429,17 +446,7 @@ def test_progress_without_a_terminal_size_is_a_line_every_10_s(where):
     with open(write_fd, "w") as stream:
         progress = _progress_to(stream, [0.0, 1.0, 5.0, 12.0, 13.0, 30.4])
     assert progress.bar is None
-    chunks = []
-    with open(read_fd, "rb", buffering=0) as reader:
-        while True:  # a terminal's side hands over a line a read where it likes: read them all
-            try:
-                chunk = reader.read(4096)
-            except OSError:  # a terminal whose other side is closed and drained (EIO)
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-    said = b"".join(chunks).decode()
+    said = _drained(read_fd)
     assert said.splitlines() == [
         "compiled 1/5 kernels (1 s)",
         "compiled 3/5 kernels (12 s)",
@@ -452,8 +459,7 @@ def test_progress_on_a_terminal_of_a_size_is_a_bar():
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     with open(slave, "w") as stream:
         progress = _progress_to(stream, [0.0] * 6)
-    with open(master, "rb", buffering=0) as reader:
-        said = reader.read(4096).decode()
+    said = _drained(master)
     assert progress.bar is not None and "\r" in said and "5/5" in said and "compiled 1/5" not in said
 
 
