@@ -63,7 +63,7 @@ def decay_attention(
         g: fp32 ``[B, S, H]`` (packed ``[1, T, H]``), a log-gate per token and head (<= 0;
             not checked: that would wait for the GPU), as fla's ``chunk_simple_gla(g=...)``
             takes it; with ``decay`` too, their log-decays add (fla's ``g`` and ``g_gamma =
-            log(decay)``). Forward only: no tensor of the call may require grad.
+            log(decay)``). Differentiable in ``g`` too (``kernel.ops.gated_backward``).
         scale: multiplies the queries (default ``DK ** -0.5``, as fla).
         initial_state: fp32 ``[B, H, DK, DV]``, the state before the first token (default zero).
         output_final_state: return the state after the last token.
