@@ -132,7 +132,7 @@ class ScalarDecayKernel:
         output and, split, the state entering each segment (``kernel.variants.launch``:
         given as ``states``, only the outputs kernel runs)."""
         if out is None:
-            out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+            out = torch.empty_like(v, memory_format=torch.contiguous_format)
         h0, ht = self._states(initial_state, final_state, q.device)
         p, c = self.problem, self.config
         used = launch(

@@ -8,8 +8,9 @@ At 8x16x4096 and 1x16x64, 128/128, fp16 (the first's tensors cost the CPU's allo
 large buffers; the second's do not, and its config runs unsplit), the
 RetNet decays, the final state returned, the gradients set to None before each call as a
 training step's ``zero_grad`` does: the median over 20 batches of 50 calls of the wall time
-per call, forward alone (no grad) and forward plus backward; then the op's cProfile, by own
-time. The device checks
+per call, forward alone (no grad) and forward plus backward, and beside them torch's floor
+for the same (a ``torch.autograd.Function`` of the same tensors that only makes its outputs
+and gradients); then the op's cProfile, by own time. The device checks
 (CUDA tensors) are widened to the CPU for this run only.
 """
 
@@ -44,6 +45,21 @@ attention.kernel_for = serve.kernel_for = kernel_for
 attention.fuses_here = lambda problem: True
 
 
+class Floor(torch.autograd.Function):
+    """What torch's autograd costs a call of q, k, v that makes its output and gradients and
+    does nothing else."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return torch.empty_like(v)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def per_call(step, calls: int = 50, batches: int = 20) -> float:
     for _ in range(calls):
         step()
@@ -72,6 +88,10 @@ def measure(b: int, s: int) -> None:
         o, _ = attention.decay_attention(q, k, v, gammas, output_final_state=True)
         o.backward(do)
 
+    def floor():
+        q.grad = k.grad = v.grad = None
+        Floor.apply(q, k, v).backward(do)
+
     def forward():
         with torch.no_grad():
             attention.decay_attention(q, k, v, gammas, output_final_state=True)
@@ -79,6 +99,7 @@ def measure(b: int, s: int) -> None:
     print(f"torch {torch.__version__}, {b}x{h}x{s} {d}/{d} fp16, no kernel launched")
     print(f"forward (no grad)        {per_call(forward):7.1f} us/call")
     print(f"forward+backward, ours   {per_call(ours):7.1f} us/call")
+    print(f"forward+backward, floor  {per_call(floor):7.1f} us/call (torch's autograd alone)")
     if s < 4096:
         return
     profile = cProfile.Profile()

@@ -211,7 +211,7 @@ class _Plan:
             ht = final.view(-1, 1, self.problem.dk, self.problem.dv)
         h0 = self.unused if initial_state is None else initial_state.contiguous().view(ht_shape(self.problem))
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        o = torch.empty_like(v, memory_format=torch.contiguous_format)
         states = launch(*self.launch, q, k, v, decay, h0, o, self.unused if ht is None else ht, cu_seqlens)
         return o, final, (None if states is None else (self.kern.config, states))
 

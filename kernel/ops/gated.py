@@ -154,7 +154,7 @@ class _GatedPlan:
         )
         h0 = self.h0 if initial_state is None else initial_state.contiguous().view(-1, 1, dk, dv)
         ht = self.ht if final is None else final.view(-1, 1, dk, dv)
-        o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        o = torch.empty_like(v, memory_format=torch.contiguous_format)
         args = (q.contiguous(), k.contiguous(), v.contiguous(), gate.contiguous(), gamma, h0, o, ht)
         if cu_seqlens is None:
             self.kernel(*args)

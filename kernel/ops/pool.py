@@ -182,7 +182,7 @@ class _Plan:
         else:
             cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
         q, k, v, slots = q.contiguous(), k.contiguous(), v.contiguous(), slots.contiguous()
-        o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        o = torch.empty_like(v, memory_format=torch.contiguous_format)
         g = None if g is None else g.contiguous()
         if self.decode is not None:  # tokens 0 .. d-1 as a step of d sequences: views, no copy
             step = [x[0, :d].unsqueeze(1) for x in (q, k, v, o)]
