@@ -73,10 +73,12 @@ def gate_box(heads: int) -> int:
 
 
 def gate_weights_macro(*, chunk: int, heads: int, reverse: bool = False):
-    """The chunk's gate weights, as a ``@T.macro`` ``gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb,
+    """The chunk's gate weights, as a ``@T.macro`` ``gate(Gate, gamma, g_s, G_f, G_s, w_s, bb,
     s0, bh, m, s_end)``: the gates of rows ``s0 : s0 + C`` of batch ``bb`` and of the heads
     ``h0 : h0 + gate_box(heads)`` from ``bh`` rounded down, loaded into ``g_s`` (``[C,
-    gate_box(heads)]``); head ``bh``'s (plus ``Gamma[bh]``; 0 on the rows past m) scanned
+    gate_box(heads)]``); head ``bh``'s (plus ``gamma``, its ``Gamma[bh]`` read once into a
+    register before the chunks: read in the scan, it was a global load a term, 64 of them a
+    chunk at C = 64 in the SASS; 0 on the rows past m) scanned
     into ``G_s[r] = G_r``, then ``w_s[0, r] = exp(G_r)`` (the queries') and ``w_s[1, r] =
     exp(G_last - G_r)`` (the keys', 0 past m), all fp32 in shared memory.
 
@@ -97,24 +99,24 @@ def gate_weights_macro(*, chunk: int, heads: int, reverse: bool = False):
     C, box = chunk, gate_box(heads)
     shift = 1 if reverse else 0
 
-    def value(g_s, Gamma, bh, t, s0, m, s_end):
+    def value(g_s, gamma, bh, t, s0, m, s_end):
         """Head bh's gate of row t, 0 past the chunk (reversed: past the sequence)."""
         kept = (s0 + t + 1 < s_end) if reverse else (t < m)
-        return T.if_then_else(kept, g_s[t, bh % box] + Gamma[bh], T.Cast(ACCUM, 0))
+        return T.if_then_else(kept, g_s[t, bh % box] + gamma, T.Cast(ACCUM, 0))
 
     @T.macro
-    def gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb, s0, bh, m, s_end):
+    def gate(Gate, gamma, g_s, G_f, G_s, w_s, bb, s0, bh, m, s_end):
         T.copy(Gate[bb, s0 + shift : s0 + shift + C, bh // box * box : bh // box * box + box], g_s)
         T.clear(G_f)
         for r in T.Parallel(C):
             for t in T.serial(C):
                 G_f[r] += T.if_then_else(
-                    (t < r) if reverse else (t <= r), value(g_s, Gamma, bh, t, s0, m, s_end), T.Cast(ACCUM, 0)
+                    (t < r) if reverse else (t <= r), value(g_s, gamma, bh, t, s0, m, s_end), T.Cast(ACCUM, 0)
                 )
         T.copy(G_f, G_s)
         for r in T.Parallel(C):
             if reverse:  # E_last = E_{C-1} + g'_{C-1}
-                w_s[0, r] = T.exp2((G_s[C - 1] + value(g_s, Gamma, bh, C - 1, s0, m, s_end) - G_s[r]) * LOG2E)
+                w_s[0, r] = T.exp2((G_s[C - 1] + value(g_s, gamma, bh, C - 1, s0, m, s_end) - G_s[r]) * LOG2E)
                 w_s[1, r] = T.if_then_else(r < m, T.exp2(G_s[r] * LOG2E), T.Cast(ACCUM, 0))
             else:
                 w_s[0, r] = T.exp2(G_s[r] * LOG2E)
@@ -173,12 +175,14 @@ def gated_chunk_loop_macro(
         G_f = T.alloc_fragment([C], accum)  # their scan G, summed in registers
         G_s = T.alloc_shared([C], accum)  # and shared
         w_s = T.alloc_shared([2, C], accum)  # exp(G_r); exp(G_last - G_r) (reversed: see gate)
+        gamma = T.alloc_local([1], accum)  # the head's log-decay, added to each of its gates
 
         S_f = T.alloc_fragment([dk, block_dv], accum)  # carried across chunks
         acc_o = T.alloc_fragment([C, block_dv], accum)
         A = T.alloc_fragment([C, C], accum)
         touch = T.alloc_local([1], dtype) if mma.asynchronous else None  # see the MMAs' waits
         bg = bh // group_size  # the group whose q and k this head reads
+        gamma[0] = Gamma[bh]
         if State is None:
             T.clear(S_f)
         elif start is not None:  # a run-time condition: a masked load, no branch
@@ -193,7 +197,7 @@ def gated_chunk_loop_macro(
             T.copy(Q[bb, s0 : s0 + C, bg, :], Q_s)
             T.copy(K[bb, s0 : s0 + C, bg, :], K_s)
             T.copy(V[bb, s0 : s0 + C, bh, v0 : v0 + block_dv], V_s)
-            gate(Gate, Gamma, g_s, G_f, G_s, w_s, bb, s0, bh, m, s_end)
+            gate(Gate, gamma[0], g_s, G_f, G_s, w_s, bb, s0, bh, m, s_end)
             T.copy(S_f, S_s)  # the state before this chunk
             mma.gemm(Q_s, K_s, A, transpose_B=True, clear_accum=True)  # [C, DK] @ [DK, C]
             mma.gemm(Q_s, S_s, acc_o, clear_accum=True)  # [C, DK] @ [DK, bDV]
