@@ -4,23 +4,30 @@ kernels by name (torch.profiler, 20 calls), the host's time per call by the numb
 queued after a sync, and the host's Python by function (cProfile, 200 calls queued without a
 sync). Beside ours, the floor torch's autograd sets on the same host: a
 ``torch.autograd.Function`` of the same tensors that launches nothing, and one that launches
-as many kernels as ours (one forward, two backward; a fill each).
+as many kernels as ours (one forward, two backward; a fill each). Then one call after a sync
+as a timeline of the host (when each launch and step began and ended, and whether the GPU had
+finished the forward by then: a step that waits on the GPU shows as a gap), and the same call
+under ``torch.cuda.set_sync_debug_mode("warn")`` (torch's ops that wait on the GPU).
 
     source .gpu/setup.sh && python3 experiments/host_path/breakdown.py   # with OUT: $OUT/breakdown.txt
 """
 
 import cProfile
+import functools
 import io
 import os
 import pstats
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import kernel.builder  # noqa: E402
+import kernel.ops.attention  # noqa: E402
 from kernel.ops import decay_attention  # noqa: E402
 
 
@@ -51,6 +58,65 @@ class _Floor(torch.autograd.Function):
         for x in grads[: 2 if ctx.launches else 0]:
             x.fill_(1.0)
         return *grads, None
+
+
+def timeline(once, q, k, v, gammas, do) -> list[str]:
+    """One fwd+bwd call after a sync, each launch and backward step timed on the host (us from
+    the call's start), with whether the GPU had finished the forward's kernels by then (once
+    the forward has returned)."""
+    marks: list[tuple[float, str]] = []
+    forward_done, recorded = torch.cuda.Event(), []
+
+    def mark(what: str) -> None:
+        done = f" (forward done on the GPU: {forward_done.query()})" if recorded else ""
+        marks.append((time.perf_counter(), what + done))
+
+    wrapped = [
+        (kernel.ops.attention, "launch"),  # the forward's
+        (kernel.builder, "launch"),  # the backward's passes
+        (kernel.builder, "launch_dkdv"),
+        (kernel.ops.attention, "_passes"),
+    ]
+    saved = [getattr(module, name) for module, name in wrapped]
+
+    def timed(name, function):
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            mark(f"{name} begins")
+            result = function(*args, **kwargs)
+            mark(f"{name} ends")
+            return result
+
+        return call
+
+    for (module, name), function in zip(wrapped, saved):
+        setattr(module, name, timed(name, function))
+    try:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        q.grad = k.grad = v.grad = None
+        o, _ = decay_attention(q, k, v, gammas, output_final_state=True)
+        forward_done.record()
+        recorded.append(True)
+        mark("forward returned")
+        o.backward(do)
+        mark("backward returned")
+        torch.cuda.synchronize()
+        mark("synchronized: the GPU is done")
+    finally:
+        for (module, name), function in zip(wrapped, saved):
+            setattr(module, name, function)
+    lines = [f"{(t - start) * 1e6:9.1f} us  {what}" for t, what in marks]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            once()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    lines.append(f"torch ops that waited on the GPU in one call: {len(caught)}")
+    lines += [f"  {w.filename}:{w.lineno}: {w.message}" for w in caught]
+    return lines
 
 
 def main() -> None:
@@ -101,6 +167,8 @@ def main() -> None:
         torch.cuda.synchronize()
         lines.append(f"== {b}x16x{s}: host time per call, median of 10 batches, by calls queued after a sync")
         lines.append("\n".join(queued))
+        lines.append(f"== {b}x16x{s}: one call after a sync, on the host")
+        lines += timeline(once, q, k, v, gammas, do)
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             for _ in range(20):
                 once()
