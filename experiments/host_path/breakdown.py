@@ -116,6 +116,40 @@ def timeline(once, q, k, v, gammas, do) -> list[str]:
             torch.cuda.set_sync_debug_mode("default")
     lines.append(f"torch ops that waited on the GPU in one call: {len(caught)}")
     lines += [f"  {w.filename}:{w.lineno}: {w.message}" for w in caught]
+    lines += launch_costs(q, k, v, gammas)
+    return lines
+
+
+def launch_costs(q, k, v, gammas) -> list[str]:
+    """The host's cost of passing CUDA tensors through TVM-FFI (its ``testing.nop`` with as
+    many tensors as the fused pass takes; fast where torch has ``__dlpack_c_exchange_api__``),
+    and of one launch of the forward's kernel, each per call over 20 calls after a sync."""
+    import tvm_ffi
+
+    nop = tvm_ffi.get_global_func("testing.nop")
+    args = [q, k, v, q, k, v, q, k, v, q, k]
+    plan = next(p for p in kernel.ops.attention._PLANS.values() if p.problem.batch == q.shape[0])
+    o = torch.empty_like(v)
+    final = torch.empty(plan.final_shape, dtype=torch.float32, device=q.device)
+    ht = final.view(-1, 1, plan.problem.dk, plan.problem.dv)
+    calls = {
+        "tvm_ffi nop, 11 CUDA tensors": lambda: nop(*args),
+        "the forward's kernel, launched alone": lambda: kernel.ops.attention.launch(
+            *plan.launch, q, k, v, plan.decay, plan.unused, o, ht, None
+        ),
+    }
+    fast = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+    lines = [f"torch.Tensor has __dlpack_c_exchange_api__: {fast}"]
+    for name, call in calls.items():
+        times = []
+        for _ in range(10):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(20):
+                call()
+            times.append((time.perf_counter() - t) / 20 * 1e6)
+        lines.append(f"{name}: {sorted(times)[5]:.1f} us a call (host)")
+    torch.cuda.synchronize()
     return lines
 
 
