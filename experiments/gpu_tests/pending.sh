@@ -22,7 +22,7 @@ case "${1:-1}" in
   # its time, beside torch's autograd floor on the same host (breakdown.py).
   timeout 300 python3 -m pytest -o addopts="" -q -rf -s -m gpu -p no:cacheprovider tests/test_gated_backward.py \
     --tb=line > "$out/tests.log" 2>&1; grep -a "rel L2\|passed\|failed\|Error" "$out/tests.log" | tail -40
-  timeout 120 python3 experiments/host_path/breakdown.py 2>&1 | grep -a "queued\| us  \|waited\|synchroniz\|(host)\|dlpack"
+  timeout 120 python3 experiments/host_path/breakdown.py 2>&1 | grep -a "queued\| us  \|waited\|synchroniz\|(host)\|dlpack\|failed"
   ;;
 2)
   # The gated kernel's backward modes against fp64; its forward at 1 to 3 stages with the
