@@ -6,7 +6,8 @@
 # ".snap"] and command `cd .snap && ln -s ../.gpu .gpu && bash experiments/gpu_tests/pending.sh 1`):
 #   rm -rf .snap && mkdir .snap && git archive HEAD kernel refs tuner reports tests pyproject.toml \
 #     README.md docs experiments/{decode,host_path,gated,serving,model,gpu_tests} | tar -x -C .snap
-# Logs go to $OUT. The op's kernels the calls run are compiled first, in parallel
+# Work that waits on a GPU run before it merges lives on branches next/*, and next/all merges
+# them onto main: archive next/all instead of HEAD to run it. Logs go to $OUT. The op's kernels the calls run are compiled first, in parallel
 # (precompile.py, the gated backward's passes too); the kernels the backward-mode tests of
 # tests/test_gated.py build alone compile as they run.
 set -u
