@@ -77,9 +77,7 @@ def gate_weights_macro(*, chunk: int, heads: int, reverse: bool = False):
     s0, bh, m, s_end)``: the gates of rows ``s0 : s0 + C`` of batch ``bb`` and of the heads
     ``h0 : h0 + gate_box(heads)`` from ``bh`` rounded down, loaded into ``g_s`` (``[C,
     gate_box(heads)]``); head ``bh``'s (plus ``gamma``, its ``Gamma[bh]`` read once into a
-    register before the chunks: read in the scan, it was a global load a term, 64 of them a
-    chunk at C = 64 in the SASS; 0 on the rows past m) scanned
-    into ``G_s[r] = G_r``, then ``w_s[0, r] = exp(G_r)`` (the queries') and ``w_s[1, r] =
+    register before the chunks; 0 on the rows past m) scanned into ``G_s[r] = G_r``, then ``w_s[0, r] = exp(G_r)`` (the queries') and ``w_s[1, r] =
     exp(G_last - G_r)`` (the keys', 0 past m), all fp32 in shared memory.
 
     With ``reverse`` (the module's docstring): the gates shifted by one token, those of rows
