@@ -77,8 +77,9 @@ def gate_weights_macro(*, chunk: int, heads: int, reverse: bool = False):
     s0, bh, m, s_end)``: the gates of rows ``s0 : s0 + C`` of batch ``bb`` and of the heads
     ``h0 : h0 + gate_box(heads)`` from ``bh`` rounded down, loaded into ``g_s`` (``[C,
     gate_box(heads)]``); head ``bh``'s (plus ``gamma``, its ``Gamma[bh]`` read once into a
-    register before the chunks; 0 on the rows past m) scanned into ``G_s[r] = G_r``, then ``w_s[0, r] = exp(G_r)`` (the queries') and ``w_s[1, r] =
-    exp(G_last - G_r)`` (the keys', 0 past m), all fp32 in shared memory.
+    register before the chunks; 0 on the rows past m) scanned into ``G_s[r] = G_r``, then
+    ``w_s[0, r] = exp(G_r)`` (the queries') and ``w_s[1, r] = exp(G_last - G_r)`` (the
+    keys', 0 past m), all fp32 in shared memory.
 
     With ``reverse`` (the module's docstring): the gates shifted by one token, those of rows
     ``s0 + 1 : s0 + C + 1``, 0 from ``s_end`` on (every row past ``m - 1`` reads 0), their
