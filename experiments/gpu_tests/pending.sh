@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# What this checkout has not yet run on a GPU, as three device calls of under 600 s each (a
+# What this checkout has not yet run on a GPU, as four device calls of under 600 s each (a
 # fresh H100 with the bundle), in order of need: from the repo root (or a `git archive` copy of
-# HEAD with .gpu beside it), `bash experiments/gpu_tests/pending.sh 1`, then `2`, then `3`,
+# HEAD with .gpu beside it), `bash experiments/gpu_tests/pending.sh 1`, then `2`, `3` and `4`,
 # with carry [".gpu"]. A copy of HEAD beside the bundle (device `run` with carry [".gpu",
 # ".snap"] and command `cd .snap && ln -s ../.gpu .gpu && bash experiments/gpu_tests/pending.sh 1`):
 #   rm -rf .snap && mkdir .snap && git archive HEAD kernel refs tuner reports tests pyproject.toml \
 #     README.md docs experiments/{decode,host_path,gated,serving,model,gpu_tests} | tar -x -C .snap
 # Work that waits on a GPU run before it merges lives on branches next/*, and next/all merges
-# them onto main: archive next/all instead of HEAD to run it. Logs go to $OUT. The op's kernels the calls run are compiled first, in parallel
-# (precompile.py, the gated backward's passes too); the kernels the backward-mode tests of
-# tests/test_gated.py build alone compile as they run.
+# them onto main: archive next/all instead of HEAD to run it. Logs go to $OUT. The op's
+# kernels the calls run are compiled first, in parallel (precompile.py, the gated backward's
+# passes too); those tests/test_gated.py and the bench build compile as they run (call 2).
 set -u
 source .gpu/setup.sh
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
-timeout 200 python3 experiments/gpu_tests/precompile.py 2>&1 | tail -3
+# Call 2 compiles only what its tests and the bench build (their kernels, not the op's).
+[ "${1:-1}" = 2 ] || timeout 200 python3 experiments/gpu_tests/precompile.py 2>&1 | tail -3
 case "${1:-1}" in
 1)
   # The op's gated backward on kernel passes, the final state's gradient summed forwards
@@ -26,18 +27,22 @@ case "${1:-1}" in
   timeout 120 python3 experiments/host_path/breakdown.py 2>&1 | grep -a "queued\| us  \|waited\|synchroniz\|(host)\|dlpack\|failed"
   ;;
 2)
-  # The gated kernel's backward modes against fp64; its forward at 1 to 3 stages with the
-  # gates by TMA boxes (the product's since 643639d), by scalar loads (before) and [B, H, S]
-  # beside, and fla's; fwd+bwd of the op against fla's.
-  timeout 150 python3 -m pytest -o addopts="" -q -rf -m gpu -p no:cacheprovider tests/test_gated.py \
-    -k "reverse or fp32" 2>&1 | tail -10 | tee "$out/tests.log"
-  timeout 170 python3 experiments/gated/bench.py --variants 2>&1 | tee "$out/bench.jsonl" | tail -4
-  timeout 150 python3 experiments/gated/training.py > "$out/training.jsonl" 2>&1; tail -8 "$out/training.jsonl"
+  # The gated kernel against fp64, every GPU case of tests/test_gated.py (forward, packed,
+  # configs of 1 to 3 stages and 32 to 128 rows, reversed, fp32 out: the gate scan changed in
+  # each, cf81882); its forward with the gates by TMA boxes (the product's since 643639d), by
+  # scalar loads (before) and [B, H, S] beside, and fla's.
+  timeout 300 python3 -m pytest -o addopts="" -q -rf -m gpu -p no:cacheprovider tests/test_gated.py \
+    2>&1 | tail -10 | tee "$out/tests.log"
+  timeout 200 python3 experiments/gated/bench.py --variants 2>&1 | tee "$out/bench.jsonl" | tail -4
   ;;
 3)
-  # Host time per call and fwd+bwd against fla; fla's SimpleGLA layer on our op; the gated
+  # Host time per call and fwd+bwd against fla, ours and fla's in one process.
+  timeout 330 python3 experiments/host_path/measure.py 2>&1 | tail -12
+  ;;
+4)
+  # fwd+bwd of the gated op against fla's; fla's SimpleGLA layer on our op; the gated
   # tuner's GPU tests.
-  timeout 300 python3 experiments/host_path/measure.py 2>&1 | tail -12
+  timeout 150 python3 experiments/gated/training.py > "$out/training.jsonl" 2>&1; tail -8 "$out/training.jsonl"
   timeout 100 python3 experiments/gated/layer.py --out "$out" 2>&1 | tail -30
   timeout 110 python3 -m pytest -o addopts="" -q -rf -m gpu -p no:cacheprovider tests/test_gated_tuner.py \
     2>&1 | tail -8 | tee "$out/tests.log"
