@@ -31,8 +31,8 @@ case "${1:-1}" in
   # configs of 1 to 3 stages and 32 to 128 rows, reversed, fp32 out: the gate scan changed in
   # each, cf81882); its forward with the gates by TMA boxes (the product's since 643639d), by
   # scalar loads (before) and [B, H, S] beside, and fla's.
-  timeout 300 python3 -m pytest -o addopts="" -q -rf -m gpu -p no:cacheprovider tests/test_gated.py \
-    2>&1 | tail -10 | tee "$out/tests.log"
+  timeout 300 python3 -m pytest -o addopts="" -v -rf -m gpu -p no:cacheprovider tests/test_gated.py \
+    --tb=line > "$out/tests.log" 2>&1; grep -ac PASSED "$out/tests.log"; grep -a "FAILED\|Error\|passed\|failed" "$out/tests.log" | tail -30
   timeout 200 python3 experiments/gated/bench.py --variants 2>&1 | tee "$out/bench.jsonl" | tail -4
   ;;
 3)
