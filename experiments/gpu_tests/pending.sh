@@ -8,16 +8,15 @@
 #     README.md docs experiments/{decode,host_path,gated,serving,model,gpu_tests} | tar -x -C .snap
 # Work that waits on a GPU run before it merges lives on branches next/*, and next/all merges
 # them onto main: archive next/all instead of HEAD to run it. Logs go to $OUT. The op's
-# kernels the calls run are compiled first, in parallel (precompile.py, the gated backward's
-# passes too); those tests/test_gated.py and the bench build compile as they run (call 2).
+# kernels a call runs are compiled first, in parallel (precompile.py's groups, the gated
+# backward's passes too); those tests/test_gated.py and the bench build compile as they run.
 set -u
 source .gpu/setup.sh
 out=${OUT:-/tmp}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
-# Call 2 compiles only what its tests and the bench build (their kernels, not the op's).
-[ "${1:-1}" = 2 ] || timeout 200 python3 experiments/gpu_tests/precompile.py 2>&1 | tail -3
-case "${1:-1}" in
+case "${1:-1}" in  # each call compiles first, in parallel, what its op calls run (precompile.py)
 1)
+  timeout 150 python3 experiments/gpu_tests/precompile.py gated-backward host-path 2>&1 | tail -3
   # The op's gated backward on kernel passes, the final state's gradient summed forwards
   # (8d94afd): it failed in bf16 at strong gates on d7de51f (gated_backward_d7de51f.log); the
   # passes open through kernel.loader (PassCall). Then which step of fwd+bwd costs the host
@@ -37,11 +36,13 @@ case "${1:-1}" in
   ;;
 3)
   # Host time per call and fwd+bwd against fla, ours and fla's in one process.
+  timeout 150 python3 experiments/gpu_tests/precompile.py host-path 2>&1 | tail -3
   timeout 330 python3 experiments/host_path/measure.py 2>&1 | tail -12
   ;;
 4)
   # fwd+bwd of the gated op against fla's; fla's SimpleGLA layer on our op; the gated
   # tuner's GPU tests.
+  timeout 200 python3 experiments/gpu_tests/precompile.py gated-scripts 2>&1 | tail -3
   timeout 150 python3 experiments/gated/training.py > "$out/training.jsonl" 2>&1; tail -8 "$out/training.jsonl"
   timeout 100 python3 experiments/gated/layer.py --out "$out" 2>&1 | tail -30
   timeout 110 python3 -m pytest -o addopts="" -q -rf -m gpu -p no:cacheprovider tests/test_gated_tuner.py \
