@@ -2,7 +2,8 @@
 # What this checkout has not yet run on a GPU, as four device calls of under 600 s each (a
 # fresh H100 with the bundle), in order of need: from the repo root (or a `git archive` copy of
 # HEAD with .gpu beside it), `bash experiments/gpu_tests/pending.sh 1`, then `2`, `3` and `4`,
-# with carry [".gpu"]. A copy of HEAD beside the bundle (device `run` with carry [".gpu",
+# with carry [".gpu"] (the bundle: `bash ../shared/gpu/make-bundle.sh flash-linear-attention==0.6.0
+# pytest-xdist execnet`, 47 MB). A copy of HEAD beside the bundle (device `run` with carry [".gpu",
 # ".snap"] and command `cd .snap && ln -s ../.gpu .gpu && bash experiments/gpu_tests/pending.sh 1`):
 #   rm -rf .snap && mkdir .snap && git archive HEAD kernel refs tuner reports tests pyproject.toml \
 #     README.md docs experiments/{decode,host_path,gated,serving,model,gpu_tests} | tar -x -C .snap
@@ -30,7 +31,10 @@ case "${1:-1}" in  # each call compiles first, in parallel, what its op calls ru
   # configs of 1 to 3 stages and 32 to 128 rows, reversed, fp32 out: the gate scan changed in
   # each, cf81882); its forward with the gates by TMA boxes (the product's since 643639d), by
   # scalar loads (before) and [B, H, S] beside, and fla's.
-  timeout 300 python3 -m pytest -o addopts="" -v -rf -m gpu -p no:cacheprovider tests/test_gated.py \
+  # 8 test processes where the bundle has pytest-xdist: its kernels compile 8 at a time (the
+  # cases check values, none times a kernel, so they may share the GPU)
+  workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+  timeout 300 python3 -m pytest -o addopts="" ${workers:-} -v -rf -m gpu -p no:cacheprovider tests/test_gated.py \
     --tb=line > "$out/tests.log" 2>&1; grep -ac PASSED "$out/tests.log"; grep -a "FAILED\|Error\|passed\|failed" "$out/tests.log" | tail -30
   timeout 200 python3 experiments/gated/bench.py --variants 2>&1 | tee "$out/bench.jsonl" | tail -4
   ;;
