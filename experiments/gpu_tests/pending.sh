@@ -33,7 +33,7 @@ case "${1:-1}" in  # each call compiles first, in parallel, what its op calls ru
   # scalar loads (before) and [B, H, S] beside, and fla's.
   # 8 test processes where the bundle has pytest-xdist: its kernels compile 8 at a time (the
   # cases check values, none times a kernel, so they may share the GPU)
-  workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+  workers=$(python3 -c "import xdist, pytest; assert int(pytest.__version__.split('.')[0]) >= 7" 2>/dev/null && echo "-n 8")
   timeout 300 python3 -m pytest -o addopts="" ${workers:-} -v -rf -m gpu -p no:cacheprovider tests/test_gated.py \
     --tb=line > "$out/tests.log" 2>&1; grep -ac PASSED "$out/tests.log"; grep -a "FAILED\|Error\|passed\|failed" "$out/tests.log" | tail -30
   timeout 200 python3 experiments/gated/bench.py --variants 2>&1 | tee "$out/bench.jsonl" | tail -4
