@@ -83,7 +83,8 @@ def main() -> None:
     named = sys.argv[1:] or list(GROUPS)
     unknown = [name for name in named if name not in GROUPS]
     if unknown:
-        sys.exit(f"precompile.py: unknown groups {unknown}; the groups: {', '.join(GROUPS)}")
+        print(f"precompile.py: unknown groups {unknown}; the groups: {', '.join(GROUPS)}", file=sys.stderr)
+        sys.exit(2)
     jobs = set().union(*(GROUPS[name]() for name in named))
     start = time.perf_counter()
     results = precompile(sorted(jobs, key=str), arch=cuda_arch())
