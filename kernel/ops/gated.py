@@ -194,8 +194,8 @@ def _kernel_pass(scale: float) -> GatedPass:
     time where asked) at the rule's config for the pass's heads (``pass_job``), opened as the
     forward's are (``compile_gated``: ``kernel.loader``'s index, what ``warmup`` compiled).
     One per scale a process; each pass's launch is found once per signature and kept, as
-    the forward's plans are."""
-    launches: dict[tuple, Any] = {}
+    the forward's plans are, with the zero per-head log-decay it reads (no fill a pass)."""
+    kept: dict[tuple, tuple[Any, torch.Tensor]] = {}  # signature -> (launch, zero log-decays [H])
 
     def run(q, k, v, g, h0, want_final, cu_seqlens, reverse, exact):
         b, s, _, dk = q.shape
@@ -206,23 +206,28 @@ def _kernel_pass(scale: float) -> GatedPass:
             q.shape[2:] if packed else q.shape,
             v.shape[2:],
             q.dtype,
+            q.device,
             h0 is None,
             want_final,
             packed,
             reverse,
             exact,
         )
-        launch = launches.get(key)
-        if launch is None:
-            if len(launches) >= PLANS_MAX:
-                launches.clear()
-            job = pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, exact, scale)
-            launch = launches[key] = compile_gated(*job, arch=cuda_arch())
+        found = kept.get(key)
         f32 = dict(dtype=torch.float32, device=q.device)
+        if found is None:
+            if len(kept) >= PLANS_MAX:
+                kept.clear()
+            job = pass_job_of(q, v, h0, want_final, cu_seqlens, reverse, exact, scale)
+            # g is the whole log-gate: the kernel's per-head log-decay is zero, made once
+            found = (compile_gated(*job, arch=cuda_arch()), torch.zeros(heads, **f32))
+            if not torch.cuda.is_current_stream_capturing():  # else the zeros are the graph's to fill
+                kept[key] = found
+        launch, no_decay = found
         o = torch.empty(b, s, heads, dv, dtype=torch.float32 if exact else v.dtype, device=q.device)
         ht = torch.empty(n * heads, 1, dk, dv, **f32)
         start = ht if h0 is None else h0.reshape(-1, 1, dk, dv).contiguous()  # read only where given
-        args = (q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), torch.zeros(heads, **f32))
+        args = (q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), no_decay)
         launch(*args, start, o, ht, *(cu_seqlens.to(torch.int32),) if packed else ())
         return o, (ht.view(n, heads, dk, dv) if want_final else None)
 
